@@ -1,0 +1,415 @@
+"""The coordinator rules: every decision about which transaction may do what, and nothing else.
+
+This module is pure: no I/O, no clock, no Airflow, no SQL. The Postgres transaction log
+(:mod:`airflow_txn_provider.transaction_log`) loads a :class:`PipelineView` under a lock, asks one of
+the ``plan_*`` functions below, and writes the answer. Keeping the rules here means each one lives in
+exactly one place and is tested with plain values.
+
+The model is Storm's transactional topology (``TransactionalSpoutCoordinator``):
+
+* txids 1, 2, 3, … are allocated in order and never reused; each (re-)emission of a txid gets a new
+  **attempt**, which fences every older attempt of that txid;
+* txids in flight form the **window** ``[oldest uncommitted, oldest uncommitted + max_pending)``;
+* processing may run for every txid in the window at once, but txid ``k`` commits only after ``k-1``
+  committed;
+* a failure of txid ``k`` fails ``k`` and every later txid in flight, so they re-emit with new
+  attempts in order (for an opaque source a replay of ``k`` may end elsewhere, and a later txid that
+  kept its old start would skip or repeat records).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_txn_provider.exceptions import (
+    ConflictingOutputError,
+    CorruptLogError,
+    NotBegunError,
+    NotProcessedError,
+    OutOfOrderCommitError,
+    StaleAttemptError,
+)
+
+
+class TxStatus(str, enum.Enum):
+    """Status of a txid's *current* attempt."""
+
+    PROCESSING = "processing"
+    """Emitted: metadata initialised, processing in flight."""
+    PROCESSED = "processed"
+    """The current attempt's processed output is recorded; it waits for its turn to commit."""
+    COMMITTED = "committed"
+    """Final. The txid is never processed or committed again."""
+    FAILED = "failed"
+    """The current attempt is dead; the txid waits to be re-emitted with a new attempt."""
+
+
+class SourceKind(str, enum.Enum):
+    """How a source replays a txid (Storm's transactional vs opaque spouts)."""
+
+    TRANSACTIONAL = "transactional"
+    """A txid's batch never changes: its metadata is stored at first emission and reused."""
+    OPAQUE = "opaque"
+    """A replay may differ: its metadata is recomputed from where the previous txid ended."""
+
+
+@dataclass(frozen=True)
+class TxRecord:
+    """One txid as the log sees it: its current attempt and that attempt's status."""
+
+    txid: int
+    attempt: int
+    status: TxStatus
+    metadata: Any = None
+    output: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class PipelineView:
+    """A consistent snapshot of one pipeline, read under the pipeline's lock.
+
+    ``in_flight`` holds every allocated txid above ``last_committed``, in order and without gaps.
+    The constructor checks the log's invariants and raises :class:`CorruptLogError` if one breaks:
+    a corrupt log is reported, never repaired silently.
+    """
+
+    pipeline: str
+    source_kind: SourceKind
+    max_pending: int
+    last_committed: int = 0
+    last_committed_metadata: Any = None
+    in_flight: tuple[TxRecord, ...] = ()
+    _by_txid: dict[int, TxRecord] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.max_pending < 1:
+            raise CorruptLogError(f"max_pending={self.max_pending} < 1", pipeline=self.pipeline)
+        if self.last_committed < 0:
+            raise CorruptLogError(
+                f"last committed txid {self.last_committed} < 0", pipeline=self.pipeline
+            )
+        expected = self.last_committed + 1
+        for rec in self.in_flight:
+            if rec.txid != expected:
+                raise CorruptLogError(
+                    f"txids in flight must follow the last committed txid {self.last_committed} "
+                    f"without gaps; expected txid {expected}, found {rec.txid}",
+                    pipeline=self.pipeline,
+                    txid=rec.txid,
+                    attempt=rec.attempt,
+                )
+            if rec.attempt < 1:
+                raise CorruptLogError(
+                    "attempt must be >= 1", pipeline=self.pipeline, txid=rec.txid, attempt=rec.attempt
+                )
+            if rec.status is TxStatus.COMMITTED:
+                raise CorruptLogError(
+                    f"txid is marked committed but the pipeline's last committed txid is "
+                    f"{self.last_committed}",
+                    pipeline=self.pipeline,
+                    txid=rec.txid,
+                    attempt=rec.attempt,
+                )
+            expected += 1
+        object.__setattr__(self, "_by_txid", {r.txid: r for r in self.in_flight})
+
+    # -- derived facts -------------------------------------------------------------------------
+
+    @property
+    def oldest_uncommitted(self) -> int:
+        return self.last_committed + 1
+
+    @property
+    def next_new_txid(self) -> int:
+        """The txid the next new batch gets."""
+        return self.last_committed + len(self.in_flight) + 1
+
+    @property
+    def window(self) -> range:
+        """Txids allowed in flight: ``[oldest uncommitted, oldest uncommitted + max_pending)``."""
+        return range(self.oldest_uncommitted, self.oldest_uncommitted + self.max_pending)
+
+    def record(self, txid: int) -> TxRecord | None:
+        return self._by_txid.get(txid)
+
+    def metadata_before(self, txid: int) -> Any:
+        """Metadata of ``txid - 1`` (``None`` before txid 1): where ``txid``'s batch starts."""
+        if txid - 1 == self.last_committed:
+            return self.last_committed_metadata
+        prev = self._by_txid.get(txid - 1)
+        return None if prev is None else prev.metadata
+
+
+# -- begin -------------------------------------------------------------------------------------
+
+
+class BeginAction(str, enum.Enum):
+    NEW = "new"
+    """First emission of a new txid, attempt 1: initialise its metadata from ``txid - 1``'s."""
+    REPLAY = "replay"
+    """Re-emission of a failed txid with a new attempt."""
+    REEMIT = "reemit"
+    """Re-emission of a txid whose current attempt is still marked live (a rerun, a lost worker):
+    the live attempt is failed first, with the cascade of :func:`plan_failure`."""
+    ALREADY_COMMITTED = "already_committed"
+    """Nothing to do: the txid committed already."""
+    WAIT_PREVIOUS = "wait_previous"
+    """``txid - 1`` has not (re-)initialised its metadata yet; metadata is initialised in order."""
+    WAIT_WINDOW = "wait_window"
+    """The txid is beyond the ``max_pending`` window."""
+
+
+@dataclass(frozen=True)
+class BeginPlan:
+    action: BeginAction
+    txid: int
+    attempt: int | None = None
+    """The attempt to emit (``None`` when nothing is emitted)."""
+    reuse_metadata: bool = False
+    """True: replay the stored metadata (transactional source). False: initialise it anew."""
+    prev_metadata: Any = None
+    """Metadata of ``txid - 1``, the input of the source's ``initialize_transaction``."""
+    invalidate: tuple[int, ...] = ()
+    """Txids (this one included) whose live attempts must be failed before emitting."""
+
+    @property
+    def emits(self) -> bool:
+        return self.action in (BeginAction.NEW, BeginAction.REPLAY, BeginAction.REEMIT)
+
+
+def plan_begin(view: PipelineView, txid: int) -> BeginPlan:
+    """Decide what beginning ``txid`` means now (Storm's coordinator emitting to the batch stream)."""
+    if txid < 1:
+        raise ValueError(f"txid must be >= 1, got {txid}")
+    if txid <= view.last_committed:
+        return BeginPlan(BeginAction.ALREADY_COMMITTED, txid)
+    prev = view.record(txid - 1)
+    if prev is not None and prev.status is TxStatus.FAILED:
+        # STORM-1557: metadata of k is initialised only after k-1's current one.
+        return BeginPlan(BeginAction.WAIT_PREVIOUS, txid)
+    rec = view.record(txid)
+    if rec is None:
+        if txid > view.next_new_txid:
+            return BeginPlan(BeginAction.WAIT_PREVIOUS, txid)
+        if txid not in view.window:
+            return BeginPlan(BeginAction.WAIT_WINDOW, txid)
+        return BeginPlan(
+            BeginAction.NEW, txid, attempt=1, prev_metadata=view.metadata_before(txid)
+        )
+    reuse = view.source_kind is SourceKind.TRANSACTIONAL
+    if rec.status is TxStatus.FAILED:
+        return BeginPlan(
+            BeginAction.REPLAY,
+            txid,
+            attempt=rec.attempt + 1,
+            reuse_metadata=reuse,
+            prev_metadata=view.metadata_before(txid),
+        )
+    return BeginPlan(
+        BeginAction.REEMIT,
+        txid,
+        attempt=rec.attempt + 1,
+        reuse_metadata=reuse,
+        prev_metadata=view.metadata_before(txid),
+        invalidate=plan_failure(view, txid),
+    )
+
+
+def next_to_begin(view: PipelineView) -> int | None:
+    """The txid a coordinator loop should begin next, or ``None`` if it must wait.
+
+    Failed txids come first, oldest first (they replay in order); then a new txid if the window has
+    room.
+    """
+    for rec in view.in_flight:
+        if rec.status is TxStatus.FAILED:
+            return rec.txid
+    new = view.next_new_txid
+    return new if new in view.window else None
+
+
+# -- processed ---------------------------------------------------------------------------------
+
+
+class ProcessedAction(str, enum.Enum):
+    ACCEPT = "accept"
+    """Record the output and mark the txid processed."""
+    DUPLICATE = "duplicate"
+    """The same attempt already recorded the same output (a duplicate run): nothing to do."""
+    IGNORE_STALE = "ignore_stale"
+    """A late report from an attempt that is no longer current: ignored, as in Storm."""
+
+
+def attempt_is_current(
+    record: TxRecord | None, *, pipeline: str, txid: int, attempt: int
+) -> bool:
+    """Whether ``(txid, attempt)`` may still record processed output.
+
+    False for a stale attempt (replaced, failed, or its txid committed): its reports are ignored, as
+    in Storm. Raises :class:`NotBegunError` for a txid or attempt that was never emitted.
+    A per-txid rule: it needs only the txid's own record (``None`` if it was never begun), so the
+    log can apply it holding that txid's row lock while other txids stage their output in parallel.
+    """
+    if record is None:
+        raise NotBegunError(
+            "processing reported for a txid that was never begun",
+            pipeline=pipeline,
+            txid=txid,
+            attempt=attempt,
+        )
+    if attempt > record.attempt:
+        raise NotBegunError(
+            f"attempt was never emitted (current attempt is {record.attempt})",
+            pipeline=pipeline,
+            txid=txid,
+            attempt=attempt,
+        )
+    return attempt == record.attempt and record.status in (TxStatus.PROCESSING, TxStatus.PROCESSED)
+
+
+def plan_processed(
+    record: TxRecord | None,
+    *,
+    pipeline: str,
+    txid: int,
+    attempt: int,
+    output: Mapping[str, Any] | None,
+) -> ProcessedAction:
+    """Decide what a "processing finished" report of ``(txid, attempt)`` with ``output`` means."""
+    if not attempt_is_current(record, pipeline=pipeline, txid=txid, attempt=attempt):
+        return ProcessedAction.IGNORE_STALE
+    assert record is not None
+    if record.status is TxStatus.PROCESSED:
+        if dict(record.output or {}) == dict(output or {}):
+            return ProcessedAction.DUPLICATE
+        raise ConflictingOutputError(
+            f"attempt already recorded output {dict(record.output or {})!r}, now reports "
+            f"{dict(output or {})!r}",
+            pipeline=pipeline,
+            txid=txid,
+            attempt=attempt,
+        )
+    return ProcessedAction.ACCEPT
+
+
+# -- commit ------------------------------------------------------------------------------------
+
+
+class CommitAction(str, enum.Enum):
+    APPLY = "apply"
+    """Apply the attempt's output and mark the txid committed, in one database transaction."""
+    ALREADY_COMMITTED = "already_committed"
+    """Idempotent commit: the txid committed already; nothing is applied twice."""
+
+
+def plan_commit(view: PipelineView, txid: int, attempt: int) -> CommitAction:
+    """Decide whether ``(txid, attempt)`` may commit now; raise the typed reason if not."""
+    if txid <= view.last_committed:
+        return CommitAction.ALREADY_COMMITTED
+    rec = view.record(txid)
+    if rec is None:
+        raise NotBegunError(
+            "commit of a txid that was never begun",
+            pipeline=view.pipeline,
+            txid=txid,
+            attempt=attempt,
+        )
+    if attempt != rec.attempt or rec.status is TxStatus.FAILED:
+        raise StaleAttemptError(
+            f"commit refused: the current attempt is {rec.attempt} ({rec.status.value})",
+            pipeline=view.pipeline,
+            txid=txid,
+            attempt=attempt,
+        )
+    if rec.status is not TxStatus.PROCESSED:
+        raise NotProcessedError(
+            "commit refused: this attempt has not recorded its processed output",
+            pipeline=view.pipeline,
+            txid=txid,
+            attempt=attempt,
+        )
+    if txid != view.oldest_uncommitted:
+        raise OutOfOrderCommitError(
+            f"commit refused: txid {txid - 1} has not committed (last committed txid is "
+            f"{view.last_committed})",
+            pipeline=view.pipeline,
+            txid=txid,
+            attempt=attempt,
+        )
+    return CommitAction.APPLY
+
+
+def committable(view: PipelineView) -> TxRecord | None:
+    """The one transaction that may commit now, if any (oldest uncommitted, processed)."""
+    rec = view.record(view.oldest_uncommitted)
+    return rec if rec is not None and rec.status is TxStatus.PROCESSED else None
+
+
+# -- failure and recovery ----------------------------------------------------------------------
+
+
+def plan_failure(view: PipelineView, txid: int, attempt: int | None = None) -> tuple[int, ...]:
+    """Txids whose live attempts a failure of ``(txid, attempt)`` fails, in order.
+
+    ``txid`` itself and every later txid in flight. A failure of a committed txid, or one reported
+    by an attempt that is no longer current, invalidates nothing (a late report must not fail the
+    attempt that replaced it). ``attempt=None`` fails whatever attempt is current.
+    """
+    if txid <= view.last_committed:
+        return ()
+    rec = view.record(txid)
+    if rec is None:
+        raise NotBegunError(
+            "failure reported for a txid that was never begun",
+            pipeline=view.pipeline,
+            txid=txid,
+            attempt=attempt,
+        )
+    if attempt is not None and attempt != rec.attempt:
+        return ()
+    return tuple(
+        r.txid for r in view.in_flight if r.txid >= txid and r.status is not TxStatus.FAILED
+    )
+
+
+def plan_recovery(view: PipelineView) -> tuple[int, ...]:
+    """Txids to fail when everything restarts after a crash.
+
+    A ``PROCESSING`` attempt belonged to a process that is gone; it and every later txid are failed
+    (so an opaque replay cannot skip records). ``PROCESSED`` txids before it keep their durable
+    output and commit as they are.
+    """
+    for rec in view.in_flight:
+        if rec.status is TxStatus.PROCESSING:
+            return plan_failure(view, rec.txid)
+    return ()
+
+
+def validate_max_pending(max_pending: int) -> int:
+    if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
+        raise ValueError(f"max_pending must be an int >= 1, got {max_pending!r}")
+    return max_pending
+
+
+__all__: Sequence[str] = (
+    "BeginAction",
+    "BeginPlan",
+    "CommitAction",
+    "PipelineView",
+    "ProcessedAction",
+    "SourceKind",
+    "TxRecord",
+    "TxStatus",
+    "attempt_is_current",
+    "committable",
+    "next_to_begin",
+    "plan_begin",
+    "plan_commit",
+    "plan_failure",
+    "plan_processed",
+    "plan_recovery",
+    "validate_max_pending",
+)

@@ -1,0 +1,95 @@
+"""Every domain error of the provider, in one place.
+
+Each error names the pipeline, txid and attempt it is about (``None`` where it does not apply), so a
+log line or an Airflow task failure always says *which* transaction went wrong.
+"""
+
+from __future__ import annotations
+
+
+class TxnError(Exception):
+    """Base class: an error about one pipeline and, where known, one txid and attempt."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        pipeline: str | None = None,
+        txid: int | None = None,
+        attempt: int | None = None,
+    ) -> None:
+        self.pipeline = pipeline
+        self.txid = txid
+        self.attempt = attempt
+        self.detail = message
+        super().__init__(f"pipeline={pipeline} txid={txid} attempt={attempt}: {message}")
+
+    def __reduce__(self):  # keep the keyword arguments across pickling (multiprocessing, Airflow)
+        return (
+            _rebuild,
+            (type(self), self.detail, self.pipeline, self.txid, self.attempt),
+        )
+
+
+def _rebuild(cls, message, pipeline, txid, attempt):
+    return cls(message, pipeline=pipeline, txid=txid, attempt=attempt)
+
+
+class UnknownPipelineError(TxnError):
+    """The pipeline was never registered in the transaction log."""
+
+
+class PipelineConfigError(TxnError):
+    """A pipeline is re-registered with a definition that contradicts the stored one."""
+
+
+class NotBegunError(TxnError):
+    """An operation names a txid that was never begun."""
+
+
+class OutOfOrderCommitError(TxnError):
+    """A commit of txid k was asked for before txid k-1 committed."""
+
+
+class StaleAttemptError(TxnError):
+    """The attempt is no longer the current one of its txid (it was failed or re-emitted)."""
+
+
+class NotProcessedError(TxnError):
+    """A commit was asked for an attempt whose processed output was never recorded."""
+
+
+class ConflictingOutputError(TxnError):
+    """The same attempt reported two different processed outputs."""
+
+
+class StagedOutputMismatchError(TxnError):
+    """At commit, the staged rows are not the ones the attempt recorded as its output.
+
+    Staging tables are UNLOGGED (fast, but emptied by a Postgres crash); the count check turns such a
+    loss into this error, which fails and replays the txid instead of committing nothing.
+    """
+
+
+class UnreadableMetadataError(TxnError):
+    """Batch metadata cannot be stored and read back unchanged as JSON (cf. STORM-2675)."""
+
+
+class CorruptLogError(TxnError):
+    """A row of the transaction log breaks the log's invariants; nothing is repaired silently."""
+
+
+class SchemaTooOldError(TxnError):
+    """The transaction-log schema in Postgres is older than this library and was not migrated."""
+
+
+class StateAheadOfLogError(TxnError):
+    """A state row carries a txid newer than the one being committed (Trident's OpaqueMap rule)."""
+
+
+class StateDefinitionError(TxnError):
+    """A state is declared with a definition that contradicts the one stored in Postgres."""
+
+
+class SourceError(TxnError):
+    """The source failed to describe a batch (a partition is missing, the store is unreachable)."""

@@ -1,0 +1,131 @@
+"""SQLAlchemy 2 models of the transaction log.
+
+The schema is created and upgraded by the Alembic migrations in ``migrations/``; these models
+describe it for queries. The tables:
+
+* ``txn_pipeline``: one row per pipeline. Its row lock serialises every transition of the pipeline
+  (begin, fail, commit), which is what makes "one commit at a time" hold in Postgres, not only in
+  Airflow.
+* ``txn_transaction``: one row per txid, holding its *current* attempt, status and batch metadata.
+* ``txn_attempt``: one row per attempt of a txid, the history a user reads to see every replay.
+* ``txn_state_registry``: which pipeline owns which state table, and how it was declared.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    ForeignKeyConstraint,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    func,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+TX_STATUSES = ("processing", "processed", "committed", "failed")
+SOURCE_KINDS = ("transactional", "opaque")
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class PipelineRow(Base):
+    __tablename__ = "txn_pipeline"
+
+    name: Mapped[str] = mapped_column(String(250), primary_key=True)
+    source_kind: Mapped[str] = mapped_column(String(20))
+    max_pending: Mapped[int] = mapped_column(Integer)
+    last_committed_txid: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+    __table_args__ = (
+        CheckConstraint("source_kind IN ('transactional', 'opaque')", name="source_kind"),
+        CheckConstraint("max_pending >= 1", name="max_pending"),
+        CheckConstraint("last_committed_txid >= 0", name="last_committed_txid"),
+    )
+
+
+class TransactionRow(Base):
+    __tablename__ = "txn_transaction"
+
+    pipeline: Mapped[str] = mapped_column(String(250), primary_key=True)
+    txid: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(20))
+    batch_metadata: Mapped[Any] = mapped_column("metadata", JSONB, nullable=True)
+    output: Mapped[Any] = mapped_column(JSONB, nullable=True)
+    """Reference to the current attempt's processed output (e.g. staged row counts per state)."""
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    begun_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    processed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    committed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+    __table_args__ = (
+        ForeignKeyConstraint(["pipeline"], ["txn_pipeline.name"], ondelete="CASCADE"),
+        CheckConstraint("txid >= 1", name="txid"),
+        CheckConstraint("attempt >= 1", name="attempt"),
+        CheckConstraint(
+            "status IN ('processing', 'processed', 'committed', 'failed')", name="status"
+        ),
+    )
+
+
+class AttemptRow(Base):
+    __tablename__ = "txn_attempt"
+
+    pipeline: Mapped[str] = mapped_column(String(250), primary_key=True)
+    txid: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    status: Mapped[str] = mapped_column(String(20))
+    batch_metadata: Mapped[Any] = mapped_column("metadata", JSONB, nullable=True)
+    output: Mapped[Any] = mapped_column(JSONB, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    processed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+    __table_args__ = (
+        ForeignKeyConstraint(
+            ["pipeline", "txid"],
+            ["txn_transaction.pipeline", "txn_transaction.txid"],
+            ondelete="CASCADE",
+        ),
+        CheckConstraint(
+            "status IN ('processing', 'processed', 'committed', 'failed')", name="status"
+        ),
+    )
+
+
+class StateRegistryRow(Base):
+    __tablename__ = "txn_state_registry"
+
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    pipeline: Mapped[str] = mapped_column(String(250))
+    kind: Mapped[str] = mapped_column(String(20))
+    definition: Mapped[Any] = mapped_column(JSONB)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+    __table_args__ = (
+        CheckConstraint(
+            "kind IN ('non_transactional', 'transactional', 'opaque')", name="kind"
+        ),
+    )

@@ -1,0 +1,77 @@
+"""Schema management of the transaction log: apply the Alembic migrations, or check they were.
+
+The library applies its own migrations (``upgrade``); a deployment that wants schema changes to be
+a deliberate step opens the log with ``migrate=False`` and gets :class:`SchemaTooOldError` when the
+database is behind.
+"""
+
+from __future__ import annotations
+
+import logging
+from functools import cache
+from typing import TYPE_CHECKING
+
+from sqlalchemy import text
+
+from airflow_txn_provider.exceptions import SchemaTooOldError
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+    from sqlalchemy.engine import Connection, Engine
+
+log = logging.getLogger(__name__)
+
+VERSION_TABLE = "txn_alembic_version"
+# Serialises concurrent upgrades: many tasks may open the log at the same moment.
+_MIGRATION_LOCK_KEY = 0x7478_6E5F_6D69_67  # "txn_mig"
+
+
+def _alembic_config() -> Config:
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", "airflow_txn_provider:migrations")
+    return cfg
+
+
+@cache
+def head_revision() -> str:
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(_alembic_config()).get_current_head()
+    assert head is not None
+    return head
+
+
+def current_revision(connection: Connection) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
+    ctx = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
+    return ctx.get_current_revision()
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Bring the transaction-log schema to ``revision``; safe to call from many processes at once."""
+    from alembic import command
+
+    with engine.begin() as conn:
+        conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _MIGRATION_LOCK_KEY})
+        before = current_revision(conn)
+        if before == head_revision() and revision == "head":
+            return
+        cfg = _alembic_config()
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, revision)
+        log.info("transaction log schema upgraded from %s to %s", before, current_revision(conn))
+
+
+def check(engine: Engine) -> None:
+    """Raise :class:`SchemaTooOldError` unless the schema is at this library's head revision."""
+    with engine.connect() as conn:
+        found = current_revision(conn)
+    if found != head_revision():
+        raise SchemaTooOldError(
+            f"transaction log schema is at revision {found!r}, this library needs "
+            f"{head_revision()!r}; run airflow_txn_provider.schema.upgrade(engine) "
+            "or open the log with migrate=True"
+        )

@@ -1,0 +1,141 @@
+"""Source contracts: how a pipeline turns "the previous batch ended here" into the next batch.
+
+A source is Storm's transactional spout *coordinator*: given a txid and the metadata of the txid
+before it, it returns this txid's metadata (for example per-partition offset ranges), or ``None``
+when there is no new data yet. Reading the batch described by the metadata is the processing job's
+business (see ``spark_jobs/``), not the source's.
+
+* :class:`TransactionalSource`: a txid's batch never changes. The log stores the metadata at first
+  emission and every replay reuses it; the source is asked only once per txid.
+* :class:`OpaqueSource`: a replay may differ (a partition went away, files were compacted). The log
+  asks the source again on every replay, always starting from the previous txid's metadata, and the
+  opaque state helpers keep results exact.
+
+Metadata is stored as JSON. It must come back from JSON *equal* to what the source returned (no
+tuples, no integer keys, no NaN, no objects): anything else is refused with
+:class:`~airflow_txn_provider.exceptions.UnreadableMetadataError` at begin time, before it is stored,
+instead of being silently changed (STORM-2675).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from airflow_txn_provider.coordinator import SourceKind
+from airflow_txn_provider.exceptions import UnreadableMetadataError
+
+Metadata = Any
+"""JSON-compatible batch metadata: dicts with str keys, lists, str, int, finite float, bool, None."""
+
+
+class Source(ABC):
+    """Decides the metadata of each txid's batch. Subclass one of the two kinds below."""
+
+    kind: ClassVar[SourceKind]
+
+    @abstractmethod
+    def initialize_transaction(self, txid: int, prev_metadata: Metadata | None) -> Metadata | None:
+        """Return the metadata of ``txid``'s batch, or ``None`` if no new data is available yet.
+
+        :param txid: the transaction being emitted.
+        :param prev_metadata: metadata of ``txid - 1`` (``None`` for txid 1): the batch starts where
+            that one ended.
+        """
+
+
+class TransactionalSource(Source):
+    """A source that can re-read exactly the same batch for a txid (Storm's transactional spout)."""
+
+    kind = SourceKind.TRANSACTIONAL
+
+
+class OpaqueSource(Source):
+    """A source whose replay of a txid may emit a different batch (Storm's opaque spout)."""
+
+    kind = SourceKind.OPAQUE
+
+
+def validate_metadata(
+    metadata: Metadata, *, pipeline: str | None, txid: int | None, attempt: int | None
+) -> Metadata:
+    """Return ``metadata`` if it survives a JSON round trip unchanged; raise otherwise."""
+    problem = _json_problem(metadata, "$")
+    if problem is None:
+        try:
+            back = json.loads(json.dumps(metadata, allow_nan=False))
+        except (TypeError, ValueError) as err:  # pragma: no cover - _json_problem is stricter
+            problem = str(err)
+        else:
+            if back != metadata:  # pragma: no cover - _json_problem is stricter
+                problem = "value changes through JSON"
+    if problem is not None:
+        raise UnreadableMetadataError(
+            f"batch metadata cannot be stored as JSON unchanged: {problem}",
+            pipeline=pipeline,
+            txid=txid,
+            attempt=attempt,
+        )
+    return metadata
+
+
+def _json_problem(value: Any, path: str) -> str | None:
+    if value is None or isinstance(value, (bool, str)):
+        return None
+    if isinstance(value, int):
+        return None
+    if isinstance(value, float):
+        return None if math.isfinite(value) else f"{path} is {value!r} (not finite)"
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _json_problem(item, f"{path}[{i}]")
+            if found:
+                return found
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return f"{path} has key {key!r} of type {type(key).__name__} (JSON keys are strings)"
+            found = _json_problem(item, f"{path}[{key!r}]")
+            if found:
+                return found
+        return None
+    return f"{path} is a {type(value).__name__} (JSON has no such type)"
+
+
+def next_offset_ranges(
+    prev_metadata: Mapping[str, list[int]] | None,
+    latest_offsets: Mapping[str, int],
+    *,
+    max_per_partition: int,
+) -> dict[str, list[int]] | None:
+    """Offset ranges ``{partition: [start, end)}`` of the batch after ``prev_metadata``.
+
+    The usual metadata of a partitioned source (Kafka topics, Parquet partitions with an ``offset``
+    column): each partition continues where the previous batch ended, and takes at most
+    ``max_per_partition`` records up to ``latest_offsets[partition]`` (exclusive). A partition
+    missing from ``latest_offsets`` (unavailable right now) continues later from where it stopped.
+    Returns ``None`` when no partition has new records.
+
+    :param prev_metadata: the previous txid's ranges, ``None`` for txid 1.
+    :param latest_offsets: for each available partition, one past its newest offset.
+    :param max_per_partition: batch size cap per partition.
+    """
+    if max_per_partition < 1:
+        raise ValueError(f"max_per_partition must be >= 1, got {max_per_partition}")
+    starts = {p: int(r[1]) for p, r in (prev_metadata or {}).items()}
+    ranges: dict[str, list[int]] = {}
+    for partition in sorted(set(starts) | set(latest_offsets)):
+        start = starts.get(partition, 0)
+        if partition in latest_offsets:
+            end = min(int(latest_offsets[partition]), start + max_per_partition)
+            end = max(end, start)
+        else:
+            end = start  # unavailable: keep its position for a later batch
+        ranges[partition] = [start, end]
+    if all(end == start for start, end in ranges.values()):
+        return None
+    return ranges

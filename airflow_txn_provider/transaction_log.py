@@ -1,0 +1,667 @@
+"""The durable transaction log in Postgres: the coordinator's rules applied under row locks.
+
+Every transition is one explicit database transaction:
+
+* ``begin``, ``fail``, ``recover`` and ``commit`` lock the pipeline's row (``SELECT … FOR UPDATE``),
+  read a :class:`~airflow_txn_provider.coordinator.PipelineView`, ask the pure coordinator, and
+  write its answer. The lock makes "one commit at a time per pipeline" and "metadata initialised in
+  txid order" hold in Postgres, whoever calls (Airflow may run the same task twice, #23520).
+* ``mark_processed`` and ``stage_output`` lock only the txid's own row, so many txids record their
+  processed output in parallel; a commit or failure of that txid waits for the row and sees the
+  result.
+* ``commit`` runs the caller's ``apply`` (the state update) on the same connection, so the state
+  change and the "committed" mark are one database transaction: both happen or neither.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import create_engine, func, insert, select, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.engine import make_url
+
+from airflow_txn_provider import schema
+from airflow_txn_provider.coordinator import (
+    BeginAction,
+    BeginPlan,
+    CommitAction,
+    PipelineView,
+    ProcessedAction,
+    SourceKind,
+    TxRecord,
+    TxStatus,
+    attempt_is_current,
+    next_to_begin,
+    plan_begin,
+    plan_commit,
+    plan_failure,
+    plan_processed,
+    plan_recovery,
+    validate_max_pending,
+)
+from airflow_txn_provider.exceptions import (
+    CorruptLogError,
+    PipelineConfigError,
+    SourceError,
+    TxnError,
+    UnknownPipelineError,
+)
+from airflow_txn_provider.models import AttemptRow, PipelineRow, TransactionRow
+from airflow_txn_provider.sources import Source, validate_metadata
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection, Engine, Row
+
+log = logging.getLogger(__name__)
+
+P = PipelineRow.__table__
+T = TransactionRow.__table__
+A = AttemptRow.__table__
+
+ApplyFn = Callable[["Connection", TxRecord], "Mapping[str, Any] | None"]
+StageFn = Callable[["Connection"], "Mapping[str, Any] | None"]
+
+
+@dataclass(frozen=True)
+class Emission:
+    """What ``begin`` did: emitted an attempt of the txid, or why it did not."""
+
+    pipeline: str
+    txid: int
+    action: BeginAction
+    attempt: int | None = None
+    metadata: Any = None
+    no_data: bool = False
+    """The source has no new data for this txid yet; nothing was allocated."""
+    invalidated: tuple[int, ...] = ()
+    """Txids whose live attempts were failed to re-emit this one (``REEMIT`` only)."""
+
+    @property
+    def emitted(self) -> bool:
+        return self.attempt is not None and not self.no_data
+
+
+@dataclass(frozen=True)
+class CommitResult:
+    pipeline: str
+    txid: int
+    attempt: int
+    applied: bool
+    """False when the txid had committed already (an idempotent no-op)."""
+    committed_attempt: int
+    details: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class TransactionInfo:
+    pipeline: str
+    txid: int
+    attempt: int
+    status: TxStatus
+    metadata: Any
+    output: Any
+    last_error: str | None
+    begun_at: datetime | None
+    processed_at: datetime | None
+    committed_at: datetime | None
+
+
+@dataclass(frozen=True)
+class AttemptInfo:
+    pipeline: str
+    txid: int
+    attempt: int
+    status: TxStatus
+    metadata: Any
+    output: Any
+    error: str | None
+    started_at: datetime | None
+    processed_at: datetime | None
+    ended_at: datetime | None
+
+
+def engine_from_url(url: str, **kwargs: Any) -> Engine:
+    """A SQLAlchemy engine for a Postgres URL; a bare ``postgresql://`` gets the psycopg2 driver."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "postgresql":
+        raise ValueError(f"the transaction log needs Postgres, got a {parsed.drivername!r} URL")
+    if parsed.drivername == "postgresql":
+        parsed = parsed.set(drivername="postgresql+psycopg2")
+    kwargs.setdefault("pool_pre_ping", True)
+    return create_engine(parsed, **kwargs)
+
+
+class TransactionLog:
+    """The transaction log of every pipeline stored in one Postgres database.
+
+    :param engine: a SQLAlchemy engine on Postgres (see :func:`engine_from_url`, or
+        :class:`~airflow_txn_provider.hooks.txn_log.TxnLogHook` for an Airflow connection).
+    :param migrate: apply the schema migrations if the database is behind (default). With
+        ``False``, a database that is behind raises :class:`SchemaTooOldError`.
+    """
+
+    def __init__(self, engine: Engine, *, migrate: bool = True) -> None:
+        self.engine = engine
+        if migrate:
+            schema.upgrade(engine)
+        else:
+            schema.check(engine)
+
+    @classmethod
+    def from_url(cls, url: str, *, migrate: bool = True, **engine_kwargs: Any) -> TransactionLog:
+        return cls(engine_from_url(url, **engine_kwargs), migrate=migrate)
+
+    # -- pipelines -----------------------------------------------------------------------------
+
+    def register_pipeline(
+        self, name: str, *, source_kind: SourceKind | str, max_pending: int
+    ) -> None:
+        """Create the pipeline, or check an existing one (its ``max_pending`` may change)."""
+        if not name or len(name) > 250:
+            raise ValueError(f"pipeline name must have 1 to 250 characters, got {name!r}")
+        kind = SourceKind(source_kind)
+        validate_max_pending(max_pending)
+        with self.engine.begin() as conn:
+            conn.execute(
+                pg_insert(P)
+                .values(name=name, source_kind=kind.value, max_pending=max_pending)
+                .on_conflict_do_nothing(index_elements=["name"])
+            )
+            row = conn.execute(select(P).where(P.c.name == name).with_for_update()).one()
+            if row.source_kind != kind.value:
+                raise PipelineConfigError(
+                    f"pipeline was registered with a {row.source_kind} source, now declared "
+                    f"{kind.value}; a running pipeline cannot change its replay semantics",
+                    pipeline=name,
+                )
+            if row.max_pending != max_pending:
+                conn.execute(
+                    update(P)
+                    .where(P.c.name == name)
+                    .values(max_pending=max_pending, updated_at=func.now())
+                )
+                log.info(
+                    "pipeline=%s max_pending changed from %s to %s",
+                    name,
+                    row.max_pending,
+                    max_pending,
+                )
+
+    def view(self, pipeline: str) -> PipelineView:
+        """A consistent snapshot of the pipeline (no lock is held after it returns)."""
+        with self.engine.connect() as conn:
+            return self._view(conn, pipeline, lock=False)
+
+    def last_committed(self, pipeline: str) -> int:
+        with self.engine.connect() as conn:
+            value = conn.execute(
+                select(P.c.last_committed_txid).where(P.c.name == pipeline)
+            ).scalar_one_or_none()
+        if value is None:
+            raise UnknownPipelineError("pipeline is not registered", pipeline=pipeline)
+        return int(value)
+
+    # -- begin -----------------------------------------------------------------------------------
+
+    def begin(self, pipeline: str, txid: int, source: Source) -> Emission:
+        """Emit ``txid``: allocate it (or re-emit it with a new attempt) and fix its metadata.
+
+        Never raises for "not yet": an :class:`Emission` that did not emit says why (the previous
+        txid has not begun, the window is full, the source has no data, the txid committed).
+        """
+        with self.engine.begin() as conn:
+            view = self._view(conn, pipeline, lock=True)
+            self._check_source(view, source)
+            return self._begin_locked(conn, view, txid, source)
+
+    def begin_next(self, pipeline: str, source: Source) -> Emission | None:
+        """Emit whatever txid should go next (oldest failed first, else a new one); ``None`` if the
+        window is full."""
+        with self.engine.begin() as conn:
+            view = self._view(conn, pipeline, lock=True)
+            self._check_source(view, source)
+            txid = next_to_begin(view)
+            if txid is None:
+                return None
+            return self._begin_locked(conn, view, txid, source)
+
+    def _begin_locked(
+        self, conn: Connection, view: PipelineView, txid: int, source: Source
+    ) -> Emission:
+        plan = plan_begin(view, txid)
+        if not plan.emits:
+            return Emission(view.pipeline, txid, plan.action)
+        assert plan.attempt is not None
+        if plan.invalidate:
+            self._fail_locked(
+                conn,
+                view,
+                plan.invalidate,
+                origin=txid,
+                error=f"txid {txid} re-emitted with attempt {plan.attempt}",
+            )
+        metadata = self._metadata_for(view, plan, source)
+        if metadata is None:
+            return Emission(view.pipeline, txid, plan.action, no_data=True)
+        if plan.action is BeginAction.NEW:
+            conn.execute(
+                insert(T).values(
+                    pipeline=view.pipeline,
+                    txid=txid,
+                    attempt=plan.attempt,
+                    status=TxStatus.PROCESSING.value,
+                    metadata=metadata,
+                    begun_at=func.now(),
+                )
+            )
+        else:
+            conn.execute(
+                update(T)
+                .where(T.c.pipeline == view.pipeline, T.c.txid == txid)
+                .values(
+                    attempt=plan.attempt,
+                    status=TxStatus.PROCESSING.value,
+                    metadata=metadata,
+                    output=None,
+                    begun_at=func.now(),
+                    processed_at=None,
+                    updated_at=func.now(),
+                )
+            )
+        conn.execute(
+            insert(A).values(
+                pipeline=view.pipeline,
+                txid=txid,
+                attempt=plan.attempt,
+                status=TxStatus.PROCESSING.value,
+                metadata=metadata,
+            )
+        )
+        log.info(
+            "pipeline=%s txid=%s attempt=%s emitted (%s)",
+            view.pipeline,
+            txid,
+            plan.attempt,
+            plan.action.value,
+        )
+        return Emission(
+            view.pipeline,
+            txid,
+            plan.action,
+            attempt=plan.attempt,
+            metadata=metadata,
+            invalidated=plan.invalidate,
+        )
+
+    @staticmethod
+    def _metadata_for(view: PipelineView, plan: BeginPlan, source: Source) -> Any:
+        if plan.reuse_metadata:
+            rec = view.record(plan.txid)
+            assert rec is not None
+            return rec.metadata
+        try:
+            metadata = source.initialize_transaction(plan.txid, plan.prev_metadata)
+        except TxnError:
+            raise
+        except Exception as err:
+            raise SourceError(
+                f"{type(source).__name__}.initialize_transaction failed: {err}",
+                pipeline=view.pipeline,
+                txid=plan.txid,
+                attempt=plan.attempt,
+            ) from err
+        if metadata is None:
+            return None
+        return validate_metadata(
+            metadata, pipeline=view.pipeline, txid=plan.txid, attempt=plan.attempt
+        )
+
+    @staticmethod
+    def _check_source(view: PipelineView, source: Source) -> None:
+        if source.kind is not view.source_kind:
+            raise PipelineConfigError(
+                f"pipeline has a {view.source_kind.value} source, got {type(source).__name__} "
+                f"({source.kind.value})",
+                pipeline=view.pipeline,
+            )
+
+    # -- processed -------------------------------------------------------------------------------
+
+    def mark_processed(
+        self, pipeline: str, txid: int, attempt: int, output: Mapping[str, Any] | None = None
+    ) -> ProcessedAction:
+        """Record that ``(txid, attempt)`` finished processing, with a reference to its output.
+
+        A report from an attempt that is no longer current is ignored (``IGNORE_STALE``); a repeat
+        of the same report is a no-op (``DUPLICATE``).
+        """
+        return self.stage_output(pipeline, txid, attempt, lambda conn: output)
+
+    def stage_output(
+        self, pipeline: str, txid: int, attempt: int, stage: StageFn
+    ) -> ProcessedAction:
+        """Stage ``(txid, attempt)``'s output and mark it processed, in one database transaction.
+
+        ``stage(conn)`` writes the output (e.g. :meth:`MapState.stage`) and returns a reference to
+        it, such as row counts. It runs only while the attempt is current, holding the txid's row
+        lock, so a duplicate run of the same attempt replaces rather than doubles the staged rows
+        and an attempt that was failed meanwhile stages nothing.
+        """
+        output_dict: dict[str, Any] | None = None
+        with self.engine.begin() as conn:
+            record = self._locked_record(conn, pipeline, txid)
+            if attempt_is_current(record, pipeline=pipeline, txid=txid, attempt=attempt):
+                output = stage(conn)
+                output_dict = None if output is None else dict(output)
+            action = plan_processed(
+                record, pipeline=pipeline, txid=txid, attempt=attempt, output=output_dict
+            )
+            if action is ProcessedAction.ACCEPT:
+                conn.execute(
+                    update(T)
+                    .where(T.c.pipeline == pipeline, T.c.txid == txid)
+                    .values(
+                        status=TxStatus.PROCESSED.value,
+                        output=output_dict,
+                        processed_at=func.now(),
+                        updated_at=func.now(),
+                    )
+                )
+                conn.execute(
+                    update(A)
+                    .where(A.c.pipeline == pipeline, A.c.txid == txid, A.c.attempt == attempt)
+                    .values(
+                        status=TxStatus.PROCESSED.value,
+                        output=output_dict,
+                        processed_at=func.now(),
+                    )
+                )
+        if action is ProcessedAction.IGNORE_STALE:
+            log.warning(
+                "pipeline=%s txid=%s attempt=%s processed report ignored: attempt is stale",
+                pipeline,
+                txid,
+                attempt,
+            )
+        else:
+            log.info(
+                "pipeline=%s txid=%s attempt=%s processed (%s)",
+                pipeline,
+                txid,
+                attempt,
+                action.value,
+            )
+        return action
+
+    # -- commit ----------------------------------------------------------------------------------
+
+    def commit(
+        self, pipeline: str, txid: int, attempt: int, apply: ApplyFn | None = None
+    ) -> CommitResult:
+        """Commit ``(txid, attempt)``: run ``apply`` and mark the txid committed, atomically.
+
+        Refused (typed error, nothing written) if the attempt is stale, not processed, or
+        ``txid - 1`` has not committed. Committing a committed txid is a no-op. If ``apply``
+        raises, nothing of it is kept, the txid is failed (with the cascade: it replays whole, as
+        Storm replays a transaction whose commit failed) and the error is raised.
+        """
+        try:
+            with self.engine.begin() as conn:
+                view = self._view(conn, pipeline, lock=True)
+                action = plan_commit(view, txid, attempt)
+                if action is CommitAction.ALREADY_COMMITTED:
+                    committed_attempt = conn.execute(
+                        select(T.c.attempt).where(T.c.pipeline == pipeline, T.c.txid == txid)
+                    ).scalar_one()
+                    log.info(
+                        "pipeline=%s txid=%s attempt=%s already committed (attempt %s): no-op",
+                        pipeline,
+                        txid,
+                        attempt,
+                        committed_attempt,
+                    )
+                    return CommitResult(pipeline, txid, attempt, False, committed_attempt)
+                record = view.record(txid)
+                assert record is not None
+                details = None
+                if apply is not None:
+                    try:
+                        details = apply(conn, record)
+                    except Exception as err:
+                        raise _ApplyFailed() from err
+                conn.execute(
+                    update(T)
+                    .where(T.c.pipeline == pipeline, T.c.txid == txid)
+                    .values(
+                        status=TxStatus.COMMITTED.value,
+                        committed_at=func.now(),
+                        updated_at=func.now(),
+                    )
+                )
+                conn.execute(
+                    update(A)
+                    .where(A.c.pipeline == pipeline, A.c.txid == txid, A.c.attempt == attempt)
+                    .values(status=TxStatus.COMMITTED.value, ended_at=func.now())
+                )
+                conn.execute(
+                    update(P)
+                    .where(P.c.name == pipeline)
+                    .values(last_committed_txid=txid, updated_at=func.now())
+                )
+        except _ApplyFailed as failed:
+            error = failed.__cause__
+            self.fail(pipeline, txid, attempt, error=f"commit failed: {error}")
+            assert error is not None
+            raise error from None
+        log.info("pipeline=%s txid=%s attempt=%s committed", pipeline, txid, attempt)
+        return CommitResult(pipeline, txid, attempt, True, attempt, details)
+
+    # -- failure ---------------------------------------------------------------------------------
+
+    def fail(
+        self, pipeline: str, txid: int, attempt: int | None = None, *, error: str | None = None
+    ) -> tuple[int, ...]:
+        """Fail ``(txid, attempt)`` and every later txid in flight; return the txids failed.
+
+        A report from an attempt that is no longer current fails nothing.
+        """
+        with self.engine.begin() as conn:
+            view = self._view(conn, pipeline, lock=True)
+            txids = plan_failure(view, txid, attempt)
+            self._fail_locked(conn, view, txids, origin=txid, error=error or "failed")
+        if txids:
+            log.warning(
+                "pipeline=%s txid=%s attempt=%s failed; re-queued txids %s: %s",
+                pipeline,
+                txid,
+                attempt,
+                list(txids),
+                error,
+            )
+        return txids
+
+    def recover(self, pipeline: str) -> tuple[int, ...]:
+        """After everything stopped: fail attempts that were processing (their processes are gone)
+        and every later txid, so they re-emit in order. Processed txids before them keep their
+        output. Returns the txids failed."""
+        with self.engine.begin() as conn:
+            view = self._view(conn, pipeline, lock=True)
+            txids = plan_recovery(view)
+            self._fail_locked(
+                conn, view, txids, origin=txids[0] if txids else 0, error="recovered after restart"
+            )
+        if txids:
+            log.warning("pipeline=%s recovery re-queued txids %s", pipeline, list(txids))
+        return txids
+
+    def _fail_locked(
+        self,
+        conn: Connection,
+        view: PipelineView,
+        txids: Sequence[int],
+        *,
+        origin: int,
+        error: str,
+    ) -> None:
+        for txid in txids:
+            rec = view.record(txid)
+            assert rec is not None
+            message = error if txid == origin else f"failed with txid {origin}: {error}"
+            conn.execute(
+                update(T)
+                .where(T.c.pipeline == view.pipeline, T.c.txid == txid)
+                .values(status=TxStatus.FAILED.value, last_error=message, updated_at=func.now())
+            )
+            conn.execute(
+                update(A)
+                .where(
+                    A.c.pipeline == view.pipeline, A.c.txid == txid, A.c.attempt == rec.attempt
+                )
+                .values(status=TxStatus.FAILED.value, error=message, ended_at=func.now())
+            )
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def transactions(
+        self, pipeline: str, *, since_txid: int = 0, limit: int | None = None
+    ) -> list[TransactionInfo]:
+        """Txids of the pipeline above ``since_txid``, oldest first."""
+        query = (
+            select(T)
+            .where(T.c.pipeline == pipeline, T.c.txid > since_txid)
+            .order_by(T.c.txid)
+            .limit(limit)
+        )
+        with self.engine.connect() as conn:
+            rows = conn.execute(query).all()
+        return [
+            TransactionInfo(
+                pipeline=r.pipeline,
+                txid=r.txid,
+                attempt=r.attempt,
+                status=_status(r.status, pipeline, r.txid, r.attempt),
+                metadata=r.metadata,
+                output=r.output,
+                last_error=r.last_error,
+                begun_at=r.begun_at,
+                processed_at=r.processed_at,
+                committed_at=r.committed_at,
+            )
+            for r in rows
+        ]
+
+    def attempts(self, pipeline: str, txid: int) -> list[AttemptInfo]:
+        """Every attempt of ``txid``, oldest first: the history behind each replay."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(
+                select(A).where(A.c.pipeline == pipeline, A.c.txid == txid).order_by(A.c.attempt)
+            ).all()
+        return [
+            AttemptInfo(
+                pipeline=r.pipeline,
+                txid=r.txid,
+                attempt=r.attempt,
+                status=_status(r.status, pipeline, r.txid, r.attempt),
+                metadata=r.metadata,
+                output=r.output,
+                error=r.error,
+                started_at=r.started_at,
+                processed_at=r.processed_at,
+                ended_at=r.ended_at,
+            )
+            for r in rows
+        ]
+
+    # -- loading ---------------------------------------------------------------------------------
+
+    def _view(self, conn: Connection, pipeline: str, *, lock: bool) -> PipelineView:
+        query = select(P).where(P.c.name == pipeline)
+        prow = conn.execute(query.with_for_update() if lock else query).one_or_none()
+        if prow is None:
+            raise UnknownPipelineError("pipeline is not registered", pipeline=pipeline)
+        last = int(prow.last_committed_txid)
+        rows = conn.execute(
+            select(T)
+            .where(T.c.pipeline == pipeline, T.c.txid >= max(last, 1))
+            .order_by(T.c.txid)
+        ).all()
+        last_metadata = None
+        if last > 0:
+            if not rows or rows[0].txid != last:
+                raise CorruptLogError(
+                    "the last committed txid has no row in txn_transaction",
+                    pipeline=pipeline,
+                    txid=last,
+                )
+            head = rows.pop(0)
+            if head.status != TxStatus.COMMITTED.value:
+                raise CorruptLogError(
+                    f"the last committed txid has status {head.status!r}",
+                    pipeline=pipeline,
+                    txid=last,
+                    attempt=head.attempt,
+                )
+            last_metadata = head.metadata
+        try:
+            kind = SourceKind(prow.source_kind)
+        except ValueError:
+            raise CorruptLogError(
+                f"unknown source kind {prow.source_kind!r}", pipeline=pipeline
+            ) from None
+        return PipelineView(
+            pipeline=pipeline,
+            source_kind=kind,
+            max_pending=int(prow.max_pending),
+            last_committed=last,
+            last_committed_metadata=last_metadata,
+            in_flight=tuple(_record(r, pipeline) for r in rows),
+        )
+
+    def _locked_record(self, conn: Connection, pipeline: str, txid: int) -> TxRecord | None:
+        row = conn.execute(
+            select(T).where(T.c.pipeline == pipeline, T.c.txid == txid).with_for_update()
+        ).one_or_none()
+        if row is None:
+            exists = conn.execute(select(P.c.name).where(P.c.name == pipeline)).one_or_none()
+            if exists is None:
+                raise UnknownPipelineError("pipeline is not registered", pipeline=pipeline)
+            return None
+        return _record(row, pipeline)
+
+
+class _ApplyFailed(Exception):
+    """Internal: marks an exception raised by the caller's ``apply`` (see ``commit``)."""
+
+
+def _status(value: str, pipeline: str, txid: int, attempt: int) -> TxStatus:
+    try:
+        return TxStatus(value)
+    except ValueError:
+        raise CorruptLogError(
+            f"unknown status {value!r}", pipeline=pipeline, txid=txid, attempt=attempt
+        ) from None
+
+
+def _record(row: Row[Any], pipeline: str) -> TxRecord:
+    return TxRecord(
+        txid=int(row.txid),
+        attempt=int(row.attempt),
+        status=_status(row.status, pipeline, row.txid, row.attempt),
+        metadata=row.metadata,
+        output=row.output,
+    )
+
+
+__all__ = [
+    "AttemptInfo",
+    "CommitResult",
+    "Emission",
+    "TransactionInfo",
+    "TransactionLog",
+    "engine_from_url",
+]
