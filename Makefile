@@ -1,0 +1,48 @@
+# make test   : create .venv, install the pinned dependencies, run the whole suite
+# make demo   : (arrives with the example-DAGs issue)
+# make bench-core : transaction-core benchmark (prints a table)
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+PYSPARK_VERSION := 4.3.0
+PYTEST_ARGS ?=
+
+.PHONY: install system-deps test test-unit test-integration lint bench-core clean
+
+install: $(STAMP)
+
+$(STAMP): requirements.lock pyproject.toml scripts/system-deps.sh
+	bash scripts/system-deps.sh
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements.lock
+	@# apache-airflow-providers-apache-spark pulls pyspark-client, whose Python files overwrite
+	@# pyspark's: reinstall pyspark last so its Python and its jars are the same version
+	@# (tests/test_install.py asserts it).
+	$(VENV)/bin/pip install -q --disable-pip-version-check --no-deps --force-reinstall pyspark==$(PYSPARK_VERSION)
+	$(VENV)/bin/pip install -q --disable-pip-version-check --no-deps -e .
+	touch $(STAMP)
+
+system-deps:
+	bash scripts/system-deps.sh
+
+# pytest exits 5 when it collects no test: make treats that as a failure, as it should.
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-unit: install
+	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
+
+test-integration: install
+	$(PY) -m pytest -m integration $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check airflow_txn_provider tests benchmarks
+	$(VENV)/bin/mypy
+
+bench-core: install
+	$(PY) benchmarks/bench_core.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

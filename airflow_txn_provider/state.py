@@ -1,0 +1,434 @@
+"""State helpers in Postgres, after Trident's MapStates, set-based: one round trip per batch.
+
+A :class:`MapState` is a table keyed by one or more columns with one aggregated value per key; a
+:class:`GlobalState` is the same with a single row (Trident's Snapshottable, Storm's global count).
+A batch update happens in two steps:
+
+1. **stage** (processing phase, many txids in parallel): the batch's partial results
+   ``(keys…, delta)`` go with one ``COPY`` into an UNLOGGED staging table, tagged with the
+   ``(txid, attempt)`` that produced them. A re-stage of the same attempt replaces its rows.
+2. **apply** (commit phase, in the commit's database transaction): one ``INSERT … SELECT … GROUP BY
+   … ON CONFLICT DO UPDATE`` folds the attempt's staged rows into the state table. The ``CASE`` on
+   the stored txid is the kind's rule:
+
+   * ``non_transactional``: ``value := value ⊕ delta``. Exactly-once all the same when the commit
+     also marks the txid committed in the same Postgres transaction (the log does).
+   * ``transactional`` (stores ``txid``): skip if the stored txid is the current one, else
+     ``value := value ⊕ delta``.
+   * ``opaque`` (stores ``txid`` and ``prev_value``): if the stored txid is the current one,
+     ``value := prev_value ⊕ delta``; else ``prev_value := value, value := value ⊕ delta``.
+
+   For both kinds that store a txid, a stored txid *greater* than the current one is an error
+   (:class:`StateAheadOfLogError`), as in Trident's OpaqueMap: it means state and log disagree.
+
+``⊕`` is the state's combiner: ``sum`` (default), ``max`` or ``min``.
+
+Staged rows are counted when staged and counted again when applied; a mismatch (an UNLOGGED table
+is emptied by a Postgres crash) raises :class:`StagedOutputMismatchError` instead of committing a
+partial batch.
+"""
+
+from __future__ import annotations
+
+import csv
+import enum
+import io
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import IO, TYPE_CHECKING, Any
+
+from sqlalchemy import text
+
+from airflow_txn_provider.exceptions import (
+    StagedOutputMismatchError,
+    StateAheadOfLogError,
+    StateDefinitionError,
+)
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection, Engine
+
+    from airflow_txn_provider.coordinator import TxRecord
+    from airflow_txn_provider.transaction_log import CommitResult, TransactionLog
+
+
+class StateKind(str, enum.Enum):
+    NON_TRANSACTIONAL = "non_transactional"
+    TRANSACTIONAL = "transactional"
+    OPAQUE = "opaque"
+
+
+KEY_TYPES = frozenset(
+    {"text", "bigint", "integer", "smallint", "boolean", "date", "timestamptz", "numeric",
+     "double precision"}
+)
+VALUE_TYPES = frozenset({"bigint", "integer", "numeric", "double precision"})
+_COMBINERS = {
+    # name: (binary SQL with {a} {b}, aggregate over staged deltas)
+    "sum": ("{a} + {b}", "sum"),
+    "max": ("GREATEST({a}, {b})", "max"),
+    "min": ("LEAST({a}, {b})", "min"),
+}
+_IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,39}$")
+_RESERVED = frozenset({"value", "prev_value", "txid", "attempt", "delta", "singleton"})
+# Serialises DDL of state tables across processes.
+_DDL_LOCK_KEY = 0x7478_6E5F_7374_61  # "txn_sta"
+
+
+def _ident(value: str, what: str) -> str:
+    if not _IDENT.match(value):
+        raise ValueError(
+            f"{what} {value!r} must be a lower-case SQL identifier "
+            "([a-z_][a-z0-9_]*, at most 40 characters)"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    staged_rows: int
+    keys: int
+
+
+@dataclass(frozen=True, eq=False)  # identity equality: a state is a handle, usable as a dict key
+class MapState:
+    """A Postgres map state of one pipeline.
+
+    :param pipeline: the pipeline whose txids update this state (one state belongs to one pipeline).
+    :param name: state name; the tables are ``txn_state_<name>`` and ``txn_stage_<name>``.
+    :param kind: ``non_transactional``, ``transactional`` or ``opaque``.
+    :param keys: key columns as ``{column: SQL type}`` (e.g. ``{"word": "text"}``).
+    :param value_type: SQL type of the value: bigint (default), integer, numeric, double precision.
+    :param combiner: how deltas combine: ``sum`` (default), ``max`` or ``min``.
+    """
+
+    pipeline: str
+    name: str
+    kind: StateKind | str = StateKind.TRANSACTIONAL
+    keys: Mapping[str, str] = field(default_factory=dict)
+    value_type: str = "bigint"
+    combiner: str = "sum"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "kind", StateKind(self.kind))
+        _ident(self.name, "state name")
+        for column, sqltype in self.keys.items():
+            _ident(column, "key column")
+            if column in _RESERVED:
+                raise ValueError(f"key column {column!r} is reserved; reserved: {sorted(_RESERVED)}")
+            if sqltype not in KEY_TYPES:
+                raise ValueError(f"key column {column!r} has type {sqltype!r}; allowed: "
+                                 f"{sorted(KEY_TYPES)}")
+        if self.value_type not in VALUE_TYPES:
+            raise ValueError(f"value_type {self.value_type!r}; allowed: {sorted(VALUE_TYPES)}")
+        if self.combiner not in _COMBINERS:
+            raise ValueError(f"combiner {self.combiner!r}; allowed: {sorted(_COMBINERS)}")
+        object.__setattr__(self, "keys", dict(self.keys))
+
+    # -- names -----------------------------------------------------------------------------------
+
+    @property
+    def table(self) -> str:
+        return f"txn_state_{self.name}"
+
+    @property
+    def stage_table(self) -> str:
+        return f"txn_stage_{self.name}"
+
+    @property
+    def output_key(self) -> str:
+        """Key of this state's staged row count in a txid's recorded output."""
+        return f"staged:{self.name}"
+
+    @property
+    def _key_columns(self) -> list[str]:
+        return list(self.keys) or ["singleton"]
+
+    def definition(self) -> dict[str, Any]:
+        return {
+            "kind": StateKind(self.kind).value,
+            "keys": dict(self.keys),
+            "value_type": self.value_type,
+            "combiner": self.combiner,
+        }
+
+    # -- DDL -------------------------------------------------------------------------------------
+
+    def create(self, bind: Engine | Connection) -> MapState:
+        """Create the state and staging tables if missing; refuse a contradicting definition."""
+        from sqlalchemy.engine import Engine
+
+        if isinstance(bind, Engine):
+            with bind.begin() as conn:
+                self._create(conn)
+        else:
+            self._create(bind)
+        return self
+
+    def _create(self, conn: Connection) -> None:
+        conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _DDL_LOCK_KEY})
+        definition = self.definition()
+        conn.execute(
+            text(
+                "INSERT INTO txn_state_registry (name, pipeline, kind, definition) "
+                "VALUES (:n, :p, :k, CAST(:d AS jsonb)) ON CONFLICT (name) DO NOTHING"
+            ),
+            {"n": self.name, "p": self.pipeline, "k": definition["kind"],
+             "d": _json(definition)},
+        )
+        row = conn.execute(
+            text("SELECT pipeline, definition FROM txn_state_registry WHERE name = :n"),
+            {"n": self.name},
+        ).one()
+        if row.pipeline != self.pipeline or row.definition != definition:
+            raise StateDefinitionError(
+                f"state {self.name!r} exists as {row.definition} of pipeline {row.pipeline!r}; "
+                f"declared as {definition} of pipeline {self.pipeline!r}",
+                pipeline=self.pipeline,
+            )
+        kind = StateKind(self.kind)
+        if self.keys:
+            key_ddl = [f"{c} {t} NOT NULL" for c, t in self.keys.items()]
+        else:
+            key_ddl = ["singleton boolean NOT NULL DEFAULT true CHECK (singleton)"]
+        cols = [*key_ddl, f"value {self.value_type}"]
+        if kind is StateKind.OPAQUE:
+            cols.append(f"prev_value {self.value_type}")
+        if kind is not StateKind.NON_TRANSACTIONAL:
+            cols.append("txid bigint NOT NULL")
+        cols.append(f"PRIMARY KEY ({', '.join(self._key_columns)})")
+        conn.execute(text(f"CREATE TABLE IF NOT EXISTS {self.table} ({', '.join(cols)})"))
+        stage_cols = [
+            # txid and attempt come from SET LOCAL settings, so a COPY carries only keys and delta.
+            "txid bigint NOT NULL DEFAULT current_setting('txn.stage_txid')::bigint",
+            "attempt integer NOT NULL DEFAULT current_setting('txn.stage_attempt')::integer",
+            *[f"{c} {t}" for c, t in self.keys.items()],
+            f"delta {self.value_type}",
+        ]
+        conn.execute(
+            text(f"CREATE UNLOGGED TABLE IF NOT EXISTS {self.stage_table} ({', '.join(stage_cols)})")
+        )
+
+    # -- processing phase: stage -----------------------------------------------------------------
+
+    def stage(
+        self, conn: Connection, txid: int, attempt: int, rows: Iterable[Sequence[Any]]
+    ) -> int:
+        """Stage ``(keys…, delta)`` rows of ``(txid, attempt)`` with one COPY; return the count.
+
+        Replaces rows this attempt staged before (a duplicate run stages once, not twice).
+        """
+        buf = io.StringIO()
+        writer = csv.writer(buf, lineterminator="\n")
+        width = len(self.keys) + 1
+        for row in rows:
+            if len(row) != width:
+                raise ValueError(
+                    f"state {self.name!r} stages rows of {width} values (keys {list(self.keys)} "
+                    f"then delta), got {len(row)}: {row!r}"
+                )
+            writer.writerow(row)
+        buf.seek(0)
+        return self.stage_csv(conn, txid, attempt, buf)
+
+    def stage_csv(self, conn: Connection, txid: int, attempt: int, csv_file: IO[str]) -> int:
+        """Stage a CSV stream (no header; columns: keys…, delta) of ``(txid, attempt)``."""
+        conn.execute(
+            text(f"DELETE FROM {self.stage_table} WHERE txid = :t AND attempt = :a"),
+            {"t": txid, "a": attempt},
+        )
+        conn.execute(text("SELECT set_config('txn.stage_txid', :t, true)"), {"t": str(txid)})
+        conn.execute(text("SELECT set_config('txn.stage_attempt', :a, true)"), {"a": str(attempt)})
+        columns = ", ".join([*self.keys, "delta"])
+        cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
+        try:
+            cursor.copy_expert(
+                f"COPY {self.stage_table} ({columns}) FROM STDIN WITH (FORMAT csv)", csv_file
+            )
+            return int(cursor.rowcount)
+        finally:
+            cursor.close()
+
+    # -- commit phase: apply ---------------------------------------------------------------------
+
+    def apply(
+        self, conn: Connection, txid: int, attempt: int, *, expected_rows: int | None = None
+    ) -> ApplyResult:
+        """Fold ``(txid, attempt)``'s staged rows into the state: one statement, one round trip.
+
+        Also drops staged rows of this txid and older ones (every attempt). Run it inside the
+        commit's database transaction (see :func:`commit_states`).
+        """
+        kind = StateKind(self.kind)
+        combine, aggregate = _COMBINERS[self.combiner]
+        keys = self._key_columns
+        key_list = ", ".join(keys)
+        staged_keys = ", ".join(self.keys)
+        select_keys = f"{staged_keys}, " if self.keys else "true AS singleton, "
+        group_by = f"GROUP BY {staged_keys}" if self.keys else "HAVING count(*) > 0"
+        vt = self.value_type
+
+        def comb(a: str, b: str) -> str:
+            return combine.format(a=a, b=b)
+
+        if kind is StateKind.NON_TRANSACTIONAL:
+            insert_cols = f"{key_list}, value"
+            insert_vals = f"{key_list}, delta"
+            set_clause = f"value = {comb('s.value', 'EXCLUDED.value')}"
+            guard = ""
+        elif kind is StateKind.TRANSACTIONAL:
+            insert_cols = f"{key_list}, value, txid"
+            insert_vals = f"{key_list}, delta, CAST(:txid AS bigint)"
+            set_clause = (
+                "value = CASE WHEN s.txid = EXCLUDED.txid THEN s.value "
+                f"ELSE {comb('s.value', 'EXCLUDED.value')} END, txid = EXCLUDED.txid"
+            )
+            guard = "WHERE s.txid <= EXCLUDED.txid"
+        else:
+            prev_plus = (
+                f"COALESCE(s.prev_value, 0) + EXCLUDED.value"
+                if self.combiner == "sum"
+                else comb("s.prev_value", "EXCLUDED.value")  # GREATEST/LEAST skip NULL
+            )
+            insert_cols = f"{key_list}, value, prev_value, txid"
+            insert_vals = f"{key_list}, delta, NULL, CAST(:txid AS bigint)"
+            set_clause = (
+                f"value = CASE WHEN s.txid = EXCLUDED.txid THEN {prev_plus} "
+                f"ELSE {comb('s.value', 'EXCLUDED.value')} END, "
+                "prev_value = CASE WHEN s.txid = EXCLUDED.txid THEN s.prev_value ELSE s.value END, "
+                "txid = EXCLUDED.txid"
+            )
+            guard = "WHERE s.txid <= EXCLUDED.txid"
+        sql = f"""
+            WITH batch AS (
+                SELECT {select_keys}CAST({aggregate}(delta) AS {vt}) AS delta, count(*) AS n
+                FROM {self.stage_table}
+                WHERE txid = :txid AND attempt = :attempt
+                {group_by}
+            ), upsert AS (
+                INSERT INTO {self.table} AS s ({insert_cols})
+                SELECT {insert_vals} FROM batch
+                ON CONFLICT ({key_list}) DO UPDATE SET {set_clause} {guard}
+                RETURNING 1
+            ), cleanup AS (
+                DELETE FROM {self.stage_table} WHERE txid <= :txid
+            )
+            SELECT (SELECT count(*) FROM batch) AS keys,
+                   (SELECT count(*) FROM upsert) AS written,
+                   (SELECT coalesce(sum(n), 0) FROM batch) AS staged
+        """
+        row = conn.execute(text(sql), {"txid": txid, "attempt": attempt}).one()
+        if expected_rows is not None and int(row.staged) != expected_rows:
+            raise StagedOutputMismatchError(
+                f"state {self.name!r}: {row.staged} staged rows found, the attempt recorded "
+                f"{expected_rows} (staging lost, e.g. after a Postgres crash); replay the txid",
+                pipeline=self.pipeline,
+                txid=txid,
+                attempt=attempt,
+            )
+        if int(row.written) != int(row.keys):
+            newest = conn.execute(text(f"SELECT max(txid) FROM {self.table}")).scalar_one()
+            raise StateAheadOfLogError(
+                f"state {self.name!r} holds {int(row.keys) - int(row.written)} key(s) updated by "
+                f"a later txid (newest stored txid {newest}); state and transaction log disagree",
+                pipeline=self.pipeline,
+                txid=txid,
+                attempt=attempt,
+            )
+        return ApplyResult(staged_rows=int(row.staged), keys=int(row.keys))
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def items(self, conn: Connection) -> dict[tuple[Any, ...], Any]:
+        """The whole map: ``{(key values…): value}``."""
+        rows = conn.execute(text(f"SELECT {', '.join(self._key_columns)}, value FROM {self.table}"))
+        return {tuple(r[:-1]): r[-1] for r in rows}
+
+    def rows(self, conn: Connection) -> list[dict[str, Any]]:
+        """Every stored row with its bookkeeping columns (txid, prev_value), for inspection."""
+        rows = conn.execute(text(f"SELECT * FROM {self.table} ORDER BY {', '.join(self._key_columns)}"))
+        return [dict(r._mapping) for r in rows]
+
+    def get(self, conn: Connection, keys: Sequence[Sequence[Any]]) -> dict[tuple[Any, ...], Any]:
+        """Values of ``keys`` (missing keys are absent from the result), in one query."""
+        if not keys:
+            return {}
+        if not self.keys:
+            return self.items(conn)
+        cols = list(self.keys)
+        params: dict[str, Any] = {}
+        tuples = []
+        for i, key in enumerate(keys):
+            names = []
+            for j, value in enumerate(key):
+                params[f"k{i}_{j}"] = value
+                names.append(f":k{i}_{j}")
+            tuples.append(f"({', '.join(names)})")
+        sql = (
+            f"SELECT {', '.join(cols)}, value FROM {self.table} "
+            f"WHERE ({', '.join(cols)}) IN ({', '.join(tuples)})"
+        )
+        return {tuple(r[:-1]): r[-1] for r in conn.execute(text(sql), params)}
+
+
+class GlobalState(MapState):
+    """A single value (Trident's Snapshottable; Storm's TransactionalGlobalCount)."""
+
+    def __init__(
+        self,
+        pipeline: str,
+        name: str,
+        kind: StateKind | str = StateKind.TRANSACTIONAL,
+        value_type: str = "bigint",
+        combiner: str = "sum",
+    ) -> None:
+        super().__init__(
+            pipeline=pipeline, name=name, kind=kind, keys={}, value_type=value_type,
+            combiner=combiner,
+        )
+
+    def stage_value(self, conn: Connection, txid: int, attempt: int, delta: Any) -> int:
+        return self.stage(conn, txid, attempt, [(delta,)])
+
+    def value(self, conn: Connection) -> Any:
+        return conn.execute(text(f"SELECT value FROM {self.table}")).scalar_one_or_none()
+
+
+def stage_states(
+    conn: Connection, txid: int, attempt: int, batches: Mapping[MapState, Iterable[Sequence[Any]]]
+) -> dict[str, int]:
+    """Stage several states' rows; return the output reference to record (row count per state)."""
+    return {state.output_key: state.stage(conn, txid, attempt, rows) for state, rows in
+            batches.items()}
+
+
+def commit_states(
+    log: TransactionLog, pipeline: str, txid: int, attempt: int, states: Sequence[MapState]
+) -> CommitResult:
+    """Commit ``(txid, attempt)``: apply every state and mark the txid committed in ONE database
+    transaction (the log's commit), checking each state's staged count against the recorded output.
+    """
+    for state in states:
+        if state.pipeline != pipeline:
+            raise StateDefinitionError(
+                f"state {state.name!r} belongs to pipeline {state.pipeline!r}",
+                pipeline=pipeline, txid=txid, attempt=attempt,
+            )
+
+    def apply(conn: Connection, record: TxRecord) -> dict[str, Any]:
+        recorded = dict(record.output or {})
+        result = {}
+        for state in states:
+            expected = recorded.get(state.output_key)
+            applied = state.apply(conn, txid, attempt, expected_rows=expected)
+            result[state.name] = {"staged_rows": applied.staged_rows, "keys": applied.keys}
+        return result
+
+    return log.commit(pipeline, txid, attempt, apply)
+
+
+def _json(value: Any) -> str:
+    import json
+
+    return json.dumps(value, sort_keys=True)

@@ -1,0 +1,73 @@
+"""Shared fixtures: a throwaway Postgres server started once per test session.
+
+The server runs from the Debian PostgreSQL binaries on 127.0.0.1 (see
+airflow_txn_provider.testing.postgres). Each test that needs a database gets a fresh one, cloned
+from a template that already holds the migrated transaction-log schema.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import Engine
+
+from airflow_txn_provider import schema
+from airflow_txn_provider.testing.postgres import EmbeddedPostgres
+from airflow_txn_provider.transaction_log import TransactionLog
+
+TEMPLATE_DB = "txn_template"
+_db_counter = itertools.count(1)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "/integration/" in str(item.path):
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[EmbeddedPostgres]:
+    with EmbeddedPostgres(durable=False) as pg:
+        admin = create_engine(pg.url, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(text(f"CREATE DATABASE {TEMPLATE_DB}"))
+        admin.dispose()
+        template = create_engine(_db_url(pg, TEMPLATE_DB))
+        schema.upgrade(template)
+        template.dispose()
+        yield pg
+
+
+def _db_url(pg: EmbeddedPostgres, name: str) -> str:
+    return f"postgresql+psycopg2://postgres@127.0.0.1:{pg.port}/{name}"
+
+
+def new_database(pg: EmbeddedPostgres, *, migrated: bool = True) -> str:
+    """Create a fresh database and return its URL."""
+    name = f"t{next(_db_counter)}"
+    admin = create_engine(pg.url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        template = f" TEMPLATE {TEMPLATE_DB}" if migrated else ""
+        conn.execute(text(f"CREATE DATABASE {name}{template}"))
+    admin.dispose()
+    return _db_url(pg, name)
+
+
+@pytest.fixture
+def db_url(postgres: EmbeddedPostgres) -> str:
+    return new_database(postgres)
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[Engine]:
+    eng = create_engine(db_url)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def txlog(engine: Engine) -> TransactionLog:
+    return TransactionLog(engine)

@@ -1,0 +1,238 @@
+"""The coordinator rules with plain values: window, begin, processed, commit, failure, recovery."""
+
+from __future__ import annotations
+
+import pytest
+
+from airflow_txn_provider.coordinator import (
+    BeginAction,
+    CommitAction,
+    PipelineView,
+    ProcessedAction,
+    SourceKind,
+    TxRecord,
+    TxStatus,
+    committable,
+    next_to_begin,
+    plan_begin,
+    plan_commit,
+    plan_failure,
+    plan_processed,
+    plan_recovery,
+    validate_max_pending,
+)
+from airflow_txn_provider.exceptions import (
+    ConflictingOutputError,
+    CorruptLogError,
+    NotBegunError,
+    NotProcessedError,
+    OutOfOrderCommitError,
+    StaleAttemptError,
+)
+
+PROC, DONE, FAIL = TxStatus.PROCESSING, TxStatus.PROCESSED, TxStatus.FAILED
+
+
+def view(
+    *records: tuple[int, int, TxStatus],
+    last: int = 0,
+    max_pending: int = 4,
+    kind: SourceKind = SourceKind.TRANSACTIONAL,
+) -> PipelineView:
+    return PipelineView(
+        pipeline="p",
+        source_kind=kind,
+        max_pending=max_pending,
+        last_committed=last,
+        last_committed_metadata={"end": last * 10} if last else None,
+        in_flight=tuple(
+            TxRecord(t, a, s, metadata={"end": t * 10}, output={"n": t} if s is DONE else None)
+            for t, a, s in records
+        ),
+    )
+
+
+class TestView:
+    def test_window_starts_at_oldest_uncommitted(self):
+        v = view((3, 1, PROC), last=2, max_pending=4)
+        assert v.window == range(3, 7)
+        assert v.next_new_txid == 4
+
+    def test_gap_in_flight_is_corrupt(self):
+        with pytest.raises(CorruptLogError, match="expected txid 2, found 3") as err:
+            view((1, 1, PROC), (3, 1, PROC))
+        assert err.value.pipeline == "p" and err.value.txid == 3 and err.value.attempt == 1
+
+    def test_committed_in_flight_is_corrupt(self):
+        with pytest.raises(CorruptLogError, match="marked committed"):
+            view((1, 1, TxStatus.COMMITTED))
+
+    def test_attempt_zero_is_corrupt(self):
+        with pytest.raises(CorruptLogError, match="attempt must be >= 1"):
+            view((1, 0, PROC))
+
+    def test_metadata_before_uses_committed_metadata(self):
+        v = view((3, 1, PROC), last=2)
+        assert v.metadata_before(3) == {"end": 20}
+        assert v.metadata_before(4) == {"end": 30}
+        assert view().metadata_before(1) is None
+
+
+class TestBegin:
+    def test_first_txid_is_new_with_no_previous_metadata(self):
+        plan = plan_begin(view(), 1)
+        assert plan.action is BeginAction.NEW and plan.attempt == 1
+        assert plan.prev_metadata is None and plan.emits
+
+    def test_new_txid_gets_previous_metadata(self):
+        plan = plan_begin(view((1, 1, PROC)), 2)
+        assert plan.action is BeginAction.NEW and plan.prev_metadata == {"end": 10}
+
+    def test_new_txid_waits_for_previous_to_begin(self):
+        # STORM-1557: txid 3 must not initialise metadata before txid 2 did.
+        assert plan_begin(view((1, 1, PROC)), 3).action is BeginAction.WAIT_PREVIOUS
+
+    def test_window_is_max_pending_wide(self):
+        v = view((1, 1, PROC), (2, 1, DONE), (3, 1, PROC), (4, 1, PROC), max_pending=4)
+        assert plan_begin(v, 5).action is BeginAction.WAIT_WINDOW
+        v = view((2, 1, PROC), (3, 1, PROC), (4, 1, PROC), last=1, max_pending=4)
+        assert plan_begin(v, 5).action is BeginAction.NEW
+
+    def test_committed_txid_is_a_noop(self):
+        plan = plan_begin(view(last=3), 2)
+        assert plan.action is BeginAction.ALREADY_COMMITTED and not plan.emits
+
+    def test_failed_transactional_txid_replays_stored_metadata(self):
+        plan = plan_begin(view((1, 2, FAIL)), 1)
+        assert plan.action is BeginAction.REPLAY and plan.attempt == 3 and plan.reuse_metadata
+
+    def test_failed_opaque_txid_recomputes_from_previous(self):
+        v = view((2, 1, FAIL), last=1, kind=SourceKind.OPAQUE)
+        plan = plan_begin(v, 2)
+        assert plan.action is BeginAction.REPLAY and not plan.reuse_metadata
+        assert plan.prev_metadata == {"end": 10}
+
+    def test_replay_waits_for_earlier_failed_txid(self):
+        v = view((1, 1, FAIL), (2, 1, FAIL))
+        assert plan_begin(v, 2).action is BeginAction.WAIT_PREVIOUS
+        assert plan_begin(v, 1).action is BeginAction.REPLAY
+
+    def test_reemit_of_live_attempt_invalidates_it_and_later(self):
+        v = view((1, 1, PROC), (2, 1, DONE), (3, 1, PROC))
+        plan = plan_begin(v, 2)
+        assert plan.action is BeginAction.REEMIT and plan.attempt == 2
+        assert plan.invalidate == (2, 3)
+
+    def test_bad_txid(self):
+        with pytest.raises(ValueError):
+            plan_begin(view(), 0)
+
+    def test_next_to_begin_prefers_oldest_failed(self):
+        assert next_to_begin(view((1, 1, DONE), (2, 1, FAIL), (3, 1, FAIL))) == 2
+        assert next_to_begin(view((1, 1, DONE))) == 2
+        full = view((1, 1, PROC), (2, 1, PROC), max_pending=2)
+        assert next_to_begin(full) is None
+
+
+class TestProcessed:
+    def rec(self, v: PipelineView, txid: int) -> TxRecord | None:
+        return v.record(txid)
+
+    def test_current_attempt_is_accepted(self):
+        v = view((1, 1, PROC))
+        assert plan_processed(v.record(1), pipeline="p", txid=1, attempt=1, output={"n": 1}) is (
+            ProcessedAction.ACCEPT
+        )
+
+    def test_late_report_from_old_attempt_is_ignored(self):
+        v = view((1, 2, PROC))
+        action = plan_processed(v.record(1), pipeline="p", txid=1, attempt=1, output={})
+        assert action is ProcessedAction.IGNORE_STALE
+
+    def test_report_from_failed_attempt_is_ignored(self):
+        v = view((1, 1, FAIL))
+        action = plan_processed(v.record(1), pipeline="p", txid=1, attempt=1, output={})
+        assert action is ProcessedAction.IGNORE_STALE
+
+    def test_duplicate_report_is_a_noop_and_conflict_is_an_error(self):
+        rec = TxRecord(1, 1, DONE, output={"n": 5})
+        assert plan_processed(rec, pipeline="p", txid=1, attempt=1, output={"n": 5}) is (
+            ProcessedAction.DUPLICATE
+        )
+        with pytest.raises(ConflictingOutputError) as err:
+            plan_processed(rec, pipeline="p", txid=1, attempt=1, output={"n": 6})
+        assert (err.value.pipeline, err.value.txid, err.value.attempt) == ("p", 1, 1)
+
+    def test_unknown_txid_or_future_attempt(self):
+        with pytest.raises(NotBegunError):
+            plan_processed(None, pipeline="p", txid=9, attempt=1, output=None)
+        with pytest.raises(NotBegunError, match="never emitted"):
+            plan_processed(TxRecord(1, 1, PROC), pipeline="p", txid=1, attempt=2, output=None)
+
+    def test_committed_txid_ignores_reports(self):
+        rec = TxRecord(1, 1, TxStatus.COMMITTED)
+        assert plan_processed(rec, pipeline="p", txid=1, attempt=1, output=None) is (
+            ProcessedAction.IGNORE_STALE
+        )
+
+
+class TestCommit:
+    def test_oldest_processed_current_attempt_commits(self):
+        assert plan_commit(view((1, 1, DONE)), 1, 1) is CommitAction.APPLY
+        assert committable(view((1, 1, DONE))) == TxRecord(1, 1, DONE, {"end": 10}, {"n": 1})
+
+    def test_out_of_order_commit_is_refused(self):
+        v = view((1, 1, PROC), (2, 1, DONE))
+        with pytest.raises(OutOfOrderCommitError) as err:
+            plan_commit(v, 2, 1)
+        assert (err.value.txid, err.value.attempt) == (2, 1)
+        assert committable(v) is None
+
+    def test_stale_attempt_is_refused(self):
+        with pytest.raises(StaleAttemptError):
+            plan_commit(view((1, 2, DONE)), 1, 1)
+        with pytest.raises(StaleAttemptError):
+            plan_commit(view((1, 1, FAIL)), 1, 1)
+
+    def test_commit_without_processed_output_is_refused(self):
+        with pytest.raises(NotProcessedError):
+            plan_commit(view((1, 1, PROC)), 1, 1)
+
+    def test_committed_txid_commit_is_idempotent(self):
+        assert plan_commit(view(last=1), 1, 1) is CommitAction.ALREADY_COMMITTED
+
+    def test_never_begun(self):
+        with pytest.raises(NotBegunError):
+            plan_commit(view(), 1, 1)
+
+
+class TestFailure:
+    def test_storm_scenario_fail_2_of_4_reemits_2_3_4_and_leaves_1(self):
+        v = view((1, 1, DONE), (2, 1, PROC), (3, 1, DONE), (4, 1, PROC))
+        assert plan_failure(v, 2, 1) == (2, 3, 4)
+
+    def test_late_failure_of_old_attempt_fails_nothing(self):
+        v = view((1, 1, DONE), (2, 2, PROC), (3, 1, PROC))
+        assert plan_failure(v, 2, 1) == ()
+
+    def test_failure_of_committed_txid_fails_nothing(self):
+        assert plan_failure(view((2, 1, PROC), last=1), 1, 1) == ()
+
+    def test_already_failed_txids_are_not_failed_again(self):
+        v = view((1, 1, PROC), (2, 1, FAIL), (3, 1, FAIL))
+        assert plan_failure(v, 1) == (1,)
+
+    def test_failure_of_unknown_txid(self):
+        with pytest.raises(NotBegunError):
+            plan_failure(view(), 3)
+
+    def test_recovery_fails_from_oldest_processing(self):
+        v = view((1, 1, DONE), (2, 1, PROC), (3, 1, DONE), (4, 1, FAIL))
+        assert plan_recovery(v) == (2, 3)
+        assert plan_recovery(view((1, 1, DONE), (2, 1, DONE))) == ()
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "4", True, None])
+def test_max_pending_must_be_positive_int(bad):
+    with pytest.raises(ValueError, match="max_pending"):
+        validate_max_pending(bad)
