@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 
+import hypothesis  # noqa: F401  (imported early: see below)
 import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine
@@ -17,6 +18,9 @@ from sqlalchemy.engine import Engine
 from airflow_txn_provider import schema
 from airflow_txn_provider.testing.postgres import EmbeddedPostgres
 from airflow_txn_provider.transaction_log import TransactionLog
+
+# Importing hypothesis here, not lazily in its plugin's terminal summary, avoids CPython 3.11.7's
+# "AST constructor recursion depth mismatch" (gh-106905) when a run collects no hypothesis test.
 
 TEMPLATE_DB = "txn_template"
 _db_counter = itertools.count(1)

@@ -27,13 +27,13 @@ def upgrade() -> None:
         sa.Column("last_committed_txid", sa.BigInteger(), server_default="0", nullable=False),
         sa.Column("created_at", sa.DateTime(timezone=True), server_default=sa.func.now()),
         sa.Column("updated_at", sa.DateTime(timezone=True), server_default=sa.func.now()),
-        sa.PrimaryKeyConstraint("name", name="pk_txn_pipeline"),
+        sa.PrimaryKeyConstraint("name", name=op.f("pk_txn_pipeline")),
         sa.CheckConstraint(
-            "source_kind IN ('transactional', 'opaque')", name="ck_txn_pipeline_source_kind"
+            "source_kind IN ('transactional', 'opaque')", name=op.f("ck_txn_pipeline_source_kind")
         ),
-        sa.CheckConstraint("max_pending >= 1", name="ck_txn_pipeline_max_pending"),
+        sa.CheckConstraint("max_pending >= 1", name=op.f("ck_txn_pipeline_max_pending")),
         sa.CheckConstraint(
-            "last_committed_txid >= 0", name="ck_txn_pipeline_last_committed_txid"
+            "last_committed_txid >= 0", name=op.f("ck_txn_pipeline_last_committed_txid")
         ),
     )
     op.create_table(
@@ -49,16 +49,16 @@ def upgrade() -> None:
         sa.Column("processed_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("committed_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("updated_at", sa.DateTime(timezone=True), server_default=sa.func.now()),
-        sa.PrimaryKeyConstraint("pipeline", "txid", name="pk_txn_transaction"),
+        sa.PrimaryKeyConstraint("pipeline", "txid", name=op.f("pk_txn_transaction")),
         sa.ForeignKeyConstraint(
             ["pipeline"],
             ["txn_pipeline.name"],
-            name="fk_txn_transaction_pipeline_txn_pipeline",
+            name=op.f("fk_txn_transaction_pipeline_txn_pipeline"),
             ondelete="CASCADE",
         ),
-        sa.CheckConstraint("txid >= 1", name="ck_txn_transaction_txid"),
-        sa.CheckConstraint("attempt >= 1", name="ck_txn_transaction_attempt"),
-        sa.CheckConstraint(STATUS_CHECK, name="ck_txn_transaction_status"),
+        sa.CheckConstraint("txid >= 1", name=op.f("ck_txn_transaction_txid")),
+        sa.CheckConstraint("attempt >= 1", name=op.f("ck_txn_transaction_attempt")),
+        sa.CheckConstraint(STATUS_CHECK, name=op.f("ck_txn_transaction_status")),
     )
     op.create_table(
         "txn_attempt",
@@ -72,14 +72,14 @@ def upgrade() -> None:
         sa.Column("started_at", sa.DateTime(timezone=True), server_default=sa.func.now()),
         sa.Column("processed_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("ended_at", sa.DateTime(timezone=True), nullable=True),
-        sa.PrimaryKeyConstraint("pipeline", "txid", "attempt", name="pk_txn_attempt"),
+        sa.PrimaryKeyConstraint("pipeline", "txid", "attempt", name=op.f("pk_txn_attempt")),
         sa.ForeignKeyConstraint(
             ["pipeline", "txid"],
             ["txn_transaction.pipeline", "txn_transaction.txid"],
-            name="fk_txn_attempt_pipeline_txn_transaction",
+            name=op.f("fk_txn_attempt_pipeline_txn_transaction"),
             ondelete="CASCADE",
         ),
-        sa.CheckConstraint(STATUS_CHECK, name="ck_txn_attempt_status"),
+        sa.CheckConstraint(STATUS_CHECK, name=op.f("ck_txn_attempt_status")),
     )
     op.create_table(
         "txn_state_registry",
@@ -88,10 +88,10 @@ def upgrade() -> None:
         sa.Column("kind", sa.String(20), nullable=False),
         sa.Column("definition", JSONB(), nullable=False),
         sa.Column("created_at", sa.DateTime(timezone=True), server_default=sa.func.now()),
-        sa.PrimaryKeyConstraint("name", name="pk_txn_state_registry"),
+        sa.PrimaryKeyConstraint("name", name=op.f("pk_txn_state_registry")),
         sa.CheckConstraint(
             "kind IN ('non_transactional', 'transactional', 'opaque')",
-            name="ck_txn_state_registry_kind",
+            name=op.f("ck_txn_state_registry_kind"),
         ),
     )
 

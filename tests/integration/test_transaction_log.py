@@ -1,0 +1,309 @@
+"""The transaction log on a real Postgres: Storm's coordinator scenarios, errors, history, restart."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from airflow_txn_provider import schema
+from airflow_txn_provider.coordinator import BeginAction, ProcessedAction, TxStatus
+from airflow_txn_provider.exceptions import (
+    CorruptLogError,
+    NotProcessedError,
+    OutOfOrderCommitError,
+    PipelineConfigError,
+    SchemaTooOldError,
+    SourceError,
+    StaleAttemptError,
+    UnknownPipelineError,
+    UnreadableMetadataError,
+)
+from airflow_txn_provider.sources import OpaqueSource, TransactionalSource
+from airflow_txn_provider.transaction_log import TransactionLog, engine_from_url
+from tests.conftest import new_database
+
+
+class Counter(TransactionalSource):
+    """Batches of 10 offsets; counts how often it is asked (replays must not ask)."""
+
+    def __init__(self):
+        self.calls: list[int] = []
+
+    def initialize_transaction(self, txid, prev):
+        self.calls.append(txid)
+        start = prev["end"] if prev else 0
+        return {"start": start, "end": start + 10}
+
+
+@pytest.fixture
+def four(txlog):
+    """max_pending=4, txids 1..4 emitted."""
+    txlog.register_pipeline("p", source_kind="transactional", max_pending=4)
+    src = Counter()
+    for t in range(1, 5):
+        assert txlog.begin("p", t, src).emitted
+    return txlog, src
+
+
+def statuses(txlog, pipeline="p"):
+    return {t.txid: (t.attempt, t.status.value) for t in txlog.transactions(pipeline)}
+
+
+class TestStormScenarios:
+    def test_failing_txid_2_reemits_2_3_4_and_leaves_1(self, four):
+        txlog, src = four
+        txlog.mark_processed("p", 1, 1)
+        txlog.mark_processed("p", 3, 1)
+        assert txlog.fail("p", 2, 1, error="executor lost") == (2, 3, 4)
+        assert statuses(txlog) == {
+            1: (1, "processed"), 2: (1, "failed"), 3: (1, "failed"), 4: (1, "failed"),
+        }
+        replays = [txlog.begin_next("p", src) for _ in range(3)]
+        assert [(e.txid, e.attempt, e.action) for e in replays] == [
+            (2, 2, BeginAction.REPLAY), (3, 2, BeginAction.REPLAY), (4, 2, BeginAction.REPLAY),
+        ]
+        # Transactional source: replays reuse the stored batch, the source is not asked again.
+        assert src.calls == [1, 2, 3, 4]
+        assert [e.metadata for e in replays] == [
+            {"start": 10, "end": 20}, {"start": 20, "end": 30}, {"start": 30, "end": 40},
+        ]
+        # txid 1 kept its attempt and processed output and commits as it is.
+        assert txlog.commit("p", 1, 1).applied
+
+    def test_late_processed_from_old_attempt_is_ignored(self, four):
+        txlog, src = four
+        txlog.fail("p", 2, 1)
+        txlog.begin("p", 2, src)
+        assert txlog.mark_processed("p", 2, 1, {"rows": 1}) is ProcessedAction.IGNORE_STALE
+        assert statuses(txlog)[2] == (2, "processing")
+        with pytest.raises(StaleAttemptError):
+            txlog.commit("p", 2, 1)
+
+    def test_commit_failure_replays_the_whole_transaction(self, four):
+        txlog, src = four
+        for t in (1, 2, 3):
+            txlog.mark_processed("p", t, 1)
+        txlog.commit("p", 1, 1)
+
+        def broken(conn, record):
+            conn.execute(text("CREATE TABLE half_applied (x int)"))
+            raise ConnectionError("sink went away")
+
+        with pytest.raises(ConnectionError):
+            txlog.commit("p", 2, 1, broken)
+        assert statuses(txlog) == {
+            1: (1, "committed"), 2: (1, "failed"), 3: (1, "failed"), 4: (1, "failed"),
+        }
+        with txlog.engine.connect() as conn:  # nothing of the failed commit was kept
+            assert conn.execute(text("SELECT to_regclass('half_applied')")).scalar() is None
+        assert txlog.last_committed("p") == 1
+        em = txlog.begin("p", 2, src)
+        assert (em.action, em.attempt) == (BeginAction.REPLAY, 2)
+        assert txlog.attempts("p", 2)[0].error == "commit failed: sink went away"
+
+
+class TestRules:
+    def test_out_of_order_commit_is_refused(self, four):
+        txlog, _ = four
+        txlog.mark_processed("p", 2, 1)
+        with pytest.raises(OutOfOrderCommitError, match="txid 1 has not committed") as err:
+            txlog.commit("p", 2, 1)
+        assert (err.value.pipeline, err.value.txid, err.value.attempt) == ("p", 2, 1)
+
+    def test_commit_needs_processed_output(self, four):
+        txlog, _ = four
+        with pytest.raises(NotProcessedError):
+            txlog.commit("p", 1, 1)
+
+    def test_commit_is_idempotent(self, four):
+        txlog, _ = four
+        txlog.mark_processed("p", 1, 1)
+        applied = []
+        assert txlog.commit("p", 1, 1, lambda c, r: applied.append(r.txid)).applied
+        again = txlog.commit("p", 1, 1, lambda c, r: applied.append(r.txid))
+        assert not again.applied and again.committed_attempt == 1
+        assert applied == [1]
+
+    def test_window_blocks_then_frees(self, four):
+        txlog, src = four
+        assert txlog.begin("p", 5, src).action is BeginAction.WAIT_WINDOW
+        assert txlog.begin_next("p", src) is None
+        txlog.mark_processed("p", 1, 1)
+        txlog.commit("p", 1, 1)
+        assert txlog.begin("p", 5, src).emitted
+
+    def test_begin_waits_for_previous_txid(self, txlog):
+        txlog.register_pipeline("p", source_kind="transactional", max_pending=4)
+        assert txlog.begin("p", 2, Counter()).action is BeginAction.WAIT_PREVIOUS
+
+    def test_no_data_allocates_nothing(self, txlog):
+        class Empty(TransactionalSource):
+            def initialize_transaction(self, txid, prev):
+                return None
+
+        txlog.register_pipeline("p", source_kind="transactional", max_pending=2)
+        em = txlog.begin("p", 1, Empty())
+        assert em.no_data and not em.emitted
+        assert txlog.transactions("p") == []
+
+    def test_reemitting_a_live_txid_fences_the_old_attempt(self, four):
+        txlog, src = four
+        txlog.mark_processed("p", 3, 1)
+        em = txlog.begin("p", 2, src)  # e.g. the run of txid 2 was cleared and restarted
+        assert (em.action, em.attempt, em.invalidated) == (BeginAction.REEMIT, 2, (2, 3, 4))
+        assert txlog.mark_processed("p", 2, 1) is ProcessedAction.IGNORE_STALE
+        assert statuses(txlog)[3] == (1, "failed")
+
+    def test_attempt_history_keeps_every_attempt(self, four):
+        txlog, src = four
+        txlog.fail("p", 1, 1, error="first")
+        txlog.begin("p", 1, src)
+        txlog.mark_processed("p", 1, 2, {"rows": 7})
+        txlog.commit("p", 1, 2)
+        history = txlog.attempts("p", 1)
+        assert [(a.attempt, a.status, a.error) for a in history] == [
+            (1, TxStatus.FAILED, "first"), (2, TxStatus.COMMITTED, None),
+        ]
+        assert history[1].output == {"rows": 7} and history[1].ended_at is not None
+        assert all(a.metadata == {"start": 0, "end": 10} for a in history)
+
+    def test_opaque_replay_starts_where_the_previous_txid_ended(self, txlog):
+        available = {"n": 25}
+
+        class Landing(OpaqueSource):
+            def initialize_transaction(self, txid, prev):
+                start = prev["end"] if prev else 0
+                end = min(available["n"], start + 10)
+                return {"start": start, "end": end} if end > start else None
+
+        src = Landing()
+        txlog.register_pipeline("o", source_kind="opaque", max_pending=4)
+        assert [txlog.begin("o", t, src).metadata for t in (1, 2, 3)] == [
+            {"start": 0, "end": 10}, {"start": 10, "end": 20}, {"start": 20, "end": 25},
+        ]
+        txlog.mark_processed("o", 1, 1)
+        txlog.commit("o", 1, 1)
+        txlog.fail("o", 2, 1)
+        available["n"] = 15  # records 15.. went away
+        assert txlog.begin("o", 2, src).metadata == {"start": 10, "end": 15}
+        available["n"] = 40
+        assert txlog.begin("o", 3, src).metadata == {"start": 15, "end": 25}
+
+
+class TestErrors:
+    def test_unknown_pipeline(self, txlog):
+        with pytest.raises(UnknownPipelineError, match="pipeline=nope"):
+            txlog.begin("nope", 1, Counter())
+        with pytest.raises(UnknownPipelineError):
+            txlog.mark_processed("nope", 1, 1)
+        with pytest.raises(UnknownPipelineError):
+            txlog.last_committed("nope")
+
+    def test_unserialisable_metadata_is_refused_and_nothing_stored(self, txlog):
+        class Tuples(TransactionalSource):
+            def initialize_transaction(self, txid, prev):
+                return {"p0": (0, 10)}
+
+        txlog.register_pipeline("p", source_kind="transactional", max_pending=2)
+        with pytest.raises(UnreadableMetadataError, match="tuple") as err:
+            txlog.begin("p", 1, Tuples())
+        assert (err.value.pipeline, err.value.txid, err.value.attempt) == ("p", 1, 1)
+        assert txlog.transactions("p") == []
+
+    def test_source_failure_is_typed(self, txlog):
+        class Missing(TransactionalSource):
+            def initialize_transaction(self, txid, prev):
+                raise FileNotFoundError("partition p=7 is missing")
+
+        txlog.register_pipeline("p", source_kind="transactional", max_pending=2)
+        with pytest.raises(SourceError, match="partition p=7 is missing") as err:
+            txlog.begin("p", 1, Missing())
+        assert (err.value.txid, err.value.attempt) == (1, 1)
+
+    def test_source_kind_cannot_change(self, txlog):
+        txlog.register_pipeline("p", source_kind="transactional", max_pending=2)
+        with pytest.raises(PipelineConfigError):
+            txlog.register_pipeline("p", source_kind="opaque", max_pending=2)
+
+        class O(OpaqueSource):
+            def initialize_transaction(self, txid, prev):
+                return {}
+
+        with pytest.raises(PipelineConfigError):
+            txlog.begin("p", 1, O())
+        txlog.register_pipeline("p", source_kind="transactional", max_pending=8)
+        assert txlog.view("p").max_pending == 8
+
+    def test_bad_arguments(self, txlog):
+        with pytest.raises(ValueError):
+            txlog.register_pipeline("", source_kind="opaque", max_pending=2)
+        with pytest.raises(ValueError):
+            txlog.register_pipeline("p", source_kind="exactly-once", max_pending=2)
+        with pytest.raises(ValueError):
+            txlog.register_pipeline("p", source_kind="opaque", max_pending=0)
+        with pytest.raises(ValueError, match="needs Postgres"):
+            engine_from_url("sqlite:///x.db")
+
+    @pytest.mark.parametrize(
+        ("sql", "match"),
+        [
+            ("DELETE FROM txn_attempt WHERE txid = 3;DELETE FROM txn_transaction WHERE txid = 3",
+             "expected txid 3, found 4"),
+            ("UPDATE txn_pipeline SET last_committed_txid = 2", "last committed txid has status"),
+            ("ALTER TABLE txn_transaction DROP CONSTRAINT ck_txn_transaction_status;"
+             "UPDATE txn_transaction SET status = 'lost' WHERE txid = 2", "unknown status 'lost'"),
+        ],
+    )
+    def test_corrupt_log_is_reported_not_repaired(self, four, sql, match):
+        txlog, src = four
+        with txlog.engine.begin() as conn:
+            for stmt in sql.split(";"):
+                conn.execute(text(stmt))
+        before = statuses_raw(txlog)
+        with pytest.raises(CorruptLogError, match=match) as err:
+            txlog.begin_next("p", src)
+        assert err.value.pipeline == "p"
+        assert statuses_raw(txlog) == before  # nothing was "fixed"
+
+    def test_schema_too_old(self, postgres):
+        url = new_database(postgres, migrated=False)
+        engine = create_engine(url)
+        with pytest.raises(SchemaTooOldError, match="revision None"):
+            TransactionLog(engine, migrate=False)
+        TransactionLog(engine)  # migrate=True applies the migrations
+        TransactionLog(engine, migrate=False)
+        assert schema.current_revision(engine.connect()) == schema.head_revision()
+        engine.dispose()
+
+
+def statuses_raw(txlog):
+    with txlog.engine.connect() as conn:
+        return conn.execute(
+            text("SELECT txid, attempt, status FROM txn_transaction ORDER BY txid")
+        ).all()
+
+
+def test_restart_continues_from_the_log(db_url):
+    """Stop everything mid-flight, start again: nothing lost, nothing applied twice."""
+    src = Counter()
+    first = TransactionLog.from_url(db_url)
+    first.register_pipeline("p", source_kind="transactional", max_pending=3)
+    for t in (1, 2, 3):
+        first.begin("p", t, src)
+    first.mark_processed("p", 1, 1)
+    first.mark_processed("p", 3, 1)
+    first.commit("p", 1, 1)
+    first.engine.dispose()  # "crash": every process is gone
+
+    second = TransactionLog.from_url(db_url)
+    assert second.recover("p") == (2, 3)  # 2 was processing: it and everything after replay
+    assert second.last_committed("p") == 1
+    em2, em3 = second.begin_next("p", src), second.begin_next("p", src)
+    assert [(em2.txid, em2.attempt), (em3.txid, em3.attempt)] == [(2, 2), (3, 2)]
+    assert em2.metadata == {"start": 10, "end": 20}
+    for em in (em2, em3):
+        second.mark_processed("p", em.txid, em.attempt)
+        second.commit("p", em.txid, em.attempt)
+    assert not second.commit("p", 1, 1).applied
+    assert second.last_committed("p") == 3
+    second.engine.dispose()
