@@ -1,0 +1,81 @@
+"""Airflow hook: the transaction log (and its SQLAlchemy engine) from an Airflow connection."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk import BaseHook
+from sqlalchemy.engine import URL
+
+from airflow_txn_provider.transaction_log import TransactionLog, engine_from_url
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+
+class TxnLogHook(BaseHook):
+    """Opens the Postgres transaction log described by an Airflow connection.
+
+    The connection (type ``txn_log``) holds host, port, login, password and, in *schema*, the
+    database name. Extra keys are passed as libpq parameters (e.g. ``{"sslmode": "require"}``);
+    ``{"sqlalchemy_url": "..."}`` in extra overrides everything else.
+
+    :param txn_log_conn_id: the Airflow connection id (default ``txn_log_default``).
+    """
+
+    conn_name_attr = "txn_log_conn_id"
+    default_conn_name = "txn_log_default"
+    conn_type = "txn_log"
+    hook_name = "Transaction log (Postgres)"
+
+    def __init__(self, txn_log_conn_id: str = default_conn_name, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.txn_log_conn_id = txn_log_conn_id
+        self._engine: Engine | None = None
+
+    @classmethod
+    def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        return {
+            "hidden_fields": [],
+            "relabeling": {"schema": "Database"},
+            "placeholders": {
+                "host": "127.0.0.1",
+                "port": "5432",
+                "schema": "postgres",
+                "extra": '{"sslmode": "prefer"}',
+            },
+        }
+
+    def sqlalchemy_url(self) -> URL | str:
+        conn = self.get_connection(self.txn_log_conn_id)
+        extra = dict(conn.extra_dejson or {})
+        if "sqlalchemy_url" in extra:
+            return str(extra["sqlalchemy_url"])
+        return URL.create(
+            "postgresql+psycopg2",
+            username=conn.login or None,
+            password=conn.password or None,
+            host=conn.host or "127.0.0.1",
+            port=int(conn.port) if conn.port else 5432,
+            database=conn.schema or "postgres",
+            query={k: str(v) for k, v in extra.items()},
+        )
+
+    def get_engine(self) -> Engine:
+        if self._engine is None:
+            url = self.sqlalchemy_url()
+            url_text = url if isinstance(url, str) else url.render_as_string(hide_password=False)
+            self._engine = engine_from_url(url_text)
+        return self._engine
+
+    def get_log(self, *, migrate: bool = True) -> TransactionLog:
+        """The transaction log; applies the schema migrations first unless ``migrate=False``."""
+        return TransactionLog(self.get_engine(), migrate=migrate)
+
+    def test_connection(self) -> tuple[bool, str]:
+        try:
+            with self.get_engine().connect() as conn:
+                conn.exec_driver_sql("SELECT 1")
+        except Exception as err:  # report, don't raise: this backs the UI's "Test" button
+            return False, str(err)
+        return True, "Connection successfully tested"

@@ -1,0 +1,151 @@
+"""Concurrency on a real Postgres, with real OS processes racing each other.
+
+Airflow can run the same task instance twice (apache/airflow#23520) and a cleared run can overlap
+its predecessor: the log's row locks, not Airflow, must keep every commit single and fenced.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+import traceback
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from airflow_txn_provider.exceptions import StaleAttemptError
+from airflow_txn_provider.sources import TransactionalSource
+from airflow_txn_provider.state import MapState, commit_states
+from airflow_txn_provider.transaction_log import TransactionLog
+
+ctx = mp.get_context("fork")
+
+
+class Fixed(TransactionalSource):
+    def initialize_transaction(self, txid, prev):
+        return {"txid": txid}
+
+
+def _child(index, fn, url, barrier, queue, *args):
+    log = TransactionLog(create_engine(url), migrate=False)
+    try:
+        barrier.wait(timeout=30)
+        queue.put((index, ("ok", fn(log, *args))))
+    except Exception as err:
+        queue.put((index, ("error", type(err).__name__, str(err), traceback.format_exc())))
+    finally:
+        log.engine.dispose()
+
+
+def race(url, *calls):
+    """Run each (fn, *args) in its own process, released at the same instant; return the results
+    in call order."""
+    barrier = ctx.Barrier(len(calls))
+    queue = ctx.Queue()
+    procs = [
+        ctx.Process(target=_child, args=(i, fn, url, barrier, queue, *args))
+        for i, (fn, *args) in enumerate(calls)
+    ]
+    for p in procs:
+        p.start()
+    results = [r for _, r in sorted(queue.get(timeout=60) for _ in procs)]
+    for p in procs:
+        p.join(timeout=30)
+        assert p.exitcode == 0
+    return results
+
+
+def _slow_commit(log, txid, attempt):
+    def apply(conn, record):
+        conn.execute(text("INSERT INTO sink VALUES (:t, :a)"), {"t": txid, "a": attempt})
+        time.sleep(0.3)  # hold the commit open so the other process surely overlaps it
+
+    return log.commit("p", txid, attempt, apply).applied
+
+
+def _reemit(log, txid):
+    return log.begin("p", txid, Fixed()).action.value
+
+
+@pytest.fixture
+def pipeline(txlog):
+    txlog.register_pipeline("p", source_kind="transactional", max_pending=4)
+    with txlog.engine.begin() as conn:
+        conn.execute(text("CREATE TABLE sink (txid bigint, attempt int)"))
+    return txlog
+
+
+def sink(txlog):
+    with txlog.engine.connect() as conn:
+        return conn.execute(text("SELECT txid, attempt FROM sink ORDER BY txid")).all()
+
+
+def test_two_processes_commit_the_same_txid(pipeline, db_url):
+    pipeline.begin("p", 1, Fixed())
+    pipeline.mark_processed("p", 1, 1)
+    results = race(db_url, (_slow_commit, 1, 1), (_slow_commit, 1, 1))
+    assert sorted(results) == [("ok", False), ("ok", True)]  # one applies, the other is a no-op
+    assert sink(pipeline) == [(1, 1)]
+
+
+def test_stale_attempt_races_a_reemission(pipeline, db_url):
+    """A worker commits attempt 1 while the txid is re-emitted: exactly one of them wins."""
+    outcomes = set()
+    for txid in range(1, 7):
+        pipeline.begin("p", txid, Fixed())
+        pipeline.mark_processed("p", txid, 1)
+        commit, reemit = race(db_url, (_slow_commit, txid, 1), (_reemit, txid))
+        if commit == ("ok", True):
+            assert reemit == ("ok", "already_committed")
+            outcomes.add("commit won")
+        else:
+            assert commit[:2] == ("error", "StaleAttemptError"), commit
+            assert reemit == ("ok", "reemit")
+            outcomes.add("reemit won")
+            new = pipeline.view("p").record(txid)
+            assert new is not None and new.attempt == 2
+            pipeline.mark_processed("p", txid, 2)
+            assert pipeline.commit("p", txid, 2).applied
+        assert pipeline.last_committed("p") == txid
+    rows = sink(pipeline)
+    assert [t for t, _ in rows] == sorted({t for t, _ in rows})  # never applied twice
+    assert outcomes  # at least one ordering was exercised
+
+
+def test_stale_attempt_commit_is_refused(pipeline):
+    pipeline.begin("p", 1, Fixed())
+    pipeline.mark_processed("p", 1, 1)
+    pipeline.fail("p", 1, 1, error="worker lost")
+    pipeline.begin("p", 1, Fixed())
+    with pytest.raises(StaleAttemptError, match="current attempt is 2") as err:
+        pipeline.commit("p", 1, 1)
+    assert (err.value.pipeline, err.value.txid, err.value.attempt) == ("p", 1, 1)
+    assert sink(pipeline) == []
+
+
+WORDS = [("apple", 1), ("dog", 2), ("man", 3)] * 500
+
+
+def _stage_words(log, txid, attempt):
+    words = MapState("p", "words", "transactional", keys={"word": "text"})
+
+    def stage(conn):
+        out = {words.output_key: words.stage(conn, txid, attempt, WORDS)}
+        time.sleep(0.2)
+        return out
+
+    return log.stage_output("p", txid, attempt, stage).value
+
+
+def test_duplicate_run_of_the_same_processing_attempt(pipeline, db_url):
+    words = MapState("p", "words", "transactional", keys={"word": "text"}).create(pipeline.engine)
+    pipeline.begin("p", 1, Fixed())
+    results = race(db_url, (_stage_words, 1, 1), (_stage_words, 1, 1))
+    assert sorted(results) == [("ok", "accept"), ("ok", "duplicate")]
+    with pipeline.engine.connect() as conn:
+        staged = conn.execute(text("SELECT count(*) FROM txn_stage_words")).scalar()
+    assert staged == len(WORDS)  # replaced, not doubled
+    result = commit_states(pipeline, "p", 1, 1, [words])
+    assert result.details == {"words": {"staged_rows": len(WORDS), "keys": 3}}
+    with pipeline.engine.connect() as conn:
+        assert words.items(conn) == {("apple",): 500, ("dog",): 1000, ("man",): 1500}

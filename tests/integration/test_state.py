@@ -1,0 +1,200 @@
+"""State helpers on a real Postgres: Trident's worked examples, replays, and the error cases."""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import text
+
+from airflow_txn_provider.exceptions import (
+    StagedOutputMismatchError,
+    StateAheadOfLogError,
+    StateDefinitionError,
+)
+from airflow_txn_provider.sources import TransactionalSource
+from airflow_txn_provider.state import GlobalState, MapState, commit_states, stage_states
+
+
+def seed(conn, state, rows):
+    cols = list(rows[0])
+    for row in rows:
+        conn.execute(
+            text(f"INSERT INTO {state.table} ({', '.join(cols)}) VALUES "
+                 f"({', '.join(':' + c for c in cols)})"),
+            row,
+        )
+
+
+def test_trident_transactional_man_dog_apple(engine):
+    """trident-state: txid 3 = [man, man, dog] over man=[3,txid 1], dog=[4,txid 3], apple=[10,2]."""
+    counts = MapState("p", "counts", "transactional", keys={"word": "text"}).create(engine)
+    with engine.begin() as conn:
+        seed(conn, counts, [
+            {"word": "man", "value": 3, "txid": 1},
+            {"word": "dog", "value": 4, "txid": 3},
+            {"word": "apple", "value": 10, "txid": 2},
+        ])
+        counts.stage(conn, 3, 1, [("man", 1), ("man", 1), ("dog", 1)])
+        result = counts.apply(conn, 3, 1)
+        assert (result.staged_rows, result.keys) == (3, 2)
+        assert counts.rows(conn) == [
+            {"word": "apple", "value": 10, "txid": 2},
+            {"word": "dog", "value": 4, "txid": 3},  # already holds txid 3: skipped
+            {"word": "man", "value": 5, "txid": 3},
+        ]
+
+
+
+@pytest.mark.parametrize(
+    ("current_txid", "expected"),
+    [
+        (3, {"value": 6, "prev_value": 4, "txid": 3}),  # new txid: prev := value, value += 2
+        (2, {"value": 3, "prev_value": 1, "txid": 2}),  # same txid: value := prev + 2
+    ],
+)
+def test_trident_opaque_example(engine, current_txid, expected):
+    """trident-state: stored {value=4, prevValue=1, txid=2}, partial count 2."""
+    count = GlobalState("p", "count", "opaque").create(engine)
+    with engine.begin() as conn:
+        seed(conn, count, [{"value": 4, "prev_value": 1, "txid": 2}])
+        count.stage_value(conn, current_txid, 1, 2)
+        count.apply(conn, current_txid, 1)
+        assert count.rows(conn) == [{"singleton": True, **expected}]
+
+
+@pytest.mark.parametrize("kind", ["transactional", "opaque"])
+def test_stored_txid_ahead_of_current_is_an_error(engine, kind):
+    words = MapState("p", "w", kind, keys={"word": "text"}).create(engine)
+    with engine.begin() as conn:
+        seed(conn, words, [{"word": "man", "value": 3, "txid": 5}])
+    with pytest.raises(StateAheadOfLogError, match="newest stored txid 5") as err, \
+            engine.begin() as conn:
+        words.stage(conn, 4, 2, [("man", 1), ("dog", 1)])
+        words.apply(conn, 4, 2)
+    assert (err.value.pipeline, err.value.txid, err.value.attempt) == ("p", 4, 2)
+    with engine.connect() as conn:  # the whole batch was rolled back, dog included
+        assert words.items(conn) == {("man",): 3}
+
+
+def test_non_transactional_adds_every_time(engine):
+    hits = MapState("p", "hits", "non_transactional", keys={"page": "text"}).create(engine)
+    with engine.begin() as conn:
+        for txid in (1, 1, 2):
+            hits.stage(conn, txid, 1, [("home", 2)])
+            hits.apply(conn, txid, 1)
+        assert hits.items(conn) == {("home",): 6}
+
+
+def test_multi_column_keys_and_combiners(engine):
+    peak = MapState(
+        "p", "peak", "opaque", keys={"day": "date", "host": "text"}, value_type="double precision",
+        combiner="max",
+    ).create(engine)
+    with engine.begin() as conn:
+        peak.stage(conn, 1, 1, [("2026-01-01", "a", 1.5), ("2026-01-01", "a", 7.0),
+                                ("2026-01-02", "b", 2.0)])
+        peak.apply(conn, 1, 1)
+        peak.stage(conn, 2, 1, [("2026-01-01", "a", 3.0), ("2026-01-02", "b", 9.5)])
+        peak.apply(conn, 2, 1)
+        got = {(str(d), h): v for (d, h), v in peak.items(conn).items()}
+        assert got == {("2026-01-01", "a"): 7.0, ("2026-01-02", "b"): 9.5}
+        import datetime
+
+        assert peak.get(conn, [(datetime.date(2026, 1, 2), "b"), (datetime.date(2027, 1, 1), "z")]) == {
+            (datetime.date(2026, 1, 2), "b"): 9.5
+        }
+
+
+def test_definitions_are_checked(engine):
+    MapState("p", "words", "transactional", keys={"word": "text"}).create(engine)
+    with pytest.raises(StateDefinitionError, match="declared as"):
+        MapState("p", "words", "opaque", keys={"word": "text"}).create(engine)
+    with pytest.raises(StateDefinitionError):
+        MapState("other", "words", "transactional", keys={"word": "text"}).create(engine)
+    for bad in (
+        dict(name="Bad-Name"),
+        dict(name="w", keys={"value": "text"}),
+        dict(name="w", keys={"w": "text; DROP TABLE x"}),
+        dict(name="w", value_type="text"),
+        dict(name="w", combiner="avg"),
+        dict(name="w", kind="exactly_once"),
+    ):
+        with pytest.raises(ValueError):
+            MapState(**{"pipeline": "p", **bad})
+    words = MapState("p", "words", "transactional", keys={"word": "text"})
+    with pytest.raises(ValueError, match="2 values"), engine.begin() as conn:
+        words.stage(conn, 1, 1, [("a", 1, 2)])
+
+
+class Batches(TransactionalSource):
+    def initialize_transaction(self, txid, prev):
+        return {"batch": txid} if txid in BATCHES else None
+
+
+BATCHES = {
+    1: ["the", "cow", "jumped", "over", "the", "moon"],
+    2: ["the", "man", "went", "to", "the", "store"],
+    3: ["four", "score", "and", "seven", "years", "ago"],
+}
+
+
+def run_words_pipeline(txlog, name, replays):
+    """Storm's TransactionalWords: counts per word and per count-bucket, one commit for both.
+
+    ``replays`` txids have their first attempt fail after processing (and so the later ones too).
+    """
+    words = MapState(name, f"{name}_words", "transactional", keys={"word": "text"}).create(
+        txlog.engine
+    )
+    total = GlobalState(name, f"{name}_total", "opaque").create(txlog.engine)
+    txlog.register_pipeline(name, source_kind="transactional", max_pending=3)
+    src = Batches()
+    failed_once = set()
+    while txlog.last_committed(name) < len(BATCHES):
+        em = txlog.begin_next(name, src)
+        if em is None or not em.emitted:
+            nxt = txlog.last_committed(name) + 1
+            attempt = txlog.view(name).record(nxt).attempt
+            commit_states(txlog, name, nxt, attempt, [words, total])
+            continue
+        batch = BATCHES[em.metadata["batch"]]
+        counts = {}
+        for w in batch:
+            counts[w] = counts.get(w, 0) + 1
+        txlog.stage_output(
+            name, em.txid, em.attempt,
+            lambda conn, em=em, counts=counts: stage_states(
+                conn, em.txid, em.attempt, {words: counts.items(), total: [(len(batch),)]}
+            ),
+        )
+        if em.txid in replays and em.txid not in failed_once:
+            failed_once.add(em.txid)
+            txlog.fail(name, em.txid, em.attempt, error="injected")
+    with txlog.engine.connect() as conn:
+        return words.items(conn), total.value(conn)
+
+
+def test_replaying_whole_batches_gives_identical_state(txlog):
+    clean = run_words_pipeline(txlog, "clean", replays=set())
+    replayed = run_words_pipeline(txlog, "replayed", replays={1, 2, 3})
+    assert clean == replayed
+    expected = {}
+    for batch in BATCHES.values():
+        for w in batch:
+            expected[(w,)] = expected.get((w,), 0) + 1
+    assert clean == (expected, 18)
+    assert max(a.attempt for a in txlog.attempts("replayed", 3)) >= 2
+
+
+def test_lost_staging_fails_the_commit_instead_of_committing_nothing(txlog):
+    words = MapState("p", "lost", "transactional", keys={"word": "text"}).create(txlog.engine)
+    txlog.register_pipeline("p", source_kind="transactional", max_pending=2)
+    txlog.begin("p", 1, Batches())
+    txlog.stage_output("p", 1, 1, lambda c: {words.output_key: words.stage(c, 1, 1, [("a", 1)])})
+    with txlog.engine.begin() as conn:  # what a Postgres crash does to an UNLOGGED table
+        conn.execute(text(f"TRUNCATE {words.stage_table}"))
+    with pytest.raises(StagedOutputMismatchError, match="0 staged rows found") as err:
+        commit_states(txlog, "p", 1, 1, [words])
+    assert (err.value.txid, err.value.attempt) == (1, 1)
+    assert txlog.view("p").record(1).status.value == "failed"  # replays, nothing lost
+    with txlog.engine.connect() as conn:
+        assert words.items(conn) == {}
