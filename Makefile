@@ -27,8 +27,9 @@ $(STAMP): requirements.lock pyproject.toml scripts/system-deps.sh
 system-deps:
 	bash scripts/system-deps.sh
 
-# pytest exits 5 when it collects no test: make treats that as a failure, as it should.
-test: install
+# Lint and types first, then the whole suite. pytest exits 5 when it collects no test: make treats
+# that as a failure, as it should.
+test: install lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-unit: install
@@ -39,6 +40,7 @@ test-integration: install
 
 lint: install
 	$(VENV)/bin/ruff check airflow_txn_provider tests benchmarks
+	$(VENV)/bin/ruff format --check airflow_txn_provider tests benchmarks
 	$(VENV)/bin/mypy
 
 bench-core: install

@@ -1,9 +1,9 @@
 """The coordinator rules: every decision about which transaction may do what, and nothing else.
 
 This module is pure: no I/O, no clock, no Airflow, no SQL. The Postgres transaction log
-(:mod:`airflow_txn_provider.transaction_log`) loads a :class:`PipelineView` under a lock, asks one of
-the ``plan_*`` functions below, and writes the answer. Keeping the rules here means each one lives in
-exactly one place and is tested with plain values.
+(:mod:`airflow_txn_provider.transaction_log`) loads a :class:`PipelineView` under a lock, asks
+one of the ``plan_*`` functions below, and writes the answer. Keeping the rules here means each
+one lives in exactly one place and is tested with plain values.
 
 The model is Storm's transactional topology (``TransactionalSpoutCoordinator``):
 
@@ -34,7 +34,7 @@ from airflow_txn_provider.exceptions import (
 )
 
 
-class TxStatus(str, enum.Enum):
+class TxStatus(enum.StrEnum):
     """Status of a txid's *current* attempt."""
 
     PROCESSING = "processing"
@@ -47,7 +47,7 @@ class TxStatus(str, enum.Enum):
     """The current attempt is dead; the txid waits to be re-emitted with a new attempt."""
 
 
-class SourceKind(str, enum.Enum):
+class SourceKind(enum.StrEnum):
     """How a source replays a txid (Storm's transactional vs opaque spouts)."""
 
     TRANSACTIONAL = "transactional"
@@ -103,7 +103,10 @@ class PipelineView:
                 )
             if rec.attempt < 1:
                 raise CorruptLogError(
-                    "attempt must be >= 1", pipeline=self.pipeline, txid=rec.txid, attempt=rec.attempt
+                    "attempt must be >= 1",
+                    pipeline=self.pipeline,
+                    txid=rec.txid,
+                    attempt=rec.attempt,
                 )
             if rec.status is TxStatus.COMMITTED:
                 raise CorruptLogError(
@@ -146,7 +149,7 @@ class PipelineView:
 # -- begin -------------------------------------------------------------------------------------
 
 
-class BeginAction(str, enum.Enum):
+class BeginAction(enum.StrEnum):
     NEW = "new"
     """First emission of a new txid, attempt 1: initialise its metadata from ``txid - 1``'s."""
     REPLAY = "replay"
@@ -181,7 +184,7 @@ class BeginPlan:
 
 
 def plan_begin(view: PipelineView, txid: int) -> BeginPlan:
-    """Decide what beginning ``txid`` means now (Storm's coordinator emitting to the batch stream)."""
+    """Decide what beginning ``txid`` means now (Storm's coordinator emitting a batch)."""
     if txid < 1:
         raise ValueError(f"txid must be >= 1, got {txid}")
     if txid <= view.last_committed:
@@ -196,9 +199,7 @@ def plan_begin(view: PipelineView, txid: int) -> BeginPlan:
             return BeginPlan(BeginAction.WAIT_PREVIOUS, txid)
         if txid not in view.window:
             return BeginPlan(BeginAction.WAIT_WINDOW, txid)
-        return BeginPlan(
-            BeginAction.NEW, txid, attempt=1, prev_metadata=view.metadata_before(txid)
-        )
+        return BeginPlan(BeginAction.NEW, txid, attempt=1, prev_metadata=view.metadata_before(txid))
     reuse = view.source_kind is SourceKind.TRANSACTIONAL
     if rec.status is TxStatus.FAILED:
         return BeginPlan(
@@ -234,7 +235,7 @@ def next_to_begin(view: PipelineView) -> int | None:
 # -- processed ---------------------------------------------------------------------------------
 
 
-class ProcessedAction(str, enum.Enum):
+class ProcessedAction(enum.StrEnum):
     ACCEPT = "accept"
     """Record the output and mark the txid processed."""
     DUPLICATE = "duplicate"
@@ -243,9 +244,7 @@ class ProcessedAction(str, enum.Enum):
     """A late report from an attempt that is no longer current: ignored, as in Storm."""
 
 
-def attempt_is_current(
-    record: TxRecord | None, *, pipeline: str, txid: int, attempt: int
-) -> bool:
+def attempt_is_current(record: TxRecord | None, *, pipeline: str, txid: int, attempt: int) -> bool:
     """Whether ``(txid, attempt)`` may still record processed output.
 
     False for a stale attempt (replaced, failed, or its txid committed): its reports are ignored, as
@@ -298,7 +297,7 @@ def plan_processed(
 # -- commit ------------------------------------------------------------------------------------
 
 
-class CommitAction(str, enum.Enum):
+class CommitAction(enum.StrEnum):
     APPLY = "apply"
     """Apply the attempt's output and mark the txid committed, in one database transaction."""
     ALREADY_COMMITTED = "already_committed"

@@ -66,8 +66,8 @@ class ConflictingOutputError(TxnError):
 class StagedOutputMismatchError(TxnError):
     """At commit, the staged rows are not the ones the attempt recorded as its output.
 
-    Staging tables are UNLOGGED (fast, but emptied by a Postgres crash); the count check turns such a
-    loss into this error, which fails and replays the txid instead of committing nothing.
+    Staging tables are UNLOGGED (fast, but emptied by a Postgres crash); the count check turns
+    such a loss into this error, which fails and replays the txid instead of committing nothing.
     """
 
 

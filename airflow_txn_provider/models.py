@@ -125,7 +125,5 @@ class StateRegistryRow(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
     __table_args__ = (
-        CheckConstraint(
-            "kind IN ('non_transactional', 'transactional', 'opaque')", name="kind"
-        ),
+        CheckConstraint("kind IN ('non_transactional', 'transactional', 'opaque')", name="kind"),
     )

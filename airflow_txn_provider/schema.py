@@ -51,7 +51,7 @@ def current_revision(connection: Connection) -> str | None:
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
-    """Bring the transaction-log schema to ``revision``; safe to call from many processes at once."""
+    """Bring the log schema to ``revision``; safe to call from many processes at once."""
     from alembic import command
 
     with engine.begin() as conn:

@@ -13,8 +13,8 @@ business (see ``spark_jobs/``), not the source's.
 
 Metadata is stored as JSON. It must come back from JSON *equal* to what the source returned (no
 tuples, no integer keys, no NaN, no objects): anything else is refused with
-:class:`~airflow_txn_provider.exceptions.UnreadableMetadataError` at begin time, before it is stored,
-instead of being silently changed (STORM-2675).
+:class:`~airflow_txn_provider.exceptions.UnreadableMetadataError` at begin time, before it is
+stored, instead of being silently changed (STORM-2675).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from airflow_txn_provider.coordinator import SourceKind
 from airflow_txn_provider.exceptions import UnreadableMetadataError
 
 Metadata = Any
-"""JSON-compatible batch metadata: dicts with str keys, lists, str, int, finite float, bool, None."""
+"""JSON-compatible metadata: dicts with str keys, lists, str, int, finite float, bool, None."""
 
 
 class Source(ABC):
@@ -98,7 +98,9 @@ def _json_problem(value: Any, path: str) -> str | None:
     if isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, str):
-                return f"{path} has key {key!r} of type {type(key).__name__} (JSON keys are strings)"
+                return (
+                    f"{path} has key {key!r} of type {type(key).__name__} (JSON keys are strings)"
+                )
             found = _json_problem(item, f"{path}[{key!r}]")
             if found:
                 return found

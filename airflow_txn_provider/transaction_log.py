@@ -19,9 +19,9 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from sqlalchemy import create_engine, func, insert, select, update
+from sqlalchemy import Table, create_engine, func, insert, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import make_url
 
@@ -59,9 +59,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-P = PipelineRow.__table__
-T = TransactionRow.__table__
-A = AttemptRow.__table__
+P = cast(Table, PipelineRow.__table__)
+T = cast(Table, TransactionRow.__table__)
+A = cast(Table, AttemptRow.__table__)
 
 ApplyFn = Callable[["Connection", TxRecord], "Mapping[str, Any] | None"]
 StageFn = Callable[["Connection"], "Mapping[str, Any] | None"]
@@ -519,9 +519,7 @@ class TransactionLog:
             )
             conn.execute(
                 update(A)
-                .where(
-                    A.c.pipeline == view.pipeline, A.c.txid == txid, A.c.attempt == rec.attempt
-                )
+                .where(A.c.pipeline == view.pipeline, A.c.txid == txid, A.c.attempt == rec.attempt)
                 .values(status=TxStatus.FAILED.value, error=message, ended_at=func.now())
             )
 
@@ -585,11 +583,13 @@ class TransactionLog:
         if prow is None:
             raise UnknownPipelineError("pipeline is not registered", pipeline=pipeline)
         last = int(prow.last_committed_txid)
-        rows = conn.execute(
-            select(T)
-            .where(T.c.pipeline == pipeline, T.c.txid >= max(last, 1))
-            .order_by(T.c.txid)
-        ).all()
+        rows = list(
+            conn.execute(
+                select(T)
+                .where(T.c.pipeline == pipeline, T.c.txid >= max(last, 1))
+                .order_by(T.c.txid)
+            ).all()
+        )
         last_metadata = None
         if last > 0:
             if not rows or rows[0].txid != last:

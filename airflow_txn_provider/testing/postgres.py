@@ -74,7 +74,7 @@ class EmbeddedPostgres:
     def start(self) -> EmbeddedPostgres:
         bindir = postgres_bindir()
         if self.datadir is None:
-            # Not pytest's tmp_path: its parents are private to root, and the server runs as postgres.
+            # Not pytest's tmp_path: its parents are private to root; the server runs as postgres.
             self.datadir = Path(tempfile.mkdtemp(prefix="txn-pg-"))
             self._owns_datadir = True
         self.datadir = Path(self.datadir)
@@ -108,16 +108,30 @@ class EmbeddedPostgres:
             "unix_socket_directories": str(self.datadir),
             "max_connections": "200",
             "shared_buffers": "256MB",
-            **({} if self.durable else {"fsync": "off", "synchronous_commit": "off",
-                                        "full_page_writes": "off"}),
+            **(
+                {}
+                if self.durable
+                else {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
+            ),
             **self.settings,
         }
         opts = " ".join(f"-c {k}={v}" for k, v in options.items())
         logfile = self.datadir / "server.log"
         proc = subprocess.run(
             self._as_server_user(
-                [str(bindir / "pg_ctl"), "-D", str(self.datadir), "-o", opts, "-l", str(logfile),
-                 "-w", "-t", "60", "start"]
+                [
+                    str(bindir / "pg_ctl"),
+                    "-D",
+                    str(self.datadir),
+                    "-o",
+                    opts,
+                    "-l",
+                    str(logfile),
+                    "-w",
+                    "-t",
+                    "60",
+                    "start",
+                ]
             ),
             capture_output=True,
             text=True,
@@ -145,8 +159,15 @@ class EmbeddedPostgres:
             return
         subprocess.run(
             self._as_server_user(
-                [str(postgres_bindir() / "pg_ctl"), "-D", str(self.datadir), "-m", "fast", "-w",
-                 "stop"]
+                [
+                    str(postgres_bindir() / "pg_ctl"),
+                    "-D",
+                    str(self.datadir),
+                    "-m",
+                    "fast",
+                    "-w",
+                    "stop",
+                ]
             ),
             capture_output=True,
         )

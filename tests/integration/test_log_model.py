@@ -22,12 +22,11 @@ import itertools
 from dataclasses import dataclass
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
-from hypothesis import event
 from hypothesis.stateful import (
-    initialize,
     RuleBasedStateMachine,
+    initialize,
     invariant,
     precondition,
     rule,
@@ -75,9 +74,7 @@ class ModelSourceMixin:
 
     def initialize_transaction(self, txid, prev_metadata):
         self.machine.on_initialize(txid, prev_metadata)
-        return next_offset_ranges(
-            prev_metadata, self.machine.available(), max_per_partition=BATCH
-        )
+        return next_offset_ranges(prev_metadata, self.machine.available(), max_per_partition=BATCH)
 
 
 class ModelTransactional(ModelSourceMixin, TransactionalSource):
@@ -129,7 +126,9 @@ class TxnLogMachine(RuleBasedStateMachine):
             return
         prev = self.txs.get(txid - 1)
         assert prev is not None, f"txid {txid} initialised before txid {txid - 1}"
-        assert prev.status is not TxStatus.FAILED, f"txid {txid} initialised before {txid - 1} replayed"
+        assert prev.status is not TxStatus.FAILED, (
+            f"txid {txid} initialised before {txid - 1} replayed"
+        )
         assert prev_metadata == prev.metadata
 
     @rule(part=st.sampled_from(["a", "b"]), n=st.integers(1, 8))
@@ -183,8 +182,10 @@ class TxnLogMachine(RuleBasedStateMachine):
             prev = self.txs.get(txid - 1)
             if not (prev and prev.status is TxStatus.FAILED):
                 expected_invalidated = tuple(
-                    t for t in sorted(self.txs)
-                    if t >= txid and self.txs[t].status is not TxStatus.FAILED
+                    t
+                    for t in sorted(self.txs)
+                    if t >= txid
+                    and self.txs[t].status is not TxStatus.FAILED
                     and t > self.last_committed
                 )
         em = self.log.begin(self.pipeline, txid, self.source)
@@ -257,7 +258,8 @@ class TxnLogMachine(RuleBasedStateMachine):
 
     def _live(self):
         return sorted(
-            (t, tx.attempt) for t, tx in self.txs.items()
+            (t, tx.attempt)
+            for t, tx in self.txs.items()
             if tx.status in (TxStatus.PROCESSING, TxStatus.PROCESSED)
         )
 
@@ -276,17 +278,20 @@ class TxnLogMachine(RuleBasedStateMachine):
         self._commit(txid, self.txs[txid].attempt)
 
     @precondition(
-        lambda self: self.ready
-        and any(
-            t > self.last_committed + 1 and tx.status is TxStatus.PROCESSED
-            for t, tx in self.txs.items()
+        lambda self: (
+            self.ready
+            and any(
+                t > self.last_committed + 1 and tx.status is TxStatus.PROCESSED
+                for t, tx in self.txs.items()
+            )
         )
     )
     @rule(data=st.data())
     def commit_ahead(self, data):
         """A processed txid tries to commit before the txids ahead of it."""
         ahead = sorted(
-            t for t, tx in self.txs.items()
+            t
+            for t, tx in self.txs.items()
             if t > self.last_committed + 1 and tx.status is TxStatus.PROCESSED
         )
         txid = data.draw(st.sampled_from(ahead))
@@ -298,9 +303,16 @@ class TxnLogMachine(RuleBasedStateMachine):
             for part, (first, stop) in sorted(record.metadata.items()):
                 conn.execute(
                     text("INSERT INTO sink VALUES (:p, :t, :a, :part, :f, :s)"),
-                    {"p": self.pipeline, "t": txid, "a": attempt, "part": part, "f": first,
-                     "s": stop},
+                    {
+                        "p": self.pipeline,
+                        "t": txid,
+                        "a": attempt,
+                        "part": part,
+                        "f": first,
+                        "s": stop,
+                    },
                 )
+
         return apply
 
     @precondition(lambda self: self.ready and self.handles)
@@ -325,7 +337,9 @@ class TxnLogMachine(RuleBasedStateMachine):
             with pytest.raises(TxnError) as err:
                 self.log.commit(self.pipeline, txid, attempt, self._sink_apply(txid, attempt))
             assert (err.value.pipeline, err.value.txid, err.value.attempt) == (
-                self.pipeline, txid, attempt,
+                self.pipeline,
+                txid,
+                attempt,
             )
             event(f"commit refused: {type(err.value).__name__}")
             return
@@ -392,8 +406,10 @@ class TxnLogMachine(RuleBasedStateMachine):
             assert (rec.attempt, rec.status) == (tx.attempt, tx.status), rec.txid
         with self.engine.connect() as conn:
             rows = conn.execute(
-                text("SELECT txid, attempt, part, first, stop FROM sink WHERE pipeline = :p "
-                     "ORDER BY txid, part"),
+                text(
+                    "SELECT txid, attempt, part, first, stop FROM sink WHERE pipeline = :p "
+                    "ORDER BY txid, part"
+                ),
                 {"p": self.pipeline},
             ).all()
         txids = sorted({r.txid for r in rows})

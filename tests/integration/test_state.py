@@ -18,8 +18,10 @@ def seed(conn, state, rows):
     cols = list(rows[0])
     for row in rows:
         conn.execute(
-            text(f"INSERT INTO {state.table} ({', '.join(cols)}) VALUES "
-                 f"({', '.join(':' + c for c in cols)})"),
+            text(
+                f"INSERT INTO {state.table} ({', '.join(cols)}) VALUES "
+                f"({', '.join(':' + c for c in cols)})"
+            ),
             row,
         )
 
@@ -28,11 +30,15 @@ def test_trident_transactional_man_dog_apple(engine):
     """trident-state: txid 3 = [man, man, dog] over man=[3,txid 1], dog=[4,txid 3], apple=[10,2]."""
     counts = MapState("p", "counts", "transactional", keys={"word": "text"}).create(engine)
     with engine.begin() as conn:
-        seed(conn, counts, [
-            {"word": "man", "value": 3, "txid": 1},
-            {"word": "dog", "value": 4, "txid": 3},
-            {"word": "apple", "value": 10, "txid": 2},
-        ])
+        seed(
+            conn,
+            counts,
+            [
+                {"word": "man", "value": 3, "txid": 1},
+                {"word": "dog", "value": 4, "txid": 3},
+                {"word": "apple", "value": 10, "txid": 2},
+            ],
+        )
         counts.stage(conn, 3, 1, [("man", 1), ("man", 1), ("dog", 1)])
         result = counts.apply(conn, 3, 1)
         assert (result.staged_rows, result.keys) == (3, 2)
@@ -41,7 +47,6 @@ def test_trident_transactional_man_dog_apple(engine):
             {"word": "dog", "value": 4, "txid": 3},  # already holds txid 3: skipped
             {"word": "man", "value": 5, "txid": 3},
         ]
-
 
 
 @pytest.mark.parametrize(
@@ -66,8 +71,10 @@ def test_stored_txid_ahead_of_current_is_an_error(engine, kind):
     words = MapState("p", "w", kind, keys={"word": "text"}).create(engine)
     with engine.begin() as conn:
         seed(conn, words, [{"word": "man", "value": 3, "txid": 5}])
-    with pytest.raises(StateAheadOfLogError, match="newest stored txid 5") as err, \
-            engine.begin() as conn:
+    with (
+        pytest.raises(StateAheadOfLogError, match="newest stored txid 5") as err,
+        engine.begin() as conn,
+    ):
         words.stage(conn, 4, 2, [("man", 1), ("dog", 1)])
         words.apply(conn, 4, 2)
     assert (err.value.pipeline, err.value.txid, err.value.attempt) == ("p", 4, 2)
@@ -86,12 +93,20 @@ def test_non_transactional_adds_every_time(engine):
 
 def test_multi_column_keys_and_combiners(engine):
     peak = MapState(
-        "p", "peak", "opaque", keys={"day": "date", "host": "text"}, value_type="double precision",
+        "p",
+        "peak",
+        "opaque",
+        keys={"day": "date", "host": "text"},
+        value_type="double precision",
         combiner="max",
     ).create(engine)
     with engine.begin() as conn:
-        peak.stage(conn, 1, 1, [("2026-01-01", "a", 1.5), ("2026-01-01", "a", 7.0),
-                                ("2026-01-02", "b", 2.0)])
+        peak.stage(
+            conn,
+            1,
+            1,
+            [("2026-01-01", "a", 1.5), ("2026-01-01", "a", 7.0), ("2026-01-02", "b", 2.0)],
+        )
         peak.apply(conn, 1, 1)
         peak.stage(conn, 2, 1, [("2026-01-01", "a", 3.0), ("2026-01-02", "b", 9.5)])
         peak.apply(conn, 2, 1)
@@ -99,9 +114,9 @@ def test_multi_column_keys_and_combiners(engine):
         assert got == {("2026-01-01", "a"): 7.0, ("2026-01-02", "b"): 9.5}
         import datetime
 
-        assert peak.get(conn, [(datetime.date(2026, 1, 2), "b"), (datetime.date(2027, 1, 1), "z")]) == {
-            (datetime.date(2026, 1, 2), "b"): 9.5
-        }
+        assert peak.get(
+            conn, [(datetime.date(2026, 1, 2), "b"), (datetime.date(2027, 1, 1), "z")]
+        ) == {(datetime.date(2026, 1, 2), "b"): 9.5}
 
 
 def test_definitions_are_checked(engine):
@@ -161,8 +176,10 @@ def run_words_pipeline(txlog, name, replays):
         for w in batch:
             counts[w] = counts.get(w, 0) + 1
         txlog.stage_output(
-            name, em.txid, em.attempt,
-            lambda conn, em=em, counts=counts: stage_states(
+            name,
+            em.txid,
+            em.attempt,
+            lambda conn, em=em, counts=counts, batch=batch: stage_states(
                 conn, em.txid, em.attempt, {words: counts.items(), total: [(len(batch),)]}
             ),
         )

@@ -1,4 +1,4 @@
-"""The transaction log on a real Postgres: Storm's coordinator scenarios, errors, history, restart."""
+"""The transaction log on a real Postgres: Storm's scenarios, errors, history, restart."""
 
 from __future__ import annotations
 
@@ -56,16 +56,23 @@ class TestStormScenarios:
         txlog.mark_processed("p", 3, 1)
         assert txlog.fail("p", 2, 1, error="executor lost") == (2, 3, 4)
         assert statuses(txlog) == {
-            1: (1, "processed"), 2: (1, "failed"), 3: (1, "failed"), 4: (1, "failed"),
+            1: (1, "processed"),
+            2: (1, "failed"),
+            3: (1, "failed"),
+            4: (1, "failed"),
         }
         replays = [txlog.begin_next("p", src) for _ in range(3)]
         assert [(e.txid, e.attempt, e.action) for e in replays] == [
-            (2, 2, BeginAction.REPLAY), (3, 2, BeginAction.REPLAY), (4, 2, BeginAction.REPLAY),
+            (2, 2, BeginAction.REPLAY),
+            (3, 2, BeginAction.REPLAY),
+            (4, 2, BeginAction.REPLAY),
         ]
         # Transactional source: replays reuse the stored batch, the source is not asked again.
         assert src.calls == [1, 2, 3, 4]
         assert [e.metadata for e in replays] == [
-            {"start": 10, "end": 20}, {"start": 20, "end": 30}, {"start": 30, "end": 40},
+            {"start": 10, "end": 20},
+            {"start": 20, "end": 30},
+            {"start": 30, "end": 40},
         ]
         # txid 1 kept its attempt and processed output and commits as it is.
         assert txlog.commit("p", 1, 1).applied
@@ -92,7 +99,10 @@ class TestStormScenarios:
         with pytest.raises(ConnectionError):
             txlog.commit("p", 2, 1, broken)
         assert statuses(txlog) == {
-            1: (1, "committed"), 2: (1, "failed"), 3: (1, "failed"), 4: (1, "failed"),
+            1: (1, "committed"),
+            2: (1, "failed"),
+            3: (1, "failed"),
+            4: (1, "failed"),
         }
         with txlog.engine.connect() as conn:  # nothing of the failed commit was kept
             assert conn.execute(text("SELECT to_regclass('half_applied')")).scalar() is None
@@ -162,7 +172,8 @@ class TestRules:
         txlog.commit("p", 1, 2)
         history = txlog.attempts("p", 1)
         assert [(a.attempt, a.status, a.error) for a in history] == [
-            (1, TxStatus.FAILED, "first"), (2, TxStatus.COMMITTED, None),
+            (1, TxStatus.FAILED, "first"),
+            (2, TxStatus.COMMITTED, None),
         ]
         assert history[1].output == {"rows": 7} and history[1].ended_at is not None
         assert all(a.metadata == {"start": 0, "end": 10} for a in history)
@@ -179,7 +190,9 @@ class TestRules:
         src = Landing()
         txlog.register_pipeline("o", source_kind="opaque", max_pending=4)
         assert [txlog.begin("o", t, src).metadata for t in (1, 2, 3)] == [
-            {"start": 0, "end": 10}, {"start": 10, "end": 20}, {"start": 20, "end": 25},
+            {"start": 0, "end": 10},
+            {"start": 10, "end": 20},
+            {"start": 20, "end": 25},
         ]
         txlog.mark_processed("o", 1, 1)
         txlog.commit("o", 1, 1)
@@ -225,12 +238,12 @@ class TestErrors:
         with pytest.raises(PipelineConfigError):
             txlog.register_pipeline("p", source_kind="opaque", max_pending=2)
 
-        class O(OpaqueSource):
+        class Other(OpaqueSource):
             def initialize_transaction(self, txid, prev):
                 return {}
 
         with pytest.raises(PipelineConfigError):
-            txlog.begin("p", 1, O())
+            txlog.begin("p", 1, Other())
         txlog.register_pipeline("p", source_kind="transactional", max_pending=8)
         assert txlog.view("p").max_pending == 8
 
@@ -247,11 +260,16 @@ class TestErrors:
     @pytest.mark.parametrize(
         ("sql", "match"),
         [
-            ("DELETE FROM txn_attempt WHERE txid = 3;DELETE FROM txn_transaction WHERE txid = 3",
-             "expected txid 3, found 4"),
+            (
+                "DELETE FROM txn_attempt WHERE txid = 3;DELETE FROM txn_transaction WHERE txid = 3",
+                "expected txid 3, found 4",
+            ),
             ("UPDATE txn_pipeline SET last_committed_txid = 2", "last committed txid has status"),
-            ("ALTER TABLE txn_transaction DROP CONSTRAINT ck_txn_transaction_status;"
-             "UPDATE txn_transaction SET status = 'lost' WHERE txid = 2", "unknown status 'lost'"),
+            (
+                "ALTER TABLE txn_transaction DROP CONSTRAINT ck_txn_transaction_status;"
+                "UPDATE txn_transaction SET status = 'lost' WHERE txid = 2",
+                "unknown status 'lost'",
+            ),
         ],
     )
     def test_corrupt_log_is_reported_not_repaired(self, four, sql, match):

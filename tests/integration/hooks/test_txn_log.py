@@ -23,8 +23,16 @@ def _conn_env(monkeypatch, conn_id, url, **extra):
     u = make_url(url)
     monkeypatch.setenv(
         f"AIRFLOW_CONN_{conn_id.upper()}",
-        json.dumps({"conn_type": "txn_log", "host": u.host, "port": u.port, "login": u.username,
-                    "schema": u.database, "extra": extra}),
+        json.dumps(
+            {
+                "conn_type": "txn_log",
+                "host": u.host,
+                "port": u.port,
+                "login": u.username,
+                "schema": u.database,
+                "extra": extra,
+            }
+        ),
     )
 
 
@@ -40,24 +48,34 @@ def test_log_from_airflow_connection(monkeypatch, db_url):
 
 def test_unreachable_database_is_reported(monkeypatch, db_url):
     url = make_url(db_url).set(port=1)
-    _conn_env(monkeypatch, "txn_log_down", url.render_as_string(hide_password=False),
-              connect_timeout="2")
+    _conn_env(
+        monkeypatch, "txn_log_down", url.render_as_string(hide_password=False), connect_timeout="2"
+    )
     ok, message = TxnLogHook(txn_log_conn_id="txn_log_down").test_connection()
     assert not ok and "127.0.0.1" in message and "1" in message
 
 
 def test_provider_is_registered(tmp_path: Path):
-    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path),
-           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(tmp_path),
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    }
     out = subprocess.run(
         ["airflow", "providers", "get", "airflow-txn-provider", "-o", "json"],
-        capture_output=True, text=True, env=env, check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
     ).stdout
     info = json.loads(out)
     assert info[0]["Provider"] == "airflow-txn-provider"
     hooks = subprocess.run(
         ["airflow", "providers", "hooks", "-o", "json"],
-        capture_output=True, text=True, env=env, check=True,
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
     ).stdout
     assert any(
         h["connection_type"] == "txn_log"
