@@ -1,5 +1,6 @@
 # make test   : create .venv, install the pinned dependencies, run the whole suite
-# make demo   : (arrives with the example-DAGs issue)
+# make demo   : core demo on an embedded Postgres in ./var (the Airflow demo comes with the
+#               example-DAGs issue); a second run continues from the log
 # make bench-core : transaction-core benchmark (prints a table)
 
 PYTHON ?= python3
@@ -9,7 +10,7 @@ STAMP  := $(VENV)/.installed-stamp
 PYSPARK_VERSION := 4.3.0
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps test test-unit test-integration lint bench-core clean
+.PHONY: demo install system-deps test test-unit test-integration lint bench-core clean
 
 install: $(STAMP)
 
@@ -23,6 +24,9 @@ $(STAMP): requirements.lock pyproject.toml scripts/system-deps.sh
 	$(VENV)/bin/pip install -q --disable-pip-version-check --no-deps --force-reinstall pyspark==$(PYSPARK_VERSION)
 	$(VENV)/bin/pip install -q --disable-pip-version-check --no-deps -e .
 	touch $(STAMP)
+
+demo: install
+	$(PY) scripts/demo_core.py
 
 system-deps:
 	bash scripts/system-deps.sh
@@ -47,4 +51,4 @@ bench-core: install
 	$(PY) benchmarks/bench_core.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .hypothesis var

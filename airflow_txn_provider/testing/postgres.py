@@ -77,8 +77,16 @@ class EmbeddedPostgres:
             # Not pytest's tmp_path: its parents are private to root; the server runs as postgres.
             self.datadir = Path(tempfile.mkdtemp(prefix="txn-pg-"))
             self._owns_datadir = True
-        self.datadir = Path(self.datadir)
+        self.datadir = Path(self.datadir).resolve()
         self.datadir.mkdir(parents=True, exist_ok=True)
+        if os.geteuid() == 0:
+            for parent in self.datadir.parents:
+                if not os.stat(parent).st_mode & 0o001:
+                    raise RuntimeError(
+                        f"the server runs as user postgres, which cannot enter {parent} "
+                        f"(mode {oct(os.stat(parent).st_mode & 0o777)}); put the data folder "
+                        "elsewhere or make its parents traversable (chmod o+x)"
+                    )
         os.chmod(self.datadir, 0o700)
         self._chown(self.datadir)
         if not (self.datadir / "PG_VERSION").exists():
