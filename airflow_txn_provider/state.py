@@ -112,8 +112,8 @@ class MapState:
     :param combiner: how deltas combine: ``sum`` (default), ``max`` or ``min``.
     :param fillfactor: storage fill factor of the state table (10-100, default 50). Space left free
         on each page lets Postgres update a key in place (a HOT update, no new index entry): with
-        every key of a batch updated, 50 made the upsert 2.3x faster here, at up to twice the
-        table size. A storage setting only: not part of the stored definition.
+        every key of a batch updated, 50 took bench-core's 1e5-key apply from 0.72 s to ~0.45 s,
+        at up to twice the table size. A storage setting only: not part of the stored definition.
     """
 
     pipeline: str

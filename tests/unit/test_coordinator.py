@@ -135,9 +135,6 @@ class TestBegin:
 
 
 class TestProcessed:
-    def rec(self, v: PipelineView, txid: int) -> TxRecord | None:
-        return v.record(txid)
-
     def test_current_attempt_is_accepted(self):
         v = view((1, 1, PROC))
         assert plan_processed(v.record(1), pipeline="p", txid=1, attempt=1, output={"n": 1}) is (
