@@ -269,6 +269,16 @@ def attempt_is_current(record: TxRecord | None, *, pipeline: str, txid: int, att
     return attempt == record.attempt and record.status in (TxStatus.PROCESSING, TxStatus.PROCESSED)
 
 
+def attempt_may_stage(record: TxRecord | None, *, pipeline: str, txid: int, attempt: int) -> bool:
+    """Whether ``(txid, attempt)`` may stage (part of) its output now.
+
+    Only while it is current and still processing: once its output is recorded, staging more would
+    change what the commit applies behind the recorded counts.
+    """
+    current = attempt_is_current(record, pipeline=pipeline, txid=txid, attempt=attempt)
+    return current and record is not None and record.status is TxStatus.PROCESSING
+
+
 def plan_processed(
     record: TxRecord | None,
     *,

@@ -93,3 +93,41 @@ class StateDefinitionError(TxnError):
 
 class SourceError(TxnError):
     """The source failed to describe a batch (a partition is missing, the store is unreachable)."""
+
+
+class ProcessingError(TxnError):
+    """A txid's processing job failed (a Spark error, a bug in the transform); see the cause."""
+
+
+class MalformedRecordError(SourceError):
+    """A record of the batch cannot be read (bad JSON, wrong type, a required value missing).
+
+    ``location`` says where it is (a file path, a table and id) so it can be fixed at the source;
+    the txid commits nothing until it is.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        pipeline: str | None = None,
+        txid: int | None = None,
+        attempt: int | None = None,
+        location: str | None = None,
+    ) -> None:
+        self.location = location
+        where = f" at {location}" if location else ""
+        super().__init__(f"{message}{where}", pipeline=pipeline, txid=txid, attempt=attempt)
+        self.detail = message
+
+    def __reduce__(self):
+        return (
+            _rebuild_malformed,
+            (self.detail, self.pipeline, self.txid, self.attempt, self.location),
+        )
+
+
+def _rebuild_malformed(message, pipeline, txid, attempt, location):
+    return MalformedRecordError(
+        message, pipeline=pipeline, txid=txid, attempt=attempt, location=location
+    )

@@ -47,6 +47,7 @@ from airflow_txn_provider.exceptions import (
 )
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from sqlalchemy.engine import Connection, Engine
 
     from airflow_txn_provider.coordinator import TxRecord
@@ -144,6 +145,14 @@ class MapState:
         if not 10 <= int(self.fillfactor) <= 100:
             raise ValueError(f"fillfactor {self.fillfactor!r} must be within 10..100")
         object.__setattr__(self, "keys", dict(self.keys))
+
+    @classmethod
+    def load(cls, bind: Engine | Connection, name: str) -> MapState:
+        """The state registered as ``name`` (by :meth:`create`), e.g. inside a Spark job."""
+        states = _load(bind, "name = :v", name)
+        if not states:
+            raise StateDefinitionError(f"state {name!r} is not registered (create it first)")
+        return states[0]
 
     # -- names -----------------------------------------------------------------------------------
 
@@ -274,6 +283,43 @@ class MapState:
             return int(cursor.rowcount)
         finally:
             cursor.close()
+
+    def stage_arrow(self, conn: Connection, txid: int, attempt: int, table: pa.Table) -> int:
+        """Stage an Arrow table (columns: the key columns, then ``delta``) with one COPY.
+
+        What a Spark job stages: ``DataFrame.toArrow()`` of its partial results. Null keys or
+        deltas are refused here, with the column named, rather than as a COPY error.
+        """
+        import pyarrow.csv as pacsv
+
+        columns = [*self.keys, "delta"]
+        missing = [c for c in columns if c not in table.column_names]
+        if missing:
+            raise ValueError(
+                f"state {self.name!r} stages columns {columns}; the result has "
+                f"{table.column_names} (missing {missing})"
+            )
+        table = table.select(columns)
+        for column in columns:
+            nulls = table.column(column).null_count
+            if nulls:
+                raise ValueError(f"state {self.name!r}: {nulls} staged row(s) have a null {column}")
+        buf = io.BytesIO()
+        pacsv.write_csv(table, buf, pacsv.WriteOptions(include_header=False))
+        buf.seek(0)
+        return self.stage_csv(conn, txid, attempt, io.TextIOWrapper(buf, encoding="utf-8"))
+
+    def staged(self, conn: Connection, txid: int, attempt: int) -> list[tuple[Any, ...]]:
+        """The rows ``(keys…, delta)`` staged by ``(txid, attempt)``, sorted (for inspection)."""
+        columns = ", ".join([*self.keys, "delta"])
+        rows = conn.execute(
+            text(
+                f"SELECT {columns} FROM {self.stage_table} "
+                f"WHERE txid = :t AND attempt = :a ORDER BY {columns}"
+            ),
+            {"t": txid, "a": attempt},
+        )
+        return [tuple(r) for r in rows]
 
     # -- commit phase: apply ---------------------------------------------------------------------
 
@@ -429,6 +475,36 @@ class GlobalState(MapState):
         return conn.execute(text(f"SELECT value FROM {self.table}")).scalar_one_or_none()
 
 
+def load_states(bind: Engine | Connection, pipeline: str) -> dict[str, MapState]:
+    """Every state registered for ``pipeline``, by name."""
+    return {state.name: state for state in _load(bind, "pipeline = :v", pipeline)}
+
+
+def _load(bind: Engine | Connection, where: str, value: str) -> list[MapState]:
+    from sqlalchemy.engine import Engine
+
+    query = text(f"SELECT name, pipeline, definition FROM txn_state_registry WHERE {where}")
+    if isinstance(bind, Engine):
+        with bind.connect() as conn:
+            rows = conn.execute(query, {"v": value}).all()
+    else:
+        rows = bind.execute(query, {"v": value}).all()
+    states: list[MapState] = []
+    for row in sorted(rows, key=lambda r: r.name):
+        d = row.definition
+        if d["keys"]:
+            states.append(
+                MapState(
+                    row.pipeline, row.name, d["kind"], d["keys"], d["value_type"], d["combiner"]
+                )
+            )
+        else:
+            states.append(
+                GlobalState(row.pipeline, row.name, d["kind"], d["value_type"], d["combiner"])
+            )
+    return states
+
+
 def stage_states(
     conn: Connection, txid: int, attempt: int, batches: Mapping[MapState, Iterable[Sequence[Any]]]
 ) -> dict[str, int]:
@@ -469,3 +545,31 @@ def _json(value: Any) -> str:
     import json
 
     return json.dumps(value, sort_keys=True)
+
+
+def commit_registered(log: TransactionLog, pipeline: str, txid: int, attempt: int) -> CommitResult:
+    """Commit ``(txid, attempt)`` applying every state registered for ``pipeline``."""
+    states = list(load_states(log.engine, pipeline).values())
+    return commit_states(log, pipeline, txid, attempt, states)
+
+
+def record_processed(log: TransactionLog, pipeline: str, txid: int, attempt: int) -> str:
+    """Mark ``(txid, attempt)`` processed with its staged row counts, counted under the txid's lock.
+
+    The last step of a txid processed by several jobs (each staged with ``finish=False``).
+    Returns the :class:`~airflow_txn_provider.coordinator.ProcessedAction` value.
+    """
+    states = list(load_states(log.engine, pipeline).values())
+
+    def count(conn: Connection) -> dict[str, int]:
+        counts = {}
+        for state in states:
+            staged = conn.execute(
+                text(f"SELECT count(*) FROM {state.stage_table} WHERE txid = :t AND attempt = :a"),
+                {"t": txid, "a": attempt},
+            ).scalar_one()
+            if staged:
+                counts[state.output_key] = int(staged)
+        return counts
+
+    return log.stage_output(pipeline, txid, attempt, count).value

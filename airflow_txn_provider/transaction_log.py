@@ -36,6 +36,7 @@ from airflow_txn_provider.coordinator import (
     TxRecord,
     TxStatus,
     attempt_is_current,
+    attempt_may_stage,
     next_to_begin,
     plan_begin,
     plan_commit,
@@ -342,6 +343,26 @@ class TransactionLog:
         """
         return self.stage_output(pipeline, txid, attempt, lambda conn: output)
 
+    def stage(self, pipeline: str, txid: int, attempt: int, stage: StageFn) -> bool:
+        """Run ``stage(conn)`` only while ``(txid, attempt)`` is current and still processing.
+
+        For a txid with several processing jobs: each stages its part fenced by the attempt, and
+        the last step records the processed output with :meth:`mark_processed`. Returns False (and
+        stages nothing) for a stale attempt.
+        """
+        with self.engine.begin() as conn:
+            record = self._locked_record(conn, pipeline, txid)
+            if attempt_may_stage(record, pipeline=pipeline, txid=txid, attempt=attempt):
+                stage(conn)
+                return True
+        log.warning(
+            "pipeline=%s txid=%s attempt=%s staged nothing: attempt is stale or already processed",
+            pipeline,
+            txid,
+            attempt,
+        )
+        return False
+
     def stage_output(
         self, pipeline: str, txid: int, attempt: int, stage: StageFn
     ) -> ProcessedAction:
@@ -552,6 +573,11 @@ class TransactionLog:
             )
             for r in rows
         ]
+
+    def transaction(self, pipeline: str, txid: int) -> TransactionInfo | None:
+        """One txid's current attempt, or ``None`` if it was never begun."""
+        found = self.transactions(pipeline, since_txid=txid - 1, limit=1)
+        return found[0] if found and found[0].txid == txid else None
 
     def attempts(self, pipeline: str, txid: int) -> list[AttemptInfo]:
         """Every attempt of ``txid``, oldest first: the history behind each replay."""

@@ -8,7 +8,10 @@ from a template that already holds the migrated transaction-log schema.
 from __future__ import annotations
 
 import itertools
+import os
+import tempfile
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import hypothesis  # noqa: F401  (imported early: see below)
 import pytest
@@ -18,6 +21,18 @@ from sqlalchemy.engine import Engine
 from airflow_txn_provider import schema
 from airflow_txn_provider.testing.postgres import EmbeddedPostgres
 from airflow_txn_provider.transaction_log import TransactionLog
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from airflow_txn_provider.testing.spark import SparkConnectServer
+
+# Airflow reads its home at import: keep it (and its airflow.cfg) out of ~/airflow. Spark binds
+# 127.0.0.1 only: no test traffic leaves loopback.
+os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="txn-airflow-home-"))
+os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
+os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+os.environ["SPARK_LOCAL_HOSTNAME"] = "localhost"
 
 # Importing hypothesis here, not lazily in its plugin's terminal summary, avoids CPython 3.11.7's
 # "AST constructor recursion depth mismatch" (gh-106905) when a run collects no hypothesis test.
@@ -75,3 +90,29 @@ def engine(db_url: str) -> Iterator[Engine]:
 @pytest.fixture
 def txlog(engine: Engine) -> TransactionLog:
     return TransactionLog(engine)
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[SparkSession]:
+    """A classic local SparkSession (one JVM for the whole test session)."""
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("txn-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "4")
+        .config("spark.driver.host", "127.0.0.1")
+        .getOrCreate()
+    )
+    yield session
+    session.stop()
+
+
+@pytest.fixture(scope="session")
+def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkConnectServer]:
+    """A Spark Connect server (local[2]) from the pip package, shared by the session."""
+    from airflow_txn_provider.testing.spark import SparkConnectServer
+
+    with SparkConnectServer(workdir=tmp_path_factory.mktemp("connect")) as server:
+        yield server

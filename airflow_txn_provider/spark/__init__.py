@@ -1,0 +1,1 @@
+"""Spark side: sources Spark reads, the processing job runtime, and the two submission paths."""

@@ -1,0 +1,294 @@
+"""The processing step of one txid, shared by every Spark job and both submission paths.
+
+A job in ``spark_jobs/`` is a pure transform plus two lines of glue::
+
+    def transform(batch: DataFrame) -> DataFrame:          # (keys..., delta) for one state
+        ...
+
+    def main(argv: list[str] | None = None) -> int:
+        return run_job(argv, transform)
+
+:func:`run_job` is what ``spark-submit`` runs: it parses the arguments (:class:`BatchJob`), then
+creates the session, then calls :func:`process_batch`. The Spark Connect path calls
+:func:`process_batch` directly with a remote session, in the Airflow worker's process.
+
+:func:`process_batch` reads the batch that the log recorded for ``(txid, attempt)``, refuses
+malformed records (naming their location), runs the transform on Spark, collects the partial
+results as Arrow and stages them in Postgres fenced by ``(txid, attempt)``: an attempt that is no
+longer current stages nothing, so an old attempt's output can never be committed. The commit
+(:func:`airflow_txn_provider.state.commit_registered`) needs no Spark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from airflow_txn_provider.coordinator import TxRecord, attempt_may_stage
+from airflow_txn_provider.exceptions import (
+    MalformedRecordError,
+    NotBegunError,
+    ProcessingError,
+    StateDefinitionError,
+    TxnError,
+)
+from airflow_txn_provider.spark.sources import LOCATION, RECORD, SparkSource, source_from_spec
+from airflow_txn_provider.state import MapState, load_states
+from airflow_txn_provider.transaction_log import TransactionLog
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
+
+LOG_URL_ENV = "TXN_LOG_URL"
+"""Environment variable with the transaction log's SQLAlchemy URL. Not an argument: a command
+line is visible to every local user and printed in logs; the environment is not."""
+
+Transform = Callable[["DataFrame"], "DataFrame | Mapping[str, DataFrame]"]
+"""A pure function from the batch to partial results: one DataFrame of ``(keys…, delta)`` per
+state (a mapping ``{state name: DataFrame}``, or one DataFrame when the pipeline has one state)."""
+
+
+@dataclass(frozen=True)
+class BatchJob:
+    """What a processing job is asked to do: process ``(pipeline, txid, attempt)`` from ``source``.
+
+    :param finish: record the processed output when staging is done (the default). ``False`` when
+        several jobs process parts of one txid; the last step then calls
+        :func:`airflow_txn_provider.state.record_processed`.
+    """
+
+    pipeline: str
+    txid: int
+    attempt: int
+    source: SparkSource
+    finish: bool = True
+
+    def __post_init__(self) -> None:
+        if not self.pipeline:
+            raise ValueError("pipeline must not be empty")
+        if self.txid < 1 or self.attempt < 1:
+            raise ValueError(f"txid and attempt must be >= 1, got {self.txid}, {self.attempt}")
+
+    @property
+    def app_name(self) -> str:
+        return f"txn:{self.pipeline}:txid-{self.txid:06d}:attempt-{self.attempt}"
+
+    def to_args(self) -> list[str]:
+        args = [
+            "--pipeline",
+            self.pipeline,
+            "--txid",
+            str(self.txid),
+            "--attempt",
+            str(self.attempt),
+            "--source",
+            json.dumps(self.source.to_spec(), sort_keys=True),
+        ]
+        return args if self.finish else [*args, "--no-finish"]
+
+    @classmethod
+    def from_args(cls, argv: Sequence[str]) -> BatchJob:
+        """Parse job arguments; raises ``SystemExit(2)`` with a usage message on bad input."""
+        parser = argparse.ArgumentParser(
+            prog=os.path.basename(sys.argv[0]) or "txn-job",
+            description="Process one txid's batch and stage its results in the transaction log. "
+            f"The log's URL comes from ${LOG_URL_ENV}.",
+        )
+        parser.add_argument("--pipeline", required=True)
+        parser.add_argument("--txid", required=True, type=int)
+        parser.add_argument("--attempt", required=True, type=int)
+        parser.add_argument("--source", required=True, help="JSON from SparkSource.to_spec()")
+        parser.add_argument("--no-finish", dest="finish", action="store_false")
+        ns = parser.parse_args(list(argv))
+        try:
+            source = source_from_spec(ns.source)
+            return cls(ns.pipeline, ns.txid, ns.attempt, source, ns.finish)
+        except (ValueError, TypeError) as err:
+            parser.error(str(err))
+            raise  # unreachable: parser.error exits
+
+
+@dataclass(frozen=True)
+class ProcessOutcome:
+    """What :func:`process_batch` did."""
+
+    job: BatchJob
+    status: str
+    """``processed`` (output recorded), ``staged`` (``finish=False``), or ``stale`` (the attempt
+    is no longer current, or already processed: nothing was staged)."""
+    staged_rows: Mapping[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def process_batch(
+    spark: SparkSession, txlog: TransactionLog, job: BatchJob, transform: Transform
+) -> ProcessOutcome:
+    """Process one txid's batch on ``spark`` and stage the results, fenced by ``(txid, attempt)``.
+
+    Any failure fails ``(txid, attempt)`` in the log (and, by the cascade, every later txid in
+    flight) and raises a :class:`TxnError` naming them; nothing is staged for commit.
+    """
+    started = time.monotonic()
+    info = txlog.transaction(job.pipeline, job.txid)
+    if info is None:
+        raise NotBegunError(
+            "no such txid in the log", pipeline=job.pipeline, txid=job.txid, attempt=job.attempt
+        )
+    record = TxRecord(info.txid, info.attempt, info.status, info.metadata, info.output)
+    if not attempt_may_stage(record, pipeline=job.pipeline, txid=job.txid, attempt=job.attempt):
+        log.warning(
+            "%s: nothing to do, current attempt is %s (%s)", job.app_name, info.attempt, info.status
+        )
+        return ProcessOutcome(job, "stale", seconds=time.monotonic() - started)
+    log.info("%s: processing batch %s", job.app_name, json.dumps(info.metadata))
+    try:
+        tables = _compute(spark, txlog, job, info.metadata, transform)
+    except TxnError as err:
+        txlog.fail(job.pipeline, job.txid, job.attempt, error=str(err))
+        raise
+    except Exception as err:
+        error = ProcessingError(
+            f"processing failed: {type(err).__name__}: {_first_line(err)}",
+            pipeline=job.pipeline,
+            txid=job.txid,
+            attempt=job.attempt,
+        )
+        txlog.fail(job.pipeline, job.txid, job.attempt, error=str(error))
+        raise error from err
+
+    counts: dict[str, int] = {}
+
+    def stage(conn: Any) -> dict[str, int]:
+        for state, table in tables.items():
+            counts[state.output_key] = state.stage_arrow(conn, job.txid, job.attempt, table)
+        return dict(counts)
+
+    if job.finish:
+        action = txlog.stage_output(job.pipeline, job.txid, job.attempt, stage)
+        status = "stale" if action.value == "ignore_stale" else "processed"
+    else:
+        status = "staged" if txlog.stage(job.pipeline, job.txid, job.attempt, stage) else "stale"
+    outcome = ProcessOutcome(job, status, counts, time.monotonic() - started)
+    log.info("%s: %s in %.2fs, staged %s", job.app_name, status, outcome.seconds, counts)
+    return outcome
+
+
+def _compute(
+    spark: SparkSession,
+    txlog: TransactionLog,
+    job: BatchJob,
+    metadata: Any,
+    transform: Transform,
+) -> dict[MapState, pa.Table]:
+    """Run the Spark side: read, check, transform, collect. Takes no lock in Postgres."""
+    states = load_states(txlog.engine, job.pipeline)
+    batch = job.source.read_batch(spark, metadata)
+    malformed = job.source.malformed_records(batch)
+    if malformed is not None:
+        bad = malformed.limit(1).collect()
+        if bad:
+            location, record = bad[0][LOCATION], bad[0][RECORD]
+            raise MalformedRecordError(
+                f"malformed record {_excerpt(record)}",
+                pipeline=job.pipeline,
+                txid=job.txid,
+                attempt=job.attempt,
+                location=job.source.describe_location(location, record),
+            )
+    results = transform(job.source.records(batch))
+    by_state = _results_by_state(results, states, job)
+    return {state: frame.toArrow() for state, frame in by_state.items()}
+
+
+def _results_by_state(
+    results: Any, states: Mapping[str, MapState], job: BatchJob
+) -> dict[MapState, DataFrame]:
+    if not isinstance(results, Mapping):
+        if len(states) != 1:
+            raise StateDefinitionError(
+                f"the transform returned one DataFrame but pipeline has states {sorted(states)}: "
+                "return {state name: DataFrame}",
+                pipeline=job.pipeline,
+                txid=job.txid,
+                attempt=job.attempt,
+            )
+        return {next(iter(states.values())): results}
+    unknown = sorted(set(results) - set(states))
+    if unknown:
+        raise StateDefinitionError(
+            f"the transform returned results for unknown state(s) {unknown}; pipeline has "
+            f"{sorted(states)}",
+            pipeline=job.pipeline,
+            txid=job.txid,
+            attempt=job.attempt,
+        )
+    return {states[name]: frame for name, frame in results.items()}
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0][:500] if text else ""
+
+
+def _excerpt(record: str, limit: int = 200) -> str:
+    return repr(record if len(record) <= limit else record[:limit] + "…")
+
+
+# -- the program ---------------------------------------------------------------------------------
+
+
+def create_session(job: BatchJob) -> SparkSession:
+    """The session of a ``spark-submit``ted job: master and settings come from spark-submit."""
+    from pyspark.sql import SparkSession
+
+    # Inherited from a process that once opened a Spark Connect session (an Airflow worker using
+    # the fast path too), these would turn this classic driver into a Connect client.
+    for name in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE"):
+        os.environ.pop(name, None)
+    return SparkSession.builder.appName(job.app_name).getOrCreate()
+
+
+def run_job(
+    argv: Sequence[str] | None,
+    transform: Transform,
+    *,
+    session_factory: Callable[[BatchJob], SparkSession] = create_session,
+) -> int:
+    """Entry point of a ``spark-submit``ted processing job; returns the process exit code.
+
+    0: processed (or nothing to do for a stale attempt); 1: processing failed (the txid is failed
+    in the log with the reason); 2: bad arguments or environment.
+    """
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        job = BatchJob.from_args(sys.argv[1:] if argv is None else argv)
+    except SystemExit as exit_:
+        return int(exit_.code or 0)
+    url = os.environ.get(LOG_URL_ENV)
+    if not url:
+        print(f"error: ${LOG_URL_ENV} is not set (the transaction log's URL)", file=sys.stderr)
+        return 2
+    txlog = TransactionLog.from_url(url, migrate=False)
+    spark = session_factory(job)
+    try:
+        outcome = process_batch(spark, txlog, job, transform)
+    except TxnError as err:
+        log.error("%s", err)
+        return 1
+    finally:
+        spark.stop()
+        txlog.engine.dispose()
+    print(json.dumps({"status": outcome.status, "staged_rows": dict(outcome.staged_rows)}))
+    return 0

@@ -1,0 +1,348 @@
+"""Sources that Spark reads: the two halves of Storm's transactional spout.
+
+A :class:`SparkSource` is a :class:`~airflow_txn_provider.sources.Source` (it decides each txid's
+metadata, on the Airflow side, without Spark) that can also *read* the batch its metadata describes
+(on the Spark side, in the processing job). To write your own, subclass one of the two kinds and
+implement three methods; ``docs/sources.md`` walks through one.
+
+* :class:`PartitionedParquetSource` (transactional): a Parquet dataset partitioned by ``p`` with an
+  increasing ``offset`` column. A txid's metadata is ``{p: [start, end)}``; the batch is read with
+  partition pruning and offset pushdown, never by scanning the dataset.
+* :class:`LandingDirectorySource` (opaque): a landing folder with one sub-folder per partition of
+  numbered JSON-lines files (``<partition>/<seq>.jsonl``). A partition whose folder is missing or
+  unreadable is skipped and continues later from where it stopped, so a replay may differ; the
+  opaque state keeps results exact.
+
+Sources are plain frozen dataclasses: :meth:`SparkSource.to_spec` turns one into JSON that a
+``spark-submit`` command line carries, and :func:`source_from_spec` rebuilds it in the job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import json
+import logging
+import operator
+import os
+import re
+from abc import abstractmethod
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlparse
+
+from airflow_txn_provider.sources import (
+    Metadata,
+    OpaqueSource,
+    Source,
+    TransactionalSource,
+    next_offset_ranges,
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
+
+LOCATION = "_txn_location"
+"""Column of :meth:`SparkSource.malformed_records`: where the record is (file, line, offset)."""
+RECORD = "_txn_record"
+"""Column of :meth:`SparkSource.malformed_records`: the record as text."""
+
+
+class SparkSource(Source):
+    """A source whose batches a Spark job reads. Subclasses are frozen dataclasses."""
+
+    @abstractmethod
+    def read_batch(self, spark: SparkSession, metadata: Metadata) -> DataFrame:
+        """The records of the batch that ``metadata`` describes, lazily (nothing runs yet).
+
+        Read only what the metadata names (push the ranges down into the read). The frame may
+        carry helper columns for :meth:`malformed_records`; :meth:`records` removes them.
+        """
+
+    def malformed_records(self, batch: DataFrame) -> DataFrame | None:
+        """Rows of ``batch`` that cannot be processed, as columns ``LOCATION`` and ``RECORD``.
+
+        ``None`` (the default) when the source cannot hold malformed records; the job then skips
+        the check and its extra pass over the batch.
+        """
+        return None
+
+    def records(self, batch: DataFrame) -> DataFrame:
+        """``batch`` as the user's transform sees it (helper columns dropped)."""
+        return batch
+
+    def describe_location(self, location: str, record: str) -> str:
+        """Turn a ``LOCATION`` value into text a person can act on (e.g. add a line number)."""
+        return location
+
+    # -- passing a source to a Spark job ----------------------------------------------------------
+
+    def to_spec(self) -> dict[str, Any]:
+        """JSON-compatible description: ``{"class": "module:Name", "args": {...}}``."""
+        if not dataclasses.is_dataclass(self):
+            raise TypeError(f"{type(self).__name__} must be a dataclass to be passed to a job")
+        cls = type(self)
+        return {"class": f"{cls.__module__}:{cls.__qualname__}", "args": dataclasses.asdict(self)}
+
+
+def source_from_spec(spec: Mapping[str, Any] | str) -> SparkSource:
+    """Rebuild a source from :meth:`SparkSource.to_spec` output (a mapping or its JSON text)."""
+    if isinstance(spec, str):
+        spec = json.loads(spec)
+    assert isinstance(spec, Mapping)
+    try:
+        module_name, _, qualname = str(spec["class"]).partition(":")
+        obj: Any = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            obj = getattr(obj, part)
+    except (KeyError, ImportError, AttributeError, ValueError) as err:
+        raise ValueError(f"cannot load source from spec {spec!r}: {err}") from err
+    if not (isinstance(obj, type) and issubclass(obj, SparkSource)):
+        raise ValueError(f"{spec['class']} is not a SparkSource")
+    return obj(**dict(spec.get("args") or {}))
+
+
+def _local_path(file_uri: str) -> str:
+    parsed = urlparse(file_uri)
+    return unquote(parsed.path) if parsed.scheme in ("file", "") else file_uri
+
+
+# -- transactional: a partitioned Parquet dataset with an offset column -------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionedParquetSource(TransactionalSource, SparkSource):
+    """A Parquet dataset ``<path>/<partition_column>=<p>/*.parquet`` with an increasing offset.
+
+    Each partition's rows carry an ``offset`` that increases with every appended row (as a Kafka
+    partition's). A txid takes at most ``max_per_partition`` new offsets of every partition; its
+    metadata is ``{p: [start, end)}``. Appends must only add offsets above the existing ones: the
+    batch of a txid is then the same on every replay.
+
+    New offsets are found from Parquet footers (the column's max statistic), not by reading data.
+
+    :param path: dataset root (local path or any URI Spark reads; footers are read locally).
+    :param max_per_partition: batch size cap per partition.
+    :param partition_column: name of the partition column (directory ``<name>=<value>``).
+    :param offset_column: name of the offset column.
+    :param required_columns: columns that must not be null; a null is a malformed record.
+    """
+
+    path: str
+    max_per_partition: int = 100_000
+    partition_column: str = "p"
+    offset_column: str = "offset"
+    required_columns: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", os.fspath(self.path))
+        object.__setattr__(self, "required_columns", tuple(self.required_columns))
+        if self.max_per_partition < 1:
+            raise ValueError(f"max_per_partition must be >= 1, got {self.max_per_partition}")
+
+    # Airflow side -------------------------------------------------------------------------------
+
+    def partitions(self) -> dict[str, Path]:
+        """Partition value -> directory, for the partitions present now."""
+        root = Path(self.path)
+        prefix = f"{self.partition_column}="
+        try:
+            entries = list(root.iterdir())
+        except OSError as err:
+            raise OSError(f"Parquet dataset {self.path} cannot be listed: {err}") from err
+        return {
+            unquote(d.name[len(prefix) :]): d
+            for d in entries
+            if d.name.startswith(prefix) and d.is_dir()
+        }
+
+    def latest_offsets(self) -> dict[str, int]:
+        """For each partition, one past its highest offset (from footer statistics)."""
+        return {p: _max_offset(d, self.offset_column) + 1 for p, d in self.partitions().items()}
+
+    def initialize_transaction(self, txid: int, prev_metadata: Metadata | None) -> Metadata | None:
+        return next_offset_ranges(
+            prev_metadata, self.latest_offsets(), max_per_partition=self.max_per_partition
+        )
+
+    # Spark side ---------------------------------------------------------------------------------
+
+    def read_batch(self, spark: SparkSession, metadata: Metadata) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        ranges = {str(p): (int(r[0]), int(r[1])) for p, r in dict(metadata).items() if r[1] > r[0]}
+        if not ranges:
+            raise ValueError(f"metadata {metadata!r} names no records")
+        base = self.path.rstrip("/")
+        # Listing only the batch's partition directories is the partition pruning; the offset
+        # filter goes down to the Parquet reader (row groups outside the range are skipped).
+        dirs = [f"{base}/{self.partition_column}={p}" for p in sorted(ranges)]
+        frame = spark.read.option("basePath", base).parquet(*dirs)
+        part = F.col(self.partition_column).cast("string")
+        offset = F.col(self.offset_column)
+        condition = functools.reduce(
+            operator.or_,
+            [(part == p) & (offset >= a) & (offset < b) for p, (a, b) in sorted(ranges.items())],
+        )
+        return frame.where(condition)
+
+    def malformed_records(self, batch: DataFrame) -> DataFrame | None:
+        if not self.required_columns:
+            return None
+        from pyspark.sql import functions as F
+
+        missing = functools.reduce(operator.or_, [F.col(c).isNull() for c in self.required_columns])
+        return batch.where(missing).select(
+            F.concat(
+                F.col("_metadata.file_path"),
+                F.lit(f" {self.offset_column}="),
+                F.col(self.offset_column),
+            ).alias(LOCATION),
+            F.to_json(F.struct(*[F.col(c) for c in batch.columns])).alias(RECORD),
+        )
+
+    def describe_location(self, location: str, record: str) -> str:
+        return _local_path(location)
+
+
+def _max_offset(directory: Path, column: str) -> int:
+    import pyarrow.parquet as pq
+
+    best = -1
+    for file in sorted(directory.rglob("*.parquet")):
+        if any(part.startswith((".", "_")) for part in file.relative_to(directory).parts):
+            continue  # Spark's and Hadoop's hidden files (_SUCCESS, .crc, _temporary)
+        meta = pq.ParquetFile(file).metadata
+        names = meta.schema.names
+        if column not in names:
+            raise ValueError(f"{file} has no column {column!r} (columns: {names})")
+        index = names.index(column)
+        for g in range(meta.num_row_groups):
+            stats = meta.row_group(g).column(index).statistics
+            if stats is not None and stats.has_min_max:
+                best = max(best, int(stats.max))
+            else:  # no statistics: read just this column of this file
+                values = pq.read_table(file, columns=[column]).column(0)
+                best = max(best, max((v for v in values.to_pylist() if v is not None), default=-1))
+                break
+    return best
+
+
+# -- opaque: a landing directory of numbered JSON-lines files -----------------------------------
+
+_SEQ_FILE = re.compile(r"^(\d+)\.jsonl$")
+_CORRUPT = "_corrupt_record"
+
+
+@dataclasses.dataclass(frozen=True)
+class LandingDirectorySource(OpaqueSource, SparkSource):
+    """A landing folder ``<path>/<partition>/<seq>.jsonl`` of numbered JSON-lines files.
+
+    Writers add files with increasing sequence numbers per partition, each written whole (write to
+    a temporary name, then rename). A txid takes at most ``max_files_per_partition`` new files of
+    every partition; its metadata is ``{partition: [first_seq, end_seq)}``.
+
+    A partition folder that is missing or unreadable right now (an unmounted share, a producer
+    offline) is left out of the batch and continues later from where it stopped. Replays can
+    therefore differ, which makes this source opaque: pair it with opaque state.
+
+    :param path: landing folder (local).
+    :param schema: Spark DDL of a record, e.g. ``"line STRING"``. A line that is not a JSON
+        object of this schema is a malformed record.
+    :param max_files_per_partition: batch size cap per partition, in files.
+    """
+
+    path: str
+    schema: str = "line STRING"
+    max_files_per_partition: int = 10
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", os.fspath(self.path))
+        if self.max_files_per_partition < 1:
+            raise ValueError(
+                f"max_files_per_partition must be >= 1, got {self.max_files_per_partition}"
+            )
+
+    # Airflow side -------------------------------------------------------------------------------
+
+    def files(self, partition: str) -> dict[int, Path]:
+        """Sequence number -> file of one partition (``OSError`` if it is unavailable)."""
+        directory = Path(self.path) / partition
+        found = {}
+        for entry in os.scandir(directory):
+            match = _SEQ_FILE.match(entry.name)
+            if match and entry.is_file():
+                found[int(match.group(1))] = Path(entry.path)
+        return found
+
+    def latest_offsets(self) -> dict[str, int]:
+        """For each available partition, one past its highest file number."""
+        latest = {}
+        for entry in sorted(os.scandir(self.path), key=lambda e: e.name):
+            if entry.name.startswith((".", "_")) or not entry.is_dir():
+                continue
+            try:
+                seqs = self.files(entry.name)
+            except OSError as err:
+                log.warning("landing partition %s unavailable, skipped: %s", entry.path, err)
+                continue
+            latest[entry.name] = max(seqs, default=-1) + 1
+        return latest
+
+    def initialize_transaction(self, txid: int, prev_metadata: Metadata | None) -> Metadata | None:
+        return next_offset_ranges(
+            prev_metadata, self.latest_offsets(), max_per_partition=self.max_files_per_partition
+        )
+
+    # Spark side ---------------------------------------------------------------------------------
+
+    def batch_files(self, metadata: Metadata) -> list[str]:
+        """The files a batch reads. Raises ``FileNotFoundError`` if a partition went away."""
+        paths = []
+        for partition, (start, end) in sorted(dict(metadata).items()):
+            if end <= start:
+                continue
+            seqs = self.files(partition)
+            paths += [str(seqs[s]) for s in sorted(seqs) if start <= s < end]
+        return paths
+
+    def read_batch(self, spark: SparkSession, metadata: Metadata) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        files = self.batch_files(metadata)
+        if not files:
+            raise ValueError(f"metadata {metadata!r} names no files")
+        # Parse with from_json (not spark.read.json) so the raw line stays next to its parse result:
+        # a malformed line keeps its text in _corrupt_record and its file in _metadata.
+        lines = spark.read.text(files).where(F.trim("value") != "")
+        parsed = F.from_json(
+            "value",
+            f"{self.schema}, {_CORRUPT} STRING",
+            {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": _CORRUPT},
+        )
+        return lines.select(parsed.alias("r"), F.col("_metadata.file_path").alias(LOCATION))
+
+    def malformed_records(self, batch: DataFrame) -> DataFrame | None:
+        from pyspark.sql import functions as F
+
+        return batch.where(F.col(f"r.{_CORRUPT}").isNotNull()).select(
+            LOCATION, F.col(f"r.{_CORRUPT}").alias(RECORD)
+        )
+
+    def records(self, batch: DataFrame) -> DataFrame:
+        return batch.select("r.*").drop(_CORRUPT)
+
+    def describe_location(self, location: str, record: str) -> str:
+        path = _local_path(location)
+        try:  # only on the error path: find the line number for the person fixing the file
+            with open(path, encoding="utf-8", errors="replace") as f:
+                for number, line in enumerate(f, 1):
+                    if line.rstrip("\r\n") == record:
+                        return f"{path}:{number}"
+        except OSError:
+            pass
+        return path
