@@ -2,6 +2,7 @@
 # make demo   : core demo on an embedded Postgres in ./var (the Airflow demo comes with the
 #               example-DAGs issue); a second run continues from the log
 # make bench-core : transaction-core benchmark (prints a table)
+# make bench-spark: per-txid overhead of spark-submit / Spark Connect / standalone, records/s
 
 PYTHON ?= python3
 VENV   := .venv
@@ -10,7 +11,7 @@ STAMP  := $(VENV)/.installed-stamp
 PYSPARK_VERSION := 4.3.0
 PYTEST_ARGS ?=
 
-.PHONY: demo install system-deps test test-unit test-integration lint bench-core clean
+.PHONY: demo install system-deps test test-unit test-integration lint bench-core bench-spark clean
 
 install: $(STAMP)
 
@@ -43,12 +44,15 @@ test-integration: install
 	$(PY) -m pytest -m integration $(PYTEST_ARGS)
 
 lint: install
-	$(VENV)/bin/ruff check airflow_txn_provider tests benchmarks
-	$(VENV)/bin/ruff format --check airflow_txn_provider tests benchmarks
+	$(VENV)/bin/ruff check airflow_txn_provider spark_jobs tests benchmarks
+	$(VENV)/bin/ruff format --check airflow_txn_provider spark_jobs tests benchmarks
 	$(VENV)/bin/mypy
 
 bench-core: install
 	$(PY) benchmarks/bench_core.py
+
+bench-spark: install
+	$(PY) benchmarks/bench_spark.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis var

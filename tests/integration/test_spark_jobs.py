@@ -329,3 +329,29 @@ def test_process_batch_refuses_unknown_state(txlog, tmp_path, spark):
             lambda batch: {"nope": wc.transform(batch)},
         )
     assert txlog.transaction("unknown_state", 1).status is TxStatus.FAILED
+
+
+def test_two_jobs_share_a_txid_then_record_processed(txlog, tmp_path, spark):
+    """Several processing jobs per txid: each stages its state with finish=False, the last step
+    records the processed output (staged counts), and one commit applies both states."""
+    from airflow_txn_provider.state import GlobalState, record_processed
+
+    data, source = _parquet(tmp_path, seed=90, per_partition=(30, 20))
+    words = _words_pipeline(txlog, "two_jobs")
+    total = GlobalState("two_jobs", "two_jobs_total").create(txlog.engine)
+    wc = load_job_module(WORD_COUNT)
+    gc = load_job_module(JOBS / "global_count.py")
+    e = txlog.begin_next("two_jobs", source)
+    job = BatchJob("two_jobs", e.txid, e.attempt, source, finish=False)
+    first = process_batch(spark, txlog, job, lambda b: {words.name: wc.transform(b)})
+    second = process_batch(spark, txlog, job, lambda b: {total.name: gc.transform(b)})
+    assert (first.status, second.status) == ("staged", "staged")
+    assert txlog.transaction("two_jobs", 1).status is TxStatus.PROCESSING
+    assert record_processed(txlog, "two_jobs", 1, e.attempt) == "accept"
+    output = txlog.transaction("two_jobs", 1).output
+    assert output == {**first.staged_rows, **second.staged_rows}
+    commit_registered(txlog, "two_jobs", 1, e.attempt)
+    lines = lines_in_ranges(data, e.metadata)
+    assert _committed_counts(txlog, words) == dict(word_counts(lines))
+    with txlog.engine.connect() as conn:
+        assert total.value(conn) == len(lines)
