@@ -422,3 +422,50 @@ __all__: Sequence[str] = (
     "plan_recovery",
     "validate_max_pending",
 )
+
+
+# -- waiting (what the Airflow triggers watch for) ---------------------------------------------
+
+
+class GateState(enum.StrEnum):
+    OPEN = "open"
+    """``txid - 1`` has committed: ``(txid, attempt)`` may commit now (if processed)."""
+    WAIT = "wait"
+    """``txid - 1`` has not committed yet."""
+    COMMITTED = "committed"
+    """The txid itself committed already (a duplicate run): nothing left to do."""
+    STALE = "stale"
+    """The attempt was failed or replaced: it must not commit; its run restarts."""
+
+
+def commit_gate(view: PipelineView, txid: int, attempt: int) -> GateState:
+    """Whether the commit of ``(txid, attempt)`` may proceed, must wait, or never will."""
+    if txid <= view.last_committed:
+        return GateState.COMMITTED
+    rec = view.record(txid)
+    if rec is None or rec.attempt != attempt or rec.status is TxStatus.FAILED:
+        return GateState.STALE
+    return GateState.OPEN if txid - 1 == view.last_committed else GateState.WAIT
+
+
+def may_begin_now(view: PipelineView, txid: int) -> bool:
+    """Whether beginning ``txid`` would do something other than wait (for ``txid - 1`` to be
+    (re-)initialised, or for the window to move)."""
+    return plan_begin(view, txid).action not in (BeginAction.WAIT_PREVIOUS, BeginAction.WAIT_WINDOW)
+
+
+def txid_outcome(view: PipelineView, txid: int) -> TxStatus | None:
+    """``COMMITTED`` or ``FAILED`` once the txid's current attempt reached either; else ``None``
+    (not begun yet, processing, or processed and waiting to commit)."""
+    if txid <= view.last_committed:
+        return TxStatus.COMMITTED
+    rec = view.record(txid)
+    if rec is not None and rec.status is TxStatus.FAILED:
+        return TxStatus.FAILED
+    return None
+
+
+def should_retry(failed_attempts: int, max_attempts: int) -> bool:
+    """Poison-batch policy: replay a failed txid until it has failed ``max_attempts`` times, then
+    stop the pipeline at it (no silent skip: later txids wait for it)."""
+    return failed_attempts < max_attempts

@@ -604,49 +604,7 @@ class TransactionLog:
     # -- loading ---------------------------------------------------------------------------------
 
     def _view(self, conn: Connection, pipeline: str, *, lock: bool) -> PipelineView:
-        query = select(P).where(P.c.name == pipeline)
-        prow = conn.execute(query.with_for_update() if lock else query).one_or_none()
-        if prow is None:
-            raise UnknownPipelineError("pipeline is not registered", pipeline=pipeline)
-        last = int(prow.last_committed_txid)
-        rows = list(
-            conn.execute(
-                select(T)
-                .where(T.c.pipeline == pipeline, T.c.txid >= max(last, 1))
-                .order_by(T.c.txid)
-            ).all()
-        )
-        last_metadata = None
-        if last > 0:
-            if not rows or rows[0].txid != last:
-                raise CorruptLogError(
-                    "the last committed txid has no row in txn_transaction",
-                    pipeline=pipeline,
-                    txid=last,
-                )
-            head = rows.pop(0)
-            if head.status != TxStatus.COMMITTED.value:
-                raise CorruptLogError(
-                    f"the last committed txid has status {head.status!r}",
-                    pipeline=pipeline,
-                    txid=last,
-                    attempt=head.attempt,
-                )
-            last_metadata = head.metadata
-        try:
-            kind = SourceKind(prow.source_kind)
-        except ValueError:
-            raise CorruptLogError(
-                f"unknown source kind {prow.source_kind!r}", pipeline=pipeline
-            ) from None
-        return PipelineView(
-            pipeline=pipeline,
-            source_kind=kind,
-            max_pending=int(prow.max_pending),
-            last_committed=last,
-            last_committed_metadata=last_metadata,
-            in_flight=tuple(_record(r, pipeline) for r in rows),
-        )
+        return load_view(conn, pipeline, lock=lock)
 
     def _locked_record(self, conn: Connection, pipeline: str, txid: int) -> TxRecord | None:
         row = conn.execute(
@@ -691,3 +649,48 @@ __all__ = [
     "TransactionLog",
     "engine_from_url",
 ]
+
+
+def load_view(conn: Connection, pipeline: str, *, lock: bool = False) -> PipelineView:
+    """A snapshot of ``pipeline`` (with its row lock when ``lock``); raises on a corrupt log."""
+    query = select(P).where(P.c.name == pipeline)
+    prow = conn.execute(query.with_for_update() if lock else query).one_or_none()
+    if prow is None:
+        raise UnknownPipelineError("pipeline is not registered", pipeline=pipeline)
+    last = int(prow.last_committed_txid)
+    rows = list(
+        conn.execute(
+            select(T).where(T.c.pipeline == pipeline, T.c.txid >= max(last, 1)).order_by(T.c.txid)
+        ).all()
+    )
+    last_metadata = None
+    if last > 0:
+        if not rows or rows[0].txid != last:
+            raise CorruptLogError(
+                "the last committed txid has no row in txn_transaction",
+                pipeline=pipeline,
+                txid=last,
+            )
+        head = rows.pop(0)
+        if head.status != TxStatus.COMMITTED.value:
+            raise CorruptLogError(
+                f"the last committed txid has status {head.status!r}",
+                pipeline=pipeline,
+                txid=last,
+                attempt=head.attempt,
+            )
+        last_metadata = head.metadata
+    try:
+        kind = SourceKind(prow.source_kind)
+    except ValueError:
+        raise CorruptLogError(
+            f"unknown source kind {prow.source_kind!r}", pipeline=pipeline
+        ) from None
+    return PipelineView(
+        pipeline=pipeline,
+        source_kind=kind,
+        max_pending=int(prow.max_pending),
+        last_committed=last,
+        last_committed_metadata=last_metadata,
+        in_flight=tuple(_record(r, pipeline) for r in rows),
+    )

@@ -8,6 +8,7 @@ from a template that already holds the migrated transaction-log schema.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import tempfile
 from collections.abc import Iterator
@@ -33,6 +34,8 @@ os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="txn-airflow-home-
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
 os.environ["SPARK_LOCAL_HOSTNAME"] = "localhost"
+# py4j logs at INFO from __del__ at interpreter exit, after pytest closed its log streams.
+logging.getLogger("py4j").setLevel(logging.WARNING)
 
 # Importing hypothesis here, not lazily in its plugin's terminal summary, avoids CPython 3.11.7's
 # "AST constructor recursion depth mismatch" (gh-106905) when a run collects no hypothesis test.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
-from sqlalchemy.engine import URL
+from sqlalchemy.engine import URL, make_url
 
 from airflow_txn_provider.transaction_log import TransactionLog, engine_from_url
 
@@ -47,19 +47,17 @@ class TxnLogHook(BaseHook):
         }
 
     def sqlalchemy_url(self) -> URL | str:
-        conn = self.get_connection(self.txn_log_conn_id)
-        extra = dict(conn.extra_dejson or {})
-        if "sqlalchemy_url" in extra:
-            return str(extra["sqlalchemy_url"])
-        return URL.create(
-            "postgresql+psycopg2",
-            username=conn.login or None,
-            password=conn.password or None,
-            host=conn.host or "127.0.0.1",
-            port=int(conn.port) if conn.port else 5432,
-            database=conn.schema or "postgres",
-            query={k: str(v) for k, v in extra.items()},
-        )
+        return _url(self.get_connection(self.txn_log_conn_id))
+
+    async def async_sqlalchemy_url(self) -> URL:
+        """The URL with psycopg 3's async driver, for triggers (connection looked up async)."""
+        conn = await self.aget_connection(self.txn_log_conn_id)
+        return make_url(_url(conn)).set(drivername="postgresql+psycopg")
+
+    def log_url(self) -> str:
+        """The URL as text, password included: for a job's environment, never for a log line."""
+        url = self.sqlalchemy_url()
+        return url if isinstance(url, str) else url.render_as_string(hide_password=False)
 
     def get_engine(self) -> Engine:
         if self._engine is None:
@@ -79,3 +77,19 @@ class TxnLogHook(BaseHook):
         except Exception as err:  # report, don't raise: this backs the UI's "Test" button
             return False, str(err)
         return True, "Connection successfully tested"
+
+
+def _url(conn: Any) -> URL | str:
+    """SQLAlchemy URL of a ``txn_log`` connection (``extra.sqlalchemy_url`` overrides the rest)."""
+    extra = dict(conn.extra_dejson or {})
+    if "sqlalchemy_url" in extra:
+        return str(extra["sqlalchemy_url"])
+    return URL.create(
+        "postgresql+psycopg2",
+        username=conn.login or None,
+        password=conn.password or None,
+        host=conn.host or "127.0.0.1",
+        port=int(conn.port) if conn.port else 5432,
+        database=conn.schema or "postgres",
+        query={k: str(v) for k, v in extra.items()},
+    )

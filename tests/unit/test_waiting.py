@@ -1,0 +1,142 @@
+"""What the Airflow side waits for: commit gate, may-begin, outcome, poison policy, and the trigger
+that watches for them (evaluation with plain views, serialisation round trip, a real poll)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+
+import pytest
+
+from airflow_txn_provider.coordinator import (
+    GateState,
+    TxStatus,
+    commit_gate,
+    may_begin_now,
+    should_retry,
+    txid_outcome,
+)
+from airflow_txn_provider.triggers.txn_log import TxnLogTrigger, WaitFor, evaluate
+from tests.unit.test_coordinator import DONE, FAIL, PROC, view
+
+
+@pytest.mark.parametrize(
+    ("records", "last", "txid", "attempt", "expected"),
+    [
+        ([(3, 1, DONE)], 2, 3, 1, GateState.OPEN),
+        ([(3, 1, PROC), (4, 1, DONE)], 2, 4, 1, GateState.WAIT),
+        ([(3, 1, DONE)], 2, 3, 2, GateState.STALE),  # another attempt is current
+        ([(3, 2, FAIL)], 2, 3, 2, GateState.STALE),  # this attempt was failed
+        ([], 3, 3, 1, GateState.COMMITTED),
+        ([(3, 1, DONE)], 2, 4, 1, GateState.STALE),  # never begun
+    ],
+)
+def test_commit_gate(records, last, txid, attempt, expected):
+    assert commit_gate(view(*records, last=last), txid, attempt) is expected
+
+
+def test_may_begin_now_follows_plan_begin():
+    assert may_begin_now(view(), 1)
+    assert not may_begin_now(view(), 2)  # txid 1 first
+    assert not may_begin_now(view((1, 1, FAIL)), 2)  # 1 must re-initialise first
+    assert may_begin_now(view((1, 1, FAIL)), 1)
+    full = view((1, 1, PROC), (2, 1, PROC), max_pending=2)
+    assert not may_begin_now(full, 3)  # window full
+    assert may_begin_now(full, 2)  # re-emission of a live txid is not a wait
+
+
+def test_txid_outcome():
+    assert txid_outcome(view(last=4), 3) is TxStatus.COMMITTED
+    assert txid_outcome(view((5, 2, FAIL), last=4), 5) is TxStatus.FAILED
+    assert txid_outcome(view((5, 2, DONE), last=4), 5) is None
+    assert txid_outcome(view(last=4), 9) is None
+
+
+def test_poison_policy():
+    assert should_retry(1, 3) and should_retry(2, 3)
+    assert not should_retry(3, 3)
+
+
+def test_evaluate_each_condition():
+    assert evaluate(WaitFor.CAN_BEGIN, view((1, 1, PROC)), 2, 0) == {"state": "can_begin"}
+    assert evaluate(WaitFor.CAN_BEGIN, view((1, 1, FAIL)), 2, 0) is None
+    assert evaluate(WaitFor.COMMIT_GATE, view((1, 1, PROC), (2, 1, DONE)), 2, 1) is None
+    assert evaluate(WaitFor.COMMIT_GATE, view((2, 1, DONE), last=1), 2, 1) == {"state": "open"}
+    assert evaluate(WaitFor.COMMIT_GATE, view((2, 2, DONE), last=1), 2, 1) == {"state": "stale"}
+    # OUTCOME: a failure already handled (attempt 2) does not fire again; a newer one does
+    assert evaluate(WaitFor.OUTCOME, view((2, 2, FAIL), last=1), 2, 2) is None
+    assert evaluate(WaitFor.OUTCOME, view((2, 3, FAIL), last=1), 2, 2) == {
+        "state": "failed",
+        "attempt": 3,
+    }
+    assert evaluate(WaitFor.OUTCOME, view(last=2), 2, 2) == {"state": "committed"}
+
+
+def test_trigger_serialize_round_trip():
+    trigger = TxnLogTrigger(
+        txn_log_conn_id="c",
+        pipeline="p",
+        txid=7,
+        attempt=2,
+        wait_for="commit_gate",
+        poll_interval=0.5,
+    )
+    path, kwargs = trigger.serialize()
+    module, _, name = path.rpartition(".")
+    again = getattr(importlib.import_module(module), name)(**kwargs)
+    assert again.serialize() == (path, kwargs)
+    assert kwargs["wait_for"] == "commit_gate" and kwargs["txid"] == 7
+
+
+@pytest.mark.integration
+def test_trigger_wakes_when_previous_txid_commits(txlog, db_url, monkeypatch):
+    """A real poll through the async driver: the gate of txid 2 opens once txid 1 commits."""
+    import json
+
+    from sqlalchemy.engine import make_url
+
+    from airflow_txn_provider.sources import TransactionalSource
+
+    class Numbers(TransactionalSource):
+        def initialize_transaction(self, txid, prev):
+            return {"n": txid}
+
+    u = make_url(db_url)
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_TXN_TRIGGER",
+        json.dumps(
+            {
+                "conn_type": "txn_log",
+                "host": u.host,
+                "port": u.port,
+                "login": u.username,
+                "schema": u.database,
+            }
+        ),
+    )
+    txlog.register_pipeline("gate", source_kind="transactional", max_pending=3)
+    for _ in range(2):
+        assert txlog.begin_next("gate", Numbers()).emitted
+    txlog.mark_processed("gate", 1, 1, {"n": 1})
+    txlog.mark_processed("gate", 2, 1, {"n": 2})
+    trigger = TxnLogTrigger(
+        txn_log_conn_id="txn_trigger",
+        pipeline="gate",
+        txid=2,
+        attempt=1,
+        wait_for=WaitFor.COMMIT_GATE,
+        poll_interval=0.05,
+    )
+
+    async def scenario():
+        events = trigger.run()
+        waiting = asyncio.ensure_future(events.__anext__())
+        await asyncio.sleep(0.5)
+        assert not waiting.done(), "the gate opened before txid 1 committed"
+        await asyncio.to_thread(txlog.commit, "gate", 1, 1)
+        event = await asyncio.wait_for(waiting, 10)
+        await events.aclose()
+        return event
+
+    event = asyncio.run(scenario())
+    assert event.payload == {"state": "open", "txid": 2}
