@@ -1,0 +1,65 @@
+"""Build a transaction DAG from a :class:`~airflow_txn_provider.pipeline.TxnPipeline`.
+
+One run per txid (:class:`~airflow_txn_provider.timetables.TxidTimetable`), at most
+``max_pending`` runs in flight (``max_active_runs``), in txid order. Per run::
+
+    begin >> [process_<job> ...] >> (processed, with several jobs) >> commit_gate >> commit
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from airflow.sdk import DAG
+
+from airflow_txn_provider.operators.txn import (
+    BEGIN_TASK_ID,
+    TxnBeginOperator,
+    TxnCommitGateSensor,
+    TxnCommitOperator,
+    TxnProcessOperator,
+    TxnRecordProcessedOperator,
+    job_task_id,
+)
+from airflow_txn_provider.pipeline import TxnPipeline
+from airflow_txn_provider.timetables import TXID_EPOCH, TxidTimetable
+
+
+def build_dag(pipeline: TxnPipeline, *, dag_id: str | None = None, **dag_kwargs: Any) -> DAG:
+    """The DAG of ``pipeline``; extra keyword arguments go to ``DAG`` (tags, doc_md, …)."""
+    default_args = {"retries": 0, **dag_kwargs.pop("default_args", {})}
+    dag_kwargs.setdefault("tags", ["transactions"])
+    dag_kwargs.setdefault("dagrun_timeout", None)
+    with DAG(
+        dag_id=dag_id or pipeline.name,
+        schedule=TxidTimetable(),
+        start_date=TXID_EPOCH,
+        catchup=True,
+        max_active_runs=pipeline.max_pending,
+        max_consecutive_failed_dag_runs=0,
+        default_args=default_args,
+        **dag_kwargs,
+    ) as dag:
+        begin = TxnBeginOperator(task_id=BEGIN_TASK_ID, pipeline=pipeline)
+        single = len(pipeline.jobs) == 1
+        jobs = [
+            TxnProcessOperator(
+                task_id=job_task_id(str(job)),
+                pipeline=pipeline,
+                job=str(job),
+                finish=single,
+                execution_timeout=timedelta(hours=6),
+            )
+            for job in pipeline.jobs
+        ]
+        gate = TxnCommitGateSensor(task_id="commit_gate", pipeline=pipeline)
+        commit = TxnCommitOperator(task_id="commit", pipeline=pipeline)
+        begin >> jobs
+        if single:
+            jobs[0] >> gate
+        else:
+            processed = TxnRecordProcessedOperator(task_id="processed", pipeline=pipeline)
+            jobs >> processed >> gate
+        gate >> commit
+    return dag

@@ -1,0 +1,75 @@
+"""A pipeline declared in a few lines, as Storm's ``TransactionalTopologyBuilder`` declared one.
+
+    pipeline = TxnPipeline(
+        name="words",
+        source=PartitionedParquetSource("/data/words", max_per_partition=100_000),
+        jobs=["spark_jobs/word_count.py"],
+        states=[MapState("words", "word_counts", "transactional", keys={"word": "text"})],
+        max_pending=4,
+    )
+    dag = build_dag(pipeline)      # airflow_txn_provider.dag_builder
+
+Everything the Airflow side needs to know about the pipeline, in one frozen value that every
+operator of its DAG receives.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from airflow_txn_provider.coordinator import validate_max_pending
+from airflow_txn_provider.spark.sources import SparkSource
+from airflow_txn_provider.state import MapState
+
+SPARK_MODES = ("connect", "submit")
+
+
+@dataclass(frozen=True)
+class TxnPipeline:
+    """
+    :param name: pipeline name (and, by default, the DAG id).
+    :param source: where batches come from.
+    :param jobs: processing job files (``spark_jobs/…``); several run in parallel per txid.
+    :param states: the states the jobs stage into and the commit applies.
+    :param max_pending: txids in flight at most (processing in parallel).
+    :param max_attempts: poison-batch policy: a txid that failed this many times stops the
+        pipeline (visibly: its run fails and later txids wait) instead of retrying forever.
+    :param spark: ``connect`` (Spark Connect server, no JVM start per txid) or ``submit``.
+    """
+
+    name: str
+    source: SparkSource
+    jobs: Sequence[str | os.PathLike[str]]
+    states: Sequence[MapState]
+    max_pending: int = 4
+    max_attempts: int = 3
+    spark: str = "connect"
+    txn_log_conn_id: str = "txn_log_default"
+    spark_conn_id: str = "spark_default"
+    spark_connect_conn_id: str = "spark_connect_default"
+    airflow_api_conn_id: str = "airflow_api_default"
+    poll_interval: float = 1.0
+    spark_conf: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        validate_max_pending(self.max_pending)
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
+        if self.spark not in SPARK_MODES:
+            raise ValueError(f"spark must be one of {SPARK_MODES}, got {self.spark!r}")
+        if not self.jobs:
+            raise ValueError(f"pipeline {self.name!r} needs at least one processing job")
+        object.__setattr__(self, "jobs", tuple(os.fspath(j) for j in self.jobs))
+        stems = [Path(j).stem for j in self.jobs]
+        if len(set(stems)) != len(stems):
+            raise ValueError(f"job file names must differ (they name the tasks): {stems}")
+        for state in self.states:
+            if state.pipeline != self.name:
+                raise ValueError(
+                    f"state {state.name!r} belongs to pipeline {state.pipeline!r}, "
+                    f"not {self.name!r}"
+                )
+        object.__setattr__(self, "states", tuple(self.states))

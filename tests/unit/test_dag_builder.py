@@ -1,0 +1,98 @@
+"""The DAG builder's output: tasks, dependencies, window, and txid run ids from the timetable."""
+
+from __future__ import annotations
+
+import pendulum
+import pytest
+from airflow.timetables.base import TimeRestriction
+
+from airflow_txn_provider.dag_builder import build_dag
+from airflow_txn_provider.pipeline import TxnPipeline
+from airflow_txn_provider.spark.sources import PartitionedParquetSource
+from airflow_txn_provider.state import MapState
+from airflow_txn_provider.timetables import (
+    TXID_EPOCH,
+    TxidTimetable,
+    txid_from_run_id,
+    txid_logical_date,
+    txid_of_logical_date,
+    txid_run_id,
+)
+
+
+def _pipeline(jobs=("spark_jobs/word_count.py",), **kw):
+    return TxnPipeline(
+        name="words",
+        source=PartitionedParquetSource("/data/words"),
+        jobs=jobs,
+        states=[MapState("words", "word_counts", keys={"word": "text"})],
+        **kw,
+    )
+
+
+def _upstream(dag, task_id):
+    return set(dag.get_task(task_id).upstream_task_ids)
+
+
+def test_one_job_dag_shape():
+    dag = build_dag(_pipeline(max_pending=3))
+    assert set(dag.task_ids) == {"begin", "process_word_count", "commit_gate", "commit"}
+    assert _upstream(dag, "process_word_count") == {"begin"}
+    assert _upstream(dag, "commit_gate") == {"process_word_count"}
+    assert _upstream(dag, "commit") == {"commit_gate"}
+    assert dag.max_active_runs == 3 and dag.catchup
+    assert dag.get_task("process_word_count").finish is True
+
+
+def test_several_jobs_run_in_parallel_then_record_processed():
+    dag = build_dag(_pipeline(jobs=("jobs/a.py", "jobs/b.py")))
+    assert _upstream(dag, "process_a") == _upstream(dag, "process_b") == {"begin"}
+    assert _upstream(dag, "processed") == {"process_a", "process_b"}
+    assert _upstream(dag, "commit_gate") == {"processed"}
+    assert dag.get_task("process_a").finish is False
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"max_pending": 0}, "max_pending"),
+        ({"max_attempts": 0}, "max_attempts"),
+        ({"spark": "yarn"}, "spark must be one of"),
+        ({"jobs": ()}, "at least one processing job"),
+        ({"jobs": ("a/x.py", "b/x.py")}, "must differ"),
+    ],
+)
+def test_bad_pipeline_is_refused(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        _pipeline(**kwargs)
+
+
+def test_state_of_another_pipeline_is_refused():
+    with pytest.raises(ValueError, match="belongs to pipeline 'other'"):
+        TxnPipeline(
+            name="words",
+            source=PartitionedParquetSource("/d"),
+            jobs=["j.py"],
+            states=[MapState("other", "s", keys={"k": "text"})],
+        )
+
+
+def test_timetable_runs_are_txids_in_order():
+    timetable = TxidTimetable()
+    restriction = TimeRestriction(earliest=TXID_EPOCH, latest=None, catchup=True)
+    info = timetable.next_dagrun_info(last_automated_data_interval=None, restriction=restriction)
+    runs = []
+    for _ in range(3):
+        runs.append(
+            timetable.generate_run_id(
+                run_type="scheduled", run_after=info.run_after, data_interval=info.data_interval
+            )
+        )
+        info = timetable.next_dagrun_info(
+            last_automated_data_interval=info.data_interval, restriction=restriction
+        )
+    assert runs == ["txid-000001", "txid-000002", "txid-000003"]
+    assert info.logical_date == txid_logical_date(4) < pendulum.now("UTC")
+    assert txid_of_logical_date(txid_logical_date(42)) == 42
+    assert txid_from_run_id(txid_run_id(42)) == 42
+    assert txid_from_run_id("manual__2026-01-01T00:00:00") is None
