@@ -119,3 +119,27 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCo
 
     with SparkConnectServer(workdir=tmp_path_factory.mktemp("connect")) as server:
         yield server
+
+
+def set_txn_log_connection(
+    monkeypatch: pytest.MonkeyPatch, conn_id: str, url: str, **extra: str
+) -> None:
+    """Expose the database at ``url`` as Airflow connection ``conn_id`` of type ``txn_log``."""
+    import json
+
+    from sqlalchemy.engine import make_url
+
+    u = make_url(url)
+    monkeypatch.setenv(
+        f"AIRFLOW_CONN_{conn_id.upper()}",
+        json.dumps(
+            {
+                "conn_type": "txn_log",
+                "host": u.host,
+                "port": u.port,
+                "login": u.username,
+                "schema": u.database,
+                "extra": extra,
+            }
+        ),
+    )

@@ -3,36 +3,23 @@ trigger when the log says to wait (no Airflow scheduler needed: the context is m
 
 from __future__ import annotations
 
-import json
 from types import SimpleNamespace
 
 import pytest
 from airflow.sdk.exceptions import AirflowSkipException, TaskDeferred
-from sqlalchemy.engine import make_url
 
 from airflow_txn_provider.dag_builder import build_dag
 from airflow_txn_provider.pipeline import TxnPipeline
 from airflow_txn_provider.spark.sources import PartitionedParquetSource
 from airflow_txn_provider.state import MapState
 from airflow_txn_provider.triggers.txn_log import TxnLogTrigger, WaitFor
+from tests.conftest import set_txn_log_connection
 from tests.spark_data import parquet_dataset, random_lines
 
 
 @pytest.fixture
 def dag(db_url, tmp_path, monkeypatch):
-    u = make_url(db_url)
-    monkeypatch.setenv(
-        "AIRFLOW_CONN_TXN_LOG_DEFAULT",
-        json.dumps(
-            {
-                "conn_type": "txn_log",
-                "host": u.host,
-                "port": u.port,
-                "login": u.username,
-                "schema": u.database,
-            }
-        ),
-    )
+    set_txn_log_connection(monkeypatch, "txn_log_default", db_url)
     source = PartitionedParquetSource(
         str(parquet_dataset(tmp_path / "ds", {"0": random_lines(1, 20)})), max_per_partition=10
     )

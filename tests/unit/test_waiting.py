@@ -91,29 +91,14 @@ def test_trigger_serialize_round_trip():
 @pytest.mark.integration
 def test_trigger_wakes_when_previous_txid_commits(txlog, db_url, monkeypatch):
     """A real poll through the async driver: the gate of txid 2 opens once txid 1 commits."""
-    import json
-
-    from sqlalchemy.engine import make_url
-
     from airflow_txn_provider.sources import TransactionalSource
+    from tests.conftest import set_txn_log_connection
 
     class Numbers(TransactionalSource):
         def initialize_transaction(self, txid, prev):
             return {"n": txid}
 
-    u = make_url(db_url)
-    monkeypatch.setenv(
-        "AIRFLOW_CONN_TXN_TRIGGER",
-        json.dumps(
-            {
-                "conn_type": "txn_log",
-                "host": u.host,
-                "port": u.port,
-                "login": u.username,
-                "schema": u.database,
-            }
-        ),
-    )
+    set_txn_log_connection(monkeypatch, "txn_trigger", db_url)
     txlog.register_pipeline("gate", source_kind="transactional", max_pending=3)
     for _ in range(2):
         assert txlog.begin_next("gate", Numbers()).emitted

@@ -12,6 +12,7 @@ from sqlalchemy.engine import make_url
 
 from airflow_txn_provider.hooks.txn_log import TxnLogHook
 from airflow_txn_provider.sources import TransactionalSource
+from tests.conftest import set_txn_log_connection
 
 
 class One(TransactionalSource):
@@ -19,25 +20,8 @@ class One(TransactionalSource):
         return {"n": txid}
 
 
-def _conn_env(monkeypatch, conn_id, url, **extra):
-    u = make_url(url)
-    monkeypatch.setenv(
-        f"AIRFLOW_CONN_{conn_id.upper()}",
-        json.dumps(
-            {
-                "conn_type": "txn_log",
-                "host": u.host,
-                "port": u.port,
-                "login": u.username,
-                "schema": u.database,
-                "extra": extra,
-            }
-        ),
-    )
-
-
 def test_log_from_airflow_connection(monkeypatch, db_url):
-    _conn_env(monkeypatch, "txn_log_test", db_url)
+    set_txn_log_connection(monkeypatch, "txn_log_test", db_url)
     hook = TxnLogHook(txn_log_conn_id="txn_log_test")
     assert hook.test_connection() == (True, "Connection successfully tested")
     log = hook.get_log()
@@ -48,7 +32,7 @@ def test_log_from_airflow_connection(monkeypatch, db_url):
 
 def test_unreachable_database_is_reported(monkeypatch, db_url):
     url = make_url(db_url).set(port=1)
-    _conn_env(
+    set_txn_log_connection(
         monkeypatch, "txn_log_down", url.render_as_string(hide_password=False), connect_timeout="2"
     )
     ok, message = TxnLogHook(txn_log_conn_id="txn_log_down").test_connection()
