@@ -326,7 +326,7 @@ def plan_commit(view: PipelineView, txid: int, attempt: int) -> CommitAction:
             txid=txid,
             attempt=attempt,
         )
-    if attempt != rec.attempt or rec.status is TxStatus.FAILED:
+    if _attempt_is_dead(rec, attempt):
         raise StaleAttemptError(
             f"commit refused: the current attempt is {rec.attempt} ({rec.status.value})",
             pipeline=view.pipeline,
@@ -349,6 +349,11 @@ def plan_commit(view: PipelineView, txid: int, attempt: int) -> CommitAction:
             attempt=attempt,
         )
     return CommitAction.APPLY
+
+
+def _attempt_is_dead(rec: TxRecord, attempt: int) -> bool:
+    """``attempt`` of the txid can never commit: another attempt replaced it, or it was failed."""
+    return attempt != rec.attempt or rec.status is TxStatus.FAILED
 
 
 def committable(view: PipelineView) -> TxRecord | None:
@@ -443,7 +448,7 @@ def commit_gate(view: PipelineView, txid: int, attempt: int) -> GateState:
     if txid <= view.last_committed:
         return GateState.COMMITTED
     rec = view.record(txid)
-    if rec is None or rec.attempt != attempt or rec.status is TxStatus.FAILED:
+    if rec is None or _attempt_is_dead(rec, attempt):
         return GateState.STALE
     return GateState.OPEN if txid - 1 == view.last_committed else GateState.WAIT
 

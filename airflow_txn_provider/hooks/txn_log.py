@@ -61,9 +61,7 @@ class TxnLogHook(BaseHook):
 
     def get_engine(self) -> Engine:
         if self._engine is None:
-            url = self.sqlalchemy_url()
-            url_text = url if isinstance(url, str) else url.render_as_string(hide_password=False)
-            self._engine = engine_from_url(url_text)
+            self._engine = engine_from_url(self.log_url())
         return self._engine
 
     def get_log(self, *, migrate: bool = True) -> TransactionLog:

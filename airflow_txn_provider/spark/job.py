@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from airflow_txn_provider.coordinator import TxRecord, attempt_may_stage
+from airflow_txn_provider.coordinator import ProcessedAction, TxRecord, attempt_may_stage
 from airflow_txn_provider.exceptions import (
     MalformedRecordError,
     NotBegunError,
@@ -52,6 +52,9 @@ log = logging.getLogger(__name__)
 LOG_URL_ENV = "TXN_LOG_URL"
 """Environment variable with the transaction log's SQLAlchemy URL. Not an argument: a command
 line is visible to every local user and printed in logs; the environment is not."""
+
+CONNECT_MODE_ENV = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE")
+"""What PySpark sets in a process once it opens a remote session, and never unsets."""
 
 Transform = Callable[["DataFrame"], "DataFrame | Mapping[str, DataFrame]"]
 """A pure function from the batch to partial results: one DataFrame of ``(keys…, delta)`` per
@@ -175,7 +178,7 @@ def process_batch(
 
     if job.finish:
         action = txlog.stage_output(job.pipeline, job.txid, job.attempt, stage)
-        status = "stale" if action.value == "ignore_stale" else "processed"
+        status = "stale" if action is ProcessedAction.IGNORE_STALE else "processed"
     else:
         status = "staged" if txlog.stage(job.pipeline, job.txid, job.attempt, stage) else "stale"
     outcome = ProcessOutcome(job, status, counts, time.monotonic() - started)
@@ -252,8 +255,9 @@ def create_session(job: BatchJob) -> SparkSession:
     from pyspark.sql import SparkSession
 
     # Inherited from a process that once opened a Spark Connect session (an Airflow worker using
-    # the fast path too), these would turn this classic driver into a Connect client.
-    for name in ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE"):
+    # the fast path too), these would turn this classic driver into a Connect client. Dropped
+    # here, in the job, because SparkSubmitHook always starts the job from its own os.environ.
+    for name in CONNECT_MODE_ENV:
         os.environ.pop(name, None)
     return SparkSession.builder.appName(job.app_name).getOrCreate()
 

@@ -27,7 +27,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, cast
 
-from airflow_txn_provider.spark.job import LOG_URL_ENV, BatchJob, ProcessOutcome, Transform
+from airflow_txn_provider.spark.job import (
+    CONNECT_MODE_ENV,
+    LOG_URL_ENV,
+    BatchJob,
+    ProcessOutcome,
+    Transform,
+)
 
 if TYPE_CHECKING:
     import subprocess
@@ -41,9 +47,6 @@ log = logging.getLogger(__name__)
 DEFAULT_SPARK_CONN = "spark_default"
 DEFAULT_SPARK_CONNECT_CONN = "spark_connect_default"
 DEFAULT_MASTER = "local[*]"
-# PySpark marks a process as "Spark Connect mode" with these once a remote session is created, and
-# never unmarks it; inherited by spark-submit, they turn its classic driver into a failing client.
-_CONNECT_MODE_ENV = ("SPARK_CONNECT_MODE_ENABLED", "SPARK_REMOTE", "SPARK_LOCAL_REMOTE")
 
 
 def spark_env(**extra: str) -> dict[str, str]:
@@ -53,7 +56,7 @@ def spark_env(**extra: str) -> dict[str, str]:
     bindir = str(Path(sys.executable).parent)
     env["PATH"] = f"{bindir}{os.pathsep}{env.get('PATH', '')}"
     env.pop("SPARK_HOME", None)  # a stray SPARK_HOME of another version would win over the venv's
-    for name in _CONNECT_MODE_ENV:
+    for name in CONNECT_MODE_ENV:  # for processes started with this env (Spark servers)
         env.pop(name, None)
     env["PYSPARK_PYTHON"] = sys.executable
     env["PYSPARK_DRIVER_PYTHON"] = sys.executable
@@ -65,7 +68,7 @@ def spark_env(**extra: str) -> dict[str, str]:
 def keep_classic_mode() -> Iterator[None]:
     """Undo, on exit, PySpark's process-wide "Spark Connect mode" marks that a remote session sets
     (later classic sessions of this process, and spark-submits it starts, would become clients)."""
-    saved = {name: os.environ.get(name) for name in _CONNECT_MODE_ENV}
+    saved = {name: os.environ.get(name) for name in CONNECT_MODE_ENV}
     try:
         yield
     finally:
