@@ -78,12 +78,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         with ThreadPoolExecutor(max_workers=args.max_pending) as pool:
             while log.last_committed(PIPELINE) < goal:
-                futures = []
+                # Begin the whole wave before processing any of it, as the coordinator emits a
+                # batch per free slot: the injected failure then always finds later txids in
+                # flight, so the cascade the demo shows does not depend on thread timing.
+                wave = []
                 while (em := log.begin_next(PIPELINE, source)) is not None and em.emitted:
                     if em.txid > goal:
                         log.fail(PIPELINE, em.txid, em.attempt, error="beyond this run's goal")
                         break
-                    futures.append(pool.submit(process, em.txid, em.attempt, em.metadata))
+                    wave.append(em)
+                futures = [pool.submit(process, em.txid, em.attempt, em.metadata) for em in wave]
                 for f in futures:
                     f.result()
                 view = log.view(PIPELINE)
