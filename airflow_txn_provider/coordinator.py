@@ -65,6 +65,13 @@ class TxRecord:
     status: TxStatus
     metadata: Any = None
     output: Mapping[str, Any] | None = None
+    failed_by: int | None = None
+    """For a failed attempt: the txid whose failure failed it (``txid`` itself if its own)."""
+
+    @property
+    def failed_on_its_own(self) -> bool:
+        """Failed by its own processing, not in a cascade from an earlier txid."""
+        return self.status is TxStatus.FAILED and self.failed_by in (None, self.txid)
 
 
 @dataclass(frozen=True)
@@ -474,3 +481,58 @@ def should_retry(failed_attempts: int, max_attempts: int) -> bool:
     """Poison-batch policy: replay a failed txid until it has failed ``max_attempts`` times, then
     stop the pipeline at it (no silent skip: later txids wait for it)."""
     return failed_attempts < max_attempts
+
+
+# -- the failure sensor ------------------------------------------------------------------------
+
+
+class FailureResponse(enum.StrEnum):
+    REQUEUE = "requeue"
+    """Restart the txid's run: its begin re-emits it with a new attempt, after ``txid - 1``."""
+    STOP = "stop"
+    """Poison batch: the txid failed on its own ``max_attempts`` times. Its run fails and every
+    later txid waits for it (no silent skip) until a person reruns it."""
+
+
+def known_failed_attempt(view: PipelineView, txid: int) -> int:
+    """The newest attempt of ``txid`` whose failure is already known when a watch starts.
+
+    A failure sensor starting on a failed txid (its run was cleared, or a cascade got there first)
+    must not count that old failure again: begin re-emits the txid anyway. A live attempt's failure
+    is still to come, so it counts.
+    """
+    rec = view.record(txid)
+    if rec is None:
+        return 0
+    return rec.attempt if rec.status is TxStatus.FAILED else rec.attempt - 1
+
+
+def respond_to_failure(
+    rec: TxRecord, own_failures_before: int, max_attempts: int
+) -> FailureResponse:
+    """What the failure sensor of ``rec.txid``'s run does now that its current attempt failed.
+
+    :param own_failures_before: failures of this txid by its own processing that the sensor handled
+        before this one (a rerun from the UI starts a new count).
+    :param max_attempts: the pipeline's poison-batch limit.
+
+    A cascade from an earlier txid never counts: that txid's own budget decides.
+    """
+    if rec.status is not TxStatus.FAILED:
+        raise ValueError(f"txid {rec.txid} attempt {rec.attempt} has not failed")
+    if not rec.failed_on_its_own:
+        return FailureResponse.REQUEUE
+    own = own_failures_before + 1
+    return FailureResponse.REQUEUE if should_retry(own, max_attempts) else FailureResponse.STOP
+
+
+def requeue_set(view: PipelineView, failed_txid: int) -> tuple[int, ...]:
+    """Txids a failure of ``failed_txid`` re-queues: it and every later txid in flight, whose
+    attempts the log failed with it (each one's sensor restarts its own run)."""
+    return tuple(
+        r.txid
+        for r in view.in_flight
+        if r.txid >= failed_txid
+        and r.status is TxStatus.FAILED
+        and (r.failed_by == failed_txid or r.txid == failed_txid)
+    )

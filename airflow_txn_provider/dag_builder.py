@@ -4,6 +4,7 @@ One run per txid (:class:`~airflow_txn_provider.timetables.TxidTimetable`), at m
 ``max_pending`` runs in flight (``max_active_runs``), in txid order. Per run::
 
     begin >> [process_<job> ...] >> (processed, with several jobs) >> commit_gate >> commit
+    watch_failures                                   (beside them: the run's failure sensor)
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from airflow.sdk import DAG
 
 from airflow_txn_provider.operators.txn import (
     BEGIN_TASK_ID,
+    WATCH_TASK_ID,
     TxnBeginOperator,
     TxnCommitGateSensor,
     TxnCommitOperator,
+    TxnFailureSensor,
     TxnProcessOperator,
     TxnRecordProcessedOperator,
     job_task_id,
@@ -62,4 +65,5 @@ def build_dag(pipeline: TxnPipeline, *, dag_id: str | None = None, **dag_kwargs:
             processed = TxnRecordProcessedOperator(task_id="processed", pipeline=pipeline)
             jobs >> processed >> gate
         gate >> commit
+        TxnFailureSensor(task_id=WATCH_TASK_ID, pipeline=pipeline)
     return dag

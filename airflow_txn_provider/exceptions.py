@@ -131,3 +131,16 @@ def _rebuild_malformed(message, pipeline, txid, attempt, location):
     return MalformedRecordError(
         message, pipeline=pipeline, txid=txid, attempt=attempt, location=location
     )
+
+
+class RequeueError(TxnError):
+    """The failure sensor could not restart a txid's run through the Airflow REST API."""
+
+
+class PoisonBatchError(TxnError):
+    """A txid failed on its own ``max_attempts`` times: the pipeline stops at it until a person
+    fixes the cause and reruns it (Clear in the Airflow UI)."""
+
+
+class InjectedFailure(ProcessingError):
+    """A failure asked for by the failure-injection switch (a demo and test aid)."""

@@ -74,6 +74,8 @@ class TransactionRow(Base):
     output: Mapped[Any] = mapped_column(JSONB, nullable=True)
     """Reference to the current attempt's processed output (e.g. staged row counts per state)."""
     last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    failed_by: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    """While the current attempt is failed: the txid whose failure failed it (itself if its own)."""
     begun_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     processed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     committed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
@@ -99,6 +101,7 @@ class AttemptRow(Base):
     batch_metadata: Mapped[Any] = mapped_column("metadata", JSONB, nullable=True)
     output: Mapped[Any] = mapped_column(JSONB, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    failed_by: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     processed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)

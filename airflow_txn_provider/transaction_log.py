@@ -110,6 +110,8 @@ class TransactionInfo:
     begun_at: datetime | None
     processed_at: datetime | None
     committed_at: datetime | None
+    failed_by: int | None = None
+    """While failed: the txid whose failure failed this one (itself if its own)."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,7 @@ class AttemptInfo:
     started_at: datetime | None
     processed_at: datetime | None
     ended_at: datetime | None
+    failed_by: int | None = None
 
 
 def engine_from_url(url: str, **kwargs: Any) -> Engine:
@@ -269,6 +272,7 @@ class TransactionLog:
                     status=TxStatus.PROCESSING.value,
                     metadata=metadata,
                     output=None,
+                    failed_by=None,
                     begun_at=func.now(),
                     processed_at=None,
                     updated_at=func.now(),
@@ -536,12 +540,22 @@ class TransactionLog:
             conn.execute(
                 update(T)
                 .where(T.c.pipeline == view.pipeline, T.c.txid == txid)
-                .values(status=TxStatus.FAILED.value, last_error=message, updated_at=func.now())
+                .values(
+                    status=TxStatus.FAILED.value,
+                    last_error=message,
+                    failed_by=origin,
+                    updated_at=func.now(),
+                )
             )
             conn.execute(
                 update(A)
                 .where(A.c.pipeline == view.pipeline, A.c.txid == txid, A.c.attempt == rec.attempt)
-                .values(status=TxStatus.FAILED.value, error=message, ended_at=func.now())
+                .values(
+                    status=TxStatus.FAILED.value,
+                    error=message,
+                    failed_by=origin,
+                    ended_at=func.now(),
+                )
             )
 
     # -- reading ---------------------------------------------------------------------------------
@@ -570,6 +584,7 @@ class TransactionLog:
                 begun_at=r.begun_at,
                 processed_at=r.processed_at,
                 committed_at=r.committed_at,
+                failed_by=r.failed_by,
             )
             for r in rows
         ]
@@ -597,6 +612,7 @@ class TransactionLog:
                 started_at=r.started_at,
                 processed_at=r.processed_at,
                 ended_at=r.ended_at,
+                failed_by=r.failed_by,
             )
             for r in rows
         ]
@@ -638,6 +654,7 @@ def _record(row: Row[Any], pipeline: str) -> TxRecord:
         status=_status(row.status, pipeline, row.txid, row.attempt),
         metadata=row.metadata,
         output=row.output,
+        failed_by=row.failed_by,
     )
 
 

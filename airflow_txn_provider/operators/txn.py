@@ -8,7 +8,7 @@ these operators only claim, wait (deferred: no worker slot), run, and report.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
@@ -25,18 +25,61 @@ if TYPE_CHECKING:
     from airflow_txn_provider.transaction_log import TransactionLog
 
 BEGIN_TASK_ID = "begin"
+WATCH_TASK_ID = "watch_failures"
+INJECT_FAILURE_VARIABLE = "txn_inject_failure__{pipeline}"
+"""Airflow Variable of the failure-injection switch (see :func:`parse_failure_injection`)."""
 
 
 def run_txid(context: Context, pipeline: str) -> int:
-    """The txid of the running DAG run (from its run id ``txid-000042``)."""
-    run_id = context["dag_run"].run_id
-    txid = txid_from_run_id(run_id)
-    if txid is None:
-        raise AirflowFailException(
-            f"pipeline={pipeline}: run {run_id!r} is not a transaction (run ids are txid-000042); "
-            "transactions start by themselves once the DAG is unpaused, do not trigger them"
-        )
-    return txid
+    """The txid of the running DAG run: from its run id ``txid-000042`` (the runs the timetable
+    schedules), or from ``{"txid": 42}`` in the conf of a manual run (``dag.test``, debugging)."""
+    dag_run = context["dag_run"]
+    txid = txid_from_run_id(dag_run.run_id)
+    if txid is not None:
+        return txid
+    conf_txid = (dag_run.conf or {}).get("txid")
+    if isinstance(conf_txid, int) and not isinstance(conf_txid, bool) and conf_txid >= 1:
+        return conf_txid
+    raise AirflowFailException(
+        f"pipeline={pipeline}: run {dag_run.run_id!r} is not a transaction (run ids are "
+        "txid-000042): transactions start by themselves once the DAG is unpaused; to run one txid "
+        'by hand (dag.test, debugging) pass the conf {"txid": 42}'
+    )
+
+
+def is_scheduled_txid_run(context: Context) -> bool:
+    return txid_from_run_id(context["dag_run"].run_id) is not None
+
+
+def parse_failure_injection(spec: str) -> dict[int, int | None]:
+    """Parse the failure-injection switch: ``"3"`` fails txid 3's first attempt, ``"3:2"`` its
+    first two, ``"3:*"`` every attempt (a poison batch); several are comma-separated
+    (``"3,7:*"``). Returns ``{txid: attempts to fail, or None for all}``."""
+    found: dict[int, int | None] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        txid_text, _, attempts_text = part.partition(":")
+        try:
+            txid = int(txid_text)
+            attempts = None if attempts_text.strip() == "*" else int(attempts_text or 1)
+        except ValueError:
+            raise ValueError(
+                f"failure injection {spec!r}: {part!r} is not TXID, TXID:N or TXID:*"
+            ) from None
+        if txid < 1 or (attempts is not None and attempts < 1):
+            raise ValueError(f"failure injection {spec!r}: txid and attempts must be >= 1")
+        found[txid] = attempts
+    return found
+
+
+def injected_failure(spec: str | None, txid: int, attempt: int) -> bool:
+    """Whether the switch asks ``(txid, attempt)`` to fail."""
+    if not spec:
+        return False
+    rules = parse_failure_injection(spec)
+    if txid not in rules:
+        return False
+    limit = rules[txid]
+    return limit is None or attempt <= limit
 
 
 def claimed(context: Context) -> dict[str, Any]:
@@ -96,7 +139,9 @@ class TxnBeginOperator(_TxnOperator):
                 method_name="execute",
             )
         if not emission.emitted:
-            self.log.info("pipeline=%s txid=%s: %s, waiting", p.name, txid, emission.action.value)
+            self.log.info(
+                "pipeline=%s txid=%s: waiting, %s", p.name, txid, _why_waiting(log, p, txid)
+            )
             self.defer(trigger=self.trigger(txid, WaitFor.CAN_BEGIN), method_name="execute")
         self.log.info(
             "pipeline=%s txid=%s attempt=%s %s: %s",
@@ -133,6 +178,7 @@ class TxnProcessOperator(_TxnOperator):
         hook = TxnLogHook(txn_log_conn_id=p.txn_log_conn_id)
         log = hook.get_log()
         try:
+            self._maybe_inject_failure(job.txid, job.attempt)
             if p.spark == "connect":
                 self._runner = SparkConnectRunner(self.job, conn_id=p.spark_connect_conn_id)
                 outcome = self._runner.run(job, log)
@@ -148,6 +194,20 @@ class TxnProcessOperator(_TxnOperator):
             raise
         info = log.transaction(p.name, job.txid)
         return {"status": info.status.value if info else "unknown"}
+
+    def _maybe_inject_failure(self, txid: int, attempt: int) -> None:
+        from airflow.sdk import Variable
+
+        from airflow_txn_provider.exceptions import InjectedFailure
+
+        name = INJECT_FAILURE_VARIABLE.format(pipeline=self.pipeline.name)
+        if injected_failure(Variable.get(name, default=None), txid, attempt):
+            raise InjectedFailure(
+                f"injected failure (Airflow Variable {name})",
+                pipeline=self.pipeline.name,
+                txid=txid,
+                attempt=attempt,
+            )
 
     def on_kill(self) -> None:
         if self._runner is not None:
@@ -190,16 +250,185 @@ class TxnCommitOperator(_TxnOperator):
     """Commit ``(txid, attempt)``: apply every state and mark it committed, one DB transaction.
 
     Fenced by the attempt and idempotent: a duplicate run of this task applies nothing twice.
+    Then it commits the next txids that are already processed, in order, without waiting for their
+    own runs to wake (their commit tasks find them committed): the gap between two commits is then
+    a database round trip, not a trigger poll plus a task start.
     """
 
     def execute(self, context: Context) -> dict[str, Any]:
         from airflow_txn_provider.state import commit_registered
 
         claim = claimed(context)
-        result = commit_registered(
-            self.txn_log(), self.pipeline.name, claim["txid"], claim["attempt"]
+        log = self.txn_log()
+        result = commit_registered(log, self.pipeline.name, claim["txid"], claim["attempt"])
+        return {
+            "applied": result.applied,
+            "committed_attempt": result.committed_attempt,
+            "also_committed": self._commit_processed_successors(log),
+        }
+
+    def _commit_processed_successors(self, log: TransactionLog) -> list[int]:
+        from airflow_txn_provider.coordinator import committable
+        from airflow_txn_provider.state import commit_registered
+
+        done: list[int] = []
+        for _ in range(self.pipeline.max_pending):
+            rec = committable(log.view(self.pipeline.name))
+            if rec is None:
+                break
+            try:
+                commit_registered(log, self.pipeline.name, rec.txid, rec.attempt)
+            except Exception as err:  # its own run commits it (or reports why it cannot)
+                self.log.warning("txid %s left to its own run: %s", rec.txid, err)
+                break
+            self.log.info(
+                "txid %s attempt %s was processed: committed it too", rec.txid, rec.attempt
+            )
+            done.append(rec.txid)
+        return done
+
+
+class TxnFailureSensor(_TxnOperator):
+    """The failure sensor of one txid's run: restart the run when its txid fails, stop when it is
+    a poison batch.
+
+    Deferred for the run's whole life (no worker slot), it wakes when the txid commits (the task
+    ends in the triggerer) or when an attempt of it fails. A failure of txid k fails k and every
+    later txid in flight in the log (one database transaction); the sensor of each of those runs
+    then restarts its run through the Airflow REST API, so they re-begin with new attempts, in
+    order, after k. A txid that failed on its own ``max_attempts`` times stops the pipeline: this
+    task fails, naming the txid and its error, and later txids wait for it until a person fixes
+    the cause and clears its run in the UI (which also gives it a fresh ``max_attempts``).
+
+    Only scheduled txid runs are watched: a manual run (``dag.test``) has nobody to restart it.
+    """
+
+    ui_color = "#fde8e8"
+
+    def execute(self, context: Context) -> None:
+        from airflow_txn_provider.coordinator import known_failed_attempt
+
+        p = self.pipeline
+        txid = run_txid(context, p.name)
+        if not is_scheduled_txid_run(context):
+            raise AirflowSkipException("a manual run is not restarted on failure")
+        log = self.txn_log()
+        log.register_pipeline(p.name, source_kind=p.source.kind, max_pending=p.max_pending)
+        self._watch(txid, known_failed_attempt(log.view(p.name), txid), own_failures=0)
+
+    def _watch(self, txid: int, attempt: int, *, own_failures: int) -> NoReturn:
+        self.defer(
+            trigger=TxnLogTrigger(
+                txn_log_conn_id=self.pipeline.txn_log_conn_id,
+                pipeline=self.pipeline.name,
+                txid=txid,
+                attempt=attempt,
+                wait_for=WaitFor.OUTCOME,
+                poll_interval=self.pipeline.poll_interval,
+                end_task_on_commit=True,
+            ),
+            method_name="on_failure",
+            kwargs={"own_failures": own_failures},
         )
-        return {"applied": result.applied, "committed_attempt": result.committed_attempt}
+
+    def on_failure(self, context: Context, event: dict[str, Any], own_failures: int = 0) -> None:
+        from airflow_txn_provider.coordinator import (
+            FailureResponse,
+            known_failed_attempt,
+            requeue_set,
+            respond_to_failure,
+        )
+        from airflow_txn_provider.exceptions import PoisonBatchError
+
+        p = self.pipeline
+        txid = run_txid(context, p.name)
+        if event.get("state") == "committed":
+            return
+        view = self.txn_log().view(p.name)
+        rec = view.record(txid)
+        if rec is None or rec.status.value != "failed":  # re-begun meanwhile (a manual clear)
+            self._watch(txid, known_failed_attempt(view, txid), own_failures=own_failures)
+        response = respond_to_failure(rec, own_failures, p.max_attempts)
+        own = own_failures + int(rec.failed_on_its_own)
+        if response is FailureResponse.STOP:
+            error = PoisonBatchError(
+                f"failed {own} times on its own (max_attempts={p.max_attempts}), last error: "
+                f"{_last_error(self.txn_log(), p.name, txid)}. Later txids wait for it. Fix the "
+                "cause, then Clear this run in the Airflow UI to rerun it",
+                pipeline=p.name,
+                txid=txid,
+                attempt=rec.attempt,
+            )
+            raise AirflowFailException(str(error))
+        if rec.failed_on_its_own:
+            self.log.warning(
+                "pipeline=%s txid=%s attempt=%s failed (%s of %s); re-queued txids %s",
+                p.name,
+                txid,
+                rec.attempt,
+                own,
+                p.max_attempts,
+                list(requeue_set(view, txid)),
+            )
+        else:
+            self.log.info(
+                "pipeline=%s txid=%s attempt=%s failed with txid %s; re-queued",
+                p.name,
+                txid,
+                rec.attempt,
+                rec.failed_by,
+            )
+        self._restart_run(context, txid, rec.attempt, rec.failed_by)
+        self._watch(txid, rec.attempt, own_failures=own)
+
+    def _restart_run(
+        self, context: Context, txid: int, attempt: int, failed_by: int | None
+    ) -> None:
+        from airflow_txn_provider.exceptions import RequeueError
+        from airflow_txn_provider.hooks.airflow_api import AirflowApiHook
+
+        dag = context["dag"]
+        run_id = context["dag_run"].run_id
+        work = [t for t in dag.task_ids if t != self.task_id]
+        cause = "its own failure" if failed_by in (None, txid) else f"txid {failed_by}'s failure"
+        try:
+            cleared = AirflowApiHook(self.pipeline.airflow_api_conn_id).clear_task_instances(
+                dag.dag_id,
+                run_id,
+                work,
+                note=f"txid {txid}: attempt {attempt} failed ({cause}); re-queued",
+            )
+        except RequeueError as err:
+            raise RequeueError(
+                f"could not restart run {run_id}: {err.detail}",
+                pipeline=self.pipeline.name,
+                txid=txid,
+                attempt=attempt,
+            ) from None
+        self.log.info("restarted run %s: cleared %s", run_id, cleared)
+
+
+def _last_error(log: TransactionLog, pipeline: str, txid: int) -> str:
+    info = log.transaction(pipeline, txid)
+    return (info.last_error if info else None) or "(none recorded)"
+
+
+def _why_waiting(log: TransactionLog, pipeline: TxnPipeline, txid: int) -> str:
+    """Which txid this one waits for, and why: what the UI and a person reading the log need."""
+    view = log.view(pipeline.name)
+    for rec in view.in_flight:
+        if rec.txid >= txid:
+            break
+        if rec.status.value == "failed":
+            info = log.transaction(pipeline.name, rec.txid)
+            error = (info.last_error if info else None) or "no error recorded"
+            return f"blocked by txid {rec.txid} (failed, attempt {rec.attempt}: {error})"
+    if txid > view.next_new_txid:
+        return f"txid {txid - 1} has not begun yet"
+    return (
+        f"window full: txids {view.window.start}..{view.window.stop - 1} in flight "
+        f"(max_pending={pipeline.max_pending})"
+    )
 
 
 def job_task_id(job: str) -> str:

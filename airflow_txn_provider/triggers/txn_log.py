@@ -12,7 +12,7 @@ import enum
 from collections.abc import AsyncIterator
 from typing import Any
 
-from airflow.triggers.base import BaseTrigger, TriggerEvent
+from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 
 from airflow_txn_provider.coordinator import (
     PipelineView,
@@ -60,6 +60,8 @@ class TxnLogTrigger(BaseTrigger):
     :param txid: the txid the waiting task belongs to.
     :param attempt: the attempt it holds (``COMMIT_GATE``) or last handled (``OUTCOME``).
     :param wait_for: a :class:`WaitFor` value.
+    :param end_task_on_commit: on "committed", end the waiting task successfully here in the
+        triggerer (no worker slot, no task start): for a task with nothing left to do then.
     """
 
     def __init__(
@@ -71,8 +73,10 @@ class TxnLogTrigger(BaseTrigger):
         wait_for: WaitFor | str,
         attempt: int = 0,
         poll_interval: float = 1.0,
+        end_task_on_commit: bool = False,
     ) -> None:
         super().__init__()
+        self.end_task_on_commit = bool(end_task_on_commit)
         self.txn_log_conn_id = txn_log_conn_id
         self.pipeline = pipeline
         self.txid = int(txid)
@@ -90,6 +94,7 @@ class TxnLogTrigger(BaseTrigger):
                 "attempt": self.attempt,
                 "wait_for": self.wait_for.value,
                 "poll_interval": self.poll_interval,
+                "end_task_on_commit": self.end_task_on_commit,
             },
         )
 
@@ -109,7 +114,10 @@ class TxnLogTrigger(BaseTrigger):
                 event = evaluate(self.wait_for, view, self.txid, self.attempt)
                 if event is not None:
                     self.log.info("pipeline=%s txid=%s: %s", pipeline, self.txid, event)
-                    yield TriggerEvent({**event, "txid": self.txid})
+                    if self.end_task_on_commit and event["state"] == "committed":
+                        yield TaskSuccessEvent()
+                    else:
+                        yield TriggerEvent({**event, "txid": self.txid})
                     return
                 await asyncio.sleep(self.poll_interval)
         finally:

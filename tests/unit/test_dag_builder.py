@@ -36,8 +36,15 @@ def _upstream(dag, task_id):
 
 def test_one_job_dag_shape():
     dag = build_dag(_pipeline(max_pending=3))
-    assert set(dag.task_ids) == {"begin", "process_word_count", "commit_gate", "commit"}
+    assert set(dag.task_ids) == {
+        "begin",
+        "process_word_count",
+        "commit_gate",
+        "commit",
+        "watch_failures",
+    }
     assert _upstream(dag, "process_word_count") == {"begin"}
+    assert _upstream(dag, "watch_failures") == set()  # watches the whole run, from its start
     assert _upstream(dag, "commit_gate") == {"process_word_count"}
     assert _upstream(dag, "commit") == {"commit_gate"}
     assert dag.max_active_runs == 3 and dag.catchup

@@ -1,0 +1,153 @@
+"""Airflow hook: Airflow's own REST API (``/api/v2``), used to restart a txid's run.
+
+Tasks cannot touch Airflow's database (Airflow 3), so the failure sensor restarts runs the way the
+UI does: ``POST /api/v2/dags/{dag_id}/clearTaskInstances`` with a JWT from ``POST /auth/token``.
+Credentials come from an Airflow connection and never appear in a log line or an error.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+from airflow.sdk import BaseHook
+
+from airflow_txn_provider.exceptions import RequeueError
+
+_RETRYABLE = (httpx.TransportError,)
+
+
+class AirflowApiHook(BaseHook):
+    """Calls the Airflow REST API of the deployment the task runs in.
+
+    The connection (type ``airflow_api``) holds host, port, *schema* (``http`` or ``https``) and a
+    user's login and password. Without a login the hook asks for a token with no credentials,
+    which only an api-server with ``simple_auth_manager_all_admins`` grants (local use).
+
+    :param airflow_api_conn_id: the Airflow connection id (default ``airflow_api_default``).
+    :param timeout: seconds per HTTP request.
+    :param retries: retries of a request that could not reach the api-server (e.g. restarting).
+    """
+
+    conn_name_attr = "airflow_api_conn_id"
+    default_conn_name = "airflow_api_default"
+    conn_type = "airflow_api"
+    hook_name = "Airflow REST API"
+
+    def __init__(
+        self,
+        airflow_api_conn_id: str = default_conn_name,
+        *,
+        timeout: float = 30.0,
+        retries: int = 5,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.airflow_api_conn_id = airflow_api_conn_id
+        self.timeout = timeout
+        self.retries = retries
+        self._token: str | None = None
+
+    @classmethod
+    def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        return {
+            "hidden_fields": ["extra"],
+            "relabeling": {"schema": "Scheme", "login": "Username"},
+            "placeholders": {"host": "127.0.0.1", "port": "8080", "schema": "http"},
+        }
+
+    def base_url(self) -> str:
+        conn = self.get_connection(self.airflow_api_conn_id)
+        if not conn.host:
+            raise RequeueError(
+                f"Airflow connection {self.airflow_api_conn_id!r} has no host: set it to the "
+                "api-server's address (e.g. 127.0.0.1, port 8080)"
+            )
+        host = conn.host.rstrip("/")
+        if "://" not in host:
+            host = f"{conn.schema or 'http'}://{host}"
+        return f"{host}:{conn.port}" if conn.port else host
+
+    # -- calls -------------------------------------------------------------------------------------
+
+    def clear_task_instances(
+        self, dag_id: str, run_id: str, task_ids: Sequence[str], *, note: str | None = None
+    ) -> list[str]:
+        """Clear ``task_ids`` of one run (whatever their state): the scheduler runs them again and
+        kills those still running. Returns the task ids Airflow cleared."""
+        body: dict[str, Any] = {
+            "dry_run": False,
+            "dag_run_id": run_id,
+            "task_ids": list(task_ids),
+            "only_failed": False,
+            "reset_dag_runs": True,
+        }
+        if note:
+            body["note"] = note[:1000]
+        found = self.request("POST", f"/api/v2/dags/{quote(dag_id)}/clearTaskInstances", json=body)
+        return sorted({ti["task_id"] for ti in found.get("task_instances", [])})
+
+    def clear_dag_run(self, dag_id: str, run_id: str, *, only_failed: bool = False) -> Any:
+        """What the UI's "Clear" button on a run sends: the whole run runs again."""
+        return self.request(
+            "POST",
+            f"/api/v2/dags/{quote(dag_id)}/dagRuns/{quote(run_id)}/clear",
+            json={"dry_run": False, "only_failed": only_failed},
+        )
+
+    def request(self, method: str, path: str, **kwargs: Any) -> Any:
+        """One API call with a bearer token (fetched once, renewed on 401); returns the JSON."""
+        for renew in (False, True):
+            response = self._send(method, path, token=self._get_token(renew=renew), **kwargs)
+            if response.status_code != 401:
+                break
+        if response.status_code >= 400:
+            raise RequeueError(
+                f"{method} {path} answered {response.status_code}: {response.text[:500]}"
+            )
+        return response.json() if response.content else None
+
+    # -- plumbing ----------------------------------------------------------------------------------
+
+    def _get_token(self, *, renew: bool = False) -> str:
+        if self._token is None or renew:
+            conn = self.get_connection(self.airflow_api_conn_id)
+            if conn.login:
+                body = {"username": conn.login, "password": conn.password or ""}
+                response = self._send("POST", "/auth/token", json=body)
+            else:
+                response = self._send("GET", "/auth/token")
+            if response.status_code >= 400:
+                # The body may echo what was sent: report the status and the user, nothing else.
+                raise RequeueError(
+                    f"the api-server refused a token for user {conn.login or '(none)'!r} "
+                    f"(HTTP {response.status_code}); check connection {self.airflow_api_conn_id!r}"
+                )
+            self._token = str(response.json()["access_token"])
+        return self._token
+
+    def _send(
+        self, method: str, path: str, *, token: str | None = None, **kwargs: Any
+    ) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        url = self.base_url() + path
+        for attempt in range(self.retries + 1):
+            try:
+                with httpx.Client(timeout=self.timeout) as client:
+                    return client.request(method, url, headers=headers, **kwargs)
+            except _RETRYABLE as err:
+                if attempt == self.retries:
+                    raise RequeueError(f"{method} {url} failed: {err}") from None
+                self.log.warning("%s %s failed (%s); retrying", method, url, err)
+                time.sleep(min(2.0**attempt, 10.0))
+        raise AssertionError("unreachable")
+
+    def test_connection(self) -> tuple[bool, str]:
+        try:
+            self._get_token(renew=True)
+        except Exception as err:  # report, don't raise: this backs the UI's "Test" button
+            return False, str(err)
+        return True, "Token granted"
