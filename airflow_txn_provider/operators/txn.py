@@ -37,7 +37,7 @@ def run_txid(context: Context, pipeline: str) -> int:
     txid = txid_from_run_id(dag_run.run_id)
     if txid is not None:
         return txid
-    conf_txid = (dag_run.conf or {}).get("txid")
+    conf_txid = (getattr(dag_run, "conf", None) or {}).get("txid")
     if isinstance(conf_txid, int) and not isinstance(conf_txid, bool) and conf_txid >= 1:
         return conf_txid
     raise AirflowFailException(

@@ -41,8 +41,12 @@ class FakeTI:
         return self.claim
 
 
-def _context(txid, claim=None):
-    return {"dag_run": SimpleNamespace(run_id=f"txid-{txid:06d}"), "ti": FakeTI(claim)}
+def _context(txid, claim=None, dag=None):
+    return {
+        "dag_run": SimpleNamespace(run_id=f"txid-{txid:06d}", conf={}),
+        "ti": FakeTI(claim),
+        "dag": dag,
+    }
 
 
 def test_begin_claims_in_order_and_defers_with_the_log_trigger(dag):
@@ -73,7 +77,11 @@ def test_commit_gate_waits_for_previous_then_commit_is_idempotent(dag):
     log = begin.txn_log()
     log.mark_processed("ops", 1, 1, {})
     assert gate.execute(_context(1, one)) == "open"
-    assert commit.execute(_context(1, one)) == {"applied": True, "committed_attempt": 1}
+    assert commit.execute(_context(1, one)) == {
+        "applied": True,
+        "committed_attempt": 1,
+        "also_committed": [],
+    }
     assert commit.execute(_context(1, one))["applied"] is False  # a duplicate run: no-op
     with pytest.raises(AirflowSkipException):
         begin.execute(_context(1))  # rerun of a committed txid's run does nothing
@@ -85,3 +93,87 @@ def test_manual_run_is_refused_clearly(dag):
     ctx = {"dag_run": SimpleNamespace(run_id="manual__2026-11-21"), "ti": FakeTI()}
     with pytest.raises(AirflowFailException, match="not a transaction"):
         dag.get_task("begin").execute(ctx)
+
+
+def test_manual_run_names_its_txid_in_conf(dag):
+    ctx = {"dag_run": SimpleNamespace(run_id="manual__x", conf={"txid": 1}), "ti": FakeTI()}
+    assert dag.get_task("begin").execute(ctx)["txid"] == 1
+
+
+def test_commit_also_commits_processed_successors_in_order(dag):
+    begin, commit = dag.get_task("begin"), dag.get_task("commit")
+    log = begin.txn_log()
+    one, two = begin.execute(_context(1)), begin.execute(_context(2))
+    log.mark_processed("ops", 2, 1, {})  # txid 2 is processed before txid 1
+    log.mark_processed("ops", 1, 1, {})
+    assert commit.execute(_context(1, one))["also_committed"] == [2]
+    assert log.last_committed("ops") == 2
+    assert commit.execute(_context(2, two))["applied"] is False  # its own run finds it done
+
+
+class ClearRecorder:
+    calls: list = []
+
+    def __init__(self, conn_id):
+        self.conn_id = conn_id
+
+    def clear_task_instances(self, dag_id, run_id, task_ids, note=None):
+        ClearRecorder.calls.append((self.conn_id, dag_id, run_id, sorted(task_ids), note))
+        return sorted(task_ids)
+
+
+@pytest.fixture
+def clears(monkeypatch):
+    import airflow_txn_provider.hooks.airflow_api as api
+
+    ClearRecorder.calls = []
+    monkeypatch.setattr(api, "AirflowApiHook", ClearRecorder)
+    return ClearRecorder.calls
+
+
+def test_failure_sensor_restarts_its_run_then_stops_a_poison_batch(dag, clears):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    begin, watch = dag.get_task("begin"), dag.get_task("watch_failures")
+    log = begin.txn_log()
+    ctx = _context(1, dag=dag)
+    with pytest.raises(TaskDeferred) as deferred:
+        watch.execute(ctx)
+    assert deferred.value.trigger.wait_for is WaitFor.OUTCOME
+    assert deferred.value.trigger.end_task_on_commit
+    assert deferred.value.kwargs == {"own_failures": 0}
+
+    begin.execute(_context(1))
+    begin.execute(_context(2))
+    log.fail("ops", 1, 1, error="boom")  # fails txid 2 with it
+    with pytest.raises(TaskDeferred) as deferred:
+        watch.on_failure(ctx, {"state": "failed", "attempt": 1}, own_failures=0)
+    assert deferred.value.kwargs == {"own_failures": 1}
+    assert deferred.value.trigger.attempt == 1  # next wake: a newer attempt's outcome
+    (conn_id, dag_id, run_id, tasks, note) = clears[-1]
+    assert (conn_id, dag_id, run_id) == ("airflow_api_default", "ops", "txid-000001")
+    assert "watch_failures" not in tasks and {"begin", "commit"} <= set(tasks)
+    assert "attempt 1 failed (its own failure)" in note
+
+    # txid 2 failed in the cascade: its sensor restarts its run without counting it
+    with pytest.raises(TaskDeferred) as deferred:
+        watch.on_failure(_context(2, dag=dag), {"state": "failed"}, own_failures=0)
+    assert deferred.value.kwargs == {"own_failures": 0}
+    assert "txid 1's failure" in clears[-1][4]
+
+    begin.execute(_context(1))  # attempt 2, fails again: max_attempts=3 allows one more
+    log.fail("ops", 1, 2, error="boom again")
+    with pytest.raises(TaskDeferred):
+        watch.on_failure(ctx, {"state": "failed"}, own_failures=1)
+    begin.execute(_context(1))
+    log.fail("ops", 1, 3, error="still broken")
+    with pytest.raises(AirflowFailException, match="txid=1 attempt=3: failed 3 times") as stop:
+        watch.on_failure(ctx, {"state": "failed"}, own_failures=2)
+    assert "still broken" in str(stop.value) and "Clear this run" in str(stop.value)
+    assert len(clears) == 3  # the poison stop restarts nothing
+
+
+def test_failure_sensor_skips_manual_runs(dag):
+    ctx = {"dag_run": SimpleNamespace(run_id="manual__x", conf={"txid": 1}), "ti": FakeTI()}
+    with pytest.raises(AirflowSkipException, match="manual run"):
+        dag.get_task("watch_failures").execute(ctx)

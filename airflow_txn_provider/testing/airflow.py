@@ -1,0 +1,267 @@
+"""A real Airflow deployment on loopback, for end-to-end tests, benchmarks and the demo.
+
+Starts ``airflow db migrate``, then the scheduler (LocalExecutor), dag-processor, triggerer and
+api-server as separate processes, each in its own process group with its log in ``home/logs``,
+on a Postgres metadata database. Login is Airflow's simple auth manager with one admin user.
+Nothing listens anywhere but 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from airflow_txn_provider.testing.postgres import free_port
+
+COMPONENTS = ("scheduler", "dag-processor", "triggerer", "api-server")
+ADMIN_USER = "admin"
+
+
+def connection_env(conn_id: str, **fields: Any) -> dict[str, str]:
+    """An Airflow connection as an ``AIRFLOW_CONN_*`` variable (JSON form)."""
+    return {f"AIRFLOW_CONN_{conn_id.upper()}": json.dumps(fields)}
+
+
+class AirflowStack:
+    """
+    :param home: ``AIRFLOW_HOME`` (created; holds logs, passwords file and airflow.cfg).
+    :param metadata_url: SQLAlchemy URL of an empty Postgres database for Airflow's metadata.
+    :param dags_folder: the DAG files.
+    :param env: extra environment (connections, Variables, provider settings).
+    :param password: the admin user's password.
+    """
+
+    def __init__(
+        self,
+        home: Path,
+        metadata_url: str,
+        dags_folder: Path,
+        *,
+        env: Mapping[str, str] | None = None,
+        password: str = "admin",
+        port: int | None = None,
+        parallelism: int = 8,
+    ) -> None:
+        self.home = Path(home)
+        self.metadata_url = metadata_url
+        self.dags_folder = Path(dags_folder)
+        self.extra_env = dict(env or {})
+        self.password = password
+        self.port = port or free_port()
+        self.parallelism = parallelism
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        bin_dir = str(Path(sys.executable).parent)
+        env = {
+            **os.environ,
+            "PATH": f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+            "AIRFLOW_HOME": str(self.home),
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.metadata_url,
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__PARALLELISM": str(self.parallelism),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags_folder),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN_USER}:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(self.home / "passwords.json"),
+            "AIRFLOW__API__HOST": "127.0.0.1",
+            "AIRFLOW__API__PORT": str(self.port),
+            "AIRFLOW__API__BASE_URL": self.url,
+            "AIRFLOW__API__WORKERS": "1",
+            "AIRFLOW__API_AUTH__JWT_SECRET": "txn-test-secret-not-for-production",
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "10",
+            "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.2",
+            "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "1",
+            "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+            "AIRFLOW_CONN_AIRFLOW_API_DEFAULT": json.dumps(
+                {
+                    "conn_type": "airflow_api",
+                    "host": "127.0.0.1",
+                    "port": self.port,
+                    "login": ADMIN_USER,
+                    "password": self.password,
+                }
+            ),
+            "NO_PROXY": "127.0.0.1,localhost",
+            "no_proxy": "127.0.0.1,localhost",
+        }
+        env.update(self.extra_env)
+        return env
+
+    def airflow(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+        """Run one ``airflow`` command in this deployment; raise with its output if it fails."""
+        proc = subprocess.run(
+            [str(Path(sys.executable).parent / "airflow"), *args],
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if proc.returncode != 0:
+            raise RuntimeError(
+                f"airflow {' '.join(args)} exited {proc.returncode}:\n{proc.stderr[-4000:]}"
+            )
+        return proc
+
+    def start(self, timeout: float = 240) -> AirflowStack:
+        (self.home / "logs").mkdir(parents=True, exist_ok=True)
+        (self.home / "passwords.json").write_text(json.dumps({ADMIN_USER: self.password}))
+        self.airflow("db", "migrate")
+        for name in COMPONENTS:
+            args = [name] + (["--port", str(self.port)] if name == "api-server" else [])
+            log = open(self.home / "logs" / f"{name}.log", "ab")  # noqa: SIM115 (child holds it)
+            self.procs[name] = subprocess.Popen(
+                [str(Path(sys.executable).parent / "airflow"), *args],
+                env=self.env(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            log.close()
+        self.wait_healthy(timeout)
+        return self
+
+    def wait_healthy(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        last: Any = None
+        while time.monotonic() < deadline:
+            self._check_alive()
+            try:
+                last = httpx.get(f"{self.url}/api/v2/monitor/health", timeout=5).json()
+                states = {k: v.get("status") for k, v in last.items() if isinstance(v, dict)}
+                if all(states.get(k) == "healthy" for k in ("metadatabase", "scheduler")) and (
+                    states.get("triggerer") == "healthy"
+                ):
+                    return
+            except httpx.HTTPError as err:
+                last = err
+            time.sleep(1)
+        raise TimeoutError(f"Airflow not healthy after {timeout:.0f} s: {last}\n{self.tail()}")
+
+    def _check_alive(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                raise RuntimeError(f"airflow {name} exited {proc.returncode}\n{self.tail(name)}")
+
+    def tail(self, *names: str, lines: int = 40) -> str:
+        out = []
+        for name in names or tuple(self.procs):
+            path = self.home / "logs" / f"{name}.log"
+            if path.exists():
+                text = path.read_text(errors="replace").splitlines()[-lines:]
+                out.append(f"--- {name} ---\n" + "\n".join(text))
+        return "\n".join(out)
+
+    def client(self) -> AirflowClient:
+        return AirflowClient(self.url, ADMIN_USER, self.password)
+
+    def stop(self, timeout: float = 30) -> None:
+        """SIGINT each component's process group (as Ctrl-C does), SIGKILL what is left."""
+        for proc in self.procs.values():
+            _signal_group(proc, signal.SIGINT)
+        deadline = time.monotonic() + timeout
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for proc in self.procs.values():
+            _signal_group(proc, signal.SIGKILL)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+        self.procs.clear()
+
+    def __enter__(self) -> AirflowStack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+class AirflowClient:
+    """The REST calls tests make, as a user of the UI would (login, unpause, clear, read runs)."""
+
+    def __init__(self, url: str, user: str, password: str) -> None:
+        self.url = url
+        token = httpx.post(
+            f"{url}/auth/token", json={"username": user, "password": password}, timeout=30
+        )
+        token.raise_for_status()
+        self.http = httpx.Client(
+            base_url=f"{url}/api/v2",
+            headers={"Authorization": f"Bearer {token.json()['access_token']}"},
+            timeout=60,
+        )
+
+    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = self.http.request(method, path, **kwargs)
+        if response.status_code >= 400:
+            raise RuntimeError(f"{method} {path}: {response.status_code} {response.text[:1000]}")
+        return response.json() if response.content else None
+
+    def wait_for_dag(self, dag_id: str, timeout: float = 180) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            response = self.http.get(f"/dags/{dag_id}")
+            if response.status_code == 200:
+                return dict(response.json())
+            time.sleep(1)
+        raise TimeoutError(f"DAG {dag_id} not parsed after {timeout:.0f} s")
+
+    def unpause(self, dag_id: str) -> None:
+        self.call("PATCH", f"/dags/{dag_id}", json={"is_paused": False})
+
+    def pause(self, dag_id: str) -> None:
+        self.call("PATCH", f"/dags/{dag_id}", json={"is_paused": True})
+
+    def runs(self, dag_id: str) -> list[dict[str, Any]]:
+        found = self.call("GET", f"/dags/{dag_id}/dagRuns", params={"limit": 100})
+        return list(found["dag_runs"])
+
+    def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
+        found = self.call("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances")
+        return list(found["task_instances"])
+
+    def clear_run(self, dag_id: str, run_id: str) -> Any:
+        """The call the UI's Clear button on a run makes."""
+        return self.call(
+            "POST", f"/dags/{dag_id}/dagRuns/{run_id}/clear", json={"dry_run": False}
+        )
+
+    def set_variable(self, key: str, value: str) -> None:
+        response = self.http.patch(f"/variables/{key}", json={"key": key, "value": value})
+        if response.status_code == 404:
+            self.call("POST", "/variables", json={"key": key, "value": value})
+        elif response.status_code >= 400:
+            raise RuntimeError(f"variable {key}: {response.status_code} {response.text[:500]}")
+
+    def delete_variable(self, key: str) -> None:
+        response = self.http.delete(f"/variables/{key}")
+        if response.status_code not in (204, 404):
+            raise RuntimeError(f"variable {key}: {response.status_code} {response.text[:500]}")

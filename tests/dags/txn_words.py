@@ -1,0 +1,33 @@
+"""Word count over a partitioned Parquet dataset: the DAG the dag.test and end-to-end tests run.
+
+Configured by environment variables so one file serves every test (each with its own data,
+pipeline name and window).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from airflow_txn_provider.dag_builder import build_dag
+from airflow_txn_provider.pipeline import TxnPipeline
+from airflow_txn_provider.spark.sources import PartitionedParquetSource
+from airflow_txn_provider.state import MapState
+
+ROOT = Path(__file__).resolve().parents[2]
+NAME = os.environ.get("TXN_TEST_PIPELINE", "txn_words")
+
+pipeline = TxnPipeline(
+    name=NAME,
+    source=PartitionedParquetSource(
+        os.environ.get("TXN_TEST_DATA", "/nonexistent"),
+        max_per_partition=int(os.environ.get("TXN_TEST_BATCH", "50")),
+    ),
+    jobs=[ROOT / "spark_jobs" / "word_count.py"],
+    states=[MapState(NAME, f"{NAME}_counts", "transactional", keys={"word": "text"})],
+    max_pending=int(os.environ.get("TXN_TEST_MAX_PENDING", "4")),
+    max_attempts=int(os.environ.get("TXN_TEST_MAX_ATTEMPTS", "2")),
+    poll_interval=float(os.environ.get("TXN_TEST_POLL", "0.5")),
+)
+
+dag = build_dag(pipeline)

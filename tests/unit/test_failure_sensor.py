@@ -1,0 +1,168 @@
+"""The failure sensor's rules: what it re-queues, what counts toward a poison batch, where a watch
+starts; the failure-injection switch; and the trigger ending a committed watch by itself."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import pytest
+from airflow.triggers.base import TaskSuccessEvent, TriggerEvent
+
+from airflow_txn_provider.coordinator import (
+    FailureResponse,
+    PipelineView,
+    TxRecord,
+    known_failed_attempt,
+    plan_failure,
+    requeue_set,
+    respond_to_failure,
+)
+from airflow_txn_provider.operators.txn import injected_failure, parse_failure_injection
+from airflow_txn_provider.triggers.txn_log import TxnLogTrigger, WaitFor
+from tests.unit.test_coordinator import DONE, FAIL, PROC, view
+
+
+def failed(v: PipelineView, txid: int) -> PipelineView:
+    """``v`` after the log failed ``txid`` and its cascade (what ``TransactionLog.fail`` writes)."""
+    hit = set(plan_failure(v, txid))
+    return replace(
+        v,
+        in_flight=tuple(
+            replace(r, status=FAIL, failed_by=txid) if r.txid in hit else r for r in v.in_flight
+        ),
+    )
+
+
+def test_requeue_set_is_the_failed_txid_and_every_later_one_in_flight():
+    v = view((3, 1, DONE), (4, 1, PROC), (5, 2, DONE), (6, 1, PROC), last=2)
+    after = failed(v, 4)
+    assert requeue_set(after, 4) == (4, 5, 6)
+    assert after.record(3).status is DONE  # an earlier txid keeps its output
+    assert requeue_set(failed(v, 6), 6) == (6,)
+
+
+def test_requeue_set_leaves_txids_failed_by_someone_else():
+    v = failed(view((3, 1, DONE), (4, 1, PROC), (5, 1, PROC), last=2), 5)
+    v = failed(v, 3)  # 3 then fails: 4 with it; 5 was failed by its own failure before
+    assert requeue_set(v, 3) == (3, 4)
+    assert v.record(5).failed_by == 5
+
+
+@pytest.mark.parametrize(
+    ("failed_by", "before", "max_attempts", "expected"),
+    [
+        (7, 0, 3, FailureResponse.REQUEUE),  # first own failure
+        (7, 1, 3, FailureResponse.REQUEUE),
+        (7, 2, 3, FailureResponse.STOP),  # third own failure: poison
+        (7, 0, 1, FailureResponse.STOP),  # no retries at all
+        (5, 2, 3, FailureResponse.REQUEUE),  # a cascade never counts
+        (5, 99, 1, FailureResponse.REQUEUE),
+        (None, 2, 3, FailureResponse.STOP),  # failure from before failed_by existed: its own
+    ],
+)
+def test_respond_to_failure(failed_by, before, max_attempts, expected):
+    rec = TxRecord(txid=7, attempt=4, status=FAIL, failed_by=failed_by)
+    assert respond_to_failure(rec, before, max_attempts) is expected
+
+
+def test_respond_to_failure_refuses_a_live_attempt():
+    with pytest.raises(ValueError, match="has not failed"):
+        respond_to_failure(TxRecord(txid=7, attempt=1, status=DONE), 0, 3)
+
+
+def test_a_watch_starts_after_failures_already_known():
+    assert known_failed_attempt(view(last=2), 3) == 0  # not begun: attempt 1's failure counts
+    assert known_failed_attempt(view((3, 2, PROC), last=2), 3) == 1  # attempt 2 is live
+    assert known_failed_attempt(view((3, 2, FAIL), last=2), 3) == 2  # old news: begin re-emits
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("3", {3: 1}),
+        ("3:2, 7:*", {3: 2, 7: None}),
+        ("", {}),
+        (" 4 ,", {4: 1}),
+    ],
+)
+def test_parse_failure_injection(spec, expected):
+    assert parse_failure_injection(spec) == expected
+
+
+@pytest.mark.parametrize("spec", ["x", "3:y", "0", "3:0", "3:-1"])
+def test_bad_failure_injection_is_refused_with_its_text(spec):
+    with pytest.raises(ValueError, match="failure injection"):
+        parse_failure_injection(spec)
+
+
+def test_injected_failure_by_attempt():
+    assert injected_failure("3", 3, 1) and not injected_failure("3", 3, 2)
+    assert injected_failure("3:2", 3, 2) and not injected_failure("3:2", 3, 3)
+    assert injected_failure("3:*", 3, 50)
+    assert not injected_failure("3:*", 4, 1)
+    assert not injected_failure(None, 3, 1)
+
+
+def _run_trigger_once(trigger, monkeypatch, v):
+    """Run ``trigger`` against a fixed view instead of a database."""
+    import sqlalchemy.ext.asyncio
+
+    import airflow_txn_provider.hooks.txn_log as hooks
+
+    class FakeConn:
+        async def __aenter__(self):
+            return self
+
+        async def __aexit__(self, *exc):
+            return False
+
+        async def run_sync(self, fn):
+            return v
+
+    class FakeEngine:
+        def connect(self):
+            return FakeConn()
+
+        async def dispose(self):
+            pass
+
+    async def url(self):
+        return "postgresql+psycopg://x@127.0.0.1/x"
+
+    monkeypatch.setattr(hooks.TxnLogHook, "async_sqlalchemy_url", url)
+    monkeypatch.setattr(sqlalchemy.ext.asyncio, "create_async_engine", lambda *a, **k: FakeEngine())
+
+    async def first():
+        async for event in trigger.run():
+            return event
+
+    return asyncio.run(asyncio.wait_for(first(), 5))
+
+
+def _outcome_trigger(end_task_on_commit):
+    return TxnLogTrigger(
+        txn_log_conn_id="c",
+        pipeline="p",
+        txid=3,
+        attempt=0,
+        wait_for=WaitFor.OUTCOME,
+        end_task_on_commit=end_task_on_commit,
+    )
+
+
+def test_a_committed_watch_ends_its_task_in_the_triggerer(monkeypatch):
+    event = _run_trigger_once(_outcome_trigger(True), monkeypatch, view(last=3))
+    assert isinstance(event, TaskSuccessEvent)
+
+
+def test_a_failure_resumes_the_task_with_the_failed_attempt(monkeypatch):
+    v = failed(view((3, 2, PROC), last=2), 3)
+    event = _run_trigger_once(_outcome_trigger(True), monkeypatch, v)
+    assert type(event) is TriggerEvent
+    assert event.payload == {"state": "failed", "attempt": 2, "txid": 3}
+
+
+def test_without_end_task_on_commit_the_task_resumes(monkeypatch):
+    event = _run_trigger_once(_outcome_trigger(False), monkeypatch, view(last=3))
+    assert type(event) is TriggerEvent and event.payload["state"] == "committed"
