@@ -31,7 +31,13 @@ from airflow_txn_provider.timetables import TXID_EPOCH, TxidTimetable
 
 def build_dag(pipeline: TxnPipeline, *, dag_id: str | None = None, **dag_kwargs: Any) -> DAG:
     """The DAG of ``pipeline``; extra keyword arguments go to ``DAG`` (tags, doc_md, …)."""
-    default_args = {"retries": 0, **dag_kwargs.pop("default_args", {})}
+    # retry_delay also paces a task that the failure sensor cleared while it was still finishing
+    # (Airflow then puts it up for retry): seconds, not the default five minutes.
+    default_args = {
+        "retries": 0,
+        "retry_delay": timedelta(seconds=2),
+        **dag_kwargs.pop("default_args", {}),
+    }
     dag_kwargs.setdefault("tags", ["transactions"])
     dag_kwargs.setdefault("dagrun_timeout", None)
     with DAG(

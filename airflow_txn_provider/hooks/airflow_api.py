@@ -76,19 +76,29 @@ class AirflowApiHook(BaseHook):
     def clear_task_instances(
         self, dag_id: str, run_id: str, task_ids: Sequence[str], *, note: str | None = None
     ) -> list[str]:
-        """Clear ``task_ids`` of one run (whatever their state): the scheduler runs them again and
-        kills those still running. Returns the task ids Airflow cleared."""
+        """Clear ``task_ids`` of one running run (whatever their state): the scheduler runs them
+        again and kills those still running. The run stays running, so it keeps its
+        ``max_active_runs`` slot. Returns the task ids Airflow cleared."""
         body: dict[str, Any] = {
             "dry_run": False,
             "dag_run_id": run_id,
             "task_ids": list(task_ids),
             "only_failed": False,
-            "reset_dag_runs": True,
+            "reset_dag_runs": False,
         }
         if note:
             body["note"] = note[:1000]
         found = self.request("POST", f"/api/v2/dags/{quote(dag_id)}/clearTaskInstances", json=body)
         return sorted({ti["task_id"] for ti in found.get("task_instances", [])})
+
+    def set_run_note(self, dag_id: str, run_id: str, note: str) -> None:
+        """The note the grid shows on a run."""
+        self.request(
+            "PATCH",
+            f"/api/v2/dags/{quote(dag_id)}/dagRuns/{quote(run_id)}",
+            params={"update_mask": "note"},
+            json={"note": note[:1000]},
+        )
 
     def clear_dag_run(self, dag_id: str, run_id: str, *, only_failed: bool = False) -> Any:
         """What the UI's "Clear" button on a run sends: the whole run runs again."""

@@ -296,9 +296,10 @@ class TxnFailureSensor(_TxnOperator):
     ends in the triggerer) or when an attempt of it fails. A failure of txid k fails k and every
     later txid in flight in the log (one database transaction); the sensor of each of those runs
     then restarts its run through the Airflow REST API, so they re-begin with new attempts, in
-    order, after k. A txid that failed on its own ``max_attempts`` times stops the pipeline: this
-    task fails, naming the txid and its error, and later txids wait for it until a person fixes
-    the cause and clears its run in the UI (which also gives it a fresh ``max_attempts``).
+    order, after k. A txid that failed on its own ``max_attempts`` times stops the pipeline (a
+    poison batch): its failed task stays red, the run's note and this task's log name the txid
+    and its error, and later txids wait for it until a person fixes the cause and clears its run
+    in the UI (which also gives it a fresh ``max_attempts``).
 
     Only scheduled txid runs are watched: a manual run (``dag.test``) has nobody to restart it.
     """
@@ -338,7 +339,6 @@ class TxnFailureSensor(_TxnOperator):
             requeue_set,
             respond_to_failure,
         )
-        from airflow_txn_provider.exceptions import PoisonBatchError
 
         p = self.pipeline
         txid = run_txid(context, p.name)
@@ -351,15 +351,7 @@ class TxnFailureSensor(_TxnOperator):
         response = respond_to_failure(rec, own_failures, p.max_attempts)
         own = own_failures + int(rec.failed_on_its_own)
         if response is FailureResponse.STOP:
-            error = PoisonBatchError(
-                f"failed {own} times on its own (max_attempts={p.max_attempts}), last error: "
-                f"{_last_error(self.txn_log(), p.name, txid)}. Later txids wait for it. Fix the "
-                "cause, then Clear this run in the Airflow UI to rerun it",
-                pipeline=p.name,
-                txid=txid,
-                attempt=rec.attempt,
-            )
-            raise AirflowFailException(str(error))
+            self._stop(context, txid, rec.attempt, own)
         if rec.failed_on_its_own:
             self.log.warning(
                 "pipeline=%s txid=%s attempt=%s failed (%s of %s); re-queued txids %s",
@@ -381,18 +373,46 @@ class TxnFailureSensor(_TxnOperator):
         self._restart_run(context, txid, rec.attempt, rec.failed_by)
         self._watch(txid, rec.attempt, own_failures=own)
 
+    def _stop(self, context: Context, txid: int, attempt: int, own: int) -> NoReturn:
+        """Poison batch: say so where people look, then keep watching without restarting.
+
+        The run stays running (this task deferred) on purpose: it keeps its ``max_active_runs``
+        slot, so a Clear of this run in the UI can start it again while the later runs wait in
+        theirs. A failed run would give its slot to a new, later run and the Clear would queue
+        behind the runs waiting for it.
+        """
+        from airflow_txn_provider.exceptions import PoisonBatchError
+
+        p = self.pipeline
+        last = _last_error(self.txn_log(), p.name, txid)
+        error = PoisonBatchError(
+            f"POISON BATCH, pipeline stopped: failed {own} times on its own "
+            f"(max_attempts={p.max_attempts}), last error: {last}. Later txids wait for it. "
+            "Fix the cause, then Clear this run in the Airflow UI",
+            pipeline=p.name,
+            txid=txid,
+            attempt=attempt,
+        )
+        self.log.error("%s", error)
+        self._api().set_run_note(context["dag"].dag_id, context["dag_run"].run_id, str(error))
+        self._watch(txid, attempt, own_failures=own)
+
+    def _api(self) -> Any:
+        from airflow_txn_provider.hooks.airflow_api import AirflowApiHook
+
+        return AirflowApiHook(self.pipeline.airflow_api_conn_id)
+
     def _restart_run(
         self, context: Context, txid: int, attempt: int, failed_by: int | None
     ) -> None:
         from airflow_txn_provider.exceptions import RequeueError
-        from airflow_txn_provider.hooks.airflow_api import AirflowApiHook
 
         dag = context["dag"]
         run_id = context["dag_run"].run_id
         work = [t for t in dag.task_ids if t != self.task_id]
         cause = "its own failure" if failed_by in (None, txid) else f"txid {failed_by}'s failure"
         try:
-            cleared = AirflowApiHook(self.pipeline.airflow_api_conn_id).clear_task_instances(
+            cleared = self._api().clear_task_instances(
                 dag.dag_id,
                 run_id,
                 work,

@@ -71,6 +71,8 @@ class AirflowStack:
             "PATH": f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}",
             "AIRFLOW_HOME": str(self.home),
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.metadata_url,
+            # Airflow's async engine defaults to asyncpg; psycopg 3 (async too) is installed
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC": _psycopg3(self.metadata_url),
             "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
             "AIRFLOW__CORE__PARALLELISM": str(self.parallelism),
             "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags_folder),
@@ -125,7 +127,7 @@ class AirflowStack:
         self.airflow("db", "migrate")
         for name in COMPONENTS:
             args = [name] + (["--port", str(self.port)] if name == "api-server" else [])
-            log = open(self.home / "logs" / f"{name}.log", "ab")  # noqa: SIM115 (child holds it)
+            log = open(self.home / "logs" / f"{name}.log", "ab")  # the child keeps it open
             self.procs[name] = subprocess.Popen(
                 [str(Path(sys.executable).parent / "airflow"), *args],
                 env=self.env(),
@@ -197,6 +199,12 @@ class AirflowStack:
         self.stop()
 
 
+def _psycopg3(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    return make_url(url).set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+
+
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
     try:
         os.killpg(proc.pid, sig)
@@ -250,9 +258,7 @@ class AirflowClient:
 
     def clear_run(self, dag_id: str, run_id: str) -> Any:
         """The call the UI's Clear button on a run makes."""
-        return self.call(
-            "POST", f"/dags/{dag_id}/dagRuns/{run_id}/clear", json={"dry_run": False}
-        )
+        return self.call("POST", f"/dags/{dag_id}/dagRuns/{run_id}/clear", json={"dry_run": False})
 
     def set_variable(self, key: str, value: str) -> None:
         response = self.http.patch(f"/variables/{key}", json={"key": key, "value": value})

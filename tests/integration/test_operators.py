@@ -121,19 +121,21 @@ class ClearRecorder:
         ClearRecorder.calls.append((self.conn_id, dag_id, run_id, sorted(task_ids), note))
         return sorted(task_ids)
 
+    def set_run_note(self, dag_id, run_id, note):
+        ClearRecorder.notes.append((dag_id, run_id, note))
+
 
 @pytest.fixture
 def clears(monkeypatch):
     import airflow_txn_provider.hooks.airflow_api as api
 
     ClearRecorder.calls = []
+    ClearRecorder.notes = []
     monkeypatch.setattr(api, "AirflowApiHook", ClearRecorder)
     return ClearRecorder.calls
 
 
 def test_failure_sensor_restarts_its_run_then_stops_a_poison_batch(dag, clears):
-    from airflow.sdk.exceptions import AirflowFailException
-
     begin, watch = dag.get_task("begin"), dag.get_task("watch_failures")
     log = begin.txn_log()
     ctx = _context(1, dag=dag)
@@ -167,10 +169,15 @@ def test_failure_sensor_restarts_its_run_then_stops_a_poison_batch(dag, clears):
         watch.on_failure(ctx, {"state": "failed"}, own_failures=1)
     begin.execute(_context(1))
     log.fail("ops", 1, 3, error="still broken")
-    with pytest.raises(AirflowFailException, match="txid=1 attempt=3: failed 3 times") as stop:
+    with pytest.raises(TaskDeferred) as stop:
         watch.on_failure(ctx, {"state": "failed"}, own_failures=2)
-    assert "still broken" in str(stop.value) and "Clear this run" in str(stop.value)
-    assert len(clears) == 3  # the poison stop restarts nothing
+    # a poison batch: the run is not restarted; it stays (keeping its slot) with a note saying why
+    assert len(clears) == 3
+    ((dag_id, run_id, note),) = ClearRecorder.notes
+    assert (dag_id, run_id) == ("ops", "txid-000001")
+    assert "txid=1 attempt=3: POISON BATCH" in note and "failed 3 times" in note
+    assert "still broken" in note and "Clear this run" in note
+    assert stop.value.kwargs == {"own_failures": 3}  # a new attempt (a rerun) is still watched
 
 
 def test_failure_sensor_skips_manual_runs(dag):
