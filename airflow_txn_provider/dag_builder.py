@@ -4,7 +4,7 @@ One run per txid (:class:`~airflow_txn_provider.timetables.TxidTimetable`), at m
 ``max_pending`` runs in flight (``max_active_runs``), in txid order. Per run::
 
     begin >> [process_<job> ...] >> (processed, with several jobs) >> commit_gate >> commit
-    watch_failures                                   (beside them: the run's failure sensor)
+    begin >> watch_failures                          (the run's failure sensor, beside the work)
 """
 
 from __future__ import annotations
@@ -71,5 +71,5 @@ def build_dag(pipeline: TxnPipeline, *, dag_id: str | None = None, **dag_kwargs:
             processed = TxnRecordProcessedOperator(task_id="processed", pipeline=pipeline)
             jobs >> processed >> gate
         gate >> commit
-        TxnFailureSensor(task_id=WATCH_TASK_ID, pipeline=pipeline)
+        begin >> TxnFailureSensor(task_id=WATCH_TASK_ID, pipeline=pipeline)
     return dag

@@ -292,9 +292,10 @@ class TxnFailureSensor(_TxnOperator):
     """The failure sensor of one txid's run: restart the run when its txid fails, stop when it is
     a poison batch.
 
-    Deferred for the run's whole life (no worker slot), it wakes when the txid commits (the task
-    ends in the triggerer) or when an attempt of it fails. A failure of txid k fails k and every
-    later txid in flight in the log (one database transaction); the sensor of each of those runs
+    Deferred from the claim to the end of the run (no worker slot), it wakes when the txid
+    commits (the task ends in the triggerer) or when an attempt of it fails. A failure of txid k
+    fails k and every later txid in flight in the log (one database transaction); the sensor of
+    each of those runs
     then restarts its run through the Airflow REST API, so they re-begin with new attempts, in
     order, after k. A txid that failed on its own ``max_attempts`` times stops the pipeline (a
     poison batch): its failed task stays red, the run's note and this task's log name the txid
@@ -307,15 +308,12 @@ class TxnFailureSensor(_TxnOperator):
     ui_color = "#fde8e8"
 
     def execute(self, context: Context) -> None:
-        from airflow_txn_provider.coordinator import known_failed_attempt
-
-        p = self.pipeline
-        txid = run_txid(context, p.name)
+        txid = run_txid(context, self.pipeline.name)
         if not is_scheduled_txid_run(context):
             raise AirflowSkipException("a manual run is not restarted on failure")
-        log = self.txn_log()
-        log.register_pipeline(p.name, source_kind=p.source.kind, max_pending=p.max_pending)
-        self._watch(txid, known_failed_attempt(log.view(p.name), txid), own_failures=0)
+        # Downstream of begin, so the attempt to watch is exactly the one this run claimed: a
+        # failure that came before the claim is begin's business (it re-emits), not ours.
+        self._watch(txid, claimed(context)["attempt"] - 1, own_failures=0)
 
     def _watch(self, txid: int, attempt: int, *, own_failures: int) -> NoReturn:
         self.defer(

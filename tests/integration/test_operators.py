@@ -138,16 +138,15 @@ def clears(monkeypatch):
 def test_failure_sensor_restarts_its_run_then_stops_a_poison_batch(dag, clears):
     begin, watch = dag.get_task("begin"), dag.get_task("watch_failures")
     log = begin.txn_log()
-    ctx = _context(1, dag=dag)
-    with pytest.raises(TaskDeferred) as deferred:
-        watch.execute(ctx)
-    assert deferred.value.trigger.wait_for is WaitFor.OUTCOME
-    assert deferred.value.trigger.end_task_on_commit
-    assert deferred.value.kwargs == {"own_failures": 0}
-
-    begin.execute(_context(1))
+    ctx = _context(1, begin.execute(_context(1)), dag=dag)
     begin.execute(_context(2))
     log.fail("ops", 1, 1, error="boom")  # fails txid 2 with it
+    with pytest.raises(TaskDeferred) as deferred:
+        watch.execute(ctx)  # starting after its claim failed: that failure is still to handle
+    assert deferred.value.trigger.wait_for is WaitFor.OUTCOME
+    assert deferred.value.trigger.end_task_on_commit
+    assert deferred.value.trigger.attempt == 0  # wakes on the failure of attempt 1
+    assert deferred.value.kwargs == {"own_failures": 0}
     with pytest.raises(TaskDeferred) as deferred:
         watch.on_failure(ctx, {"state": "failed", "attempt": 1}, own_failures=0)
     assert deferred.value.kwargs == {"own_failures": 1}

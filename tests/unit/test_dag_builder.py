@@ -44,7 +44,7 @@ def test_one_job_dag_shape():
         "watch_failures",
     }
     assert _upstream(dag, "process_word_count") == {"begin"}
-    assert _upstream(dag, "watch_failures") == set()  # watches the whole run, from its start
+    assert _upstream(dag, "watch_failures") == {"begin"}  # watches the attempt begin claimed
     assert _upstream(dag, "commit_gate") == {"process_word_count"}
     assert _upstream(dag, "commit") == {"commit_gate"}
     assert dag.max_active_runs == 3 and dag.catchup
