@@ -29,6 +29,15 @@ from airflow_txn_provider.pipeline import TxnPipeline
 from airflow_txn_provider.timetables import TXID_EPOCH, TxidTimetable
 
 
+# Begin, gate, commit and the failure sensor are safe to run again (claims and commits are fenced
+# and idempotent), so Airflow may retry them: a lost database connection, and Airflow 3.3's race
+# that fails a deferred task resumed within seconds of deferring (a stale executor event from the
+# deferring process: apache/airflow#71580, #72716), then cost a retry, not a stuck pipeline.
+# Processing is not retried by Airflow: a failed attempt is the failure sensor's to replay, with
+# a new attempt, in order.
+COORDINATION_RETRIES = 3
+
+
 def build_dag(pipeline: TxnPipeline, *, dag_id: str | None = None, **dag_kwargs: Any) -> DAG:
     """The DAG of ``pipeline``; extra keyword arguments go to ``DAG`` (tags, doc_md, …)."""
     # retry_delay also paces a task that the failure sensor cleared while it was still finishing
@@ -50,7 +59,8 @@ def build_dag(pipeline: TxnPipeline, *, dag_id: str | None = None, **dag_kwargs:
         default_args=default_args,
         **dag_kwargs,
     ) as dag:
-        begin = TxnBeginOperator(task_id=BEGIN_TASK_ID, pipeline=pipeline)
+        coordination = {"retries": COORDINATION_RETRIES}
+        begin = TxnBeginOperator(task_id=BEGIN_TASK_ID, pipeline=pipeline, **coordination)
         single = len(pipeline.jobs) == 1
         jobs = [
             TxnProcessOperator(
@@ -62,14 +72,16 @@ def build_dag(pipeline: TxnPipeline, *, dag_id: str | None = None, **dag_kwargs:
             )
             for job in pipeline.jobs
         ]
-        gate = TxnCommitGateSensor(task_id="commit_gate", pipeline=pipeline)
-        commit = TxnCommitOperator(task_id="commit", pipeline=pipeline)
+        gate = TxnCommitGateSensor(task_id="commit_gate", pipeline=pipeline, **coordination)
+        commit = TxnCommitOperator(task_id="commit", pipeline=pipeline, **coordination)
         begin >> jobs
         if single:
             jobs[0] >> gate
         else:
-            processed = TxnRecordProcessedOperator(task_id="processed", pipeline=pipeline)
+            processed = TxnRecordProcessedOperator(
+                task_id="processed", pipeline=pipeline, **coordination
+            )
             jobs >> processed >> gate
         gate >> commit
-        begin >> TxnFailureSensor(task_id=WATCH_TASK_ID, pipeline=pipeline)
+        begin >> TxnFailureSensor(task_id=WATCH_TASK_ID, pipeline=pipeline, **coordination)
     return dag

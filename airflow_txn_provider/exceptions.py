@@ -22,7 +22,9 @@ class TxnError(Exception):
         self.txid = txid
         self.attempt = attempt
         self.detail = message
-        super().__init__(f"pipeline={pipeline} txid={txid} attempt={attempt}: {message}")
+        about_nothing = pipeline is None and txid is None and attempt is None  # a config error
+        where = "" if about_nothing else f"pipeline={pipeline} txid={txid} attempt={attempt}: "
+        super().__init__(where + message)
 
     def __reduce__(self):  # keep the keyword arguments across pickling (multiprocessing, Airflow)
         return (
@@ -144,3 +146,7 @@ class PoisonBatchError(TxnError):
 
 class InjectedFailure(ProcessingError):
     """A failure asked for by the failure-injection switch (a demo and test aid)."""
+
+
+class TxnConfigError(TxnError):
+    """The provider's configuration (an Airflow connection, a setting) is missing or unreadable."""

@@ -20,13 +20,38 @@ def get_provider_info() -> dict[str, Any]:
         "hooks": [
             {
                 "integration-name": "Transactional Spark batches",
-                "python-modules": ["airflow_txn_provider.hooks.txn_log"],
+                "python-modules": [
+                    "airflow_txn_provider.hooks.txn_log",
+                    "airflow_txn_provider.hooks.airflow_api",
+                ],
+            }
+        ],
+        "operators": [
+            {
+                "integration-name": "Transactional Spark batches",
+                "python-modules": ["airflow_txn_provider.operators.txn"],
+            }
+        ],
+        "triggers": [
+            {
+                "integration-name": "Transactional Spark batches",
+                "python-modules": ["airflow_txn_provider.triggers.txn_log"],
             }
         ],
         "connection-types": [
             {
                 "hook-class-name": "airflow_txn_provider.hooks.txn_log.TxnLogHook",
                 "connection-type": "txn_log",
+            },
+            {
+                "hook-class-name": "airflow_txn_provider.hooks.airflow_api.AirflowApiHook",
+                "connection-type": "airflow_api",
+            },
+        ],
+        "plugins": [
+            {
+                "name": "airflow_txn_provider",
+                "plugin-class": "airflow_txn_provider.plugins.TxnProviderPlugin",
             }
         ],
     }

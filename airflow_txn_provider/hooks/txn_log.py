@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseHook
 from sqlalchemy.engine import URL, make_url
 
+from airflow_txn_provider.exceptions import TxnConfigError
 from airflow_txn_provider.transaction_log import TransactionLog, engine_from_url
 
 if TYPE_CHECKING:
@@ -47,11 +48,18 @@ class TxnLogHook(BaseHook):
         }
 
     def sqlalchemy_url(self) -> URL | str:
-        return _url(self.get_connection(self.txn_log_conn_id))
+        try:
+            conn = self.get_connection(self.txn_log_conn_id)
+        except Exception as err:
+            raise _connection_error(self.txn_log_conn_id, err) from None
+        return _url(conn)
 
     async def async_sqlalchemy_url(self) -> URL:
         """The URL with psycopg 3's async driver, for triggers (connection looked up async)."""
-        conn = await self.aget_connection(self.txn_log_conn_id)
+        try:
+            conn = await self.aget_connection(self.txn_log_conn_id)
+        except Exception as err:
+            raise _connection_error(self.txn_log_conn_id, err) from None
         return make_url(_url(conn)).set(drivername="postgresql+psycopg")
 
     def log_url(self) -> str:
@@ -75,6 +83,16 @@ class TxnLogHook(BaseHook):
         except Exception as err:  # report, don't raise: this backs the UI's "Test" button
             return False, str(err)
         return True, "Connection successfully tested"
+
+
+def _connection_error(conn_id: str, err: Exception) -> TxnConfigError:
+    """A missing or unreadable connection, said so that a person knows what to set."""
+    return TxnConfigError(
+        f"the transaction log's Airflow connection {conn_id!r} is missing or unreadable "
+        f"({type(err).__name__}: {err}). Create it (type txn_log: host, port, login, password, "
+        f"database) in Admin > Connections, or set AIRFLOW_CONN_{conn_id.upper()}="
+        "postgresql://user:password@host:5432/database"
+    )
 
 
 def _url(conn: Any) -> URL | str:

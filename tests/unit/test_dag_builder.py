@@ -49,6 +49,8 @@ def test_one_job_dag_shape():
     assert _upstream(dag, "commit") == {"commit_gate"}
     assert dag.max_active_runs == 3 and dag.catchup
     assert dag.get_task("process_word_count").finish is True
+    assert dag.get_task("process_word_count").retries == 0  # replays are new attempts, in order
+    assert {dag.get_task(t).retries for t in ("begin", "commit_gate", "commit")} == {3}
 
 
 def test_several_jobs_run_in_parallel_then_record_processed():

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from sqlalchemy.engine import make_url
 
 from airflow_txn_provider.hooks.txn_log import TxnLogHook
@@ -66,3 +67,41 @@ def test_provider_is_registered(tmp_path: Path):
         and h["class"] == "airflow_txn_provider.hooks.txn_log.TxnLogHook"
         for h in json.loads(hooks)
     ), hooks[:500]
+
+
+def _airflow(args, env):
+    return subprocess.run(
+        [str(Path(sys.executable).parent / "airflow"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+
+
+def test_connection_types_and_plugin_are_registered(tmp_path: Path):
+    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path)}
+    listed = _airflow(["providers", "list", "-o", "json"], env)
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    assert any(p["package_name"] == "airflow-txn-provider" for p in json.loads(listed.stdout))
+    hooks = json.loads(_airflow(["providers", "hooks", "-o", "json"], env).stdout)
+    types = {h["connection_type"]: h["class"] for h in hooks}
+    assert types["airflow_api"] == "airflow_txn_provider.hooks.airflow_api.AirflowApiHook"
+    plugins = _airflow(["plugins", "-o", "json"], env)
+    assert "TxidTimetable" in plugins.stdout, plugins.stdout[-2000:]
+
+
+def test_broken_connection_is_a_clear_error_not_a_broken_airflow(tmp_path: Path, monkeypatch):
+    from airflow_txn_provider.exceptions import TxnConfigError
+
+    broken = "{not json"
+    env = {**os.environ, "AIRFLOW_HOME": str(tmp_path), "AIRFLOW_CONN_TXN_LOG_DEFAULT": broken}
+    listed = _airflow(["providers", "list", "-o", "json"], env)  # every command still works
+    assert listed.returncode == 0, listed.stderr[-2000:]
+    monkeypatch.setenv("AIRFLOW_CONN_TXN_LOG_DEFAULT", broken)
+    with pytest.raises(TxnConfigError, match="'txn_log_default' is missing or unreadable") as err:
+        TxnLogHook().get_log()
+    assert "AIRFLOW_CONN_TXN_LOG_DEFAULT=postgresql://" in str(err.value)
+    monkeypatch.delenv("AIRFLOW_CONN_TXN_LOG_DEFAULT")
+    with pytest.raises(TxnConfigError, match="missing or unreadable"):
+        TxnLogHook(txn_log_conn_id="nowhere").get_log()
