@@ -28,7 +28,6 @@ from airflow_txn_provider.operators.txn import (
 from airflow_txn_provider.pipeline import TxnPipeline
 from airflow_txn_provider.timetables import TXID_EPOCH, TxidTimetable
 
-
 # Begin, gate, commit and the failure sensor are safe to run again (claims and commits are fenced
 # and idempotent), so Airflow may retry them: a lost database connection, and Airflow 3.3's race
 # that fails a deferred task resumed within seconds of deferring (a stale executor event from the
