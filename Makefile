@@ -3,6 +3,7 @@
 #               example-DAGs issue); a second run continues from the log
 # make bench-core : transaction-core benchmark (prints a table)
 # make bench-spark: per-txid overhead of spark-submit / Spark Connect / standalone, records/s
+# make bench-airflow: commit gap and max_pending=4 vs 1 speedup on a real Airflow
 
 PYTHON ?= python3
 VENV   := .venv
@@ -11,7 +12,7 @@ STAMP  := $(VENV)/.installed-stamp
 PYSPARK_VERSION := 4.3.0
 PYTEST_ARGS ?=
 
-.PHONY: demo install system-deps test test-unit test-integration lint bench-core bench-spark clean
+.PHONY: demo install system-deps test test-unit test-integration lint bench-core bench-spark bench-airflow clean
 
 install: $(STAMP)
 
@@ -53,6 +54,9 @@ bench-core: install
 
 bench-spark: install
 	$(PY) benchmarks/bench_spark.py
+
+bench-airflow: install
+	$(PY) benchmarks/bench_airflow.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis var

@@ -23,7 +23,7 @@ pipeline = TxnPipeline(
         os.environ.get("TXN_TEST_DATA", "/nonexistent"),
         max_per_partition=int(os.environ.get("TXN_TEST_BATCH", "50")),
     ),
-    jobs=[ROOT / "spark_jobs" / "word_count.py"],
+    jobs=[os.environ.get("TXN_TEST_JOB", str(ROOT / "spark_jobs" / "word_count.py"))],
     states=[MapState(NAME, f"{NAME}_counts", "transactional", keys={"word": "text"})],
     max_pending=int(os.environ.get("TXN_TEST_MAX_PENDING", "4")),
     max_attempts=int(os.environ.get("TXN_TEST_MAX_ATTEMPTS", "2")),
