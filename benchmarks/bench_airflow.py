@@ -17,7 +17,7 @@ tens of seconds of one core per txid) so that Airflow's own per-task cost (a Pyt
 task, on the same two cores) does not dominate.
 
 Usage: python benchmarks/bench_airflow.py [--txids 20] [--speedup-txids 8] [--batch 5000]
-       [--rounds 50] [--heavy-rounds 12000]
+       [--rounds 50] [--heavy-rounds 6000]
 """
 
 from __future__ import annotations
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch", type=int, default=5000, help="records per txid")
     parser.add_argument("--rounds", type=int, default=50, help="SHA-256 rounds, commit-gap run")
     parser.add_argument(
-        "--heavy-rounds", type=int, default=12000, help="SHA-256 rounds, speedup runs"
+        "--heavy-rounds", type=int, default=6000, help="SHA-256 rounds, speedup runs"
     )
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="bench-airflow-"))

@@ -46,3 +46,18 @@ def test_daily_csv_source_from_the_docs(txlog, spark, tmp_path):
     with txlog.engine.connect() as conn:
         got = {k[0]: v for k, v in state.items(conn).items()}
     assert got == dict(word_counts(line for lines in days.values() for line in lines))
+
+
+def test_pipeline_declaration_in_the_airflow_docs_builds_its_dag():
+    (block,) = _python_blocks(ROOT / "docs" / "airflow.md")
+    namespace: dict = {}
+    exec(compile(block, "docs/airflow.md", "exec"), namespace)
+    dag = namespace["dag"]
+    assert dag.dag_id == "words" and dag.max_active_runs == 4
+    assert set(dag.task_ids) == {
+        "begin",
+        "process_word_count",
+        "commit_gate",
+        "commit",
+        "watch_failures",
+    }
