@@ -7,6 +7,8 @@ these operators only claim, wait (deferred: no worker slot), run, and report.
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -51,35 +53,47 @@ def is_scheduled_txid_run(context: Context) -> bool:
     return txid_from_run_id(context["dag_run"].run_id) is not None
 
 
-def parse_failure_injection(spec: str) -> dict[int, int | None]:
+@dataclass(frozen=True)
+class InjectedFailureRule:
+    attempts: int | None
+    """Attempts to fail (the first N), or ``None`` for every attempt."""
+    delay: float = 0.0
+    """Seconds to wait before failing, as a job that fails late does."""
+
+
+def parse_failure_injection(spec: str) -> dict[int, InjectedFailureRule]:
     """Parse the failure-injection switch: ``"3"`` fails txid 3's first attempt, ``"3:2"`` its
-    first two, ``"3:*"`` every attempt (a poison batch); several are comma-separated
-    (``"3,7:*"``). Returns ``{txid: attempts to fail, or None for all}``."""
-    found: dict[int, int | None] = {}
+    first two, ``"3:*"`` every attempt (a poison batch), ``"3@8"`` fails it after 8 seconds (the
+    later txids are in flight by then, and fail with it); several are comma-separated
+    (``"3@8,7:*"``)."""
+    found: dict[int, InjectedFailureRule] = {}
     for part in filter(None, (p.strip() for p in spec.split(","))):
-        txid_text, _, attempts_text = part.partition(":")
+        rule, _, delay_text = part.partition("@")
+        txid_text, _, attempts_text = rule.partition(":")
         try:
             txid = int(txid_text)
             attempts = None if attempts_text.strip() == "*" else int(attempts_text or 1)
+            delay = float(delay_text or 0)
         except ValueError:
             raise ValueError(
-                f"failure injection {spec!r}: {part!r} is not TXID, TXID:N or TXID:*"
+                f"failure injection {spec!r}: {part!r} is not TXID[:N|:*][@SECONDS]"
             ) from None
-        if txid < 1 or (attempts is not None and attempts < 1):
-            raise ValueError(f"failure injection {spec!r}: txid and attempts must be >= 1")
-        found[txid] = attempts
+        if txid < 1 or (attempts is not None and attempts < 1) or delay < 0:
+            raise ValueError(
+                f"failure injection {spec!r}: txid and attempts must be >= 1, seconds >= 0"
+            )
+        found[txid] = InjectedFailureRule(attempts, delay)
     return found
 
 
-def injected_failure(spec: str | None, txid: int, attempt: int) -> bool:
-    """Whether the switch asks ``(txid, attempt)`` to fail."""
+def injected_failure(spec: str | None, txid: int, attempt: int) -> InjectedFailureRule | None:
+    """The rule asking ``(txid, attempt)`` to fail, if the switch has one."""
     if not spec:
-        return False
-    rules = parse_failure_injection(spec)
-    if txid not in rules:
-        return False
-    limit = rules[txid]
-    return limit is None or attempt <= limit
+        return None
+    rule = parse_failure_injection(spec).get(txid)
+    if rule is None or (rule.attempts is not None and attempt > rule.attempts):
+        return None
+    return rule
 
 
 def claimed(context: Context) -> dict[str, Any]:
@@ -201,7 +215,11 @@ class TxnProcessOperator(_TxnOperator):
         from airflow_txn_provider.exceptions import InjectedFailure
 
         name = INJECT_FAILURE_VARIABLE.format(pipeline=self.pipeline.name)
-        if injected_failure(Variable.get(name, default=None), txid, attempt):
+        rule = injected_failure(Variable.get(name, default=None), txid, attempt)
+        if rule is not None:
+            if rule.delay:
+                self.log.warning("failure injected by %s in %.0f s", name, rule.delay)
+                time.sleep(rule.delay)
             raise InjectedFailure(
                 f"injected failure (Airflow Variable {name})",
                 pipeline=self.pipeline.name,
@@ -295,9 +313,8 @@ class TxnFailureSensor(_TxnOperator):
     Deferred from the claim to the end of the run (no worker slot), it wakes when the txid
     commits (the task ends in the triggerer) or when an attempt of it fails. A failure of txid k
     fails k and every later txid in flight in the log (one database transaction); the sensor of
-    each of those runs
-    then restarts its run through the Airflow REST API, so they re-begin with new attempts, in
-    order, after k. A txid that failed on its own ``max_attempts`` times stops the pipeline (a
+    each of those runs then restarts its run through the Airflow REST API, so they re-begin with
+    new attempts, in order, after k. A txid that failed on its own ``max_attempts`` times stops the pipeline (a
     poison batch): its failed task stays red, the run's note and this task's log name the txid
     and its error, and later txids wait for it until a person fixes the cause and clears its run
     in the UI (which also gives it a fresh ``max_attempts``).

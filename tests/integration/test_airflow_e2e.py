@@ -4,8 +4,8 @@ on a Postgres metadata DB, a Spark Connect server, the transaction log in Postgr
 
 A word-count pipeline with max_pending=4 over 10 txids of data:
 
-* txid 3's processing fails once (the failure-injection Variable): the txids in flight after it
-  are failed with it and re-queued by their failure sensors; txid 3 retries and everything commits
+* txid 3's processing fails once, 8 s in (the failure-injection Variable): the txids in flight
+  after it are failed with it and re-queued by their failure sensors; txid 3 retries and all commit
   in order;
 * txid 6 fails on every attempt: after max_attempts=2 its run fails (a poison batch) and the later
   txids wait; the cause is removed and the run is cleared with the REST call the UI's Clear button
@@ -91,7 +91,8 @@ def test_failures_requeue_and_a_ui_clear_replays_in_order(stack, db_url):
     airflow, lines = stack
     api = airflow.client()
     api.wait_for_dag(PIPELINE)
-    api.set_variable(VARIABLE, "3,6:*")  # txid 3 fails once; txid 6 on every attempt
+    # txid 3 fails once, late (the later txids are in flight by then); txid 6 on every attempt
+    api.set_variable(VARIABLE, "3@8,6:*")
     api.unpause(PIPELINE)
     log = TransactionLog.from_url(db_url, migrate=False)
 
