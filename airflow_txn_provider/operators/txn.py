@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from airflow_txn_provider.coordinator import BeginAction, GateState
+from airflow_txn_provider.coordinator import BeginAction, GateState, TxStatus
 from airflow_txn_provider.hooks.txn_log import TxnLogHook
 from airflow_txn_provider.timetables import txid_from_run_id
 from airflow_txn_provider.triggers.txn_log import TxnLogTrigger, WaitFor
@@ -317,7 +317,8 @@ class TxnFailureSensor(_TxnOperator):
     new attempts, in order, after k. A txid that failed on its own ``max_attempts`` times stops
     the pipeline (a poison batch): its failed task stays red, the run's note and this task's log
     name the txid and its error, and later txids wait for it until a person fixes the cause and
-    clears its run in the UI (which also gives it a fresh ``max_attempts``).
+    clears its run in the UI (which also gives it a fresh ``max_attempts``; so does an Airflow
+    retry of this task, as the count of failures it handled lives in its deferral).
 
     Only scheduled txid runs are watched: a manual run (``dag.test``) has nobody to restart it.
     """
@@ -361,7 +362,7 @@ class TxnFailureSensor(_TxnOperator):
             return
         view = self.txn_log().view(p.name)
         rec = view.record(txid)
-        if rec is None or rec.status.value != "failed":  # re-begun meanwhile (a manual clear)
+        if rec is None or rec.status is not TxStatus.FAILED:  # re-begun meanwhile (a manual clear)
             self._watch(txid, known_failed_attempt(view, txid), own_failures=own_failures)
         response = respond_to_failure(rec, own_failures, p.max_attempts)
         own = own_failures + int(rec.failed_on_its_own)
@@ -454,7 +455,7 @@ def _why_waiting(log: TransactionLog, pipeline: TxnPipeline, txid: int) -> str:
     for rec in view.in_flight:
         if rec.txid >= txid:
             break
-        if rec.status.value == "failed":
+        if rec.status is TxStatus.FAILED:
             info = log.transaction(pipeline.name, rec.txid)
             error = (info.last_error if info else None) or "no error recorded"
             return f"blocked by txid {rec.txid} (failed, attempt {rec.attempt}: {error})"
