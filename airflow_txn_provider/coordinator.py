@@ -490,16 +490,16 @@ class FailureResponse(enum.StrEnum):
     REQUEUE = "requeue"
     """Restart the txid's run: its begin re-emits it with a new attempt, after ``txid - 1``."""
     STOP = "stop"
-    """Poison batch: the txid failed on its own ``max_attempts`` times. Its run fails and every
-    later txid waits for it (no silent skip) until a person reruns it."""
+    """Poison batch: the txid failed on its own ``max_attempts`` times. Its run is not restarted,
+    says why, and every later txid waits for it (no silent skip) until a person reruns it."""
 
 
 def known_failed_attempt(view: PipelineView, txid: int) -> int:
-    """The newest attempt of ``txid`` whose failure is already known when a watch starts.
+    """The newest attempt of ``txid`` whose failure is already known when a watch (re)starts
+    without a claim of its own (e.g. the txid was re-begun by a manual clear meanwhile).
 
-    A failure sensor starting on a failed txid (its run was cleared, or a cascade got there first)
-    must not count that old failure again: begin re-emits the txid anyway. A live attempt's failure
-    is still to come, so it counts.
+    An attempt already failed must not be counted again: begin re-emits the txid anyway. A live
+    attempt's failure is still to come, so it counts.
     """
     rec = view.record(txid)
     if rec is None:
