@@ -466,6 +466,17 @@ def may_begin_now(view: PipelineView, txid: int) -> bool:
     return plan_begin(view, txid).action not in (BeginAction.WAIT_PREVIOUS, BeginAction.WAIT_WINDOW)
 
 
+def blocked_by(view: PipelineView, txid: int) -> TxRecord | None:
+    """The failed txid that holds ``txid`` back (the oldest failed one before it), if any:
+    metadata is (re-)initialised in order, so nothing after it can begin until it does."""
+    for rec in view.in_flight:
+        if rec.txid >= txid:
+            break
+        if rec.status is TxStatus.FAILED:
+            return rec
+    return None
+
+
 def txid_outcome(view: PipelineView, txid: int) -> TxStatus | None:
     """``COMMITTED`` or ``FAILED`` once the txid's current attempt reached either; else ``None``
     (not begun yet, processing, or processed and waiting to commit)."""

@@ -100,14 +100,6 @@ class AirflowApiHook(BaseHook):
             json={"note": note[:1000]},
         )
 
-    def clear_dag_run(self, dag_id: str, run_id: str, *, only_failed: bool = False) -> Any:
-        """What the UI's "Clear" button on a run sends: the whole run runs again."""
-        return self.request(
-            "POST",
-            f"/api/v2/dags/{quote(dag_id)}/dagRuns/{quote(run_id)}/clear",
-            json={"dry_run": False, "only_failed": only_failed},
-        )
-
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
         """One API call with a bearer token (fetched once, renewed on 401); returns the JSON."""
         for renew in (False, True):

@@ -451,14 +451,13 @@ def _last_error(log: TransactionLog, pipeline: str, txid: int) -> str:
 
 def _why_waiting(log: TransactionLog, pipeline: TxnPipeline, txid: int) -> str:
     """Which txid this one waits for, and why: what the UI and a person reading the log need."""
+    from airflow_txn_provider.coordinator import blocked_by
+
     view = log.view(pipeline.name)
-    for rec in view.in_flight:
-        if rec.txid >= txid:
-            break
-        if rec.status is TxStatus.FAILED:
-            info = log.transaction(pipeline.name, rec.txid)
-            error = (info.last_error if info else None) or "no error recorded"
-            return f"blocked by txid {rec.txid} (failed, attempt {rec.attempt}: {error})"
+    blocker = blocked_by(view, txid)
+    if blocker is not None:
+        error = _last_error(log, pipeline.name, blocker.txid)
+        return f"blocked by txid {blocker.txid} (failed, attempt {blocker.attempt}: {error})"
     if txid > view.next_new_txid:
         return f"txid {txid - 1} has not begun yet"
     return (

@@ -168,3 +168,11 @@ def test_a_failure_resumes_the_task_with_the_failed_attempt(monkeypatch):
 def test_without_end_task_on_commit_the_task_resumes(monkeypatch):
     event = _run_trigger_once(_outcome_trigger(False), monkeypatch, view(last=3))
     assert type(event) is TriggerEvent and event.payload["state"] == "committed"
+
+
+def test_blocked_by_names_the_oldest_failed_txid_before():
+    from airflow_txn_provider.coordinator import blocked_by
+
+    v = failed(view((3, 1, DONE), (4, 1, PROC), (5, 1, PROC), (6, 1, PROC), last=2), 4)
+    assert blocked_by(v, 6).txid == 4 and blocked_by(v, 4) is None
+    assert blocked_by(view((3, 1, DONE), last=2), 4) is None
