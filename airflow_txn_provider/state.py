@@ -23,6 +23,12 @@ A batch update happens in two steps:
 
 ``⊕`` is the state's combiner: ``sum`` (default), ``max`` or ``min``.
 
+A :class:`BucketCountState` is *derived*: nothing stages into it during processing. It counts the
+keys of another (summed) state per bucket of their values, Storm's TransactionalWords' second
+state. Its batch can only be computed at commit time, from the committed values just before the
+txid applies (processing runs in parallel and cannot see them), so :func:`commit_states` derives
+it in the commit's database transaction, before applying the state it is derived from.
+
 Staged rows are counted when staged and counted again when applied; a mismatch (an UNLOGGED table
 is emptied by a Postgres crash) raises :class:`StagedOutputMismatchError` instead of committing a
 partial batch.
@@ -168,6 +174,11 @@ class MapState:
     def output_key(self) -> str:
         """Key of this state's staged row count in a txid's recorded output."""
         return f"staged:{self.name}"
+
+    @property
+    def derived_from(self) -> str | None:
+        """Name of the state this one is computed from at commit time (``None``: staged by jobs)."""
+        return None
 
     @property
     def _key_columns(self) -> list[str]:
@@ -475,6 +486,91 @@ class GlobalState(MapState):
         return conn.execute(text(f"SELECT value FROM {self.table}")).scalar_one_or_none()
 
 
+class BucketCountState(MapState):
+    """How many keys of another state have a value in each bucket ``value // bucket_size``.
+
+    Storm's TransactionalWords keeps word counts and, in the same transaction, how many words
+    fall in each count bucket (0-9, 10-19, …). A word moving from bucket 0 to bucket 1 takes one
+    from bucket 0 and adds one to bucket 1, which needs its committed count before the batch:
+    :meth:`derive` computes those moves inside the commit, from the source state's staged deltas
+    and committed values, and stages them as this state's batch. Key column: ``bucket``.
+
+    :param of: the state whose keys are counted; a keyed state with the ``sum`` combiner, of the
+        same pipeline.
+    :param bucket_size: width of a bucket (values 0..bucket_size-1 are bucket 0).
+    """
+
+    def __init__(
+        self,
+        pipeline: str,
+        name: str,
+        of: str,
+        bucket_size: int = 10,
+        kind: StateKind | str = StateKind.TRANSACTIONAL,
+    ) -> None:
+        super().__init__(pipeline=pipeline, name=name, kind=kind, keys={"bucket": "bigint"})
+        _ident(of, "source state name")
+        if of == name:
+            raise ValueError(f"state {name!r} cannot count its own buckets")
+        if int(bucket_size) < 1:
+            raise ValueError(f"bucket_size must be >= 1, got {bucket_size!r}")
+        object.__setattr__(self, "of", of)
+        object.__setattr__(self, "bucket_size", int(bucket_size))
+
+    of: str
+    bucket_size: int
+
+    @property
+    def derived_from(self) -> str | None:
+        return self.of
+
+    def definition(self) -> dict[str, Any]:
+        derived = {"bucket_counts_of": self.of, "bucket_size": self.bucket_size}
+        return {**super().definition(), **derived}
+
+    def derive(self, conn: Connection, txid: int, attempt: int, source: MapState) -> int:
+        """Stage this txid's bucket moves, computed from ``source`` before it applies the txid.
+
+        Must run in the commit's database transaction and before ``source.apply``: the log
+        commits a txid once, so the committed values read here are those before this txid.
+        """
+        if source.name != self.of or not source.keys or source.combiner != "sum":
+            raise StateDefinitionError(
+                f"bucket state {self.name!r} counts state {self.of!r}, which must be a keyed "
+                f"state with the sum combiner (got {source.name!r}: keys {list(source.keys)}, "
+                f"combiner {source.combiner!r})",
+                pipeline=self.pipeline,
+                txid=txid,
+                attempt=attempt,
+            )
+        keys = ", ".join(source.keys)
+        conn.execute(
+            text(f"DELETE FROM {self.stage_table} WHERE txid = :t AND attempt = :a"),
+            {"t": txid, "a": attempt},
+        )
+        result = conn.execute(
+            text(
+                f"""
+                WITH batch AS (
+                    SELECT {keys}, sum(delta) AS delta FROM {source.stage_table}
+                    WHERE txid = :t AND attempt = :a GROUP BY {keys}
+                ), moved AS (
+                    SELECT s.value AS old, COALESCE(s.value, 0) + b.delta AS new
+                    FROM batch b LEFT JOIN {source.table} s USING ({keys})
+                ), moves AS (
+                    SELECT div(old, :size) AS bucket, -1 AS d FROM moved WHERE old IS NOT NULL
+                    UNION ALL
+                    SELECT div(new, :size), 1 FROM moved
+                )
+                INSERT INTO {self.stage_table} (txid, attempt, bucket, delta)
+                SELECT :t, :a, bucket, sum(d) FROM moves GROUP BY bucket HAVING sum(d) <> 0
+                """
+            ),
+            {"t": txid, "a": attempt, "size": self.bucket_size},
+        )
+        return int(result.rowcount)
+
+
 def load_states(bind: Engine | Connection, pipeline: str) -> dict[str, MapState]:
     """Every state registered for ``pipeline``, by name."""
     return {state.name: state for state in _load(bind, "pipeline = :v", pipeline)}
@@ -492,7 +588,13 @@ def _load(bind: Engine | Connection, where: str, value: str) -> list[MapState]:
     states: list[MapState] = []
     for row in sorted(rows, key=lambda r: r.name):
         d = row.definition
-        if d["keys"]:
+        if "bucket_counts_of" in d:
+            states.append(
+                BucketCountState(
+                    row.pipeline, row.name, d["bucket_counts_of"], d["bucket_size"], d["kind"]
+                )
+            )
+        elif d["keys"]:
             states.append(
                 MapState(
                     row.pipeline, row.name, d["kind"], d["keys"], d["value_type"], d["combiner"]
@@ -529,9 +631,24 @@ def commit_states(
                 attempt=attempt,
             )
 
+    by_name = {state.name: state for state in states}
+    for state in states:
+        if state.derived_from is not None and state.derived_from not in by_name:
+            raise StateDefinitionError(
+                f"state {state.name!r} is derived from {state.derived_from!r}, which this commit "
+                f"does not apply (states: {sorted(by_name)})",
+                pipeline=pipeline,
+                txid=txid,
+                attempt=attempt,
+            )
+
     def apply(conn: Connection, record: TxRecord) -> dict[str, Any]:
         recorded = dict(record.output or {})
         result = {}
+        # Derived states read the committed values as they are before this txid: first.
+        for state in states:
+            if isinstance(state, BucketCountState):
+                state.derive(conn, txid, attempt, by_name[state.of])
         for state in states:
             expected = recorded.get(state.output_key)
             applied = state.apply(conn, txid, attempt, expected_rows=expected)

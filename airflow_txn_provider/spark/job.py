@@ -214,8 +214,10 @@ def _compute(
 
 
 def _results_by_state(
-    results: Any, states: Mapping[str, MapState], job: BatchJob
+    results: Any, all_states: Mapping[str, MapState], job: BatchJob
 ) -> dict[MapState, DataFrame]:
+    # Derived states (bucket counts) are computed at commit time: a job never stages them.
+    states = {name: s for name, s in all_states.items() if s.derived_from is None}
     if not isinstance(results, Mapping):
         if len(states) != 1:
             raise StateDefinitionError(

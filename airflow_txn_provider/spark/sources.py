@@ -8,6 +8,8 @@ implement three methods; ``docs/sources.md`` walks through one.
 * :class:`PartitionedParquetSource` (transactional): a Parquet dataset partitioned by ``p`` with an
   increasing ``offset`` column. A txid's metadata is ``{p: [start, end)}``; the batch is read with
   partition pruning and offset pushdown, never by scanning the dataset.
+* :class:`GeneratedTextSource` (transactional): lines of words generated at a steady rate from a
+  hash of their position, so a replay is identical and no data set is needed (the examples).
 * :class:`LandingDirectorySource` (opaque): a landing folder with one sub-folder per partition of
   numbered JSON-lines files (``<partition>/<seq>.jsonl``). A partition whose folder is missing or
   unreadable is skipped and continues later from where it stopped, so a replay may differ; the
@@ -346,3 +348,98 @@ class LandingDirectorySource(OpaqueSource, SparkSource):
         except OSError:
             pass
         return path
+
+
+# -- transactional, no data set needed: generated text -------------------------------------------
+
+GENERATED_EPOCH = 1_767_225_600  # 2026-01-01T00:00:00Z: line numbers count from here
+DEFAULT_VOCABULARY = tuple(
+    "the cow jumped over the moon man went to store four score and seven years ago "
+    "dog apple storm trident batch commit replay spark airflow".split()
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class GeneratedTextSource(TransactionalSource, SparkSource):
+    """Lines of words generated at a steady rate: a replayable source that needs no data set.
+
+    Line ``n`` of partition ``p`` exists once ``lines_per_second`` lines per partition have been
+    "written" since 2026-01-01 up to ``n``; its words are a hash of ``(seed, p, n, position)``,
+    so a batch (``{p: [start, end)}``) reads the same lines on every replay, on any Spark
+    worker, with nothing on disk. The first txid starts at the newest line, not at 2026-01-01;
+    after a pause the pipeline catches up ``max_per_partition`` lines per txid at a time.
+
+    What the example DAGs run out of the box; also a load generator (raise the rate).
+
+    :param lines_per_second: arrival rate per partition.
+    :param max_per_partition: batch size cap per partition.
+    :param partitions: number of partitions (``p0``, ``p1``, …).
+    :param words_per_line: words in a line.
+    :param seed: a different seed generates different text.
+    :param vocabulary: the words drawn from.
+    """
+
+    lines_per_second: float = 20.0
+    max_per_partition: int = 500
+    partitions: int = 2
+    words_per_line: int = 8
+    seed: int = 0
+    vocabulary: tuple[str, ...] = DEFAULT_VOCABULARY
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "vocabulary", tuple(self.vocabulary))
+        if self.lines_per_second <= 0:
+            raise ValueError(f"lines_per_second must be > 0, got {self.lines_per_second}")
+        for name in ("max_per_partition", "partitions", "words_per_line"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.vocabulary:
+            raise ValueError("vocabulary must not be empty")
+
+    # Airflow side -------------------------------------------------------------------------------
+
+    def latest_offsets(self, now: float | None = None) -> dict[str, int]:
+        import time
+
+        elapsed = max((time.time() if now is None else now) - GENERATED_EPOCH, 0.0)
+        newest = int(elapsed * self.lines_per_second)
+        return {f"p{i}": newest for i in range(self.partitions)}
+
+    def initialize_transaction(self, txid: int, prev_metadata: Metadata | None) -> Metadata | None:
+        latest = self.latest_offsets()
+        if prev_metadata is None:  # start at the newest lines, not at the epoch
+            prev_metadata = {
+                p: [max(end - self.max_per_partition, 0)] * 2 for p, end in latest.items()
+            }
+        return next_offset_ranges(prev_metadata, latest, max_per_partition=self.max_per_partition)
+
+    # Spark side ---------------------------------------------------------------------------------
+
+    def read_batch(self, spark: SparkSession, metadata: Metadata) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        words = F.array(*[F.lit(w) for w in self.vocabulary])
+        frames = []
+        for partition, (start, end) in sorted(dict(metadata).items()):
+            if end <= start:
+                continue
+            rows = spark.range(int(start), int(end)).select(
+                F.lit(partition).alias("p"), F.col("id").alias("offset")
+            )
+            picks = [
+                F.element_at(
+                    words,
+                    (
+                        F.pmod(
+                            F.xxhash64(F.lit(self.seed), F.lit(partition), "offset", F.lit(i)),
+                            F.lit(len(self.vocabulary)),
+                        )
+                        + 1
+                    ).cast("int"),
+                )
+                for i in range(self.words_per_line)
+            ]
+            frames.append(rows.select("p", "offset", F.concat_ws(" ", *picks).alias("line")))
+        if not frames:
+            raise ValueError(f"metadata {metadata!r} names no lines")
+        return functools.reduce(lambda a, b: a.unionByName(b), frames)

@@ -11,7 +11,14 @@ from airflow_txn_provider.exceptions import (
     StateDefinitionError,
 )
 from airflow_txn_provider.sources import TransactionalSource
-from airflow_txn_provider.state import GlobalState, MapState, commit_states, stage_states
+from airflow_txn_provider.state import (
+    BucketCountState,
+    GlobalState,
+    MapState,
+    commit_states,
+    load_states,
+    stage_states,
+)
 
 
 def seed(conn, state, rows):
@@ -161,6 +168,9 @@ def run_words_pipeline(txlog, name, replays):
         txlog.engine
     )
     total = GlobalState(name, f"{name}_total", "opaque").create(txlog.engine)
+    buckets = BucketCountState(name, f"{name}_buckets", of=f"{name}_words", bucket_size=2)
+    buckets.create(txlog.engine)
+    states = [words, total, buckets]
     txlog.register_pipeline(name, source_kind="transactional", max_pending=3)
     src = Batches()
     failed_once = set()
@@ -169,7 +179,7 @@ def run_words_pipeline(txlog, name, replays):
         if em is None or not em.emitted:
             nxt = txlog.last_committed(name) + 1
             attempt = txlog.view(name).record(nxt).attempt
-            commit_states(txlog, name, nxt, attempt, [words, total])
+            commit_states(txlog, name, nxt, attempt, states)
             continue
         batch = BATCHES[em.metadata["batch"]]
         counts = {}
@@ -187,7 +197,7 @@ def run_words_pipeline(txlog, name, replays):
             failed_once.add(em.txid)
             txlog.fail(name, em.txid, em.attempt, error="injected")
     with txlog.engine.connect() as conn:
-        return words.items(conn), total.value(conn)
+        return words.items(conn), total.value(conn), buckets.items(conn)
 
 
 def test_replaying_whole_batches_gives_identical_state(txlog):
@@ -198,8 +208,49 @@ def test_replaying_whole_batches_gives_identical_state(txlog):
     for batch in BATCHES.values():
         for w in batch:
             expected[(w,)] = expected.get((w,), 0) + 1
-    assert clean == (expected, 18)
+    buckets = {}
+    for count in expected.values():  # bucket_size 2: counts 0-1 in bucket 0, 2-3 in bucket 1
+        buckets[(count // 2,)] = buckets.get((count // 2,), 0) + 1
+    assert clean[:2] == (expected, 18)
+    # Words that moved bucket left theirs: empty buckets stay as 0, never go negative.
+    assert {k: v for k, v in clean[2].items() if v} == buckets
+    assert min(clean[2].values()) == 0
     assert max(a.attempt for a in txlog.attempts("replayed", 3)) >= 2
+
+
+def test_bucket_counts_follow_words_across_buckets(txlog):
+    """Storm's TransactionalWords: a word moving bucket leaves the old one in the same commit."""
+    words = MapState("b", "b_words", "transactional", keys={"word": "text"}).create(txlog.engine)
+    buckets = BucketCountState("b", "b_buckets", of="b_words", bucket_size=3).create(txlog.engine)
+    txlog.register_pipeline("b", source_kind="transactional", max_pending=2)
+    src = Batches()
+    steps = [[("a", 2), ("b", 1)], [("a", 1), ("c", 5)], [("b", 1)]]
+    seen = []
+    for txid, rows in enumerate(steps, 1):
+        txlog.begin("b", txid, src)
+        txlog.stage_output(
+            "b", txid, 1, lambda c, t=txid, r=rows: stage_states(c, t, 1, {words: r})
+        )
+        commit_states(txlog, "b", txid, 1, [words, buckets])
+        with txlog.engine.connect() as conn:
+            seen.append({k[0]: v for k, v in buckets.items(conn).items() if v})
+    # 1: a=2, b=1 -> bucket 0 holds 2.  2: a=3 (bucket 1), c=5 (bucket 1).  3: b=2 (bucket 0).
+    assert seen == [{0: 2}, {0: 1, 1: 2}, {0: 1, 1: 2}]
+    loaded = load_states(txlog.engine, "b")["b_buckets"]
+    assert isinstance(loaded, BucketCountState)
+    assert (loaded.of, loaded.bucket_size) == ("b_words", 3)
+
+
+def test_bucket_state_needs_its_source_in_the_commit(txlog):
+    MapState("q", "q_words", "transactional", keys={"word": "text"}).create(txlog.engine)
+    buckets = BucketCountState("q", "q_buckets", of="q_words").create(txlog.engine)
+    txlog.register_pipeline("q", source_kind="transactional", max_pending=2)
+    with pytest.raises(StateDefinitionError, match="derived from 'q_words'"):
+        commit_states(txlog, "q", 1, 1, [buckets])
+    with pytest.raises(StateDefinitionError, match="exists as"):
+        BucketCountState("q", "q_buckets", of="q_words", bucket_size=5).create(txlog.engine)
+    with pytest.raises(ValueError, match="bucket_size"):
+        BucketCountState("q", "x", of="q_words", bucket_size=0)
 
 
 def test_lost_staging_fails_the_commit_instead_of_committing_nothing(txlog):

@@ -1,0 +1,143 @@
+"""Data generators of the example DAGs (``dags/``), so each runs out of the box.
+
+The words and global-count examples read :class:`~airflow_txn_provider.spark.sources.
+GeneratedTextSource`, which needs no data at all. The opaque example reads a landing folder of
+files, like a real opaque source; :class:`SimulatedLandingSource` is that source with a producer
+built in: before choosing each batch it writes the files that "producers" would have landed since
+the last batch, into every partition folder that is online.
+
+Taking a partition offline is renaming its folder so the source skips it (a leading dot), as an
+unmounted share or a crashed producer would::
+
+    python -m airflow_txn_provider.examples offline <landing folder> p1
+    python -m airflow_txn_provider.examples online  <landing folder> p1
+
+Done while a failed txid replays, the replay reads fewer files than its first attempt did: the
+opaque state still commits each line exactly once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import random
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from airflow_txn_provider.sources import Metadata
+from airflow_txn_provider.spark.sources import DEFAULT_VOCABULARY, LandingDirectorySource
+
+EXAMPLES_DATA_ENV = "TXN_EXAMPLES_DATA"
+_STARTED = "_producer.json"
+
+
+def examples_data_dir() -> Path:
+    """Where example data lives: ``$TXN_EXAMPLES_DATA``, else ``$AIRFLOW_HOME/txn_examples``."""
+    configured = os.environ.get(EXAMPLES_DATA_ENV)
+    if configured:
+        return Path(configured)
+    return Path(os.environ.get("AIRFLOW_HOME", "~/airflow")).expanduser() / "txn_examples"
+
+
+SPARK_JOBS_ENV = "TXN_SPARK_JOBS"
+
+
+def spark_job(dag_file: str, name: str) -> Path:
+    """Path of job ``name``: under ``$TXN_SPARK_JOBS``, else ``spark_jobs/`` beside ``dags/``."""
+    configured = os.environ.get(SPARK_JOBS_ENV)
+    base = Path(configured) if configured else Path(dag_file).resolve().parents[1] / "spark_jobs"
+    return base / name
+
+
+def landing_lines(partition: str, seq: int, lines: int = 20, words: int = 6) -> list[str]:
+    """The JSON lines of file ``seq`` of ``partition``: the same every time (tests recount them)."""
+    rng = random.Random(f"{partition}/{seq}")
+    return [
+        json.dumps({"line": " ".join(rng.choice(DEFAULT_VOCABULARY) for _ in range(words))})
+        for _ in range(lines)
+    ]
+
+
+@dataclasses.dataclass(frozen=True)
+class SimulatedLandingSource(LandingDirectorySource):
+    """A :class:`LandingDirectorySource` whose producers are simulated in-process.
+
+    :param partitions: partition folders created on first use (``p0``, ``p1``, …).
+    :param files_per_minute: files landed per online partition per minute.
+    :param lines_per_file: JSON lines per file.
+    """
+
+    partitions: int = 3
+    files_per_minute: float = 30.0
+    lines_per_file: int = 20
+
+    def produce(self, now: float | None = None) -> int:
+        """Land the files due by ``now`` in every online partition; return how many were written.
+
+        Files are numbered from when the folder was first used, written whole under a temporary
+        name and renamed, as the source requires of real producers.
+        """
+        root = Path(self.path)
+        root.mkdir(parents=True, exist_ok=True)
+        now = time.time() if now is None else now
+        marker = root / _STARTED
+        if not marker.exists():
+            for i in range(self.partitions):
+                (root / f"p{i}").mkdir(exist_ok=True)
+            _write_whole(marker, json.dumps({"started": now}))
+        started = float(json.loads(marker.read_text())["started"])
+        due = int((now - started) * self.files_per_minute / 60) + 1
+        written = 0
+        for partition in sorted(self.latest_offsets()):  # online partitions only
+            have = max(self.files(partition), default=-1) + 1
+            # A partition back from an outage resumes, without flooding a whole outage at once.
+            for seq in range(have, min(due, have + self.max_files_per_partition)):
+                text = "\n".join(landing_lines(partition, seq, self.lines_per_file)) + "\n"
+                _write_whole(root / partition / f"{seq}.jsonl", text)
+                written += 1
+        return written
+
+    def initialize_transaction(self, txid: int, prev_metadata: Metadata | None) -> Metadata | None:
+        self.produce()
+        return super().initialize_transaction(txid, prev_metadata)
+
+
+def _write_whole(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+
+
+def set_partition_online(landing: Path, partition: str, online: bool) -> Path:
+    """Rename ``partition``'s folder to or from its hidden offline name; return the new path."""
+    live, hidden = landing / partition, landing / f".{partition}.offline"
+    src, dst = (hidden, live) if online else (live, hidden)
+    if dst.exists():
+        return dst
+    if not src.exists():
+        raise FileNotFoundError(f"no partition {partition!r} under {landing}")
+    src.rename(dst)
+    return dst
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="take a landing partition offline or online")
+    parser.add_argument("action", choices=["offline", "online"])
+    parser.add_argument("landing", type=Path)
+    parser.add_argument("partition")
+    args = parser.parse_args(argv)
+    try:
+        path = set_partition_online(args.landing, args.partition, args.action == "online")
+    except FileNotFoundError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(f"{args.partition} is {args.action}: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
