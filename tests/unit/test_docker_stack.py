@@ -1,0 +1,744 @@
+"""The Docker stack in docker/, checked statically: no Docker engine runs on our build machines,
+so the image is never built and the stack never started here.
+
+What is checked is what would break a deployment silently: a service, healthcheck or dependency
+missing; an Airflow command, setting or connection that differs from what the tested local stack
+(``airflow_txn_provider.testing.airflow.AirflowStack``) runs; a connection that points at no
+service or that the project's hooks cannot read; a volume not declared or not shared where the
+sources read; a required variable missing from ``.env.example``; a Dockerfile that installs
+another pyspark than the Makefile, copies what the build context does not hold, or runs as root.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from collections.abc import Iterator, Mapping
+from pathlib import Path, PurePosixPath
+from typing import Any
+from unittest import mock
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+from packaging.specifiers import SpecifierSet
+from sqlalchemy.engine import make_url
+
+from airflow_txn_provider.testing.airflow import COMPONENTS, AirflowStack
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKER = ROOT / "docker"
+COMPOSE = DOCKER / "compose.yaml"
+DOCKERFILE = DOCKER / "Dockerfile"
+ENV_EXAMPLE = DOCKER / ".env.example"
+POSTGRES_INIT = DOCKER / "postgres-init.sh"
+
+# Long-running Airflow services and the ``airflow`` subcommand each runs
+AIRFLOW_SERVICES = {
+    "airflow-api-server": "api-server",
+    "airflow-scheduler": "scheduler",
+    "airflow-dag-processor": "dag-processor",
+    "airflow-triggerer": "triggerer",
+}
+SPARK_SERVICES = ("spark-master", "spark-worker", "spark-connect")
+ONE_SHOT = "airflow-init"
+EXPECTED_SERVICES = {"postgres", ONE_SHOT, *AIRFLOW_SERVICES, *SPARK_SERVICES}
+# Services that run the project's code (all but postgres)
+IMAGE_SERVICES = {ONE_SHOT, *AIRFLOW_SERVICES, *SPARK_SERVICES}
+# Where the sources read and every Spark process and Airflow task must see the same files
+DATA_VOLUME = "txn-data"
+DATA_READERS = {*AIRFLOW_SERVICES, "spark-worker", "spark-connect"}
+
+# Settings of AirflowStack that the deployment leaves out on purpose, and why. Any other setting
+# of AirflowStack missing from compose.yaml fails test_airflow_settings_match_the_tested_stack.
+LEFT_TO_DEFAULTS = {
+    "AIRFLOW_HOME": "set by the image (Dockerfile ENV), checked separately",
+    "AIRFLOW__CORE__PARALLELISM": "capped for the 2-core test machine; Airflow's default in prod",
+    "AIRFLOW__API__HOST": "the api-server's command line (--host)",
+    "AIRFLOW__API__PORT": "the api-server's command line (--port)",
+    "AIRFLOW__API__WORKERS": "Airflow's default (1)",
+    "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "shortened for test speed",
+    "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "shortened for test speed",
+    "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "shortened for test speed",
+    "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "shortened for test speed",
+    "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO is Airflow's default",
+}
+# Settings whose value must be the tested one
+SAME_VALUE = (
+    "AIRFLOW__CORE__EXECUTOR",
+    "AIRFLOW__CORE__LOAD_EXAMPLES",
+    "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION",
+)
+
+# A subset of the Compose specification's keys (compose-spec's JSON schema): a key outside it is
+# most likely a typo that Compose would reject, or worse, that YAML hides (``depend_on``).
+TOP_LEVEL_KEYS = {"name", "services", "volumes", "networks", "secrets", "configs", "include"}
+SERVICE_KEYS = {
+    "image", "build", "command", "entrypoint", "environment", "env_file", "volumes", "ports",
+    "expose", "depends_on", "healthcheck", "restart", "deploy", "hostname", "user", "working_dir",
+    "networks", "labels", "profiles", "stop_grace_period", "stop_signal", "init", "tmpfs",
+    "ulimits", "shm_size", "logging", "extra_hosts", "secrets", "configs", "scale", "pull_policy",
+    "read_only", "cap_add", "cap_drop", "security_opt", "mem_limit", "cpus",
+}  # fmt: skip
+HEALTHCHECK_KEYS = {"test", "interval", "timeout", "retries", "start_period", "start_interval"}
+CONDITIONS = {"service_started", "service_healthy", "service_completed_successfully"}
+RESTART = re.compile(r"no|always|unless-stopped|on-failure(:\d+)?")
+
+# ${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR:?error}, ${VAR?error}, $VAR; $$ is a literal $
+_INTERPOLATION = re.compile(
+    r"\$(?:(?P<escaped>\$)|\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}"
+    r"|(?P<bare>[A-Za-z_][A-Za-z0-9_]*))"
+)
+
+
+class MissingVariable(Exception):
+    pass
+
+
+def interpolate(text: str, env: Mapping[str, str]) -> str:
+    """Compose's variable interpolation of one value."""
+
+    def value(m: re.Match[str]) -> str:
+        if m["escaped"]:
+            return "$"
+        name = m["name"] or m["bare"]
+        op, arg, got = m["op"], m["arg"], env.get(name)
+        if op in (":-", "-"):
+            return got if got or (op == "-" and got is not None) else arg
+        if op in (":?", "?") and (got is None or (op == ":?" and got == "")):
+            raise MissingVariable(f"{name}: {arg}")
+        return got or ""
+
+    return _INTERPOLATION.sub(value, text)
+
+
+def variables_used(text: str) -> dict[str, set[str | None]]:
+    """Each variable compose.yaml interpolates, with the defaults it gives it (None: required,
+    no default)."""
+    used: dict[str, set[str | None]] = {}
+    for m in _INTERPOLATION.finditer(text):
+        if m["escaped"]:
+            continue
+        name, op = m["name"] or m["bare"], m["op"]
+        used.setdefault(name, set()).add(m["arg"] if op in (":-", "-") else None)
+    return used
+
+
+def env_example() -> tuple[set[str], dict[str, str]]:
+    """.env.example: the required variables (``VAR=`` lines) and the optional ones with the
+    default they show (``# VAR=default`` lines)."""
+    required, optional = set(), {}
+    for line in ENV_EXAMPLE.read_text().splitlines():
+        if m := re.fullmatch(r"([A-Z][A-Z0-9_]*)=(.*)", line.strip()):
+            required.add(m[1])
+        elif m := re.fullmatch(r"#\s*([A-Z][A-Z0-9_]*)=(\S*)", line.strip()):
+            optional[m[1]] = m[2]
+    return required, optional
+
+
+def dummy_env() -> dict[str, str]:
+    """What a filled-in docker/.env holds: a value for each required variable."""
+    required, _ = env_example()
+    return {name: f"dummy-{name.lower().replace('_', '-')}" for name in required}
+
+
+def _interpolate_all(node: Any, env: Mapping[str, str]) -> Any:
+    if isinstance(node, str):
+        return interpolate(node, env)
+    if isinstance(node, list):
+        return [_interpolate_all(item, env) for item in node]
+    if isinstance(node, dict):
+        return {key: _interpolate_all(item, env) for key, item in node.items()}
+    return node
+
+
+@pytest.fixture(scope="module")
+def raw() -> dict[str, Any]:
+    """compose.yaml as YAML (anchors and ``<<`` merge keys resolved), not interpolated."""
+    return dict(yaml.safe_load(COMPOSE.read_text()))
+
+
+@pytest.fixture(scope="module")
+def compose(raw: dict[str, Any]) -> dict[str, Any]:
+    """compose.yaml as Compose reads it with a filled-in docker/.env."""
+    return dict(_interpolate_all(raw, dummy_env()))
+
+
+@pytest.fixture(scope="module")
+def services(compose: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return dict(compose["services"])
+
+
+def command(service: dict[str, Any]) -> list[str]:
+    cmd = service.get("command") or []
+    return shlex.split(cmd) if isinstance(cmd, str) else [str(arg) for arg in cmd]
+
+
+def option(cmd: list[str], name: str) -> str:
+    """The value of ``--name VALUE`` in an argument list."""
+    assert name in cmd, f"{name} missing from {cmd}"
+    return cmd[cmd.index(name) + 1]
+
+
+def spark_confs(cmd: list[str]) -> dict[str, str]:
+    return dict(cmd[i + 1].split("=", 1) for i, arg in enumerate(cmd) if arg == "--conf")
+
+
+def airflow_env(services: dict[str, dict[str, Any]]) -> dict[str, str]:
+    return dict(services["airflow-scheduler"]["environment"])
+
+
+def connection(services: dict[str, dict[str, Any]], conn_id: str) -> dict[str, Any]:
+    value = airflow_env(services)[f"AIRFLOW_CONN_{conn_id.upper()}"]
+    return dict(json.loads(value))
+
+
+def volume_mounts(service: dict[str, Any]) -> dict[str, str]:
+    """target path -> source (a named volume or a host path) of a service's short-form volumes."""
+    mounts = {}
+    for spec in service.get("volumes", []):
+        assert isinstance(spec, str), f"use the short volume syntax: {spec}"
+        source, target = spec.split(":")[:2]
+        mounts[target] = source
+    return mounts
+
+
+def published_ports(service: dict[str, Any]) -> Iterator[tuple[str, int, int]]:
+    """(host address, host port, container port) of each published port."""
+    for spec in service.get("ports", []):
+        address, host, target = str(spec).rsplit(":", 2)
+        yield address, int(host), int(target)
+
+
+# -- the compose file ---------------------------------------------------------------------------
+
+
+def test_compose_has_only_known_keys(raw):
+    assert {k for k in raw if not k.startswith("x-")} <= TOP_LEVEL_KEYS
+    for name, service in raw["services"].items():
+        assert set(service) <= SERVICE_KEYS, f"{name}: unknown keys {set(service) - SERVICE_KEYS}"
+        assert set(service.get("healthcheck", {})) <= HEALTHCHECK_KEYS, name
+        # `restart: no` unquoted is the boolean false in YAML, which Compose rejects
+        assert RESTART.fullmatch(str(service.get("restart", "no"))), name
+        assert isinstance(service.get("restart", "no"), str), f"{name}: quote restart's value"
+        for key, value in (service.get("environment") or {}).items():
+            # an unquoted False/5432 would reach the container as "false"/a YAML number
+            assert isinstance(value, str), f"{name}: quote {key}'s value"
+
+
+def test_every_service_is_there(services):
+    assert EXPECTED_SERVICES <= set(services)
+    assert set(AIRFLOW_SERVICES.values()) == set(COMPONENTS)
+
+
+def test_services_run_the_project_image(services):
+    images = set()
+    for name in IMAGE_SERVICES:
+        build = services[name]["build"]
+        assert (DOCKER / build["context"]).resolve() == ROOT, name
+        assert (ROOT / build["dockerfile"]).resolve() == DOCKERFILE, name
+        images.add(services[name]["image"])
+    assert len(images) == 1, f"one image for every service, found {images}"
+    assert services["postgres"]["image"] == "postgres:15"
+
+
+def test_airflow_services_share_one_configuration(services):
+    envs = [services[name]["environment"] for name in (ONE_SHOT, *AIRFLOW_SERVICES)]
+    assert all(env == envs[0] for env in envs)
+
+
+def test_long_running_services_have_healthchecks(services):
+    for name, service in services.items():
+        if name == ONE_SHOT:
+            assert "healthcheck" not in service
+            continue
+        test = service.get("healthcheck", {}).get("test")
+        assert test and test[0] in ("CMD", "CMD-SHELL") and len(test) > 1, name
+        assert service.get("restart") == "unless-stopped", name
+    assert services[ONE_SHOT]["restart"] == "no"
+
+
+def test_healthchecks_probe_what_the_service_serves(services):
+    def http_port(name: str) -> int:
+        urls = [arg for arg in services[name]["healthcheck"]["test"] if "://" in arg]
+        assert len(urls) == 1, name
+        url = urlsplit(urls[0])
+        assert url.hostname == "localhost", name
+        return int(url.port or 80)
+
+    api = services["airflow-api-server"]
+    assert api["healthcheck"]["test"][-1].endswith("/api/v2/monitor/health")
+    assert http_port("airflow-api-server") == int(option(command(api), "--port"))
+    for name in ("spark-master", "spark-worker"):
+        assert http_port(name) == int(option(command(services[name]), "--webui-port")), name
+    connect = services["spark-connect"]
+    grpc_port = spark_confs(command(connect))["spark.connect.grpc.binding.port"]
+    assert connect["healthcheck"]["test"][-1].endswith(f"/dev/tcp/127.0.0.1/{grpc_port}")
+    assert "pg_isready" in services["postgres"]["healthcheck"]["test"][-1]
+
+
+def test_airflow_healthchecks_are_valid_cli_calls(services):
+    from airflow.cli import cli_parser
+
+    parser = cli_parser.get_parser()
+    job_types = {
+        "airflow-scheduler": "SchedulerJob",
+        "airflow-dag-processor": "DagProcessorJob",
+        "airflow-triggerer": "TriggererJob",
+    }
+    for name, job_type in job_types.items():
+        test = services[name]["healthcheck"]["test"]
+        assert test[:2] == ["CMD", "airflow"], name
+        assert option(test, "--job-type") == job_type, name
+        assert "--local" in test, f"{name}: check this container's job, not any"
+        parser.parse_args(test[2:])  # exits (fails the test) if Airflow 3.3's CLI rejects it
+    with pytest.raises(SystemExit):  # the parser does reject what it does not know
+        parser.parse_args(["jobs", "check", "--job-type", "WorkerJob"])
+
+
+def test_dependencies(services):
+    for name in AIRFLOW_SERVICES:
+        deps = services[name]["depends_on"]
+        assert deps["postgres"] == {"condition": "service_healthy"}, name
+        assert deps[ONE_SHOT] == {"condition": "service_completed_successfully"}, name
+    assert services[ONE_SHOT]["depends_on"] == {"postgres": {"condition": "service_healthy"}}
+    # tasks use the execution API and Spark Connect; triggers the execution API
+    scheduler = services["airflow-scheduler"]["depends_on"]
+    assert scheduler["airflow-api-server"]["condition"] == "service_healthy"
+    assert scheduler["spark-connect"]["condition"] == "service_healthy"
+    assert services["airflow-triggerer"]["depends_on"]["airflow-api-server"] == {
+        "condition": "service_healthy"
+    }
+    for name in ("spark-worker", "spark-connect"):
+        assert services[name]["depends_on"]["spark-master"]["condition"] == "service_healthy"
+
+    for name, service in services.items():
+        for dep, spec in (service.get("depends_on") or {}).items():
+            assert dep in services, f"{name} depends on unknown service {dep}"
+            assert spec["condition"] in CONDITIONS, name
+            if spec["condition"] == "service_healthy":
+                assert "healthcheck" in services[dep], f"{name} waits for {dep}'s health"
+            if spec["condition"] == "service_completed_successfully":
+                assert services[dep]["restart"] == "no", f"{name} waits for {dep} to exit"
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        assert name not in path, f"dependency cycle {' -> '.join((*path, name))}"
+        for dep in services[name].get("depends_on") or {}:
+            visit(dep, (*path, name))
+
+    for name in services:
+        visit(name, ())
+
+
+# -- Airflow: the same commands and settings as the tested stack ---------------------------------
+
+
+def test_airflow_commands_are_the_tested_stacks(services):
+    from airflow.cli import cli_parser
+
+    parser = cli_parser.get_parser()
+    for name, subcommand in AIRFLOW_SERVICES.items():
+        cmd = command(services[name])
+        assert cmd[:2] == ["airflow", subcommand], name
+        parser.parse_args(cmd[1:])
+    # AirflowStack.start: `airflow db migrate`, then the password file, then the components
+    script = command(services[ONE_SHOT])
+    assert script[:2] == ["bash", "-c"]
+    assert "set -euo pipefail" in script[2], "a failed step must fail the init"
+    assert re.search(r"^airflow db migrate$", script[2], re.M)
+    assert "SIMPLE_AUTH_MANAGER_PASSWORDS_FILE" in script[2]
+
+
+def _tested_stack_env() -> dict[str, str]:
+    with mock.patch.dict(os.environ, {}, clear=True):
+        stack = AirflowStack(
+            Path("/airflow"), "postgresql+psycopg2://u:p@db:5432/meta", Path("/dags"), port=8080
+        )
+        return {k: v for k, v in stack.env().items() if k.startswith("AIRFLOW")}
+
+
+def test_airflow_settings_match_the_tested_stack(services):
+    env = airflow_env(services)
+    tested = _tested_stack_env()
+    missing = set(tested) - set(env) - set(LEFT_TO_DEFAULTS)
+    assert not missing, f"AirflowStack sets {sorted(missing)}, compose.yaml does not"
+    assert set(LEFT_TO_DEFAULTS) - {"AIRFLOW_HOME"} <= set(tested), "stale LEFT_TO_DEFAULTS"
+    for key in SAME_VALUE:
+        assert env[key] == tested[key], key
+    assert env["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
+    # the same fields in the api connection, and the same role for its user
+    tested_api = json.loads(tested["AIRFLOW_CONN_AIRFLOW_API_DEFAULT"])
+    assert set(tested_api) <= set(connection(services, "airflow_api_default"))
+    role = tested["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"].split(":")[1]
+    assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"].split(":")[1] == role
+
+
+def test_metadata_database_urls(services):
+    env = airflow_env(services)
+    sync = make_url(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
+    async_ = make_url(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC"])
+    # asyncpg is not installed: the async engine must use psycopg 3, as in AirflowStack
+    assert async_.drivername == "postgresql+psycopg"
+    assert async_.set(drivername=sync.drivername) == sync
+    assert sync.host == "postgres" and sync.database == "airflow"
+    assert sync.username == services["postgres"]["environment"]["AIRFLOW_DB_USER"]
+    assert sync.password == services["postgres"]["environment"]["AIRFLOW_DB_PASSWORD"]
+
+
+def test_execution_api_and_base_url(services):
+    env = airflow_env(services)
+    url = urlsplit(env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"])
+    assert url.hostname == "airflow-api-server" and url.path == "/execution/"
+    assert url.port == int(option(command(services["airflow-api-server"]), "--port"))
+    assert env["AIRFLOW__API__BASE_URL"].startswith("http")
+
+
+def test_secrets_are_required_variables_not_values(raw):
+    """Every secret comes from docker/.env (``${VAR:?...}``): none is written in the file."""
+    secret = re.compile(r"(PASSWORD|SECRET|FERNET_KEY|SECRET_KEY)$")
+    for name, service in raw["services"].items():
+        for key, value in (service.get("environment") or {}).items():
+            if secret.search(key):
+                assert re.fullmatch(r"\$\{[A-Z0-9_]+:\?[^}]+\}", value), f"{name}: {key}={value}"
+    env = raw["services"]["airflow-scheduler"]["environment"]
+    for key in ("AIRFLOW_CONN_TXN_LOG_DEFAULT", "AIRFLOW_CONN_AIRFLOW_API_DEFAULT"):
+        assert re.search(r'"password": "\$\{[A-Z0-9_]+:\?[^}]+\}"', env[key]), key
+    with pytest.raises(MissingVariable):  # and Compose refuses to start without them
+        _interpolate_all(raw, {})
+
+
+# -- connections -------------------------------------------------------------------------------
+
+
+def _hooks() -> dict[str, type]:
+    from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+
+    from airflow_txn_provider.hooks.airflow_api import AirflowApiHook
+    from airflow_txn_provider.hooks.txn_log import TxnLogHook
+    from airflow_txn_provider.spark.submit import TxnSparkSubmitHook
+
+    return {
+        "txn_log": TxnLogHook,
+        "airflow_api": AirflowApiHook,
+        "spark_connect": SparkConnectHook,
+        "spark": TxnSparkSubmitHook,
+    }
+
+
+def test_each_default_connection_has_its_hooks_type(services):
+    env = airflow_env(services)
+    for conn_type, hook in _hooks().items():
+        key = f"AIRFLOW_CONN_{hook.default_conn_name.upper()}"
+        assert key in env, f"{hook.__name__} reads {key}"
+        assert json.loads(env[key])["conn_type"] == conn_type == hook.conn_type
+
+
+def test_connections_point_at_the_services(services, monkeypatch):
+    """Read each connection with the hook that uses it, as a task in the stack would."""
+    for key, value in airflow_env(services).items():
+        if key.startswith("AIRFLOW_CONN_"):
+            monkeypatch.setenv(key, value)
+    hooks = _hooks()
+
+    txn = make_url(hooks["txn_log"]().sqlalchemy_url())
+    pg = services["postgres"]["environment"]
+    assert (txn.host, txn.port, txn.database) == ("postgres", 5432, "txn")
+    assert (txn.username, txn.password) == (pg["TXN_DB_USER"], pg["TXN_DB_PASSWORD"])
+    assert re.search(r"^CREATE DATABASE txn OWNER :\"txn_user\";$", POSTGRES_INIT.read_text(), re.M)
+    assert re.search(r"^CREATE DATABASE airflow ", POSTGRES_INIT.read_text(), re.M)
+
+    connect = urlsplit(hooks["spark_connect"]().get_connection_url())
+    connect_cmd = command(services["spark-connect"])
+    assert connect.scheme == "sc" and connect.hostname == "spark-connect"
+    assert connect.port == int(spark_confs(connect_cmd)["spark.connect.grpc.binding.port"])
+
+    submit = hooks["spark"](conn_id="spark_default")
+    master = submit._connection["master"]
+    master_cmd = command(services["spark-master"])
+    assert master == f"spark://{option(master_cmd, '--host')}:{option(master_cmd, '--port')}"
+    assert urlsplit(master).hostname in services
+    assert submit._connection["deploy_mode"] == "client"  # Python apps: standalone is client-only
+    assert command(services["spark-worker"])[-1] == master
+    assert option(connect_cmd, "--master") == master
+
+    api = urlsplit(hooks["airflow_api"]().base_url())
+    assert api.hostname == "airflow-api-server"
+    assert api.port == int(option(command(services["airflow-api-server"]), "--port"))
+
+
+def test_spark_connect_driver_is_reachable_by_executors(services):
+    connect = services["spark-connect"]
+    confs = spark_confs(command(connect))
+    assert confs["spark.driver.host"] == "spark-connect" == connect["hostname"]
+    assert confs["spark.connect.grpc.binding.address"] == "0.0.0.0"
+    assert confs["spark.driver.bindAddress"] == "0.0.0.0"
+    assert command(connect)[:3] == [
+        "spark-submit",
+        "--class",
+        "org.apache.spark.sql.connect.service.SparkConnectServer",
+    ]
+
+
+def test_spark_workers_scale(services, raw):
+    worker = services["spark-worker"]
+    assert "ports" not in worker, "a published port would stop a second replica from starting"
+    assert "hostname" not in worker and "container_name" not in worker
+    assert raw["services"]["spark-worker"]["deploy"]["replicas"] == "${SPARK_WORKERS:-1}"
+    assert command(worker)[:2] == ["spark-class", "org.apache.spark.deploy.worker.Worker"]
+
+
+def test_published_ports(services):
+    seen: dict[int, str] = {}
+    for name, service in services.items():
+        for address, host, _target in published_ports(service):
+            assert address == "127.0.0.1", f"{name}: loopback unless TXN_BIND_ADDRESS says so"
+            assert host not in seen, f"{name} and {seen.get(host)} both publish {host}"
+            seen[host] = name
+    assert {t for _, _, t in published_ports(services["airflow-api-server"])} == {8080}
+
+
+# -- volumes -----------------------------------------------------------------------------------
+
+
+def test_volumes_are_declared_and_bind_sources_exist(compose, services):
+    declared = set(compose["volumes"])
+    used = set()
+    for name, service in services.items():
+        for source in volume_mounts(service).values():
+            if source.startswith((".", "/")):
+                assert (DOCKER / source).resolve().exists(), f"{name}: {source} does not exist"
+            else:
+                assert source in declared, f"{name}: volume {source} not declared"
+                used.add(source)
+    assert used == declared, f"declared but unused: {declared - used}"
+    init = volume_mounts(services["postgres"])["/docker-entrypoint-initdb.d/10-txn-databases.sh"]
+    assert (DOCKER / init).resolve() == POSTGRES_INIT
+
+
+def test_data_and_logs_are_shared(services):
+    data_paths = set()
+    for name in DATA_READERS:
+        mounts = {v: k for k, v in volume_mounts(services[name]).items()}
+        assert DATA_VOLUME in mounts, f"{name} does not see the sources' data"
+        data_paths.add(mounts[DATA_VOLUME])
+    assert data_paths == {"/data"}, "the data must be at the same path everywhere"
+
+    home = dockerfile_env()["AIRFLOW_HOME"]
+    for name in (ONE_SHOT, *AIRFLOW_SERVICES):
+        assert volume_mounts(services[name]).get(f"{home}/logs") == "airflow-logs", name
+    passwords = PurePosixPath(
+        airflow_env(services)["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"]
+    )
+    for name in (ONE_SHOT, "airflow-api-server"):
+        assert volume_mounts(services[name]).get(str(passwords.parent)) == "airflow-auth", name
+
+
+# -- variables ---------------------------------------------------------------------------------
+
+
+def test_env_example_lists_every_variable():
+    required, optional = env_example()
+    used = variables_used(COMPOSE.read_text())
+    for name, defaults in used.items():
+        if None in defaults:
+            assert name in required, f"{name} is required: add `{name}=` to .env.example"
+            assert len(defaults) == 1, (
+                f"{name} is required in one place and has a default in another"
+            )
+        else:
+            assert name in optional, f"{name} is not in .env.example"
+            assert defaults == {optional[name]}, f"{name}: defaults {defaults} vs .env.example"
+    assert set(required) | set(optional) <= set(used), "stale variables in .env.example"
+
+
+def test_postgres_init_reads_what_postgres_is_given(services):
+    script = POSTGRES_INIT.read_text()
+    read = set(re.findall(r"\$\{([A-Z_]+)", script))
+    given = set(services["postgres"]["environment"]) | {"POSTGRES_DB"}  # the image sets it
+    assert read <= given, f"postgres-init.sh reads {read - given}, never set"
+    assert POSTGRES_INIT.stat().st_mode & 0o111, "the image sources non-executable scripts"
+
+
+# -- the Dockerfile ----------------------------------------------------------------------------
+
+
+def dockerfile() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of docker/Dockerfile, continuation lines joined."""
+    instructions, current = [], ""
+    for line in DOCKERFILE.read_text().splitlines():
+        if line.strip().startswith("#") or not line.strip():
+            continue
+        current += line.rstrip()
+        if current.endswith("\\"):
+            current = current[:-1] + " "
+            continue
+        keyword, _, args = current.strip().partition(" ")
+        instructions.append((keyword.upper(), " ".join(args.split())))
+        current = ""
+    return instructions
+
+
+def dockerfile_env() -> dict[str, str]:
+    env = {}
+    for keyword, args in dockerfile():
+        if keyword == "ENV":
+            env.update(item.split("=", 1) for item in shlex.split(args))
+    return env
+
+
+def dockerfile_copies() -> list[tuple[list[str], str]]:
+    copies = []
+    for keyword, args in dockerfile():
+        if keyword == "COPY":
+            parts = [p for p in shlex.split(args) if not p.startswith("--")]
+            copies.append((parts[:-1], parts[-1]))
+    return copies
+
+
+def run_steps() -> list[str]:
+    """Every shell command of every RUN, in order."""
+    return [
+        step.strip()
+        for keyword, args in dockerfile()
+        if keyword == "RUN"
+        for step in args.split("&&")
+    ]
+
+
+def makefile_pyspark_version() -> str:
+    m = re.search(r"^PYSPARK_VERSION\s*:?=\s*(\S+)", (ROOT / "Makefile").read_text(), re.M)
+    assert m, "the Makefile pins PYSPARK_VERSION"
+    return m[1]
+
+
+def test_dockerfile_base_image_is_debian_12_with_the_projects_python():
+    (base,) = [args for keyword, args in dockerfile() if keyword == "FROM"]
+    m = re.fullmatch(r"python:(\d+\.\d+)-slim-bookworm", base)
+    assert m, base
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    requires = re.search(r'^requires-python\s*=\s*"([^"]+)"', pyproject, re.M)[1]
+    assert SpecifierSet(requires).contains(m[1]), f"{base} vs requires-python {requires}"
+    # SPARK_HOME names the Python version: pyspark's folder in the image's virtualenv
+    env = dockerfile_env()
+    assert env["SPARK_HOME"] == f"{env['VIRTUAL_ENV']}/lib/python{m[1]}/site-packages/pyspark"
+
+
+def test_dockerfile_installs_java_and_the_jdbc_driver():
+    packages = set()
+    for step in run_steps():
+        words = step.split()
+        if words[:2] == ["apt-get", "install"]:
+            packages |= {w for w in words[2:] if not w.startswith("-")}
+    assert {"openjdk-17-jre-headless", "libpostgresql-jdbc-java", "procps", "tini"} <= packages
+
+
+def test_dockerfile_installs_the_lock_then_the_makefiles_pyspark():
+    version = makefile_pyspark_version()
+    lock = (ROOT / "requirements.lock").read_text()
+    assert re.search(rf"^pyspark=={re.escape(version)}\b", lock, re.M), "lock and Makefile agree"
+    steps = run_steps()
+    lock_dest = next(dest for srcs, dest in dockerfile_copies() if srcs == ["requirements.lock"])
+    lock_install = steps.index(f"pip install -r {lock_dest}")
+    reinstall = steps.index(f"pip install --no-deps --force-reinstall pyspark=={version}")
+    assert reinstall > lock_install, "pyspark is reinstalled after pyspark-client overwrote it"
+    project = next(i for i, s in enumerate(steps) if s.startswith("pip install --no-deps /"))
+    assert project > reinstall
+    # the build's own check that pyspark's Python and jars agree names the same version
+    text = DOCKERFILE.read_text()
+    checked = re.findall(r"__version__ != '([^']+)'", text) + re.findall(
+        r"spark-core_\*-(.+?)\.jar", text
+    )
+    assert checked and set(checked) == {version}, checked
+
+
+def test_dockerfile_copies_dags_and_jobs_where_compose_looks(services):
+    copies = {tuple(srcs): dest for srcs, dest in dockerfile_copies()}
+    env = airflow_env(services)
+    assert copies[("dags",)] == env["AIRFLOW__CORE__DAGS_FOLDER"]
+    assert copies[("spark_jobs",)] == env["TXN_SPARK_JOBS"]
+    # side by side, as in the repository: DAGs find jobs relative to their own file
+    assert Path(copies[("dags",)]).parent == Path(copies[("spark_jobs",)]).parent
+    (workdir,) = [args for keyword, args in dockerfile() if keyword == "WORKDIR"]
+    assert Path(copies[("spark_jobs",)]).parent == Path(workdir)
+
+
+def _dockerignore_excludes(path: str, patterns: list[str]) -> bool:
+    """Whether .dockerignore keeps ``path`` out of the build context (last match wins; a
+    pattern that matches a parent folder matches the path)."""
+
+    def regex(pattern: str) -> re.Pattern[str]:
+        out = re.escape(pattern.strip("/"))
+        out = out.replace(r"\*\*/", "(?:.*/)?").replace(r"\*\*", ".*").replace(r"\*", "[^/]*")
+        return re.compile(out.replace(r"\?", "[^/]"))
+
+    parts = path.split("/")
+    prefixes = ["/".join(parts[: i + 1]) for i in range(len(parts))]
+    excluded = False
+    for pattern in patterns:
+        negated = pattern.startswith("!")
+        if any(regex(pattern.lstrip("!")).fullmatch(p) for p in prefixes):
+            excluded = not negated
+    return excluded
+
+
+def test_dockerfile_copy_sources_exist_in_the_build_context():
+    ignore = [
+        line.strip()
+        for line in (ROOT / ".dockerignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert _dockerignore_excludes(".venv/bin/python", ignore)
+    assert _dockerignore_excludes("docker/.env", ignore), "secrets stay out of the image"
+    for srcs, _dest in dockerfile_copies():
+        for src in srcs:
+            path = ROOT / src
+            assert path.exists(), f"COPY {src}: not in the repository"
+            files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+            for file in files:
+                rel = file.relative_to(ROOT).as_posix()
+                if "__pycache__" not in rel:
+                    assert not _dockerignore_excludes(rel, ignore), f"{rel} is .dockerignored"
+    # what `pip install .` needs: pyproject.toml names README.md as the readme
+    copied = {src for srcs, _ in dockerfile_copies() for src in srcs}
+    assert {"pyproject.toml", "README.md", "airflow_txn_provider"} <= copied
+
+
+def test_dockerfile_runs_as_a_non_root_user_under_tini():
+    users = [args for keyword, args in dockerfile() if keyword == "USER"]
+    assert users and users[-1] not in ("root", "0", "0:0"), "the image must not run as root"
+    (entrypoint,) = [json.loads(args) for keyword, args in dockerfile() if keyword == "ENTRYPOINT"]
+    assert entrypoint[:2] == ["/usr/bin/tini", "--"]  # where Debian's tini package puts it
+    copies = {dest: srcs for srcs, dest in dockerfile_copies()}
+    assert (ROOT / copies[entrypoint[2]][0]).stat().st_mode & 0o111, "entrypoint not executable"
+
+
+# -- Docker's own validation, where its Compose plugin exists ------------------------------------
+
+
+def test_docker_compose_config_accepts_the_stack(tmp_path):
+    docker = shutil.which("docker")
+    if docker is None:
+        pytest.skip("no docker CLI on this machine")
+    # an engine address that cannot exist: `config` must not need one, nor the network
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path)}
+    env["DOCKER_HOST"] = f"unix://{tmp_path}/no-engine.sock"
+    probe = subprocess.run(
+        [docker, "compose", "version"], capture_output=True, text=True, env=env, timeout=60
+    )
+    if probe.returncode != 0:
+        reason = (probe.stderr.strip().splitlines() or ["?"])[0]
+        pytest.skip(f"the docker CLI has no compose plugin ({reason})")
+    env_file = tmp_path / "env"
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in dummy_env().items()))
+    result = subprocess.run(
+        [docker, "compose", "--env-file", str(env_file), "-f", str(COMPOSE), "config", "-q"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
