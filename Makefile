@@ -1,6 +1,8 @@
 # make test   : create .venv, install the pinned dependencies, run the whole suite
-# make demo   : core demo on an embedded Postgres in ./var (the Airflow demo comes with the
-#               example-DAGs issue); a second run continues from the log
+# make demo   : the example DAGs on a real Airflow + Spark Connect + Postgres, all in ./var/demo;
+#               prints the UI's URL and login, shows commits; Ctrl-C or `make demo-stop` stops it;
+#               a second run continues where the first stopped
+# make demo-core: the transaction core alone (no Airflow, no Spark) on a Postgres in ./var/pg
 # make bench-core : transaction-core benchmark (prints a table)
 # make bench-spark: per-txid overhead of spark-submit / Spark Connect / standalone, records/s
 # make bench-airflow: commit gap and max_pending=4 vs 1 speedup on a real Airflow
@@ -12,7 +14,7 @@ STAMP  := $(VENV)/.installed-stamp
 PYSPARK_VERSION := 4.3.0
 PYTEST_ARGS ?=
 
-.PHONY: demo install system-deps test test-unit test-integration lint bench-core bench-spark bench-airflow clean
+.PHONY: demo demo-stop demo-core install system-deps test test-unit test-integration lint bench-core bench-spark bench-airflow clean
 
 install: $(STAMP)
 
@@ -28,6 +30,12 @@ $(STAMP): requirements.lock pyproject.toml scripts/system-deps.sh
 	touch $(STAMP)
 
 demo: install
+	$(PY) scripts/demo.py up
+
+demo-stop:
+	$(PY) scripts/demo.py stop
+
+demo-core: install
 	$(PY) scripts/demo_core.py
 
 system-deps:
@@ -45,8 +53,8 @@ test-integration: install
 	$(PY) -m pytest -m integration $(PYTEST_ARGS)
 
 lint: install
-	$(VENV)/bin/ruff check airflow_txn_provider spark_jobs tests benchmarks
-	$(VENV)/bin/ruff format --check airflow_txn_provider spark_jobs tests benchmarks
+	$(VENV)/bin/ruff check airflow_txn_provider spark_jobs tests benchmarks dags scripts
+	$(VENV)/bin/ruff format --check airflow_txn_provider spark_jobs tests benchmarks dags scripts
 	$(VENV)/bin/mypy
 
 bench-core: install

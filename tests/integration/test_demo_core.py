@@ -1,4 +1,4 @@
-"""`make demo`'s core script runs, keeps exactly-once totals, and a second run continues."""
+"""`make demo-core`'s script runs, keeps exactly-once totals, and a second run continues."""
 
 from __future__ import annotations
 

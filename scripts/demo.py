@@ -1,0 +1,283 @@
+"""``make demo``: the example pipelines on a real Airflow, Spark Connect and Postgres, on loopback.
+
+    make demo          # start (or continue) and watch txids commit; Ctrl-C stops everything
+    make demo-stop     # the same stop, from another terminal
+
+Everything lives in one folder (``var/demo`` by default): a Postgres cluster holding Airflow's
+metadata database and the transaction log, ``AIRFLOW_HOME``, the Spark Connect server's logs and
+the examples' data. A second ``make demo`` starts the same cluster again, so the pipelines
+continue from their last committed txid (txids that were in flight are failed and replayed, in
+order, by the failure sensor).
+
+The processes started are the Postgres server, Airflow's scheduler (LocalExecutor: it runs the
+tasks), dag-processor, triggerer and api-server, and one Spark Connect server (``local[2]``).
+``demo.json`` in the folder records them, so ``stop`` ends exactly those even if this
+supervisor died, and nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import create_engine, text
+
+ROOT = Path(__file__).resolve().parents[1]
+MAIN_EXAMPLE = "example_txn_words"
+EXAMPLES = ("example_txn_words", "example_txn_global_count", "example_txn_opaque_words")
+STATE_FILE = "demo.json"
+
+log = logging.getLogger("demo")
+
+
+class Stop(Exception):
+    """SIGTERM (``make demo-stop``) or SIGINT (Ctrl-C): shut down what was started."""
+
+
+def _raise_stop(signum: int, frame: Any) -> None:
+    raise Stop(signal.Signals(signum).name)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie is dead for our purposes.
+    with contextlib.suppress(OSError):
+        if Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].startswith("Z"):
+            return False
+    return True
+
+
+def _read_state(home: Path) -> dict[str, Any] | None:
+    path = home / STATE_FILE
+    if not path.exists():
+        return None
+    try:
+        return dict(json.loads(path.read_text()))
+    except ValueError:
+        return None
+
+
+def _write_state(home: Path, state: dict[str, Any]) -> None:
+    tmp = home / f".{STATE_FILE}.tmp"
+    tmp.write_text(json.dumps(state, indent=1))
+    tmp.replace(home / STATE_FILE)
+
+
+def _ensure_databases(admin_url: str, names: Sequence[str]) -> None:
+    engine = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        have = set(conn.execute(text("SELECT datname FROM pg_database")).scalars())
+        for name in names:
+            if name not in have:
+                conn.execute(text(f'CREATE DATABASE "{name}"'))
+    engine.dispose()
+
+
+def up(args: argparse.Namespace) -> int:
+    from airflow_txn_provider.testing.airflow import ADMIN_USER, AirflowStack, connection_env
+    from airflow_txn_provider.testing.postgres import EmbeddedPostgres
+    from airflow_txn_provider.testing.spark import SparkConnectServer
+    from airflow_txn_provider.transaction_log import TransactionLog
+
+    home: Path = args.home.resolve()
+    home.mkdir(parents=True, exist_ok=True)
+    previous = _read_state(home)
+    if previous and _alive(int(previous["pid"])):
+        print(
+            f"the demo in {home} is already running (pid {previous['pid']}): make demo-stop first",
+            file=sys.stderr,
+        )
+        return 1
+    if previous:  # a supervisor that died without cleaning up: stop what it left
+        stop_leftovers(home, previous)
+    state: dict[str, Any] = {"pid": os.getpid(), "groups": {}, "pg_datadir": str(home / "pg")}
+    _write_state(home, state)
+    signal.signal(signal.SIGTERM, _raise_stop)
+    signal.signal(signal.SIGINT, _raise_stop)
+
+    pg = EmbeddedPostgres(datadir=home / "pg", port=args.pg_port)
+    spark = SparkConnectServer(port=args.spark_port, workdir=home / "spark", master="local[2]")
+    stack: AirflowStack | None = None
+    try:
+        print(f"[demo] starting Postgres in {home / 'pg'} …", flush=True)
+        pg.start()
+        _ensure_databases(pg.url, ["airflow", "txn"])
+        base = pg.url.rsplit("/", 1)[0]
+        txn_url = f"{base}/txn"
+        # In-flight txids of a previous run: fail them now so their sensors replay them in order.
+        txlog = TransactionLog.from_url(txn_url)
+        for pipeline in EXAMPLES:
+            with contextlib.suppress(Exception):  # not registered yet on a first run
+                txlog.recover(pipeline)
+
+        print("[demo] starting the Spark Connect server (local[2]) …", flush=True)
+        spark.start()
+        state["groups"]["spark-connect"] = spark._proc.popen.pid  # type: ignore[union-attr]
+        _write_state(home, state)
+
+        data = home / "data"
+        env = {
+            **connection_env("txn_log_default", conn_type="txn_log", **_conn_fields(txn_url)),
+            "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": spark.url,
+            "TXN_EXAMPLES_DATA": str(data),
+            "SPARK_LOCAL_IP": "127.0.0.1",
+        }
+        stack = AirflowStack(
+            home / "airflow",
+            f"{base}/airflow",
+            ROOT / "dags",
+            env=env,
+            port=args.port,
+            password=args.password,
+        )
+        print(
+            "[demo] starting Airflow (scheduler, dag-processor, triggerer, api-server) …",
+            flush=True,
+        )
+        stack.start()
+        state["groups"].update({name: p.pid for name, p in stack.procs.items()})
+        _write_state(home, state)
+        client = stack.client()
+        for dag_id in EXAMPLES:
+            client.wait_for_dag(dag_id)
+        client.unpause(MAIN_EXAMPLE)
+        print(
+            "\n"
+            f"  Airflow UI     {stack.url}   (login {ADMIN_USER} / {args.password})\n"
+            f"  Transactions   {stack.url}/transactions/\n"
+            f"  Grid           {stack.url}/dags/{MAIN_EXAMPLE}\n"
+            f"  Spark UI       {spark.ui_url}\n"
+            f"  Data, logs     {home}\n\n"
+            f"  {MAIN_EXAMPLE} is unpaused; unpause the other examples in the UI.\n"
+            "  Ctrl-C or `make demo-stop` stops every process the demo started.\n",
+            flush=True,
+        )
+        watch_commits(txlog, stack, args.exit_after)
+        return 0
+    except Stop as why:
+        print(f"\n[demo] {why}: stopping …", flush=True)
+        return 0
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not skip the cleanup
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if stack is not None:
+            stack.stop()
+        spark.stop()
+        pg.stop()
+        (home / STATE_FILE).unlink(missing_ok=True)
+        print("[demo] stopped", flush=True)
+
+
+def _conn_fields(url: str) -> dict[str, Any]:
+    from sqlalchemy.engine import make_url
+
+    u = make_url(url)
+    return {"host": u.host, "port": u.port, "login": u.username, "schema": u.database}
+
+
+def watch_commits(txlog: Any, stack: Any, exit_after: int | None) -> None:
+    """Print each commit of the examples as it lands; return after ``exit_after`` commits."""
+    seen: dict[str, int] = {}
+    printed = 0
+    while True:
+        stack._check_alive()
+        for pipeline in EXAMPLES:
+            try:
+                txids = txlog.transactions(pipeline, since_txid=seen.get(pipeline, 0))
+            except Exception:  # not registered until its first txid begins
+                continue
+            for tx in txids:
+                if tx.status.value != "committed":
+                    break
+                took = ""
+                if tx.begun_at and tx.committed_at:
+                    took = f" in {(tx.committed_at - tx.begun_at).total_seconds():.1f} s"
+                print(
+                    f"[demo] {pipeline} txid {tx.txid} committed (attempt {tx.attempt}){took} "
+                    f"{json.dumps(tx.metadata)}",
+                    flush=True,
+                )
+                seen[pipeline] = tx.txid
+                printed += 1
+        if exit_after is not None and printed >= exit_after:
+            return
+        time.sleep(2)
+
+
+def stop_leftovers(home: Path, state: dict[str, Any]) -> None:
+    """End the processes a demo recorded: its process groups, then its Postgres server."""
+    for name, pgid in state.get("groups", {}).items():
+        for sig in (signal.SIGINT, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(int(pgid), sig)
+                log.info("sent %s to %s (process group %s)", sig.name, name, pgid)
+            time.sleep(2 if sig is signal.SIGINT else 0)
+    datadir = Path(state.get("pg_datadir") or home / "pg")
+    if (datadir / "postmaster.pid").exists():
+        from airflow_txn_provider.testing.postgres import EmbeddedPostgres
+
+        EmbeddedPostgres(datadir=datadir).stop()
+    (home / STATE_FILE).unlink(missing_ok=True)
+
+
+def stop(args: argparse.Namespace) -> int:
+    home: Path = args.home.resolve()
+    state = _read_state(home)
+    if state is None:
+        print(f"no demo running in {home}")
+        return 0
+    pid = int(state["pid"])
+    if _alive(pid):
+        print(f"[demo] stopping the demo (pid {pid}) …", flush=True)
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + args.timeout
+        while _alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+    if _alive(pid):
+        print(f"[demo] pid {pid} did not stop in {args.timeout:.0f} s: killing it", flush=True)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    state = _read_state(home)
+    if state is not None:  # the supervisor did not finish its cleanup
+        stop_leftovers(home, state)
+    print("[demo] stopped")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("command", nargs="?", choices=["up", "stop"], default="up")
+    parser.add_argument("--home", type=Path, default=ROOT / "var" / "demo")
+    parser.add_argument("--port", type=int, default=int(os.environ.get("DEMO_PORT", "8080")))
+    parser.add_argument("--pg-port", type=int, default=54331)
+    parser.add_argument("--spark-port", type=int, default=None)
+    parser.add_argument("--password", default="admin")
+    parser.add_argument("--timeout", type=float, default=120.0, help="stop: wait this long")
+    parser.add_argument(
+        "--exit-after", type=int, default=None, help="stop after this many commits (tests)"
+    )
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    for noisy in ("alembic", "airflow_txn_provider"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    if args.command == "stop":
+        return stop(args)
+    return up(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
