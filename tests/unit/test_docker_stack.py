@@ -526,6 +526,9 @@ def test_data_and_logs_are_shared(services):
         assert DATA_VOLUME in mounts, f"{name} does not see the sources' data"
         data_paths.add(mounts[DATA_VOLUME])
     assert data_paths == {"/data"}, "the data must be at the same path everywhere"
+    # The examples' landing folder is written by Airflow tasks and read by Spark: on /data.
+    examples = PurePosixPath(airflow_env(services)["TXN_EXAMPLES_DATA"])
+    assert examples.is_relative_to("/data")
 
     home = dockerfile_env()["AIRFLOW_HOME"]
     for name in (ONE_SHOT, *AIRFLOW_SERVICES):
