@@ -1,14 +1,42 @@
-"""The provider's Airflow plugin: registers the txid timetable (DAGs using it must be able to
-deserialise it in the scheduler and the api-server). Loaded through the ``airflow.plugins``
-entry point."""
+"""The provider's Airflow plugin, loaded through the ``airflow.plugins`` entry point.
+
+* The txid timetable: DAGs using it must be able to deserialise it in the scheduler and the
+  api-server.
+* The "Transactions" page (:mod:`airflow_txn_provider.ui`): a FastAPI app mounted at
+  ``/transactions``, a nav entry to its list of pipelines, and a tab on every DAG run page showing
+  that txid's attempts. Airflow replaces ``{DAG_ID}`` and ``{RUN_ID}`` in the tab's address; a
+  relative address is shown in an iframe on the same origin, so Airflow's session cookie
+  authenticates it.
+
+Every process that loads plugins imports this module (each task too): the app is a
+:class:`~airflow_txn_provider.ui.LazyApp`, built at its first request in the api-server, so this
+import stays cheap and connects to nothing.
+"""
 
 from __future__ import annotations
 
 from airflow.plugins_manager import AirflowPlugin
 
 from airflow_txn_provider.timetables import TxidTimetable
+from airflow_txn_provider.ui import MOUNT_PATH, plugin_app
 
 
 class TxnProviderPlugin(AirflowPlugin):
     name = "airflow_txn_provider"
     timetables = [TxidTimetable]
+    fastapi_apps = [{"app": plugin_app, "url_prefix": MOUNT_PATH, "name": "Transactions"}]
+    external_views = [
+        {
+            "name": "Transactions",
+            "href": f"{MOUNT_PATH}/",
+            "destination": "nav",
+            "url_route": "transactions",
+            "icon": f"{MOUNT_PATH}/static/icon.svg",
+        },
+        {
+            "name": "Transactions",
+            "href": f"{MOUNT_PATH}/pipelines/{{DAG_ID}}/runs/{{RUN_ID}}",
+            "destination": "dag_run",
+            "url_route": "txid-attempts",
+        },
+    ]

@@ -115,6 +115,18 @@ class TransactionInfo:
 
 
 @dataclass(frozen=True)
+class PipelineInfo:
+    """A registered pipeline as its row in ``txn_pipeline`` stores it."""
+
+    name: str
+    source_kind: SourceKind
+    max_pending: int
+    last_committed: int
+    created_at: datetime | None
+    updated_at: datetime | None
+
+
+@dataclass(frozen=True)
 class AttemptInfo:
     pipeline: str
     txid: int
@@ -195,6 +207,30 @@ class TransactionLog:
                     row.max_pending,
                     max_pending,
                 )
+
+    def pipelines(self) -> list[PipelineInfo]:
+        """Every registered pipeline, by name (one query, no lock)."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(select(P).order_by(P.c.name)).all()
+        infos = []
+        for r in rows:
+            try:
+                kind = SourceKind(r.source_kind)
+            except ValueError:
+                raise CorruptLogError(
+                    f"unknown source kind {r.source_kind!r}", pipeline=r.name
+                ) from None
+            infos.append(
+                PipelineInfo(
+                    name=r.name,
+                    source_kind=kind,
+                    max_pending=int(r.max_pending),
+                    last_committed=int(r.last_committed_txid),
+                    created_at=r.created_at,
+                    updated_at=r.updated_at,
+                )
+            )
+        return infos
 
     def view(self, pipeline: str) -> PipelineView:
         """A consistent snapshot of the pipeline (no lock is held after it returns)."""
@@ -662,6 +698,7 @@ __all__ = [
     "AttemptInfo",
     "CommitResult",
     "Emission",
+    "PipelineInfo",
     "TransactionInfo",
     "TransactionLog",
     "engine_from_url",

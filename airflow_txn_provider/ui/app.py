@@ -1,0 +1,302 @@
+"""The FastAPI app behind the Transactions page, mounted by the plugin at ``/transactions``.
+
+Thin on purpose: each route checks who asks, reads through :mod:`~airflow_txn_provider.ui.reader`
+and renders a Jinja template (HTML escaped) or returns the same payload as JSON.
+
+Who may see what is Airflow's decision: every route depends on Airflow's own ``get_user`` (a
+Bearer token, or the ``_token`` cookie the Airflow UI sets, which the page's iframe sends since it
+is served from the same origin), so an anonymous request gets 401/403 and no data. A pipeline is
+shown to users who may read the DAG of the same name (the auth manager's
+``get_authorized_dag_ids``); a pipeline without a DAG only to users who may read all DAGs.
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Annotated, Any
+from urllib.parse import quote
+
+import jinja2
+from airflow.api_fastapi.app import get_auth_manager
+from airflow.api_fastapi.auth.managers.base_auth_manager import BaseAuthManager
+from airflow.api_fastapi.core_api.security import GetUserDep
+from fastapi import Depends, FastAPI, Request
+from fastapi import Path as PathParam
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
+from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from airflow_txn_provider.exceptions import TxnError, UnknownPipelineError
+from airflow_txn_provider.timetables import txid_from_run_id
+from airflow_txn_provider.transaction_log import TransactionLog
+from airflow_txn_provider.ui import MOUNT_PATH, model, reader
+from airflow_txn_provider.ui.errors import AccessDeniedError, LogUnavailableError
+
+log = logging.getLogger(__name__)
+
+HERE = Path(__file__).parent
+POLL_MS = 2500
+"""How often the page asks for fresh data."""
+
+app = FastAPI(title="Transactions", docs_url=None, redoc_url=None, openapi_url=None)
+app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+
+provider = reader.LogProvider()
+
+templates = jinja2.Environment(
+    loader=jinja2.FileSystemLoader(HERE / "templates"),
+    autoescape=True,
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+)
+templates.filters["dur"] = model.format_duration
+templates.filters["pretty"] = model.pretty_json
+templates.filters["q"] = lambda value: quote(str(value), safe="")
+
+
+# -- dependencies ------------------------------------------------------------------------------
+
+
+def get_log() -> TransactionLog:
+    """The configured transaction log (tests override this dependency)."""
+    return provider.get()
+
+
+def auth_manager() -> BaseAuthManager:
+    """Airflow's auth manager (a dependency, so that tests can stand in for it)."""
+    return get_auth_manager()
+
+
+def access_for(manager: Any, user: Any) -> model.DagAccess:
+    """Which pipelines ``user`` may read: all if the auth manager grants reading DAGs without
+    naming one, else those named like a DAG in ``get_authorized_dag_ids``."""
+    if manager.is_authorized_dag(method="GET", user=user):
+        return model.DagAccess(all_dags=True)
+    return model.DagAccess(
+        dag_ids=frozenset(manager.get_authorized_dag_ids(user=user, method="GET"))
+    )
+
+
+def get_access(
+    user: GetUserDep, manager: Annotated[BaseAuthManager, Depends(auth_manager)]
+) -> model.DagAccess:
+    return access_for(manager, user)
+
+
+AccessDep = Annotated[model.DagAccess, Depends(get_access)]
+LogDep = Annotated[TransactionLog, Depends(get_log)]
+PipelineName = Annotated[str, PathParam(min_length=1, max_length=250)]
+
+
+def require(access: model.DagAccess, pipeline: str) -> None:
+    if not access.may_read(pipeline):
+        raise AccessDeniedError(
+            "you may not read the DAG of this pipeline, so its transactions are hidden",
+            pipeline=pipeline,
+        )
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+# -- pages -------------------------------------------------------------------------------------
+
+
+def _roots(request: Request) -> tuple[str, str]:
+    """URL prefix of this app (``/transactions`` once mounted) and of the Airflow UI."""
+    root = str(request.scope.get("root_path", "")).rstrip("/")
+    airflow_root = root[: -len(MOUNT_PATH)] if root.endswith(MOUNT_PATH) else ""
+    return root, airflow_root
+
+
+def _render(
+    request: Request,
+    template: str,
+    *,
+    title: str,
+    status_code: int = 200,
+    api: str | None = None,
+    **context: Any,
+) -> HTMLResponse:
+    root, airflow_root = _roots(request)
+    now = _now()
+    html = templates.get_template(template).render(
+        title=title,
+        root=root,
+        airflow_root=airflow_root,
+        api=f"{root}{api}" if api else None,
+        poll_ms=POLL_MS,
+        now=model.iso(now),
+        stamp=now.strftime("%H:%M:%S"),
+        clock=model.clock,
+        **context,
+    )
+    return HTMLResponse(html, status_code=status_code)
+
+
+@app.get("/", response_class=HTMLResponse)
+def index_page(request: Request, access: AccessDep, txn_log: LogDep) -> HTMLResponse:
+    data = reader.pipelines_payload(txn_log, access, _now())
+    return _render(request, "index.html", title="Transactions", api="/api/pipelines", data=data)
+
+
+@app.get("/pipelines/{pipeline}", response_class=HTMLResponse)
+def pipeline_page(
+    request: Request, pipeline: PipelineName, access: AccessDep, txn_log: LogDep
+) -> HTMLResponse:
+    require(access, pipeline)
+    data = reader.pipeline_payload(txn_log, pipeline, _now())
+    return _render(
+        request,
+        "pipeline.html",
+        title=pipeline,
+        api=f"/api/pipelines/{quote(pipeline, safe='')}",
+        data=data,
+    )
+
+
+@app.get("/pipelines/{pipeline}/runs/{run_id}", response_class=HTMLResponse)
+def run_page(
+    request: Request,
+    pipeline: PipelineName,
+    run_id: str,
+    access: AccessDep,
+    txn_log: LogDep,
+) -> HTMLResponse:
+    """A txid's attempts: the DAG run page's "Transactions" tab (``{DAG_ID}``/``{RUN_ID}``)."""
+    require(access, pipeline)
+    txid = txid_from_run_id(run_id)
+    if txid is None or txid < 1:
+        txn_log.last_committed(pipeline)  # a DAG that is no pipeline: 404 says so first
+        return _render(
+            request,
+            "run.html",
+            title=f"{pipeline} {run_id}",
+            pipeline=pipeline,
+            run=run_id,
+            data=None,
+        )
+    data = reader.txid_payload(txn_log, pipeline, txid, _now())
+    return _render(
+        request,
+        "run.html",
+        title=f"{pipeline} txid {txid}",
+        api=f"/api/pipelines/{quote(pipeline, safe='')}/txids/{txid}",
+        pipeline=pipeline,
+        run=run_id,
+        data=data,
+    )
+
+
+# -- JSON --------------------------------------------------------------------------------------
+
+
+@app.get("/api/pipelines")
+def pipelines_api(access: AccessDep, txn_log: LogDep) -> dict[str, Any]:
+    return reader.pipelines_payload(txn_log, access, _now())
+
+
+@app.get("/api/pipelines/{pipeline}")
+def pipeline_api(pipeline: PipelineName, access: AccessDep, txn_log: LogDep) -> dict[str, Any]:
+    require(access, pipeline)
+    return reader.pipeline_payload(txn_log, pipeline, _now())
+
+
+@app.get("/api/pipelines/{pipeline}/txids/{txid}")
+def txid_api(
+    pipeline: PipelineName,
+    txid: Annotated[int, PathParam(ge=1)],
+    access: AccessDep,
+    txn_log: LogDep,
+) -> dict[str, Any]:
+    require(access, pipeline)
+    return reader.txid_payload(txn_log, pipeline, txid, _now())
+
+
+# -- errors: JSON under /api, a page elsewhere -----------------------------------------------
+
+
+def _wants_json(request: Request) -> bool:
+    root, _ = _roots(request)
+    path = request.url.path
+    relative = path[len(root) :] if root and path.startswith(root) else path
+    return relative.startswith("/api/") or relative == "/api"
+
+
+def _error(
+    request: Request, status_code: int, message: str, err: Exception | None = None
+) -> Response:
+    body: dict[str, Any] = {"detail": message}
+    if err is not None:
+        body["error"] = type(err).__name__
+    if isinstance(err, TxnError):
+        body.update({"pipeline": err.pipeline, "txid": err.txid})
+    if _wants_json(request):
+        return JSONResponse(body, status_code=status_code)
+    return _render(
+        request,
+        "error.html",
+        title=f"Error {status_code}",
+        status_code=status_code,
+        message=message,
+        pipeline=body.get("pipeline"),
+    )
+
+
+@app.exception_handler(UnknownPipelineError)
+def _unknown_pipeline(request: Request, err: UnknownPipelineError) -> Response:
+    message = (
+        f"pipeline {err.pipeline!r} is not registered in the transaction log: its DAG, if any, "
+        "has not begun a transaction yet, or it is not a transaction pipeline"
+    )
+    return _error(request, 404, message, err)
+
+
+@app.exception_handler(AccessDeniedError)
+def _access_denied(request: Request, err: AccessDeniedError) -> Response:
+    return _error(request, 403, f"pipeline {err.pipeline!r}: {err.detail}", err)
+
+
+@app.exception_handler(LogUnavailableError)
+def _log_unavailable(request: Request, err: LogUnavailableError) -> Response:
+    log.warning("Transactions page: %s", err)
+    return _error(request, 503, str(err), err)
+
+
+@app.exception_handler(TxnError)
+def _txn_error(request: Request, err: TxnError) -> Response:
+    log.error("Transactions page: %s", err)
+    return _error(request, 500, str(err), err)
+
+
+@app.exception_handler(SQLAlchemyError)
+def _database_error(request: Request, err: SQLAlchemyError) -> Response:
+    if isinstance(err, OperationalError | InterfaceError):
+        return _log_unavailable(request, reader.unreachable(reader.configured_conn_id(), err))
+    log.exception("Transactions page: database error")
+    return _error(request, 500, f"reading the transaction log failed: {type(err).__name__}", err)
+
+
+@app.exception_handler(StarletteHTTPException)
+def _http_error(request: Request, err: StarletteHTTPException) -> Response:
+    message = str(err.detail)
+    if err.status_code in (401, 403) and not _wants_json(request):
+        message += ": sign in to Airflow (this page uses the Airflow UI's session)"
+    response = _error(request, err.status_code, message)
+    for name, value in (err.headers or {}).items():
+        response.headers[name] = value
+    return response
+
+
+@app.exception_handler(RequestValidationError)
+def _bad_request(request: Request, err: RequestValidationError) -> Response:
+    problems = "; ".join(
+        f"{'.'.join(str(p) for p in e.get('loc', ()))}: {e.get('msg')}" for e in err.errors()
+    )
+    return _error(request, 422, f"invalid request: {problems}")

@@ -1,0 +1,205 @@
+"""Reads the transaction log and the state tables for the Transactions page.
+
+The log is opened through :class:`~airflow_txn_provider.hooks.txn_log.TxnLogHook` on the Airflow
+connection named by ``[txn_provider] ui_txn_log_conn_id`` (default ``txn_log_default``), lazily on
+the first request and then kept (one engine per connection id): the plugin module connects to
+nothing when Airflow imports it. ``migrate=False``: a page never changes the schema.
+
+Each ``*_payload`` function reads what one page needs and shapes it with
+:mod:`airflow_txn_provider.ui.model`; the same dict is rendered as HTML and served as JSON.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import text
+from sqlalchemy.exc import SQLAlchemyError
+
+from airflow_txn_provider.exceptions import TxnError, UnknownPipelineError
+from airflow_txn_provider.timetables import txid_run_id
+from airflow_txn_provider.ui import model
+from airflow_txn_provider.ui.errors import LogUnavailableError
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Engine
+
+    from airflow_txn_provider.state import MapState
+    from airflow_txn_provider.transaction_log import TransactionLog
+
+log = logging.getLogger(__name__)
+
+CONFIG_SECTION = "txn_provider"
+CONFIG_KEY = "ui_txn_log_conn_id"
+DEFAULT_CONN_ID = "txn_log_default"
+CONNECT_TIMEOUT_S = 5
+"""A database that does not answer fails the request after this long, instead of hanging it."""
+
+
+def configured_conn_id() -> str:
+    """The Airflow connection the page reads: ``[txn_provider] ui_txn_log_conn_id``."""
+    from airflow.configuration import conf
+
+    return str(conf.get(CONFIG_SECTION, CONFIG_KEY, fallback=DEFAULT_CONN_ID))
+
+
+def unreachable(conn_id: str, err: Exception) -> LogUnavailableError:
+    """The database behind the connection did not answer: say which and what to check."""
+    detail = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return LogUnavailableError(
+        f"the transaction log database of Airflow connection {conn_id!r} cannot be reached "
+        f"({type(err).__name__}: {detail}). Check that Postgres is up and that the connection "
+        f"points to it, or set [{CONFIG_SECTION}] {CONFIG_KEY} to the right connection id."
+    )
+
+
+class LogProvider:
+    """Opens the configured transaction log once and keeps it (thread-safe).
+
+    A failure is not kept: the next request tries again, so the page recovers by itself once the
+    connection is created or the database is back.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._logs: dict[str, TransactionLog] = {}
+
+    def get(self) -> TransactionLog:
+        conn_id = configured_conn_id()
+        with self._lock:
+            found = self._logs.get(conn_id)
+            if found is None:
+                found = self._logs[conn_id] = self._open(conn_id)
+        return found
+
+    @staticmethod
+    def _open(conn_id: str) -> TransactionLog:
+        from airflow_txn_provider.hooks.txn_log import TxnLogHook
+        from airflow_txn_provider.transaction_log import TransactionLog, engine_from_url
+
+        hook = TxnLogHook(conn_id)
+        try:
+            url = hook.log_url()
+        except TxnError as err:  # the hook's message says how to create the connection
+            raise LogUnavailableError(
+                f"{err.detail}. The Transactions page reads connection {conn_id!r}; set "
+                f"[{CONFIG_SECTION}] {CONFIG_KEY} (AIRFLOW__{CONFIG_SECTION.upper()}__"
+                f"{CONFIG_KEY.upper()}) to use another one."
+            ) from err
+        engine = engine_from_url(url, connect_args={"connect_timeout": CONNECT_TIMEOUT_S})
+        try:
+            return TransactionLog(engine, migrate=False)
+        except TxnError as err:  # SchemaTooOldError: says how to upgrade
+            engine.dispose()
+            raise LogUnavailableError(f"connection {conn_id!r}: {err.detail}") from err
+        except SQLAlchemyError as err:
+            engine.dispose()
+            raise unreachable(conn_id, err) from err
+
+    def reset(self) -> None:
+        """Forget (and close) every opened log: tests, or after changing the connection."""
+        with self._lock:
+            for opened in self._logs.values():
+                opened.engine.dispose()
+            self._logs.clear()
+
+
+# -- payloads ----------------------------------------------------------------------------------
+
+
+def pipelines_payload(
+    txn_log: TransactionLog, access: model.DagAccess, now: datetime
+) -> dict[str, Any]:
+    """The index: every pipeline the user may read, with its counts and lag."""
+    rows = []
+    for name in access.visible(info.name for info in txn_log.pipelines()):
+        try:
+            rows.append(model.pipeline_summary(txn_log.view(name)))
+        except UnknownPipelineError:
+            continue  # deleted since it was listed
+        except TxnError as err:  # a corrupt log of one pipeline must not hide the others
+            log.warning("Transactions page: pipeline %s cannot be read: %s", name, err)
+            rows.append(model.broken_pipeline(name, str(err)))
+    return {"pipelines": rows, "now": model.iso(now)}
+
+
+def pipeline_payload(
+    txn_log: TransactionLog, pipeline: str, now: datetime, limit: int = model.TXID_LIMIT
+) -> dict[str, Any]:
+    """One pipeline: summary, newest ``limit`` txids, chart series and committed states."""
+    summary = model.pipeline_summary(txn_log.view(pipeline))  # UnknownPipelineError: a 404
+    txs = txn_log.transactions(
+        pipeline, since_txid=model.window_since(summary["newest_txid"], limit), limit=limit
+    )
+    return {
+        "pipeline": summary,
+        "limit": limit,
+        "txids": model.txid_rows(txs, now),
+        "chart": model.chart_series(txs, now),
+        "states": state_summaries(txn_log.engine, pipeline),
+        "now": model.iso(now),
+    }
+
+
+def txid_payload(
+    txn_log: TransactionLog, pipeline: str, txid: int, now: datetime
+) -> dict[str, Any]:
+    """One txid: its current record and every attempt. A txid whose run exists but that has not
+    begun yet (no data, or waiting for its turn) has no record: ``current`` is ``None``."""
+    last_committed = txn_log.last_committed(pipeline)  # UnknownPipelineError: a 404
+    current = txn_log.transaction(pipeline, txid)
+    attempts = txn_log.attempts(pipeline, txid) if current is not None else []
+    return {
+        "pipeline": pipeline,
+        "txid": txid,
+        "run_id": txid_run_id(txid),
+        "last_committed": last_committed,
+        "current": model.txid_row(current, now) if current is not None else None,
+        "attempts": model.attempt_rows(attempts, now),
+        "now": model.iso(now),
+    }
+
+
+# -- states ------------------------------------------------------------------------------------
+
+
+def state_summaries(engine: Engine, pipeline: str) -> list[dict[str, Any]]:
+    """The committed value of every state of ``pipeline``; a state that cannot be read says why.
+
+    A map state is summarised in SQL (count, sum, top keys): it may hold millions of keys, and the
+    page asks every few seconds.
+    """
+    from airflow_txn_provider.state import load_states
+
+    summaries = []
+    for state in load_states(engine, pipeline).values():
+        try:
+            with engine.connect() as conn:
+                summaries.append(_state_summary(conn, state))
+        except SQLAlchemyError as err:
+            detail = str(getattr(err, "orig", None) or err).strip().splitlines()[0]
+            summaries.append(model.state_error(state.name, detail))
+    return summaries
+
+
+def _state_summary(conn: Any, state: MapState) -> dict[str, Any]:
+    from airflow_txn_provider.state import GlobalState
+
+    kind = str(state.kind)
+    if isinstance(state, GlobalState):
+        return model.global_state_summary(state.name, kind, state.value(conn))
+    # Identifiers come from the state registry and were validated as [a-z_][a-z0-9_]* names.
+    columns = ", ".join(state.keys)
+    totals = conn.execute(text(f"SELECT count(*) AS n, sum(value) AS total FROM {state.table}"))
+    n, total = totals.one()
+    top = conn.execute(
+        text(
+            f"SELECT {columns}, value FROM {state.table} WHERE value IS NOT NULL "
+            f"ORDER BY value DESC, {columns} LIMIT :n"
+        ),
+        {"n": model.TOP_KEYS},
+    ).all()
+    return model.map_state_summary(state.name, kind, list(state.keys), n, total, top)

@@ -1,0 +1,299 @@
+// Transactions page: live refresh and the commits/lag chart. Plain JS, no dependency.
+//
+// The server renders each page; this script asks the page's JSON endpoint (body[data-api]) every
+// few seconds and re-renders the same markup from it. Text from the database only ever reaches
+// the DOM as text nodes or attribute values (never innerHTML), so it cannot inject markup.
+"use strict";
+(() => {
+  const body = document.body;
+  const root = body.dataset.root || "";
+  const airflowRoot = body.dataset.airflowRoot || "";
+  const api = body.dataset.api;
+  const pollMs = Number(body.dataset.pollMs) || 2500;
+  const page = body.dataset.page;
+  const SVG = "http://www.w3.org/2000/svg";
+
+  // -- DOM helpers ------------------------------------------------------------------------------
+
+  function h(tag, attrs, ...children) {
+    const el = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === null || v === undefined || v === false) continue;
+      if (k === "class") el.className = v;
+      else el.setAttribute(k, v === true ? "" : String(v));
+    }
+    for (const c of children.flat()) {
+      if (c === null || c === undefined || c === false) continue;
+      el.append(c instanceof Node ? c : String(c));
+    }
+    return el;
+  }
+
+  function s(tag, attrs) {
+    const el = document.createElementNS(SVG, tag);
+    for (const [k, v] of Object.entries(attrs || {})) el.setAttribute(k, String(v));
+    return el;
+  }
+
+  const q = encodeURIComponent;
+
+  // -- formatting (same rules as model.format_duration and model.clock) -------------------------
+
+  function fmtDuration(sec) {
+    if (sec === null || sec === undefined || !Number.isFinite(sec)) return "—";
+    if (sec < 10) return `${sec.toFixed(2)} s`;
+    if (sec < 60) return `${sec.toFixed(1)} s`;
+    const w = Math.floor(sec);
+    const pad = (n) => String(n).padStart(2, "0");
+    if (w < 3600) return `${Math.floor(w / 60)}m ${pad(w % 60)}s`;
+    return `${Math.floor(w / 3600)}h ${pad(Math.floor((w % 3600) / 60))}m`;
+  }
+
+  function fmtTime(iso, nowIso) {
+    if (!iso) return "—";
+    const t = new Date(iso).toISOString();
+    const today = nowIso ? new Date(nowIso).toISOString().slice(0, 10) : "";
+    return t.slice(0, 10) === today ? t.slice(11, 19) : `${t.slice(0, 10)} ${t.slice(11, 19)}`;
+  }
+
+  // -- cells (same markup as templates/macros.html) ---------------------------------------------
+
+  const status = (v) => h("span", { class: `st st-${v}` }, v);
+  const duration = (sec, running) =>
+    running ? h("span", { class: "running" }, `${fmtDuration(sec)} …`) : fmtDuration(sec);
+  function error(message, txid, failedBy) {
+    const parts = [];
+    if (failedBy !== null && failedBy !== undefined && failedBy !== txid) {
+      parts.push(h("span", { class: "cascade" }, `failed by txid ${failedBy}`), " ");
+    }
+    if (message) parts.push(h("span", { class: "err" }, message));
+    return parts;
+  }
+  const airflowRun = (dagId, runId) =>
+    h("a", { "data-airflow": true, href: `${airflowRoot}/dags/${q(dagId)}/runs/${q(runId)}` }, runId);
+  const counts = (c) =>
+    h("span", { class: "counts" },
+      Object.entries(c).map(([k, n]) => h("span", { class: `st st-${k}`, title: k }, `${k} ${n}`)));
+  const num = (v, cls) => h("td", { class: cls ? `num ${cls}` : "num" }, v);
+  const empty = (cols, text) => h("tr", {}, h("td", { colspan: cols, class: "empty" }, text));
+
+  // -- pages ------------------------------------------------------------------------------------
+
+  function renderIndex(data) {
+    const rows = data.pipelines.map((p) => {
+      const link = h("td", {}, h("a", { href: `${root}/pipelines/${q(p.name)}` }, p.name));
+      if (p.error !== undefined) return h("tr", {}, link, h("td", { colspan: 7, class: "err" }, p.error));
+      return h("tr", {}, link, h("td", {}, p.source_kind), num(p.max_pending), num(p.last_committed),
+        num(p.newest_processed), num(p.lag, p.lag ? "warn" : ""), num(p.newest_txid),
+        h("td", {}, counts(p.counts)));
+    });
+    document.getElementById("pipelines").replaceChildren(
+      ...(rows.length ? rows : [empty(8, "No pipeline you may read is registered in the transaction log.")]));
+  }
+
+  function card(label, value, cls) {
+    return h("div", { class: cls ? `card ${cls}` : "card" }, h("div", { class: "k" }, label),
+      h("div", { class: "v" }, value));
+  }
+
+  let lastChart = null;
+
+  function renderPipeline(data) {
+    const p = data.pipeline;
+    const lag = h("div", { class: p.lag ? "v warn" : "v" }, p.lag);
+    document.getElementById("summary").replaceChildren(
+      card("last committed", p.last_committed),
+      card("newest processed", p.newest_processed),
+      h("div", { class: "card" }, h("div", { class: "k" }, "lag"), lag),
+      card("newest txid", p.newest_txid),
+      card("commits / min (5 min)", data.chart.rate_per_min),
+      card(`txids by status · ${p.source_kind} source · max pending ${p.max_pending}`, counts(p.counts), "wide"));
+    lastChart = data.chart;
+    drawChart(document.getElementById("chart"), data.chart);
+    renderStates(data.states);
+    const rows = data.txids.map((t) => h("tr", {},
+      num(h("a", { href: `${root}/pipelines/${q(p.name)}/runs/${q(t.run_id)}` }, t.txid)),
+      num(t.attempt),
+      h("td", {}, status(t.status)),
+      h("td", { class: "meta", title: t.metadata_json }, t.metadata_json),
+      h("td", { class: "num", title: `begun ${fmtTime(t.begun_at, data.now)}` },
+        duration(t.processing_s, t.processing_running)),
+      h("td", { class: "num", title: `processed ${fmtTime(t.processed_at, data.now)}, committed ${fmtTime(t.committed_at, data.now)}` },
+        duration(t.commit_wait_s, t.commit_wait_running)),
+      h("td", {}, error(t.last_error, t.txid, t.failed_by)),
+      h("td", {}, airflowRun(p.name, t.run_id))));
+    document.getElementById("txids").replaceChildren(...(rows.length ? rows : [empty(8, "No txid has begun yet.")]));
+  }
+
+  function renderStates(states) {
+    const blocks = states.map((st) => {
+      if (st.type === "global") {
+        return h("div", { class: "state" },
+          h("h3", {}, st.name, " ", h("span", { class: "tag" }, `${st.kind} · global`)),
+          h("div", { class: "v" }, st.value === null ? "—" : st.value));
+      }
+      if (st.type === "map") {
+        return h("div", { class: "state" },
+          h("h3", {}, st.name, " ", h("span", { class: "tag" }, `${st.kind} · map by ${st.key_columns.join(", ")}`)),
+          h("div", { class: "kv" }, h("span", {}, `${st.keys} keys`), h("span", {}, `sum ${st.sum}`)),
+          h("table", { class: "grid small" },
+            h("thead", {}, h("tr", {}, h("th", {}, `key (top ${st.top.length})`), h("th", { class: "num" }, "value"))),
+            h("tbody", {}, st.top.map((t) => h("tr", {}, h("td", {}, t.key), num(t.value))))));
+      }
+      return h("div", { class: "state" }, h("h3", {}, st.name), h("div", { class: "err" }, st.error));
+    });
+    document.getElementById("states").replaceChildren(
+      ...(blocks.length ? blocks : [h("p", { class: "empty" }, "No state is registered for this pipeline.")]));
+  }
+
+  function renderRun(data) {
+    const c = data.current;
+    const current = document.getElementById("current");
+    if (c === null) {
+      current.replaceChildren(h("p", { class: "notice" },
+        `txid ${data.txid} has not begun yet: its run waits for new data or for its turn ` +
+        `(the last committed txid is ${data.last_committed}).`));
+    } else {
+      const errorParts = error(c.last_error, c.txid, c.failed_by);
+      current.replaceChildren(h("dl", { class: "record" },
+        h("dt", {}, "status"), h("dd", {}, status(c.status), ` attempt ${c.attempt}`),
+        h("dt", {}, "begun"), h("dd", { title: c.begun_at || "" }, fmtTime(c.begun_at, data.now)),
+        h("dt", {}, "processed"), h("dd", { title: c.processed_at || "" }, fmtTime(c.processed_at, data.now), " ",
+          h("span", { class: "hint" }, "processing ", duration(c.processing_s, c.processing_running))),
+        h("dt", {}, "committed"), h("dd", { title: c.committed_at || "" }, fmtTime(c.committed_at, data.now), " ",
+          h("span", { class: "hint" }, "commit wait ", duration(c.commit_wait_s, c.commit_wait_running))),
+        h("dt", {}, "last error"), h("dd", {}, errorParts.length ? errorParts : "—"),
+        h("dt", {}, "metadata"), h("dd", {}, h("pre", {}, JSON.stringify(c.metadata, null, 2))),
+        h("dt", {}, "output"), h("dd", {}, h("pre", {}, JSON.stringify(c.output, null, 2)))));
+    }
+    const rows = data.attempts.map((a) => h("tr", {},
+      num(a.attempt),
+      h("td", {}, status(a.status)),
+      h("td", { title: a.started_at || "" }, fmtTime(a.started_at, data.now)),
+      h("td", { title: a.processed_at || "" }, fmtTime(a.processed_at, data.now)),
+      h("td", { title: a.ended_at || "" }, fmtTime(a.ended_at, data.now)),
+      num(duration(a.processing_s, a.processing_running)),
+      num(fmtDuration(a.total_s)),
+      h("td", {}, error(a.error, data.txid, a.failed_by)),
+      h("td", { class: "meta", title: a.metadata_json }, a.metadata_json)));
+    document.getElementById("attempts").replaceChildren(...(rows.length ? rows : [empty(9, "No attempt yet.")]));
+  }
+
+  // -- chart: newest committed and processed txid over time, lag below --------------------------
+
+  function drawChart(box, chart) {
+    const W = Math.max(320, box.clientWidth || 640);
+    const H = 230, L = 52, R = 12, TOP = 10, MID = 150, LAG_TOP = 168, BOTTOM = 208;
+    const all = [...chart.committed, ...chart.processed];
+    if (!all.length) {
+      box.replaceChildren(h("p", { class: "hint" }, "No txid has been processed yet among the listed ones."));
+      return;
+    }
+    const now = chart.now;
+    const t0 = Math.min(...all.map((p) => p[0]), ...chart.lag.map((p) => p[0]));
+    const t1 = Math.max(now, t0 + 1);
+    const ys = all.map((p) => p[1]);
+    const base = Math.min(...ys) - 1;
+    const y0 = Math.max(0, base), y1 = Math.max(...ys, y0 + 1);
+    const lagMax = Math.max(1, ...chart.lag.map((p) => p[1]));
+    const x = (t) => L + ((t - t0) / (t1 - t0)) * (W - L - R);
+    const y = (v) => MID - ((v - y0) / (y1 - y0)) * (MID - TOP);
+    const yl = (v) => BOTTOM - (v / lagMax) * (BOTTOM - LAG_TOP);
+    // A step line: the value holds until the next event, and until now after the last one.
+    function steps(points, yOf, start) {
+      let d = `M${x(t0).toFixed(1)},${yOf(start).toFixed(1)}`;
+      let last = start;
+      for (const [t, v] of points) {
+        d += `H${x(t).toFixed(1)}V${yOf(v).toFixed(1)}`;
+        last = v;
+      }
+      return { d: `${d}H${x(t1).toFixed(1)}`, last };
+    }
+    const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: "img",
+      "aria-label": "newest committed and processed txid over time, and lag" });
+    const text = (tx, ty, str, anchor, cls) => {
+      const el = s("text", { x: tx, y: ty, "text-anchor": anchor || "start", class: cls || "axis" });
+      el.textContent = str;
+      return el;
+    };
+    svg.append(
+      s("line", { x1: L, y1: MID, x2: W - R, y2: MID, class: "rule" }),
+      s("line", { x1: L, y1: BOTTOM, x2: W - R, y2: BOTTOM, class: "rule" }),
+      text(L - 6, TOP + 8, String(y1), "end"), text(L - 6, MID, String(y0), "end"),
+      text(L - 6, LAG_TOP + 8, `lag ${lagMax}`, "end"), text(L - 6, BOTTOM, "0", "end"),
+      text(L, H - 6, fmtTime(new Date(t0 * 1000).toISOString(), new Date(now * 1000).toISOString())),
+      text(W - R, H - 6, "now", "end"));
+    const processed = steps(chart.processed, y, y0);
+    const committed = steps(chart.committed, y, y0);
+    const lag = steps(chart.lag, yl, 0);
+    svg.append(
+      s("path", { d: `${lag.d}V${BOTTOM}H${x(t0).toFixed(1)}Z`, class: "lag" }),
+      s("path", { d: processed.d, class: "processed" }),
+      s("path", { d: committed.d, class: "committed" }),
+      text(L + 8, TOP + 12, `committed ${committed.last}`, "start", "legend committed-text"),
+      text(L + 130, TOP + 12, `processed ${processed.last}`, "start", "legend processed-text"));
+    box.replaceChildren(svg);
+  }
+
+  // -- refresh ----------------------------------------------------------------------------------
+
+  const renderers = { index: renderIndex, pipeline: renderPipeline, run: renderRun };
+  const banner = document.getElementById("banner");
+  const stamp = document.getElementById("stamp");
+  let busy = false;
+  let lastGood = stamp ? stamp.textContent : "";
+
+  function showBanner(message) {
+    banner.hidden = !message;
+    banner.textContent = message || "";
+  }
+
+  async function refresh() {
+    if (busy || document.hidden) return;
+    busy = true;
+    try {
+      const response = await fetch(api, {
+        credentials: "same-origin", cache: "no-store", headers: { Accept: "application/json" },
+      });
+      let data = null;
+      try { data = await response.json(); } catch (e) { data = null; }
+      if (!response.ok) {
+        const detail = data && data.detail ? data.detail : response.statusText;
+        throw new Error(`${response.status} ${detail}`);
+      }
+      renderers[page](data);
+      lastGood = `updated ${fmtTime(data.now, data.now)} UTC`;
+      if (stamp) stamp.textContent = lastGood;
+      showBanner(null);
+    } catch (e) {
+      showBanner(`Refresh failed: ${e.message}. Showing the data of ${lastGood.replace("updated ", "")}; retrying.`);
+    } finally {
+      busy = false;
+    }
+  }
+
+  // Links to Airflow's own pages: inside the Airflow UI's iframe, move the Airflow UI itself
+  // (its router follows history changes) rather than nesting it in the frame.
+  document.addEventListener("click", (ev) => {
+    const a = ev.target instanceof Element ? ev.target.closest("a[data-airflow]") : null;
+    if (!a || window.top === window || ev.button !== 0 || ev.metaKey || ev.ctrlKey || ev.shiftKey) return;
+    try {
+      const top = window.top;
+      const idx = top.history.state && Number.isInteger(top.history.state.idx) ? top.history.state.idx + 1 : 0;
+      top.history.pushState({ usr: null, key: Math.random().toString(36).slice(2, 10), idx }, "", a.href);
+      top.dispatchEvent(new PopStateEvent("popstate", { state: top.history.state }));
+      ev.preventDefault();
+    } catch (e) {
+      // Not allowed here: the link opens inside this frame.
+    }
+  });
+
+  if (api && renderers[page]) {
+    refresh();
+    setInterval(refresh, pollMs);
+    document.addEventListener("visibilitychange", refresh);
+    window.addEventListener("resize", () => {
+      if (lastChart) drawChart(document.getElementById("chart"), lastChart);
+    });
+  }
+})();

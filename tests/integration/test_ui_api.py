@@ -1,0 +1,494 @@
+"""The Transactions page on a real Postgres log: a pipeline driven through commits, a failure with
+its cascade and a replay, two states; then the app, mounted as Airflow mounts it, asked as an
+anonymous user, as a user who may read some DAGs, and as one who may read all.
+
+The page's script is run too (with Node, on a minimal DOM) against the JSON the app served: it
+must render the same rows, draw the chart, and keep database text as text.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+from airflow.api_fastapi.core_api.security import get_user
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, text
+
+from airflow_txn_provider.plugins import TxnProviderPlugin
+from airflow_txn_provider.sources import TransactionalSource
+from airflow_txn_provider.state import GlobalState, MapState, commit_states, stage_states
+from airflow_txn_provider.timetables import txid_run_id
+from airflow_txn_provider.transaction_log import TransactionLog
+from airflow_txn_provider.ui import app as ui_app
+from tests.conftest import new_database, set_txn_log_connection
+
+SCRIPT = '<script>alert("x")</script>'
+ERROR = f"{SCRIPT} executor lost"
+BATCHES = {1: [("dog", 3), ("cat", 1)], 2: [("dog", 3), ("<i>emu</i>", 5)], 3: [("ant", 1)]}
+
+
+class Batches(TransactionalSource):
+    def initialize_transaction(self, txid, prev):
+        start = prev["end"] if prev else 0
+        return {"start": start, "end": start + 10, "path": "<b>batch</b>"}
+
+
+def process(txlog, em, counts, total, rows):
+    txlog.stage_output(
+        em.pipeline,
+        em.txid,
+        em.attempt,
+        lambda conn: stage_states(
+            conn, em.txid, em.attempt, {counts: rows, total: [(sum(n for _, n in rows),)]}
+        ),
+    )
+
+
+@pytest.fixture(scope="module")
+def db(postgres):
+    """One log for the module: ``words`` at txids 1-3 committed, 4 replayed and processed after
+    its first attempt failed, 5 failed by 4's failure; ``secret`` with one commit and a state
+    whose table is gone."""
+    url = new_database(postgres)
+    engine = create_engine(url)
+    txlog = TransactionLog(engine, migrate=False)
+    counts = MapState("words", "ui_word_counts", "transactional", keys={"word": "text"})
+    total = GlobalState("words", "ui_total", "opaque")
+    counts.create(engine)
+    total.create(engine)
+    txlog.register_pipeline("words", source_kind="transactional", max_pending=4)
+    src = Batches()
+    for txid, rows in BATCHES.items():
+        em = txlog.begin("words", txid, src)
+        process(txlog, em, counts, total, rows)
+        commit_states(txlog, "words", txid, em.attempt, [counts, total])
+    first4 = txlog.begin("words", 4, src)
+    em5 = txlog.begin("words", 5, src)
+    process(txlog, em5, counts, total, [("dog", 1)])
+    assert txlog.fail("words", 4, first4.attempt, error=ERROR) == (4, 5)
+    replay = txlog.begin_next("words", src)
+    assert replay is not None and (replay.txid, replay.attempt) == (4, 2)
+    process(txlog, replay, counts, total, [("cat", 2)])
+
+    txlog.register_pipeline("secret", source_kind="opaque", max_pending=1)
+    GlobalState("secret", "ui_gone").create(engine)
+    with engine.begin() as conn:
+        conn.execute(text("DROP TABLE txn_state_ui_gone"))
+    yield url, txlog
+    engine.dispose()
+
+
+class FakeAuthManager:
+    """Stands for Airflow's auth manager: all DAGs, or only some."""
+
+    def __init__(self, *, all_dags: bool = False, dag_ids: tuple[str, ...] = ()):
+        self.all_dags = all_dags
+        self.dag_ids = set(dag_ids)
+
+    def is_authorized_dag(self, *, method, user, access_entity=None, details=None):
+        assert method == "GET"
+        return self.all_dags
+
+    def get_authorized_dag_ids(self, *, user, method="GET", session=None):
+        return set(self.dag_ids)
+
+
+def client_for(txlog: TransactionLog | None, manager: FakeAuthManager | None) -> TestClient:
+    """The plugin's app mounted like Airflow's api-server does; ``manager`` None: no user."""
+    app = ui_app.app
+    app.dependency_overrides.clear()
+    if txlog is not None:
+        app.dependency_overrides[ui_app.get_log] = lambda: txlog
+    if manager is not None:
+        app.dependency_overrides[get_user] = lambda: "someone"
+        app.dependency_overrides[ui_app.auth_manager] = lambda: manager
+    parent = FastAPI()
+    [entry] = TxnProviderPlugin.fastapi_apps
+    parent.mount(entry["url_prefix"], entry["app"])
+    return TestClient(parent)
+
+
+@pytest.fixture(autouse=True)
+def _clean_overrides():
+    yield
+    ui_app.app.dependency_overrides.clear()
+    ui_app.provider.reset()
+
+
+@pytest.fixture
+def admin(db):
+    return client_for(db[1], FakeAuthManager(all_dags=True))
+
+
+# -- auth --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/transactions/",
+        "/transactions/pipelines/words",
+        "/transactions/pipelines/words/runs/txid-000004",
+        "/transactions/api/pipelines",
+        "/transactions/api/pipelines/words",
+        "/transactions/api/pipelines/words/txids/4",
+    ],
+)
+def test_without_a_user_nothing_is_shown(db, path):
+    response = client_for(db[1], None).get(path)
+    assert response.status_code == 401
+    assert "executor lost" not in response.text and "dog" not in response.text
+
+
+def test_a_user_sees_only_pipelines_whose_dag_they_may_read(db):
+    client = client_for(db[1], FakeAuthManager(dag_ids=("words", "some_other_dag")))
+    listed = client.get("/transactions/api/pipelines").json()["pipelines"]
+    assert [p["name"] for p in listed] == ["words"]
+    assert "secret" not in client.get("/transactions/").text
+    denied = client.get("/transactions/api/pipelines/secret")
+    assert denied.status_code == 403
+    assert denied.json()["pipeline"] == "secret"
+    assert "'secret'" in denied.json()["detail"]
+    page = client.get("/transactions/pipelines/secret/runs/txid-000001")
+    assert page.status_code == 403 and "secret" in page.text
+
+
+def test_a_user_without_dags_sees_an_empty_list(db):
+    client = client_for(db[1], FakeAuthManager())
+    assert client.get("/transactions/api/pipelines").json()["pipelines"] == []
+    assert "No pipeline you may read" in client.get("/transactions/").text
+
+
+# -- index -------------------------------------------------------------------------------------
+
+
+def test_the_log_lists_registered_pipelines(db):
+    infos = {i.name: i for i in db[1].pipelines()}
+    assert list(infos) == ["secret", "words"]
+    assert (infos["words"].source_kind.value, infos["words"].max_pending) == ("transactional", 4)
+    assert (infos["words"].last_committed, infos["secret"].last_committed) == (3, 0)
+    assert infos["secret"].source_kind.value == "opaque"
+
+
+def test_index_counts_and_lag(admin):
+    listed = {p["name"]: p for p in admin.get("/transactions/api/pipelines").json()["pipelines"]}
+    assert set(listed) == {"secret", "words"}  # a pipeline without a DAG: shown to admins
+    words = listed["words"]
+    assert words["counts"] == {"processing": 0, "processed": 1, "committed": 3, "failed": 1}
+    assert (words["last_committed"], words["newest_processed"], words["lag"]) == (3, 4, 1)
+    assert (words["newest_txid"], words["oldest_failed"]) == (5, 5)
+    assert listed["secret"]["counts"]["committed"] == 0
+
+    html = admin.get("/transactions/").text
+    assert 'href="/transactions/pipelines/words"' in html
+    assert 'data-api="/transactions/api/pipelines"' in html
+    assert "updated " in html and "committed 3" in html
+
+
+# -- one pipeline ------------------------------------------------------------------------------
+
+
+def test_pipeline_json(admin):
+    data = admin.get("/transactions/api/pipelines/words").json()
+    rows = {r["txid"]: r for r in data["txids"]}
+    assert [r["txid"] for r in data["txids"]] == [5, 4, 3, 2, 1]
+    assert [(rows[t]["status"], rows[t]["attempt"]) for t in (1, 2, 3, 4, 5)] == [
+        ("committed", 1),
+        ("committed", 1),
+        ("committed", 1),
+        ("processed", 2),
+        ("failed", 1),
+    ]
+    assert rows[5]["failed_by_earlier"] == 4
+    assert rows[5]["last_error"] == f"failed with txid 4: {ERROR}"
+    assert rows[4]["failed_by_earlier"] is None
+    assert rows[4]["last_error"] == ERROR  # the error of its previous attempt
+    assert rows[4]["commit_wait_running"] is True
+    assert rows[2]["metadata"] == {"start": 10, "end": 20, "path": "<b>batch</b>"}
+    assert rows[1]["processing_s"] >= 0 and rows[1]["commit_wait_s"] >= 0
+    assert rows[3]["run_id"] == "txid-000003"
+
+    states = {s["name"]: s for s in data["states"]}
+    assert states["ui_total"] == {
+        "name": "ui_total",
+        "kind": "opaque",
+        "type": "global",
+        "value": 13,
+    }
+    word_counts = states["ui_word_counts"]
+    assert (word_counts["keys"], word_counts["sum"]) == (4, 13)
+    assert word_counts["top"] == [
+        {"key": "dog", "value": 6},
+        {"key": "<i>emu</i>", "value": 5},
+        {"key": "ant", "value": 1},
+        {"key": "cat", "value": 1},
+    ]
+
+    chart = data["chart"]
+    assert [p[1] for p in chart["committed"]] == [1.0, 2.0, 3.0]
+    assert [p[1] for p in chart["processed"]] == [1.0, 2.0, 3.0, 4.0]
+    assert chart["lag"][-1][1] == 1.0
+    assert chart["rate_per_min"] > 0
+    assert data["pipeline"]["lag"] == 1
+
+
+def test_pipeline_page_escapes_database_text(admin):
+    response = admin.get("/transactions/pipelines/words")
+    assert response.status_code == 200
+    html = response.text
+    assert SCRIPT not in html
+    assert "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt; executor lost" in html
+    assert "<b>batch</b>" not in html and "&lt;b&gt;batch&lt;/b&gt;" in html
+    assert "<i>emu</i>" not in html and "&lt;i&gt;emu&lt;/i&gt;" in html
+    assert "failed by txid 4" in html
+    assert 'href="/dags/words/runs/txid-000004"' in html
+    assert 'href="/transactions/pipelines/words/runs/txid-000005"' in html
+    assert 'data-api="/transactions/api/pipelines/words"' in html
+    for status in ("committed", "processed", "failed"):
+        assert f'class="st st-{status}"' in html
+    assert ">13<" in html  # the global state's value
+    assert "4 keys" in html and "sum 13" in html
+
+
+def test_a_state_that_cannot_be_read_says_why(admin):
+    states = admin.get("/transactions/api/pipelines/secret").json()["states"]
+    assert [s["type"] for s in states] == ["error"]
+    assert "txn_state_ui_gone" in states[0]["error"]
+    assert "does not exist" in admin.get("/transactions/pipelines/secret").text
+
+
+# -- one txid ----------------------------------------------------------------------------------
+
+
+def test_txid_attempt_history(admin):
+    data = admin.get("/transactions/api/pipelines/words/txids/4").json()
+    assert (data["current"]["attempt"], data["current"]["status"]) == (2, "processed")
+    assert [(a["attempt"], a["status"]) for a in data["attempts"]] == [
+        (2, "processed"),
+        (1, "failed"),
+    ]
+    first = data["attempts"][1]
+    assert (first["error"], first["failed_by"], first["failed_by_earlier"]) == (ERROR, 4, None)
+    assert first["ended_at"] is not None and first["total_s"] >= 0
+
+    cascaded = admin.get("/transactions/api/pipelines/words/txids/5").json()["attempts"]
+    assert [(a["status"], a["failed_by_earlier"]) for a in cascaded] == [("failed", 4)]
+
+    later = admin.get("/transactions/api/pipelines/words/txids/99").json()
+    assert (later["current"], later["attempts"], later["last_committed"]) == (None, [], 3)
+
+
+def test_the_dag_run_tab_shows_the_txid_attempts(admin):
+    href = next(v for v in TxnProviderPlugin.external_views if v["destination"] == "dag_run")[
+        "href"
+    ]
+    # What Airflow's UI does with the placeholders (encodeURIComponent of dag id and run id).
+    url = href.replace("{DAG_ID}", quote("words", safe="")).replace(
+        "{RUN_ID}", quote(txid_run_id(4), safe="")
+    )
+    response = admin.get(url)
+    assert response.status_code == 200
+    html = response.text
+    assert "txid 4" in html
+    assert html.count('<td class="num">2</td>') >= 1 and "attempt 2" in html
+    assert SCRIPT not in html and "&lt;script&gt;" in html
+    assert 'data-api="/transactions/api/pipelines/words/txids/4"' in html
+    assert 'href="/dags/words/runs/txid-000004"' in html
+
+
+def test_a_run_that_is_not_a_txid_run_gets_a_message(admin):
+    run_id = "manual__2026-03-01T12:00:00+00:00"
+    response = admin.get(f"/transactions/pipelines/words/runs/{quote(run_id, safe='')}")
+    assert response.status_code == 200
+    assert "is not a transaction" in response.text
+    assert run_id in response.text
+    assert "data-api" not in response.text  # nothing to refresh
+
+
+def test_a_txid_that_has_not_begun(admin):
+    response = admin.get("/transactions/pipelines/words/runs/txid-000042")
+    assert response.status_code == 200
+    assert "txid 42 has not begun yet" in response.text
+
+
+# -- errors ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/transactions/api/pipelines/nope",
+        "/transactions/api/pipelines/nope/txids/1",
+        "/transactions/pipelines/nope",
+        "/transactions/pipelines/nope/runs/txid-000001",
+        "/transactions/pipelines/nope/runs/manual__x",
+    ],
+)
+def test_an_unknown_pipeline_is_a_404_naming_it(admin, path):
+    response = admin.get(path)
+    assert response.status_code == 404
+    if "/api/" in path:
+        assert response.json()["pipeline"] == "nope"
+        assert "pipeline 'nope' is not registered" in response.json()["detail"]
+    else:
+        assert "pipeline &#39;nope&#39; is not registered" in response.text
+
+
+def test_a_bad_txid_is_a_422(admin):
+    assert admin.get("/transactions/api/pipelines/words/txids/0").status_code == 422
+    assert admin.get("/transactions/api/pipelines/words/txids/x").status_code == 422
+
+
+def test_a_database_gone_after_opening_is_a_503(db):
+    url, _ = db
+    txlog = TransactionLog(create_engine(url), migrate=False)
+    txlog.engine.dispose()
+    txlog.engine = create_engine("postgresql+psycopg2://u@127.0.0.1:1/none")  # nothing listens
+    client = client_for(txlog, FakeAuthManager(all_dags=True))
+    response = client.get("/transactions/api/pipelines/words")
+    assert response.status_code == 503
+    assert "cannot be reached" in response.json()["detail"]
+    page = client.get("/transactions/pipelines/words")
+    assert page.status_code == 503 and "cannot be reached" in page.text
+
+
+def test_the_configured_airflow_connection_is_read(db, monkeypatch):
+    """No stand-in for the log: the page opens it through TxnLogHook and the configured id."""
+    url, _ = db
+    set_txn_log_connection(monkeypatch, "ui_txn_log_test", url)
+    monkeypatch.setenv("AIRFLOW__TXN_PROVIDER__UI_TXN_LOG_CONN_ID", "ui_txn_log_test")
+    client = client_for(None, FakeAuthManager(all_dags=True))
+    names = [p["name"] for p in client.get("/transactions/api/pipelines").json()["pipelines"]]
+    assert names == ["secret", "words"]
+    assert ui_app.provider.get() is ui_app.provider.get()  # opened once, then kept
+
+
+# -- the page's script -------------------------------------------------------------------------
+
+DOM_HARNESS = r"""
+const fs = require("fs");
+const input = JSON.parse(fs.readFileSync(0, "utf8"));
+const esc = (s) => s.replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+class Node {
+  constructor() { this.childNodes = []; }
+  append(...cs) {
+    for (const c of cs) this.childNodes.push(c instanceof Node ? c : new Text(String(c)));
+  }
+  replaceChildren(...cs) { this.childNodes = []; this.append(...cs); }
+  get textContent() { return this.childNodes.map((c) => c.textContent).join(""); }
+  set textContent(v) { this.childNodes = []; if (v) this.append(String(v)); }
+}
+class Text extends Node {
+  constructor(t) { super(); this.data = t; }
+  get textContent() { return this.data; }
+  html() { return esc(this.data); }
+}
+class Element extends Node {
+  constructor(tag) { super(); this.tagName = tag; this.attrs = {}; this.hidden = false; }
+  setAttribute(k, v) { this.attrs[k] = String(v); }
+  set className(v) { this.attrs.class = v; }
+  get className() { return this.attrs.class || ""; }
+  get clientWidth() { return 800; }
+  closest() { return null; }
+  html() {
+    const a = Object.entries(this.attrs)
+      .map(([k, v]) => ` ${k}="${esc(v).replace(/"/g, "&quot;")}"`).join("");
+    const inner = this.childNodes.map((c) => c.html()).join("");
+    return `<${this.tagName}${a}>${inner}</${this.tagName}>`;
+  }
+}
+const ids = {};
+const names = ["pipelines", "summary", "chart", "states", "txids", "current", "attempts"];
+for (const id of [...names, "banner", "stamp"]) ids[id] = new Element("div");
+ids.banner.hidden = true;
+ids.stamp.textContent = "updated 00:00:00 UTC";
+const body = new Element("body");
+body.dataset = { root: "/transactions", airflowRoot: "", api: "/api", pollMs: "2500" };
+body.dataset.page = input.page;
+Object.assign(globalThis, {
+  Node,
+  Element,
+  document: {
+    body,
+    hidden: false,
+    getElementById: (id) => ids[id] || null,
+    addEventListener() {},
+    createElement: (t) => new Element(t),
+    createElementNS: (ns, t) => new Element(t),
+  },
+  setInterval() {},
+  addEventListener() {},
+  fetch: async () => ({
+    ok: input.status === 200, status: input.status, statusText: "", json: async () => input.payload,
+  }),
+});
+globalThis.window = globalThis;
+globalThis.top = globalThis;
+require(input.script);
+setTimeout(() => {
+  const out = {};
+  for (const [id, el] of Object.entries(ids)) {
+    out[id] = { html: el.html(), text: el.textContent, hidden: el.hidden };
+  }
+  process.stdout.write(JSON.stringify(out));
+}, 100);
+"""
+
+
+def run_script(page: str, payload: dict, status: int = 200) -> dict:
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is not installed: the page's script is not exercised")
+    script = Path(ui_app.__file__).parent / "static" / "txn.js"
+    done = subprocess.run(
+        [node, "-e", DOM_HARNESS],
+        input=json.dumps(
+            {"page": page, "payload": payload, "status": status, "script": str(script)}
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return json.loads(done.stdout)
+
+
+def test_script_renders_the_pipeline_page(admin):
+    payload = admin.get("/transactions/api/pipelines/words").json()
+    dom = run_script("pipeline", payload)
+    txids = dom["txids"]["html"]
+    assert txids.count("<tr>") == 5
+    assert SCRIPT not in txids and "&lt;script&gt;" in txids
+    assert "&lt;b&gt;batch&lt;/b&gt;" in txids
+    assert 'href="/dags/words/runs/txid-000004"' in txids and "failed by txid 4" in txids
+    assert "<svg" in dom["chart"]["html"] and "committed 3" in dom["chart"]["text"]
+    assert "processed 4" in dom["chart"]["text"]
+    assert "4 keys" in dom["states"]["text"] and "&lt;i&gt;emu&lt;/i&gt;" in dom["states"]["html"]
+    assert "lag1" in dom["summary"]["text"].replace(" ", "")
+    assert dom["stamp"]["text"].startswith("updated ") and dom["stamp"]["text"].endswith(" UTC")
+    assert dom["stamp"]["text"] != "updated 00:00:00 UTC"
+    assert dom["banner"]["hidden"]
+
+
+def test_script_renders_the_index_and_run_pages(admin):
+    index = run_script("index", admin.get("/transactions/api/pipelines").json())
+    assert index["pipelines"]["html"].count("<tr>") == 2
+    assert 'href="/transactions/pipelines/words"' in index["pipelines"]["html"]
+    run = run_script("run", admin.get("/transactions/api/pipelines/words/txids/4").json())
+    assert run["attempts"]["html"].count("<tr>") == 2
+    assert "attempt 2" in run["current"]["text"]
+    assert SCRIPT not in run["attempts"]["html"] and "&lt;script&gt;" in run["attempts"]["html"]
+    assert "processed" in run["current"]["text"]
+
+
+def test_script_shows_a_failed_refresh_in_the_banner(db):
+    dom = run_script("pipeline", {"detail": "the transaction log database is down"}, status=503)
+    assert not dom["banner"]["hidden"]
+    assert "503 the transaction log database is down" in dom["banner"]["text"]
+    assert dom["stamp"]["text"] == "updated 00:00:00 UTC"  # the last good refresh
