@@ -5,6 +5,9 @@ set -euo pipefail
 need=()
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
 command -v java >/dev/null 2>&1 || need+=(openjdk-17-jre-headless)
+# Browser tests drive Debian's Chromium (Playwright is pointed at it: no browser download).
+[ -x /usr/bin/chromium ] || need+=(chromium)
+[ -x /usr/bin/chromedriver ] || need+=(chromium-driver)
 
 if ((${#need[@]})); then
   echo "system-deps: installing ${need[*]}"
