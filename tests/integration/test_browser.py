@@ -1,0 +1,211 @@
+"""Browser tests in headless Chromium against a real Airflow started here (scheduler with
+LocalExecutor, dag-processor, triggerer, api-server; Postgres; Spark Connect; all on 127.0.0.1),
+running the ``example_txn_words`` DAG from ``dags/``.
+
+A person logs in, sees txid runs succeed in order in the grid, reads committed txids and the
+state on the Transactions page, watches a txid fail until it stops the pipeline, presses
+**Clear** on its run in the Airflow UI, and sees it and the later txids commit. Screenshots are
+saved in ``test-artifacts/`` (``$TXN_TEST_ARTIFACTS``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from airflow_txn_provider.exceptions import UnknownPipelineError
+from airflow_txn_provider.testing.airflow import ADMIN_USER, AirflowStack
+from airflow_txn_provider.transaction_log import TransactionLog
+from tests.browser import chromium_page, login, screenshot, screenshot_on_failure
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "dags" / "example_txn_words.py"
+DAG = "example_txn_words"
+VARIABLE = f"txn_inject_failure__{DAG}"
+WORDS_PER_LINE = 8  # GeneratedTextSource's default, which the example uses
+RUN_ID = re.compile(r"txid-(\d{6})")
+
+
+def _wait(predicate, timeout, what, stack=None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+        except UnknownPipelineError:  # registered by the first txid's begin
+            value = None
+        if value:
+            return value
+        time.sleep(1)
+    raise AssertionError(f"timed out after {timeout} s: {what}\n{stack.tail() if stack else ''}")
+
+
+@pytest.fixture
+def stack(postgres, db_url, connect_server, tmp_path):
+    admin = create_engine(postgres.url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text("CREATE DATABASE airflow_browser"))
+    admin.dispose()
+    meta = f"postgresql+psycopg2://postgres@127.0.0.1:{postgres.port}/airflow_browser"
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / EXAMPLE.name).symlink_to(EXAMPLE)  # the example as a user drops it in
+    u = make_url(db_url)
+    log_conn = {"conn_type": "txn_log", "host": u.host, "port": u.port, "login": u.username}
+    env = {
+        "AIRFLOW_CONN_TXN_LOG_DEFAULT": json.dumps({**log_conn, "schema": u.database}),
+        "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": connect_server.url,
+        "TXN_EXAMPLES_DATA": str(tmp_path / "data"),
+    }
+    airflow = AirflowStack(tmp_path / "airflow", meta, dags, env=env)
+    try:
+        airflow.start()
+        yield airflow
+    finally:
+        airflow.stop()
+
+
+def _runs_table(page) -> dict[int, str]:
+    """txid -> state, as the DAG's Runs tab lists them."""
+    found = {}
+    for row in page.locator("tbody tr").all():
+        cells = row.inner_text()
+        match = RUN_ID.search(cells)
+        if match:
+            state = re.search(r"\b(Success|Failed|Running|Queued)\b", cells)
+            found[int(match.group(1))] = state.group(1) if state else "?"
+    return found
+
+
+def _card(page, label: str) -> int:
+    card = page.locator("#summary .card").filter(has_text=label).first
+    return int(card.locator(".v").inner_text())
+
+
+def _txid_rows(page) -> dict[int, dict[str, str]]:
+    rows = {}
+    for row in page.locator("#txids tr").all():
+        cells = [c.inner_text().strip() for c in row.locator("td").all()]
+        if len(cells) == 8:
+            rows[int(cells[0])] = {
+                "attempt": cells[1],
+                "status": cells[2],
+                "metadata": cells[3],
+                "error": cells[6],
+            }
+    return rows
+
+
+def test_watch_commits_read_the_transactions_page_and_clear_a_failed_txid(stack, db_url):
+    api = stack.client()
+    api.wait_for_dag(DAG)
+    log = TransactionLog.from_url(db_url, migrate=False)
+    with chromium_page() as page, screenshot_on_failure(page, "failure"):
+        login(page, stack.url, ADMIN_USER, stack.password)
+        api.unpause(DAG)
+        _wait(lambda: log.last_committed(DAG) >= 4, 300, "4 commits", stack)
+
+        # The Runs tab: txid runs succeed in txid order (a run turns Success a moment after its
+        # commit, when its failure sensor ends): the Success ones are always 1..k.
+        def runs_tab():
+            page.goto(f"{stack.url}/dags/{DAG}/runs")
+            page.get_by_text("txid-000001").wait_for()
+            page.wait_for_load_state("networkidle")
+            runs = _runs_table(page)
+            done = sorted(t for t, state in runs.items() if state == "Success")
+            assert done == list(range(1, len(done) + 1)), runs
+            assert "Failed" not in runs.values(), runs
+            return len(done) >= 3
+
+        _wait(runs_tab, 120, "3 txid runs to show Success", stack)
+        screenshot(page, "airflow-runs")
+        page.goto(f"{stack.url}/dags/{DAG}")
+        page.get_by_text("commit_gate").first.wait_for()
+        screenshot(page, "airflow-grid")
+
+        # The Transactions page, through the Airflow nav (an iframe on the same origin).
+        page.goto(stack.url)
+        page.get_by_role("link", name=re.compile("Transactions")).first.click()
+        frame = page.frame_locator("iframe").first
+        frame.get_by_role("link", name=DAG).click()
+        frame.locator("#txids tr").first.wait_for()
+
+        # Then on its own, as a person reads it: committed txids are 1..L, L is the card's "last
+        # committed", and the word-count state holds exactly words_per_line words per line of
+        # the committed batches, whose offset ranges the page shows. Pipelines keep committing
+        # while we read: a reading taken across a commit is read again.
+        def transactions_page():
+            page.goto(f"{stack.url}/transactions/pipelines/{DAG}")
+            page.locator("#txids tr").first.wait_for()
+            last = _card(page, "last committed")
+            rows = _txid_rows(page)
+            committed = sorted(t for t, r in rows.items() if r["status"] == "committed")
+            assert committed == list(range(1, last + 1)), rows
+            assert last <= log.last_committed(DAG)
+            lines = sum(
+                end - start
+                for t in committed
+                for start, end in json.loads(rows[t]["metadata"]).values()
+            )
+            counts = page.locator(".state").filter(has_text=f"{DAG}_counts").inner_text()
+            return f"sum {WORDS_PER_LINE * lines}" in counts and last >= 4
+
+        _wait(transactions_page, 60, "the Transactions page to match its committed batches")
+        page.locator("#chart svg").wait_for()
+        screenshot(page, "transactions-page", full_page=True)
+
+        # A txid that fails on every attempt stops the pipeline (max_attempts 3).
+        bad = max(t.txid for t in log.transactions(DAG)) + 3  # not begun yet
+        api.set_variable(VARIABLE, f"{bad}:*")
+        _wait(
+            lambda: (
+                len(log.attempts(DAG, bad)) >= 3
+                and all(a.status.value == "failed" for a in log.attempts(DAG, bad))
+            ),
+            400,
+            f"txid {bad} to fail 3 times",
+            stack,
+        )
+        run_id = f"txid-{bad:06d}"
+
+        def note():
+            found = [r for r in api.runs(DAG) if r["dag_run_id"] == run_id]
+            return found and found[0].get("note")
+
+        assert "POISON BATCH" in _wait(note, 90, "the poison note on the run", stack)
+        page.goto(f"{stack.url}/dags/{DAG}/runs/{run_id}")
+        page.get_by_text("POISON BATCH").first.wait_for()
+        screenshot(page, "airflow-poison-run")
+        page.goto(f"{stack.url}/transactions/pipelines/{DAG}")
+        page.locator("#txids tr").first.wait_for()
+        failed = _txid_rows(page)[bad]
+        assert failed["status"] == "failed" and "injected failure" in failed["error"]
+        assert _card(page, "last committed") == bad - 1  # later txids wait behind it
+
+        # The cause is removed; a person presses Clear on the txid's run in the Airflow UI.
+        api.delete_variable(VARIABLE)
+        page.goto(f"{stack.url}/dags/{DAG}/runs/{run_id}")
+        page.get_by_role("button", name=re.compile("clear", re.I)).first.click()
+        confirm = page.get_by_role("dialog").get_by_role("button", name=re.compile("confirm", re.I))
+        confirm.wait_for()
+        page.wait_for_timeout(500)  # the dialog's opening animation, for the screenshot
+        screenshot(page, "airflow-clear-dialog")
+        confirm.click()
+        _wait(lambda: log.last_committed(DAG) >= bad + 2, 300, "the cleared txids to commit", stack)
+
+        # It and the later txids commit, in order; the page shows its attempts.
+        page.goto(f"{stack.url}/transactions/pipelines/{DAG}/runs/{run_id}")
+        page.get_by_text("committed").first.wait_for()
+        history = page.locator("table").last.inner_text()
+        assert history.count("failed") >= 3 and "committed" in history
+        screenshot(page, "transactions-txid-attempts")
+    txids = log.transactions(DAG)
+    committed = [t for t in txids if t.status.value == "committed"]
+    assert [t.txid for t in committed] == list(range(1, len(committed) + 1))
+    times = [t.committed_at for t in committed]
+    assert times == sorted(times)
+    log.engine.dispose()
