@@ -61,6 +61,13 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _port_in_use(port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
 def _read_state(home: Path) -> dict[str, Any] | None:
     path = home / STATE_FILE
     if not path.exists():
@@ -104,6 +111,17 @@ def up(args: argparse.Namespace) -> int:
         return 1
     if previous:  # a supervisor that died without cleaning up: stop what it left
         stop_leftovers(home, previous)
+    for what, port, flag in (
+        ("Airflow", args.port, "DEMO_PORT=… make demo"),
+        ("Postgres", args.pg_port, "--pg-port"),
+    ):
+        if port is not None and _port_in_use(port):
+            print(
+                f"port {port} (for {what}) is in use on 127.0.0.1: free it or choose another "
+                f"({flag})",
+                file=sys.stderr,
+            )
+            return 1
     state: dict[str, Any] = {"pid": os.getpid(), "groups": {}, "pg_datadir": str(home / "pg")}
     _write_state(home, state)
     signal.signal(signal.SIGTERM, _raise_stop)
