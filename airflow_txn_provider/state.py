@@ -534,10 +534,16 @@ class BucketCountState(MapState):
         Must run in the commit's database transaction and before ``source.apply``: the log
         commits a txid once, so the committed values read here are those before this txid.
         """
-        if source.name != self.of or not source.keys or source.combiner != "sum":
+        if (
+            source.name != self.of
+            or not source.keys
+            or source.combiner != "sum"
+            or source.derived_from is not None  # its stage rows are written at commit time too
+        ):
             raise StateDefinitionError(
                 f"bucket state {self.name!r} counts state {self.of!r}, which must be a keyed "
-                f"state with the sum combiner (got {source.name!r}: keys {list(source.keys)}, "
+                f"state with the sum combiner, not itself derived (got {source.name!r}: keys "
+                f"{list(source.keys)}, "
                 f"combiner {source.combiner!r})",
                 pipeline=self.pipeline,
                 txid=txid,
@@ -558,9 +564,10 @@ class BucketCountState(MapState):
                     SELECT s.value AS old, COALESCE(s.value, 0) + b.delta AS new
                     FROM batch b LEFT JOIN {source.table} s USING ({keys})
                 ), moves AS (
-                    SELECT div(old, :size) AS bucket, -1 AS d FROM moved WHERE old IS NOT NULL
+                    SELECT floor(old::numeric / :size) AS bucket, -1 AS d FROM moved
+                    WHERE old IS NOT NULL
                     UNION ALL
-                    SELECT div(new, :size), 1 FROM moved
+                    SELECT floor(new::numeric / :size), 1 FROM moved
                 )
                 INSERT INTO {self.stage_table} (txid, attempt, bucket, delta)
                 SELECT :t, :a, bucket, sum(d) FROM moves GROUP BY bucket HAVING sum(d) <> 0

@@ -115,18 +115,6 @@ class TransactionInfo:
 
 
 @dataclass(frozen=True)
-class PipelineInfo:
-    """A registered pipeline as its row in ``txn_pipeline`` stores it."""
-
-    name: str
-    source_kind: SourceKind
-    max_pending: int
-    last_committed: int
-    created_at: datetime | None
-    updated_at: datetime | None
-
-
-@dataclass(frozen=True)
 class AttemptInfo:
     pipeline: str
     txid: int
@@ -139,6 +127,10 @@ class AttemptInfo:
     processed_at: datetime | None
     ended_at: datetime | None
     failed_by: int | None = None
+
+
+SNAPSHOT = "REPEATABLE READ"
+"""Isolation level of unlocked reads of a pipeline: its statements see one snapshot."""
 
 
 def engine_from_url(url: str, **kwargs: Any) -> Engine:
@@ -208,33 +200,17 @@ class TransactionLog:
                     max_pending,
                 )
 
-    def pipelines(self) -> list[PipelineInfo]:
-        """Every registered pipeline, by name (one query, no lock)."""
+    def pipelines(self) -> list[str]:
+        """Names of every registered pipeline, sorted (one query, no lock). Names only: reading
+        a pipeline (``view``) is where a corrupt row is reported, for that pipeline alone."""
         with self.engine.connect() as conn:
-            rows = conn.execute(select(P).order_by(P.c.name)).all()
-        infos = []
-        for r in rows:
-            try:
-                kind = SourceKind(r.source_kind)
-            except ValueError:
-                raise CorruptLogError(
-                    f"unknown source kind {r.source_kind!r}", pipeline=r.name
-                ) from None
-            infos.append(
-                PipelineInfo(
-                    name=r.name,
-                    source_kind=kind,
-                    max_pending=int(r.max_pending),
-                    last_committed=int(r.last_committed_txid),
-                    created_at=r.created_at,
-                    updated_at=r.updated_at,
-                )
-            )
-        return infos
+            return list(conn.execute(select(P.c.name).order_by(P.c.name)).scalars())
 
     def view(self, pipeline: str) -> PipelineView:
         """A consistent snapshot of the pipeline (no lock is held after it returns)."""
-        with self.engine.connect() as conn:
+        # Two statements read it (pipeline row, then txid rows): without one snapshot for both, a
+        # commit landing between them looks like a corrupt log (a committed txid in flight).
+        with self.engine.connect().execution_options(isolation_level=SNAPSHOT) as conn:
             return self._view(conn, pipeline, lock=False)
 
     def last_committed(self, pipeline: str) -> int:
@@ -698,7 +674,6 @@ __all__ = [
     "AttemptInfo",
     "CommitResult",
     "Emission",
-    "PipelineInfo",
     "TransactionInfo",
     "TransactionLog",
     "engine_from_url",

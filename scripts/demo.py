@@ -11,8 +11,9 @@ order, by the failure sensor).
 
 The processes started are the Postgres server, Airflow's scheduler (LocalExecutor: it runs the
 tasks), dag-processor, triggerer and api-server, and one Spark Connect server (``local[2]``).
-``demo.json`` in the folder records them, so ``stop`` ends exactly those even if this
-supervisor died, and nothing else.
+Each of them has the folder in its command line or environment: that is how ``stop`` finds
+exactly those (and nothing else) even if this supervisor died; ``demo.json`` names the supervisor
+by pid and start time, so a reused pid is never taken for it.
 """
 
 from __future__ import annotations
@@ -39,26 +40,47 @@ STATE_FILE = "demo.json"
 log = logging.getLogger("demo")
 
 
-class Stop(Exception):
-    """SIGTERM (``make demo-stop``) or SIGINT (Ctrl-C): shut down what was started."""
+class Stop(BaseException):  # not an Exception: no `except Exception` on the way may swallow it
+    """SIGTERM (``make demo-stop``), SIGINT (Ctrl-C) or SIGHUP: shut down what was started."""
 
 
 def _raise_stop(signum: int, frame: Any) -> None:
     raise Stop(signal.Signals(signum).name)
 
 
-def _alive(pid: int) -> bool:
+def _start_time(pid: int) -> str | None:
+    """The process's start time (clock ticks since boot): with its pid, it names one process."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie is dead for our purposes.
-    with contextlib.suppress(OSError):
-        if Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].startswith("Z"):
-            return False
-    return True
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[-1].split()
+    except OSError:
+        return None
+    return None if fields[0] == "Z" else fields[19]  # field 22 of stat; "Z": a zombie is gone
+
+
+def _is_supervisor(state: dict[str, Any]) -> bool:
+    """Whether the supervisor ``state`` recorded still runs (not another process that reuses
+    its pid after a crash or a reboot)."""
+    pid = int(state.get("pid", 0))
+    return pid > 0 and _start_time(pid) is not None and _start_time(pid) == state.get("started")
+
+
+def demo_processes(home: Path) -> list[int]:
+    """Live processes of the demo in ``home``: each has the folder in its command line or its
+    environment (AIRFLOW_HOME, the Postgres data folder, the Spark work folder, …). Only these
+    are ever signalled, however the supervisor ended."""
+    marker = str(home).encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if (marker in cmdline or marker in environ) and _start_time(int(entry.name)):
+            found.append(int(entry.name))
+    return found
 
 
 def _port_in_use(port: int) -> bool:
@@ -95,6 +117,7 @@ def _ensure_databases(admin_url: str, names: Sequence[str]) -> None:
 
 
 def up(args: argparse.Namespace) -> int:
+    from airflow_txn_provider.exceptions import UnknownPipelineError
     from airflow_txn_provider.testing.airflow import ADMIN_USER, AirflowStack, connection_env
     from airflow_txn_provider.testing.postgres import EmbeddedPostgres
     from airflow_txn_provider.testing.spark import SparkConnectServer
@@ -103,14 +126,13 @@ def up(args: argparse.Namespace) -> int:
     home: Path = args.home.resolve()
     home.mkdir(parents=True, exist_ok=True)
     previous = _read_state(home)
-    if previous and _alive(int(previous["pid"])):
+    if previous and _is_supervisor(previous):
         print(
             f"the demo in {home} is already running (pid {previous['pid']}): make demo-stop first",
             file=sys.stderr,
         )
         return 1
-    if previous:  # a supervisor that died without cleaning up: stop what it left
-        stop_leftovers(home, previous)
+    stop_leftovers(home)  # of a supervisor that died without cleaning up
     for what, port, flag in (
         ("Airflow", args.port, "DEMO_PORT=… make demo"),
         ("Postgres", args.pg_port, "--pg-port"),
@@ -122,10 +144,10 @@ def up(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 1
-    state: dict[str, Any] = {"pid": os.getpid(), "groups": {}, "pg_datadir": str(home / "pg")}
+    state = {"pid": os.getpid(), "started": _start_time(os.getpid()), "home": str(home)}
     _write_state(home, state)
-    signal.signal(signal.SIGTERM, _raise_stop)
-    signal.signal(signal.SIGINT, _raise_stop)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, _raise_stop)
 
     pg = EmbeddedPostgres(datadir=home / "pg", port=args.pg_port)
     spark = SparkConnectServer(port=args.spark_port, workdir=home / "spark", master="local[2]")
@@ -139,13 +161,11 @@ def up(args: argparse.Namespace) -> int:
         # In-flight txids of a previous run: fail them now so their sensors replay them in order.
         txlog = TransactionLog.from_url(txn_url)
         for pipeline in EXAMPLES:
-            with contextlib.suppress(Exception):  # not registered yet on a first run
+            with contextlib.suppress(UnknownPipelineError):  # not registered before its txid 1
                 txlog.recover(pipeline)
 
         print("[demo] starting the Spark Connect server (local[2]) …", flush=True)
         spark.start()
-        state["groups"]["spark-connect"] = spark._proc.popen.pid  # type: ignore[union-attr]
-        _write_state(home, state)
 
         data = home / "data"
         env = {
@@ -167,8 +187,6 @@ def up(args: argparse.Namespace) -> int:
             flush=True,
         )
         stack.start()
-        state["groups"].update({name: p.pid for name, p in stack.procs.items()})
-        _write_state(home, state)
         client = stack.client()
         for dag_id in EXAMPLES:
             client.wait_for_dag(dag_id)
@@ -190,8 +208,8 @@ def up(args: argparse.Namespace) -> int:
         print(f"\n[demo] {why}: stopping …", flush=True)
         return 0
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not skip the cleanup
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not skip the cleanup
         if stack is not None:
             stack.stop()
         spark.stop()
@@ -236,42 +254,54 @@ def watch_commits(txlog: Any, stack: Any, exit_after: int | None) -> None:
         time.sleep(2)
 
 
-def stop_leftovers(home: Path, state: dict[str, Any]) -> None:
-    """End the processes a demo recorded: its process groups, then its Postgres server."""
-    for name, pgid in state.get("groups", {}).items():
-        for sig in (signal.SIGINT, signal.SIGKILL):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(int(pgid), sig)
-                log.info("sent %s to %s (process group %s)", sig.name, name, pgid)
-            time.sleep(2 if sig is signal.SIGINT else 0)
-    datadir = Path(state.get("pg_datadir") or home / "pg")
-    if (datadir / "postmaster.pid").exists():
+def stop_leftovers(home: Path) -> None:
+    """End what a demo left running in ``home``: its processes (found by the folder, see
+    :func:`demo_processes`), Postgres through ``pg_ctl`` first so it shuts down cleanly."""
+    for pid in demo_processes(home):
+        if b"postgres" not in _cmdline(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGINT)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(
+        b"postgres" not in _cmdline(pid) for pid in demo_processes(home)
+    ):
+        time.sleep(0.5)
+    if (home / "pg" / "postmaster.pid").exists():
         from airflow_txn_provider.testing.postgres import EmbeddedPostgres
 
-        EmbeddedPostgres(datadir=datadir).stop()
+        EmbeddedPostgres(datadir=home / "pg").stop()
+    for pid in demo_processes(home):
+        log.warning("killing pid %s: %s", pid, _cmdline(pid)[:200].decode(errors="replace"))
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     (home / STATE_FILE).unlink(missing_ok=True)
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+    except OSError:
+        return b""
 
 
 def stop(args: argparse.Namespace) -> int:
     home: Path = args.home.resolve()
     state = _read_state(home)
-    if state is None:
+    if state is None and not demo_processes(home):
         print(f"no demo running in {home}")
         return 0
-    pid = int(state["pid"])
-    if _alive(pid):
+    if state is not None and _is_supervisor(state):
+        pid = int(state["pid"])
         print(f"[demo] stopping the demo (pid {pid}) …", flush=True)
-        os.kill(pid, signal.SIGTERM)
+        os.kill(pid, signal.SIGTERM)  # it stops what it started, then exits
         deadline = time.monotonic() + args.timeout
-        while _alive(pid) and time.monotonic() < deadline:
+        while _is_supervisor(state) and time.monotonic() < deadline:
             time.sleep(0.5)
-    if _alive(pid):
-        print(f"[demo] pid {pid} did not stop in {args.timeout:.0f} s: killing it", flush=True)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    state = _read_state(home)
-    if state is not None:  # the supervisor did not finish its cleanup
-        stop_leftovers(home, state)
+        if _is_supervisor(state):
+            print(f"[demo] pid {pid} did not stop in {args.timeout:.0f} s: killing it", flush=True)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    stop_leftovers(home)  # whatever a supervisor that died or was killed left behind
     print("[demo] stopped")
     return 0
 

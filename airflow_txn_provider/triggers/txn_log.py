@@ -102,10 +102,11 @@ class TxnLogTrigger(BaseTrigger):
         from sqlalchemy.ext.asyncio import create_async_engine
 
         from airflow_txn_provider.hooks.txn_log import TxnLogHook
-        from airflow_txn_provider.transaction_log import load_view
+        from airflow_txn_provider.transaction_log import SNAPSHOT, load_view
 
         url = await TxnLogHook(txn_log_conn_id=self.txn_log_conn_id).async_sqlalchemy_url()
-        engine = create_async_engine(url, pool_size=1, max_overflow=0)
+        # One snapshot per poll (see TransactionLog.view): the trigger only reads.
+        engine = create_async_engine(url, pool_size=1, max_overflow=0, isolation_level=SNAPSHOT)
         pipeline = self.pipeline
         try:
             while True:

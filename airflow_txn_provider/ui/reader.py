@@ -115,7 +115,7 @@ def pipelines_payload(
 ) -> dict[str, Any]:
     """The index: every pipeline the user may read, with its counts and lag."""
     rows = []
-    for name in access.visible(info.name for info in txn_log.pipelines()):
+    for name in access.visible(txn_log.pipelines()):
         try:
             rows.append(model.pipeline_summary(txn_log.view(name)))
         except UnknownPipelineError:

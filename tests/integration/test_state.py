@@ -266,3 +266,20 @@ def test_lost_staging_fails_the_commit_instead_of_committing_nothing(txlog):
     assert txlog.view("p").record(1).status.value == "failed"  # replays, nothing lost
     with txlog.engine.connect() as conn:
         assert words.items(conn) == {}
+
+
+def test_bucket_counts_of_a_double_precision_state(txlog):
+    sums = MapState(
+        "d", "d_sums", "transactional", keys={"k": "text"}, value_type="double precision"
+    )
+    sums.create(txlog.engine)
+    buckets = BucketCountState("d", "d_buckets", of="d_sums", bucket_size=2).create(txlog.engine)
+    txlog.register_pipeline("d", source_kind="transactional", max_pending=2)
+    txlog.begin("d", 1, Batches())
+    txlog.stage_output(
+        "d", 1, 1, lambda c: stage_states(c, 1, 1, {sums: [("a", 2.5), ("b", -0.5)]})
+    )
+    commit_states(txlog, "d", 1, 1, [sums, buckets])
+    with txlog.engine.connect() as conn:
+        # floor(2.5 / 2) = 1 and floor(-0.5 / 2) = -1: value // bucket_size, as documented
+        assert buckets.items(conn) == {(1,): 1, (-1,): 1}

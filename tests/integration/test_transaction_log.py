@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, event, text
 
 from airflow_txn_provider import schema
 from airflow_txn_provider.coordinator import BeginAction, ProcessedAction, TxStatus
@@ -325,3 +325,28 @@ def test_restart_continues_from_the_log(db_url):
     assert not second.commit("p", 1, 1).applied
     assert second.last_committed("p") == 3
     second.engine.dispose()
+
+
+def test_an_unlocked_view_is_one_snapshot_while_a_commit_lands(four, db_url):
+    """The page, the gate sensor and the trigger read without the lock: a commit landing between
+    the view's two statements (pipeline row, then txid rows) must not look like a corrupt log."""
+    txlog, _ = four
+    for t in (1, 2):
+        txlog.mark_processed("p", t, 1)
+    other = TransactionLog.from_url(db_url, migrate=False)
+    fired = []
+
+    def commit_between(conn, cursor, statement, *args):
+        if not fired and "FROM txn_pipeline" in statement and "FOR UPDATE" not in statement:
+            fired.append(statement)
+            other.commit("p", 1, 1)  # another process commits txid 1 right now
+
+    event.listen(txlog.engine, "after_cursor_execute", commit_between)
+    try:
+        view = txlog.view("p")
+    finally:
+        event.remove(txlog.engine, "after_cursor_execute", commit_between)
+        other.engine.dispose()
+    assert fired
+    assert view.last_committed == 0 and view.record(1).status.value == "processed"
+    assert txlog.view("p").last_committed == 1

@@ -169,11 +169,7 @@ def test_a_user_without_dags_sees_an_empty_list(db):
 
 
 def test_the_log_lists_registered_pipelines(db):
-    infos = {i.name: i for i in db[1].pipelines()}
-    assert list(infos) == ["secret", "words"]
-    assert (infos["words"].source_kind.value, infos["words"].max_pending) == ("transactional", 4)
-    assert (infos["words"].last_committed, infos["secret"].last_committed) == (3, 0)
-    assert infos["secret"].source_kind.value == "opaque"
+    assert db[1].pipelines() == ["secret", "words"]
 
 
 def test_index_counts_and_lag(admin):
