@@ -4,7 +4,8 @@ Storm's opaque transactional spout. The source is a landing folder with one sub-
 partition of numbered JSON-lines files
 (:class:`~airflow_txn_provider.spark.sources.LandingDirectorySource`); here a simulated producer
 lands files as batches are chosen (:class:`~airflow_txn_provider.examples.SimulatedLandingSource`,
-3 partitions, 30 files a minute each, in ``$TXN_EXAMPLES_DATA/opaque_landing``).
+3 partitions, 30 files a minute each, in ``opaque_landing`` under ``$TXN_EXAMPLES_DATA``, by
+default ``$AIRFLOW_HOME/txn_examples``).
 
 A partition that is unavailable when a txid is re-emitted is left out of the replay and read by a
 later txid, so a replay of a txid can be a *different* batch. Word counts use an opaque state
@@ -14,7 +15,7 @@ to a word is re-applied on top of ``prev_value``, so every line still counts exa
 **Try it.** Set the Variable ``txn_inject_failure__example_txn_opaque_words`` to the next txid with
 a delay (e.g. ``8@20``), and while txid 8 is processing take a partition offline::
 
-    python -m airflow_txn_provider.examples offline $TXN_EXAMPLES_DATA/opaque_landing p1
+    python -m airflow_txn_provider.examples offline <examples data>/opaque_landing p1
 
 Txid 8's replay reads p0 and p2 only (compare its attempts' metadata on the Transactions page).
 Bring p1 back (``… online …``): a later txid reads the files it missed, and the committed counts

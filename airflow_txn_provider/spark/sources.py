@@ -366,8 +366,9 @@ class GeneratedTextSource(TransactionalSource, SparkSource):
     Line ``n`` of partition ``p`` exists once ``lines_per_second`` lines per partition have been
     "written" since 2026-01-01 up to ``n``; its words are a hash of ``(seed, p, n, position)``,
     so a batch (``{p: [start, end)}``) reads the same lines on every replay, on any Spark
-    worker, with nothing on disk. The first txid starts at the newest line, not at 2026-01-01;
-    after a pause the pipeline catches up ``max_per_partition`` lines per txid at a time.
+    worker, with nothing on disk. The first txid reads the newest ``max_per_partition`` lines,
+    not everything since 2026-01-01; after a pause the pipeline catches up ``max_per_partition``
+    lines per txid at a time.
 
     What the example DAGs run out of the box; also a load generator (raise the rate).
 

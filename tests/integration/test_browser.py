@@ -144,8 +144,10 @@ def test_watch_commits_read_the_transactions_page_and_clear_a_failed_txid(stack,
             last = _card(page, "last committed")
             rows = _txid_rows(page)
             committed = sorted(t for t, r in rows.items() if r["status"] == "committed")
-            assert committed == list(range(1, last + 1)), rows
             assert last <= log.last_committed(DAG)
+            if committed != list(range(1, last + 1)):  # card and rows read across a commit
+                print("read again:", last, rows)
+                return False
             lines = sum(
                 end - start
                 for t in committed

@@ -70,7 +70,7 @@
     return parts;
   }
   const airflowRun = (dagId, runId) =>
-    h("a", { "data-airflow": true, href: `${airflowRoot}/dags/${q(dagId)}/runs/${q(runId)}` }, runId);
+    h("a", { "data-airflow": true, target: "_top", href: `${airflowRoot}/dags/${q(dagId)}/runs/${q(runId)}` }, runId);
   const counts = (c) =>
     h("span", { class: "counts" },
       Object.entries(c).map(([k, n]) => h("span", { class: `st st-${k}`, title: k }, `${k} ${n}`)));
@@ -271,22 +271,6 @@
       busy = false;
     }
   }
-
-  // Links to Airflow's own pages: inside the Airflow UI's iframe, move the Airflow UI itself
-  // (its router follows history changes) rather than nesting it in the frame.
-  document.addEventListener("click", (ev) => {
-    const a = ev.target instanceof Element ? ev.target.closest("a[data-airflow]") : null;
-    if (!a || window.top === window || ev.button !== 0 || ev.metaKey || ev.ctrlKey || ev.shiftKey) return;
-    try {
-      const top = window.top;
-      const idx = top.history.state && Number.isInteger(top.history.state.idx) ? top.history.state.idx + 1 : 0;
-      top.history.pushState({ usr: null, key: Math.random().toString(36).slice(2, 10), idx }, "", a.href);
-      top.dispatchEvent(new PopStateEvent("popstate", { state: top.history.state }));
-      ev.preventDefault();
-    } catch (e) {
-      // Not allowed here: the link opens inside this frame.
-    }
-  });
 
   if (api && renderers[page]) {
     refresh();
