@@ -139,7 +139,7 @@ def pipeline_payload(
         "limit": limit,
         "txids": model.txid_rows(txs, now),
         "chart": model.chart_series(txs, now),
-        "states": state_summaries(txn_log.engine, pipeline),
+        "states": state_summaries(txn_log.engine, pipeline, summary["last_committed"]),
         "now": model.iso(now),
     }
 
@@ -166,12 +166,29 @@ def txid_payload(
 # -- states ------------------------------------------------------------------------------------
 
 
-def state_summaries(engine: Engine, pipeline: str) -> list[dict[str, Any]]:
+_SUMMARY_CACHE: dict[tuple[str, str], tuple[int, list[dict[str, Any]]]] = {}
+
+
+def state_summaries(
+    engine: Engine, pipeline: str, last_committed: int | None = None
+) -> list[dict[str, Any]]:
     """The committed value of every state of ``pipeline``; a state that cannot be read says why.
 
     A map state is summarised in SQL (count, sum, top keys): it may hold millions of keys, and the
-    page asks every few seconds.
+    page asks every few seconds. Only a commit changes a state, so with ``last_committed`` given
+    the summaries are computed once per commit, not once per request.
     """
+    key = (engine.url.render_as_string(hide_password=True), pipeline)
+    cached = _SUMMARY_CACHE.get(key)
+    if last_committed is not None and cached is not None and cached[0] == last_committed:
+        return cached[1]
+    summaries = _read_state_summaries(engine, pipeline)
+    if last_committed is not None and not any("error" in s for s in summaries):
+        _SUMMARY_CACHE[key] = (last_committed, summaries)
+    return summaries
+
+
+def _read_state_summaries(engine: Engine, pipeline: str) -> list[dict[str, Any]]:
     from airflow_txn_provider.state import load_states
 
     summaries = []

@@ -488,3 +488,21 @@ def test_script_shows_a_failed_refresh_in_the_banner(db):
     assert not dom["banner"]["hidden"]
     assert "503 the transaction log database is down" in dom["banner"]["text"]
     assert dom["stamp"]["text"] == "updated 00:00:00 UTC"  # the last good refresh
+
+
+def test_state_summaries_are_read_once_per_commit(postgres):
+    """Only a commit changes a state: the page's polls reuse the summary until the next one."""
+    from airflow_txn_provider.ui.reader import state_summaries
+
+    url = new_database(postgres)
+    engine = create_engine(url)
+    total = GlobalState("cached", "ui_cached_total", "transactional").create(engine)
+    with engine.begin() as conn:
+        conn.execute(text(f"INSERT INTO {total.table} (value, txid) VALUES (10, 1)"))
+    assert state_summaries(engine, "cached", 1)[0]["value"] == 10
+    with engine.begin() as conn:  # (a commit would also move last_committed)
+        conn.execute(text(f"UPDATE {total.table} SET value = 20"))
+    assert state_summaries(engine, "cached", 1)[0]["value"] == 10  # same commit: not read again
+    assert state_summaries(engine, "cached", 2)[0]["value"] == 20  # a new commit: read
+    assert state_summaries(engine, "cached")[0]["value"] == 20  # no txid given: always read
+    engine.dispose()
