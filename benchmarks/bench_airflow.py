@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import statistics
 import sys
@@ -34,7 +33,7 @@ from pathlib import Path
 
 from sqlalchemy import create_engine, text
 
-from airflow_txn_provider.testing.airflow import AirflowStack
+from airflow_txn_provider.testing.airflow import AirflowStack, txn_log_connection_env
 from airflow_txn_provider.testing.postgres import EmbeddedPostgres
 from airflow_txn_provider.testing.spark import SparkConnectServer
 from airflow_txn_provider.transaction_log import TransactionLog
@@ -44,18 +43,6 @@ sys.path.insert(0, str(ROOT))
 from tests.spark_data import parquet_dataset, random_lines  # noqa: E402
 
 SPARK_CORES = 2  # the Connect server runs local[2]
-
-
-def _conn(pg: EmbeddedPostgres, database: str) -> str:
-    return json.dumps(
-        {
-            "conn_type": "txn_log",
-            "host": "127.0.0.1",
-            "port": pg.port,
-            "login": "postgres",
-            "schema": database,
-        }
-    )
 
 
 def run_pipeline(pg, connect, workdir: Path, data: Path, args, name: str, max_pending: int):
@@ -72,7 +59,9 @@ def run_pipeline(pg, connect, workdir: Path, data: Path, args, name: str, max_pe
         "TXN_TEST_JOB": str(ROOT / "benchmarks" / "jobs" / "heavy_words.py"),
         "TXN_TEST_POLL": "0.5",
         "BENCH_HASH_ROUNDS": str(args.rounds),
-        "AIRFLOW_CONN_TXN_LOG_DEFAULT": _conn(pg, f"log_{name}"),
+        **txn_log_connection_env(
+            "txn_log_default", f"postgresql://postgres@127.0.0.1:{pg.port}/log_{name}"
+        ),
         "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": connect.url,
     }
     meta = f"postgresql+psycopg2://postgres@127.0.0.1:{pg.port}/meta_{name}"

@@ -118,7 +118,11 @@ def _ensure_databases(admin_url: str, names: Sequence[str]) -> None:
 
 def up(args: argparse.Namespace) -> int:
     from airflow_txn_provider.exceptions import UnknownPipelineError
-    from airflow_txn_provider.testing.airflow import ADMIN_USER, AirflowStack, connection_env
+    from airflow_txn_provider.testing.airflow import (
+        ADMIN_USER,
+        AirflowStack,
+        txn_log_connection_env,
+    )
     from airflow_txn_provider.testing.postgres import EmbeddedPostgres
     from airflow_txn_provider.testing.spark import SparkConnectServer
     from airflow_txn_provider.transaction_log import TransactionLog
@@ -169,7 +173,7 @@ def up(args: argparse.Namespace) -> int:
 
         data = home / "data"
         env = {
-            **connection_env("txn_log_default", conn_type="txn_log", **_conn_fields(txn_url)),
+            **txn_log_connection_env("txn_log_default", txn_url),
             "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": spark.url,
             "TXN_EXAMPLES_DATA": str(data),
             "SPARK_LOCAL_IP": "127.0.0.1",
@@ -216,13 +220,6 @@ def up(args: argparse.Namespace) -> int:
         pg.stop()
         (home / STATE_FILE).unlink(missing_ok=True)
         print("[demo] stopped", flush=True)
-
-
-def _conn_fields(url: str) -> dict[str, Any]:
-    from sqlalchemy.engine import make_url
-
-    u = make_url(url)
-    return {"host": u.host, "port": u.port, "login": u.username, "schema": u.database}
 
 
 def watch_commits(txlog: Any, stack: Any, exit_after: int | None) -> None:

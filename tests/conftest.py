@@ -11,8 +11,9 @@ import itertools
 import logging
 import os
 import tempfile
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import hypothesis  # noqa: F401  (imported early: see below)
 import pytest
@@ -125,21 +126,63 @@ def set_txn_log_connection(
     monkeypatch: pytest.MonkeyPatch, conn_id: str, url: str, **extra: str
 ) -> None:
     """Expose the database at ``url`` as Airflow connection ``conn_id`` of type ``txn_log``."""
-    import json
+    from airflow_txn_provider.testing.airflow import txn_log_connection_env
 
-    from sqlalchemy.engine import make_url
+    for key, value in txn_log_connection_env(conn_id, url, **extra).items():
+        monkeypatch.setenv(key, value)
 
-    u = make_url(url)
-    monkeypatch.setenv(
-        f"AIRFLOW_CONN_{conn_id.upper()}",
-        json.dumps(
-            {
-                "conn_type": "txn_log",
-                "host": u.host,
-                "port": u.port,
-                "login": u.username,
-                "schema": u.database,
-                "extra": extra,
-            }
-        ),
-    )
+
+def wait_until(
+    predicate: Callable[[], Any],
+    timeout: float,
+    what: str,
+    stack: Any = None,
+    ignore: tuple[type[BaseException], ...] = (),
+) -> Any:
+    """Poll ``predicate`` every second until it returns something true (returned); ``ignore``
+    lists exceptions that mean "not yet". The assertion names what was awaited, with the
+    Airflow ``stack``'s log tails."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+        except ignore:
+            value = None
+        if value:
+            return value
+        time.sleep(1)
+    tail = stack.tail() if stack is not None else ""
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{tail}")
+
+
+@pytest.fixture(scope="session")
+def airflow_db() -> None:
+    """Airflow's own metadata DB (sqlite in the session's AIRFLOW_HOME), migrated once: what
+    ``dag.test()`` needs."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    airflow = Path(sys.executable).parent / "airflow"
+    subprocess.run([str(airflow), "db", "migrate"], check=True, capture_output=True, timeout=600)
+
+
+def load_dag_file(path: Any) -> Any:
+    """Import a DAG file for ``dag.test()``, which parses it again from the dags folder Airflow
+    read at start: the file is linked there first. Returns the module."""
+    import importlib.util
+    from pathlib import Path
+
+    from airflow import settings
+
+    path = Path(path)
+    folder = Path(settings.DAGS_FOLDER)
+    folder.mkdir(parents=True, exist_ok=True)
+    link = folder / path.name
+    if not link.exists():
+        link.symlink_to(path)
+    spec = importlib.util.spec_from_file_location(f"dagfile_{link.stem}", link)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -31,6 +31,19 @@ def connection_env(conn_id: str, **fields: Any) -> dict[str, str]:
     return {f"AIRFLOW_CONN_{conn_id.upper()}": json.dumps(fields)}
 
 
+def txn_log_connection_env(conn_id: str, url: str, **extra: str) -> dict[str, str]:
+    """The Postgres database at ``url`` as a ``txn_log`` connection (see ``TxnLogHook``)."""
+    from sqlalchemy.engine import make_url
+
+    u = make_url(url)
+    fields: dict[str, Any] = {"host": u.host, "port": u.port, "login": u.username}
+    if u.password:
+        fields["password"] = u.password
+    if extra:
+        fields["extra"] = extra
+    return connection_env(conn_id, conn_type="txn_log", schema=u.database, **fields)
+
+
 class AirflowStack:
     """
     :param home: ``AIRFLOW_HOME`` (created; holds logs, passwords file and airflow.cfg).

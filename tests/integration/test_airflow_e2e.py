@@ -17,17 +17,15 @@ counted twice.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
 
 from airflow_txn_provider.state import MapState
-from airflow_txn_provider.testing.airflow import AirflowStack
+from airflow_txn_provider.testing.airflow import AirflowStack, txn_log_connection_env
 from airflow_txn_provider.transaction_log import TransactionLog
+from tests.conftest import new_database, wait_until
 from tests.spark_data import parquet_dataset, random_lines, word_counts
 
 DAGS = Path(__file__).resolve().parents[1] / "dags"
@@ -37,36 +35,9 @@ BATCH = 20
 VARIABLE = f"txn_inject_failure__{PIPELINE}"
 
 
-def _wait(predicate, timeout, what, stack):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}\n{stack.tail()}")
-
-
-def _conn(url: str, conn_type: str) -> str:
-    u = make_url(url)
-    return json.dumps(
-        {
-            "conn_type": conn_type,
-            "host": u.host,
-            "port": u.port,
-            "login": u.username,
-            "schema": u.database,
-        }
-    )
-
-
 @pytest.fixture
 def stack(postgres, db_url, connect_server, tmp_path):
-    admin = create_engine(postgres.url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text("CREATE DATABASE airflow_e2e"))
-    admin.dispose()
-    meta = f"postgresql+psycopg2://postgres@127.0.0.1:{postgres.port}/airflow_e2e"
+    meta = new_database(postgres, migrated=False)  # Airflow's metadata database
     data = {"0": random_lines(2026, TXIDS * BATCH)}
     env = {
         "TXN_TEST_PIPELINE": PIPELINE,
@@ -74,7 +45,7 @@ def stack(postgres, db_url, connect_server, tmp_path):
         "TXN_TEST_BATCH": str(BATCH),
         "TXN_TEST_MAX_PENDING": "4",
         "TXN_TEST_MAX_ATTEMPTS": "2",
-        "AIRFLOW_CONN_TXN_LOG_DEFAULT": _conn(db_url, "txn_log"),
+        **txn_log_connection_env("txn_log_default", db_url),
         "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": connect_server.url,
     }
     airflow = AirflowStack(tmp_path / "airflow", meta, DAGS, env=env)
@@ -108,16 +79,16 @@ def test_failures_requeue_and_a_ui_clear_replays_in_order(stack, db_url):
         six = log.attempts(PIPELINE, 6)
         return len(six) == 2 and all(a.status.value == "failed" for a in six) and six
 
-    six = _wait(poisoned, 600, "txid 6 to fail twice", airflow)
+    six = wait_until(poisoned, 600, "txid 6 to fail twice", airflow)
     assert all(a.failed_by == 6 and "injected failure" in (a.error or "") for a in six)
-    note = _wait(lambda: run_of("txid-000006")["note"], 60, "the poison note", airflow)
+    note = wait_until(lambda: run_of("txid-000006")["note"], 60, "the poison note", airflow)
     assert "POISON BATCH" in note and "txid=6" in note and "injected failure" in note
 
     def tasks_of_six():
         return {ti["task_id"]: ti["state"] for ti in api.task_instances(PIPELINE, "txid-000006")}
 
     # the grid shows where it stopped: a failed processing task, the sensor still watching
-    _wait(lambda: tasks_of_six()["process_word_count"] == "failed", 60, "a red task", airflow)
+    wait_until(lambda: tasks_of_six()["process_word_count"] == "failed", 60, "a red task", airflow)
     assert tasks_of_six()["watch_failures"] == "deferred"
     time.sleep(5)
     assert log.last_committed(PIPELINE) == 5, "a txid after the poison batch committed"
@@ -126,7 +97,7 @@ def test_failures_requeue_and_a_ui_clear_replays_in_order(stack, db_url):
     # fix the cause, then press Clear on txid 6's run (the UI's REST call)
     api.delete_variable(VARIABLE)
     api.clear_run(PIPELINE, "txid-000006")
-    _wait(lambda: log.last_committed(PIPELINE) >= TXIDS, 600, "every txid to commit", airflow)
+    wait_until(lambda: log.last_committed(PIPELINE) >= TXIDS, 600, "every txid to commit", airflow)
 
     # -- what the log says happened --------------------------------------------------------------
     infos = log.transactions(PIPELINE)[:TXIDS]
@@ -165,7 +136,7 @@ def test_failures_requeue_and_a_ui_clear_replays_in_order(stack, db_url):
 
     # -- and Airflow shows every txid run succeeded, in txid order ---------------------------------
     runs = {r["dag_run_id"]: r for r in api.runs(PIPELINE)}
-    _wait(
+    wait_until(
         lambda: all(run_state(f"txid-{t:06d}") == "success" for t in range(1, TXIDS + 1)),
         120,
         "every txid run to succeed",

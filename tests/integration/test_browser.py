@@ -12,17 +12,19 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
 
 from airflow_txn_provider.exceptions import UnknownPipelineError
-from airflow_txn_provider.testing.airflow import ADMIN_USER, AirflowStack
+from airflow_txn_provider.testing.airflow import (
+    ADMIN_USER,
+    AirflowStack,
+    txn_log_connection_env,
+)
 from airflow_txn_provider.transaction_log import TransactionLog
 from tests.browser import chromium_page, login, screenshot, screenshot_on_failure
+from tests.conftest import new_database, wait_until
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "dags" / "example_txn_words.py"
 DAG = "example_txn_words"
@@ -31,33 +33,14 @@ WORDS_PER_LINE = 8  # GeneratedTextSource's default, which the example uses
 RUN_ID = re.compile(r"txid-(\d{6})")
 
 
-def _wait(predicate, timeout, what, stack=None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            value = predicate()
-        except UnknownPipelineError:  # registered by the first txid's begin
-            value = None
-        if value:
-            return value
-        time.sleep(1)
-    raise AssertionError(f"timed out after {timeout} s: {what}\n{stack.tail() if stack else ''}")
-
-
 @pytest.fixture
 def stack(postgres, db_url, connect_server, tmp_path):
-    admin = create_engine(postgres.url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text("CREATE DATABASE airflow_browser"))
-    admin.dispose()
-    meta = f"postgresql+psycopg2://postgres@127.0.0.1:{postgres.port}/airflow_browser"
+    meta = new_database(postgres, migrated=False)  # Airflow's metadata database
     dags = tmp_path / "dags"
     dags.mkdir()
     (dags / EXAMPLE.name).symlink_to(EXAMPLE)  # the example as a user drops it in
-    u = make_url(db_url)
-    log_conn = {"conn_type": "txn_log", "host": u.host, "port": u.port, "login": u.username}
     env = {
-        "AIRFLOW_CONN_TXN_LOG_DEFAULT": json.dumps({**log_conn, "schema": u.database}),
+        **txn_log_connection_env("txn_log_default", db_url),
         "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": connect_server.url,
         "TXN_EXAMPLES_DATA": str(tmp_path / "data"),
     }
@@ -107,7 +90,10 @@ def test_watch_commits_read_the_transactions_page_and_clear_a_failed_txid(stack,
     with chromium_page() as page, screenshot_on_failure(page, "failure"):
         login(page, stack.url, ADMIN_USER, stack.password)
         api.unpause(DAG)
-        _wait(lambda: log.last_committed(DAG) >= 4, 300, "4 commits", stack)
+        # The pipeline is registered by its first txid's begin: unknown until then.
+        wait_until(
+            lambda: log.last_committed(DAG) >= 4, 300, "4 commits", stack, (UnknownPipelineError,)
+        )
 
         # The Runs tab: txid runs succeed in txid order (a run turns Success a moment after its
         # commit, when its failure sensor ends): the Success ones are always 1..k.
@@ -121,7 +107,7 @@ def test_watch_commits_read_the_transactions_page_and_clear_a_failed_txid(stack,
             assert "Failed" not in runs.values(), runs
             return len(done) >= 3
 
-        _wait(runs_tab, 120, "3 txid runs to show Success", stack)
+        wait_until(runs_tab, 120, "3 txid runs to show Success", stack)
         screenshot(page, "airflow-runs")
         page.goto(f"{stack.url}/dags/{DAG}")
         page.get_by_text("commit_gate").first.wait_for()
@@ -156,14 +142,14 @@ def test_watch_commits_read_the_transactions_page_and_clear_a_failed_txid(stack,
             counts = page.locator(".state").filter(has_text=f"{DAG}_counts").inner_text()
             return f"sum {WORDS_PER_LINE * lines}" in counts and last >= 4
 
-        _wait(transactions_page, 60, "the Transactions page to match its committed batches")
+        wait_until(transactions_page, 60, "the Transactions page to match its committed batches")
         page.locator("#chart svg").wait_for()
         screenshot(page, "transactions-page", full_page=True)
 
         # A txid that fails on every attempt stops the pipeline (max_attempts 3).
         bad = max(t.txid for t in log.transactions(DAG)) + 3  # not begun yet
         api.set_variable(VARIABLE, f"{bad}:*")
-        _wait(
+        wait_until(
             lambda: (
                 len(log.attempts(DAG, bad)) >= 3
                 and all(a.status.value == "failed" for a in log.attempts(DAG, bad))
@@ -178,7 +164,7 @@ def test_watch_commits_read_the_transactions_page_and_clear_a_failed_txid(stack,
             found = [r for r in api.runs(DAG) if r["dag_run_id"] == run_id]
             return found and found[0].get("note")
 
-        assert "POISON BATCH" in _wait(note, 90, "the poison note on the run", stack)
+        assert "POISON BATCH" in wait_until(note, 90, "the poison note on the run", stack)
         page.goto(f"{stack.url}/dags/{DAG}/runs/{run_id}")
         page.get_by_text("POISON BATCH").first.wait_for()
         screenshot(page, "airflow-poison-run")
@@ -197,7 +183,9 @@ def test_watch_commits_read_the_transactions_page_and_clear_a_failed_txid(stack,
         page.wait_for_timeout(500)  # the dialog's opening animation, for the screenshot
         screenshot(page, "airflow-clear-dialog")
         confirm.click()
-        _wait(lambda: log.last_committed(DAG) >= bad + 2, 300, "the cleared txids to commit", stack)
+        wait_until(
+            lambda: log.last_committed(DAG) >= bad + 2, 300, "the cleared txids to commit", stack
+        )
 
         # It and the later txids commit, in order; the page shows its attempts.
         page.goto(f"{stack.url}/transactions/pipelines/{DAG}/runs/{run_id}")

@@ -6,42 +6,16 @@ process, the failure sensor skips (a manual run has nobody to restart it).
 
 from __future__ import annotations
 
-import importlib.util
-import subprocess
-import sys
 from pathlib import Path
 
-import pytest
 from sqlalchemy import create_engine
 
 from airflow_txn_provider.state import MapState
 from airflow_txn_provider.timetables import txid_logical_date
-from tests.conftest import set_txn_log_connection
+from tests.conftest import load_dag_file, set_txn_log_connection
 from tests.spark_data import lines_in_ranges, parquet_dataset, random_lines, word_counts
 
 DAGS = Path(__file__).resolve().parents[1] / "dags"
-
-
-@pytest.fixture(scope="module")
-def airflow_db():
-    """Airflow's own metadata DB (sqlite in the session's AIRFLOW_HOME), migrated once."""
-    airflow = Path(sys.executable).parent / "airflow"
-    subprocess.run([str(airflow), "db", "migrate"], check=True, capture_output=True, timeout=600)
-
-
-def _load_dag(name: str):
-    # dag.test() parses the file again from the dags folder Airflow read at start: link it there.
-    from airflow import settings
-
-    folder = Path(settings.DAGS_FOLDER)
-    folder.mkdir(parents=True, exist_ok=True)
-    link = folder / "txn_words.py"
-    if not link.exists():
-        link.symlink_to(DAGS / "txn_words.py")
-    spec = importlib.util.spec_from_file_location(f"dagfile_{name}", link)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.dag
 
 
 def test_dag_test_commits_each_txid_in_order(
@@ -54,7 +28,7 @@ def test_dag_test_commits_each_txid_in_order(
     monkeypatch.setenv("TXN_TEST_BATCH", "10")
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT_DEFAULT", connect_server.url)
     set_txn_log_connection(monkeypatch, "txn_log_default", db_url)
-    dag = _load_dag("dagtest_words")
+    dag = load_dag_file(DAGS / "txn_words.py").dag
 
     metadata = []
     for txid in (1, 2, 3):

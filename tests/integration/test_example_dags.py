@@ -6,11 +6,8 @@ Each txid is one manual run naming its txid in conf (as in ``test_dag_test.py``)
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -21,16 +18,10 @@ from airflow_txn_provider.examples import landing_lines, set_partition_online
 from airflow_txn_provider.state import load_states
 from airflow_txn_provider.timetables import txid_logical_date
 from airflow_txn_provider.transaction_log import TransactionLog
-from tests.conftest import set_txn_log_connection
+from tests.conftest import load_dag_file, set_txn_log_connection
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"
 EXAMPLES = sorted(p.name for p in DAGS.glob("*.py"))
-
-
-@pytest.fixture(scope="module")
-def airflow_db():
-    airflow = Path(sys.executable).parent / "airflow"
-    subprocess.run([str(airflow), "db", "migrate"], check=True, capture_output=True, timeout=600)
 
 
 @pytest.fixture
@@ -41,21 +32,6 @@ def example_env(db_url, tmp_path, connect_server, monkeypatch):
     log = TransactionLog.from_url(db_url)
     yield log
     log.engine.dispose()
-
-
-def _load(file_name: str):
-    # dag.test() parses the file again from the dags folder Airflow read at start: link it there.
-    from airflow import settings
-
-    folder = Path(settings.DAGS_FOLDER)
-    folder.mkdir(parents=True, exist_ok=True)
-    link = folder / file_name
-    if not link.exists():
-        link.symlink_to(DAGS / file_name)
-    spec = importlib.util.spec_from_file_location(f"example_{link.stem}", link)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _run(dag, txid: int, expect: str = "success"):
@@ -93,7 +69,7 @@ def test_every_example_imports_with_a_docstring(airflow_db):
 
 def test_words_example_commits_counts_and_buckets(airflow_db, example_env):
     log = example_env
-    module = _load("example_txn_words.py")
+    module = load_dag_file(DAGS / "example_txn_words.py")
     name = module.NAME
     for txid in (1, 2, 3):
         states = _run(module.dag, txid)
@@ -115,7 +91,7 @@ def test_words_example_commits_counts_and_buckets(airflow_db, example_env):
 
 def test_global_count_example_counts_every_committed_line_once(airflow_db, example_env):
     log = example_env
-    module = _load("example_txn_global_count.py")
+    module = load_dag_file(DAGS / "example_txn_global_count.py")
     name = module.NAME
     for txid in (1, 2):
         _run(module.dag, txid)
@@ -130,7 +106,7 @@ def test_opaque_example_stays_exact_when_a_partition_is_lost_during_a_replay(
     airflow_db, example_env, monkeypatch, tmp_path
 ):
     log = example_env
-    module = _load("example_txn_opaque_words.py")
+    module = load_dag_file(DAGS / "example_txn_opaque_words.py")
     name = module.NAME
     landing = tmp_path / "examples" / "opaque_landing"
     _run(module.dag, 1)
