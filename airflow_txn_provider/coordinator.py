@@ -22,6 +22,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from airflow_txn_provider.exceptions import (
@@ -67,6 +68,10 @@ class TxRecord:
     output: Mapping[str, Any] | None = None
     failed_by: int | None = None
     """For a failed attempt: the txid whose failure failed it (``txid`` itself if its own)."""
+    lease_expires_at: datetime | None = None
+    """While processing: until when the attempt's process has proved it is alive (its lease)."""
+    lease_holder: str | None = None
+    """Who renewed the lease last (a task, a host and a pid): named when the lease runs out."""
 
     @property
     def failed_on_its_own(self) -> bool:
@@ -89,6 +94,8 @@ class PipelineView:
     last_committed: int = 0
     last_committed_metadata: Any = None
     in_flight: tuple[TxRecord, ...] = ()
+    now: datetime | None = None
+    """The log's clock when the view was read: leases are judged by it, never by a worker's."""
     _by_txid: dict[int, TxRecord] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -162,8 +169,12 @@ class BeginAction(enum.StrEnum):
     REPLAY = "replay"
     """Re-emission of a failed txid with a new attempt."""
     REEMIT = "reemit"
-    """Re-emission of a txid whose current attempt is still marked live (a rerun, a lost worker):
-    the live attempt is failed first, with the cascade of :func:`plan_failure`."""
+    """Re-emission of a txid whose processing attempt's lease ran out (its process is gone): the
+    attempt is failed first, with the cascade of :func:`plan_failure`."""
+    RESUME = "resume"
+    """The txid's current attempt is alive (processing under a live lease, or processed): begin
+    hands out that same attempt again. A retried or duplicated begin (Airflow may report a
+    finished task as lost and run it again) must never re-emit what its first try claimed."""
     ALREADY_COMMITTED = "already_committed"
     """Nothing to do: the txid committed already."""
     WAIT_PREVIOUS = "wait_previous"
@@ -187,6 +198,7 @@ class BeginPlan:
 
     @property
     def emits(self) -> bool:
+        """A new attempt is emitted (a ``RESUME`` claims the current one, it emits nothing)."""
         return self.action in (BeginAction.NEW, BeginAction.REPLAY, BeginAction.REEMIT)
 
 
@@ -216,6 +228,8 @@ def plan_begin(view: PipelineView, txid: int) -> BeginPlan:
             reuse_metadata=reuse,
             prev_metadata=view.metadata_before(txid),
         )
+    if not lease_expired(rec, view.now):
+        return BeginPlan(BeginAction.RESUME, txid, attempt=rec.attempt, reuse_metadata=True)
     return BeginPlan(
         BeginAction.REEMIT,
         txid,
@@ -409,6 +423,42 @@ def plan_recovery(view: PipelineView) -> tuple[int, ...]:
     return ()
 
 
+# -- liveness: the lease on a processing attempt ----------------------------------------------
+
+
+def lease_expired(rec: TxRecord, now: datetime | None) -> bool:
+    """Whether ``rec``'s processing attempt lost its lease: its process stopped proving it is
+    alive (killed, out of memory, a lost worker), so nobody will ever report its outcome.
+
+    Only a ``PROCESSING`` attempt holds a lease: a processed one's output is durable, a failed or
+    committed one is done. Judged by the log's clock (``now`` of the view), never a worker's.
+    """
+    return (
+        rec.status is TxStatus.PROCESSING
+        and rec.lease_expires_at is not None
+        and now is not None
+        and now >= rec.lease_expires_at
+    )
+
+
+def plan_expiry(view: PipelineView, txid: int, attempt: int) -> tuple[int, ...]:
+    """Txids to fail because the lease of ``(txid, attempt)`` ran out: it and every later txid in
+    flight (the cascade of :func:`plan_failure`). Nothing while the lease is alive, or once the
+    attempt is no longer current (a renewal, a commit or another failure came first)."""
+    rec = view.record(txid)
+    if rec is None or rec.attempt != attempt or not lease_expired(rec, view.now):
+        return ()
+    return plan_failure(view, txid, attempt)
+
+
+def expired_lease(view: PipelineView) -> TxRecord | None:
+    """The oldest txid whose processing lost its lease, if any: what a watcher fails first."""
+    for rec in view.in_flight:
+        if lease_expired(rec, view.now):
+            return rec
+    return None
+
+
 def validate_max_pending(max_pending: int) -> int:
     if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
         raise ValueError(f"max_pending must be an int >= 1, got {max_pending!r}")
@@ -426,9 +476,12 @@ __all__: Sequence[str] = (
     "TxStatus",
     "attempt_is_current",
     "committable",
+    "expired_lease",
+    "lease_expired",
     "next_to_begin",
     "plan_begin",
     "plan_commit",
+    "plan_expiry",
     "plan_failure",
     "plan_processed",
     "plan_recovery",

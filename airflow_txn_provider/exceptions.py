@@ -135,6 +135,11 @@ def _rebuild_malformed(message, pipeline, txid, attempt, location):
     )
 
 
+class LeaseExpiredError(TxnError):
+    """A processing attempt stopped renewing its lease: its process is gone (killed, out of
+    memory, a lost worker). The attempt is failed and the txid replays with a new attempt."""
+
+
 class RequeueError(TxnError):
     """The failure sensor could not restart a txid's run through the Airflow REST API."""
 
@@ -150,3 +155,45 @@ class InjectedFailure(ProcessingError):
 
 class TxnConfigError(TxnError):
     """The provider's configuration (an Airflow connection, a setting) is missing or unreadable."""
+
+
+class MalformedOutputError(TxnError):
+    """A processing job's partial result cannot be staged: a null key, a null, NaN or infinite
+    delta, a value of the wrong type. Refused before anything is staged, so it can never turn a
+    committed value into NULL or NaN; ``state`` and ``row`` say which state and which row."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        pipeline: str | None = None,
+        txid: int | None = None,
+        attempt: int | None = None,
+        state: str | None = None,
+        row: str | None = None,
+    ) -> None:
+        self.state = state
+        self.row = row
+        super().__init__(message, pipeline=pipeline, txid=txid, attempt=attempt)
+
+    def __reduce__(self):
+        return (
+            _rebuild_output,
+            (self.detail, self.pipeline, self.txid, self.attempt, self.state, self.row),
+        )
+
+
+def _rebuild_output(message, pipeline, txid, attempt, state, row):
+    return MalformedOutputError(
+        message, pipeline=pipeline, txid=txid, attempt=attempt, state=state, row=row
+    )
+
+
+class IncompleteBatchError(SourceError):
+    """A batch read fewer records than its metadata describes (a partition directory that does
+    not match its metadata, files gone): committing it would silently lose records."""
+
+
+class OffsetsWentBackError(SourceError):
+    """A source reports a partition's newest offset below where the previous batch ended (the
+    partition was rewritten or renumbered). Clamping would stall, then skip records."""

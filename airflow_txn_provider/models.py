@@ -76,6 +76,11 @@ class TransactionRow(Base):
     last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
     failed_by: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     """While the current attempt is failed: the txid whose failure failed it (itself if its own)."""
+    lease_expires_at: Mapped[datetime | None] = mapped_column(
+        DateTime(timezone=True), nullable=True
+    )
+    """While processing: the attempt's process renews this while alive (see migration 0003)."""
+    lease_holder: Mapped[str | None] = mapped_column(Text, nullable=True)
     begun_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     processed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     committed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)

@@ -11,6 +11,11 @@ Every transition is one explicit database transaction:
   result.
 * ``commit`` runs the caller's ``apply`` (the state update) on the same connection, so the state
   change and the "committed" mark are one database transaction: both happen or neither.
+* a processing attempt holds a **lease** (``renew_lease``) while its process is alive; once it runs
+  out, ``expire_lease`` fails the attempt (with the cascade) so the txid replays: an attempt whose
+  process died is never left in flight. Leases are judged by the database's clock.
+
+Every public call waits out a restarting database (:mod:`airflow_txn_provider.retries`).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 from sqlalchemy import Table, create_engine, func, insert, select, update
@@ -37,9 +42,11 @@ from airflow_txn_provider.coordinator import (
     TxStatus,
     attempt_is_current,
     attempt_may_stage,
+    expired_lease,
     next_to_begin,
     plan_begin,
     plan_commit,
+    plan_expiry,
     plan_failure,
     plan_processed,
     plan_recovery,
@@ -47,12 +54,19 @@ from airflow_txn_provider.coordinator import (
 )
 from airflow_txn_provider.exceptions import (
     CorruptLogError,
+    LeaseExpiredError,
     PipelineConfigError,
     SourceError,
     TxnError,
     UnknownPipelineError,
 )
 from airflow_txn_provider.models import AttemptRow, PipelineRow, TransactionRow
+from airflow_txn_provider.retries import (
+    DEFAULT_OUTAGE_TIMEOUT,
+    is_transient,
+    retry_transient,
+    retrying,
+)
 from airflow_txn_provider.sources import Source, validate_metadata
 
 if TYPE_CHECKING:
@@ -63,6 +77,12 @@ log = logging.getLogger(__name__)
 P = cast(Table, PipelineRow.__table__)
 T = cast(Table, TransactionRow.__table__)
 A = cast(Table, AttemptRow.__table__)
+
+CLAIM_TIMEOUT = 120.0
+"""Seconds a freshly begun attempt's lease lasts: time for its processing task to start and take
+the lease over (it renews every few seconds from then on)."""
+LEASE_TIMEOUT = 30.0
+"""Seconds a processing attempt's lease lasts after each renewal, unless the pipeline says."""
 
 ApplyFn = Callable[["Connection", TxRecord], "Mapping[str, Any] | None"]
 StageFn = Callable[["Connection"], "Mapping[str, Any] | None"]
@@ -81,6 +101,11 @@ class Emission:
     """The source has no new data for this txid yet; nothing was allocated."""
     invalidated: tuple[int, ...] = ()
     """Txids whose live attempts were failed to re-emit this one (``REEMIT`` only)."""
+
+    @property
+    def resumed(self) -> bool:
+        """The txid's current, live attempt was handed out again (nothing new emitted)."""
+        return self.action is BeginAction.RESUME
 
     @property
     def emitted(self) -> bool:
@@ -112,6 +137,8 @@ class TransactionInfo:
     committed_at: datetime | None
     failed_by: int | None = None
     """While failed: the txid whose failure failed this one (itself if its own)."""
+    lease_expires_at: datetime | None = None
+    lease_holder: str | None = None
 
 
 @dataclass(frozen=True)
@@ -151,21 +178,42 @@ class TransactionLog:
         :class:`~airflow_txn_provider.hooks.txn_log.TxnLogHook` for an Airflow connection).
     :param migrate: apply the schema migrations if the database is behind (default). With
         ``False``, a database that is behind raises :class:`SchemaTooOldError`.
+    :param outage_timeout: seconds each call waits for a restarting database before it raises
+        (``0``: no retries).
     """
 
-    def __init__(self, engine: Engine, *, migrate: bool = True) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        migrate: bool = True,
+        outage_timeout: float = DEFAULT_OUTAGE_TIMEOUT,
+    ) -> None:
         self.engine = engine
-        if migrate:
-            schema.upgrade(engine)
-        else:
-            schema.check(engine)
+        self.outage_timeout = outage_timeout
+        for attempt in retrying(outage_timeout):
+            with attempt:
+                if migrate:
+                    schema.upgrade(engine)
+                else:
+                    schema.check(engine)
 
     @classmethod
-    def from_url(cls, url: str, *, migrate: bool = True, **engine_kwargs: Any) -> TransactionLog:
-        return cls(engine_from_url(url, **engine_kwargs), migrate=migrate)
+    def from_url(
+        cls,
+        url: str,
+        *,
+        migrate: bool = True,
+        outage_timeout: float = DEFAULT_OUTAGE_TIMEOUT,
+        **engine_kwargs: Any,
+    ) -> TransactionLog:
+        return cls(
+            engine_from_url(url, **engine_kwargs), migrate=migrate, outage_timeout=outage_timeout
+        )
 
     # -- pipelines -----------------------------------------------------------------------------
 
+    @retry_transient
     def register_pipeline(
         self, name: str, *, source_kind: SourceKind | str, max_pending: int
     ) -> None:
@@ -200,12 +248,14 @@ class TransactionLog:
                     max_pending,
                 )
 
+    @retry_transient
     def pipelines(self) -> list[str]:
         """Names of every registered pipeline, sorted (one query, no lock). Names only: reading
         a pipeline (``view``) is where a corrupt row is reported, for that pipeline alone."""
         with self.engine.connect() as conn:
             return list(conn.execute(select(P.c.name).order_by(P.c.name)).scalars())
 
+    @retry_transient
     def view(self, pipeline: str) -> PipelineView:
         """A consistent snapshot of the pipeline (no lock is held after it returns)."""
         # Two statements read it (pipeline row, then txid rows): without one snapshot for both, a
@@ -213,6 +263,7 @@ class TransactionLog:
         with self.engine.connect().execution_options(isolation_level=SNAPSHOT) as conn:
             return self._view(conn, pipeline, lock=False)
 
+    @retry_transient
     def last_committed(self, pipeline: str) -> int:
         with self.engine.connect() as conn:
             value = conn.execute(
@@ -224,8 +275,16 @@ class TransactionLog:
 
     # -- begin -----------------------------------------------------------------------------------
 
-    def begin(self, pipeline: str, txid: int, source: Source) -> Emission:
+    @retry_transient
+    def begin(
+        self, pipeline: str, txid: int, source: Source, *, claim_timeout: float = CLAIM_TIMEOUT
+    ) -> Emission:
         """Emit ``txid``: allocate it (or re-emit it with a new attempt) and fix its metadata.
+
+        If the txid's current attempt is alive (processing under a live lease, or processed), that
+        attempt is handed out again (``RESUME``): a begin that is retried, or run twice, never
+        re-emits what it claimed. The emitted (or resumed) attempt's lease lasts
+        ``claim_timeout`` seconds, for its processing to start and renew it.
 
         Never raises for "not yet": an :class:`Emission` that did not emit says why (the previous
         txid has not begun, the window is full, the source has no data, the txid committed).
@@ -233,8 +292,9 @@ class TransactionLog:
         with self.engine.begin() as conn:
             view = self._view(conn, pipeline, lock=True)
             self._check_source(view, source)
-            return self._begin_locked(conn, view, txid, source)
+            return self._begin_locked(conn, view, txid, source, claim_timeout)
 
+    @retry_transient
     def begin_next(self, pipeline: str, source: Source) -> Emission | None:
         """Emit whatever txid should go next (oldest failed first, else a new one); ``None`` if the
         window is full."""
@@ -244,12 +304,37 @@ class TransactionLog:
             txid = next_to_begin(view)
             if txid is None:
                 return None
-            return self._begin_locked(conn, view, txid, source)
+            return self._begin_locked(conn, view, txid, source, CLAIM_TIMEOUT)
 
     def _begin_locked(
-        self, conn: Connection, view: PipelineView, txid: int, source: Source
+        self,
+        conn: Connection,
+        view: PipelineView,
+        txid: int,
+        source: Source,
+        claim_timeout: float,
     ) -> Emission:
         plan = plan_begin(view, txid)
+        claim = func.now() + timedelta(seconds=claim_timeout)
+        if plan.action is BeginAction.RESUME:
+            rec = view.record(txid)
+            assert rec is not None
+            if rec.status is TxStatus.PROCESSING:  # give its processing time to (re)start
+                conn.execute(
+                    update(T)
+                    .where(T.c.pipeline == view.pipeline, T.c.txid == txid)
+                    .values(lease_expires_at=func.greatest(T.c.lease_expires_at, claim))
+                )
+            log.info(
+                "pipeline=%s txid=%s attempt=%s resumed (%s): it is alive, not re-emitted",
+                view.pipeline,
+                txid,
+                rec.attempt,
+                rec.status.value,
+            )
+            return Emission(
+                view.pipeline, txid, plan.action, attempt=rec.attempt, metadata=rec.metadata
+            )
         if not plan.emits:
             return Emission(view.pipeline, txid, plan.action)
         assert plan.attempt is not None
@@ -273,6 +358,7 @@ class TransactionLog:
                     status=TxStatus.PROCESSING.value,
                     metadata=metadata,
                     begun_at=func.now(),
+                    lease_expires_at=claim,
                 )
             )
         else:
@@ -287,6 +373,8 @@ class TransactionLog:
                     failed_by=None,
                     begun_at=func.now(),
                     processed_at=None,
+                    lease_expires_at=claim,
+                    lease_holder=None,
                     updated_at=func.now(),
                 )
             )
@@ -359,6 +447,7 @@ class TransactionLog:
         """
         return self.stage_output(pipeline, txid, attempt, lambda conn: output)
 
+    @retry_transient
     def stage(self, pipeline: str, txid: int, attempt: int, stage: StageFn) -> bool:
         """Run ``stage(conn)`` only while ``(txid, attempt)`` is current and still processing.
 
@@ -379,6 +468,7 @@ class TransactionLog:
         )
         return False
 
+    @retry_transient
     def stage_output(
         self, pipeline: str, txid: int, attempt: int, stage: StageFn
     ) -> ProcessedAction:
@@ -437,6 +527,7 @@ class TransactionLog:
 
     # -- commit ----------------------------------------------------------------------------------
 
+    @retry_transient
     def commit(
         self, pipeline: str, txid: int, attempt: int, apply: ApplyFn | None = None
     ) -> CommitResult:
@@ -470,6 +561,8 @@ class TransactionLog:
                     try:
                         details = apply(conn, record)
                     except Exception as err:
+                        if is_transient(err):  # the database went away: retry, don't fail
+                            raise
                         raise _ApplyFailed() from err
                 conn.execute(
                     update(T)
@@ -500,6 +593,7 @@ class TransactionLog:
 
     # -- failure ---------------------------------------------------------------------------------
 
+    @retry_transient
     def fail(
         self, pipeline: str, txid: int, attempt: int | None = None, *, error: str | None = None
     ) -> tuple[int, ...]:
@@ -522,6 +616,7 @@ class TransactionLog:
             )
         return txids
 
+    @retry_transient
     def recover(self, pipeline: str) -> tuple[int, ...]:
         """After everything stopped: fail attempts that were processing (their processes are gone)
         and every later txid, so they re-emit in order. Processed txids before them keep their
@@ -570,8 +665,73 @@ class TransactionLog:
                 )
             )
 
+    # -- liveness --------------------------------------------------------------------------------
+
+    @retry_transient
+    def renew_lease(
+        self, pipeline: str, txid: int, attempt: int, *, holder: str, timeout: float
+    ) -> bool:
+        """Prove that ``(txid, attempt)``'s process is alive for ``timeout`` more seconds.
+
+        Returns False once the attempt is no longer current and processing (failed, replaced, or
+        its output recorded): its process should stop, nothing it stages will count. One UPDATE
+        of the txid's row; no pipeline lock.
+        """
+        with self.engine.begin() as conn:
+            renewed = conn.execute(
+                update(T)
+                .where(
+                    T.c.pipeline == pipeline,
+                    T.c.txid == txid,
+                    T.c.attempt == attempt,
+                    T.c.status == TxStatus.PROCESSING.value,
+                )
+                .values(
+                    lease_expires_at=func.now() + timedelta(seconds=timeout),
+                    lease_holder=holder[:500],
+                )
+            ).rowcount
+        return bool(renewed)
+
+    @retry_transient
+    def expire_lease(self, pipeline: str, txid: int, attempt: int) -> tuple[int, ...]:
+        """Fail ``(txid, attempt)`` and every later txid in flight if its lease ran out (by the
+        database's clock); return the txids failed. Fails nothing while the lease is alive or
+        once the attempt is no longer current, so a watcher may call it as often as it likes."""
+        with self.engine.begin() as conn:
+            view = self._view(conn, pipeline, lock=True)
+            txids = plan_expiry(view, txid, attempt)
+            if txids:
+                rec = view.record(txid)
+                assert rec is not None and rec.lease_expires_at is not None
+                error = LeaseExpiredError(
+                    f"lease expired at {rec.lease_expires_at:%Y-%m-%d %H:%M:%S%z}: "
+                    f"{rec.lease_holder or 'its processing task (it never started)'} stopped "
+                    "renewing it, so its process is gone (killed, out of memory, a lost worker)",
+                    pipeline=pipeline,
+                    txid=txid,
+                    attempt=attempt,
+                )
+                self._fail_locked(conn, view, txids, origin=txid, error=str(error))
+        if txids:
+            log.warning(
+                "pipeline=%s txid=%s attempt=%s lease expired; failed txids %s",
+                pipeline,
+                txid,
+                attempt,
+                list(txids),
+            )
+        return txids
+
+    def expire_leases(self, pipeline: str) -> tuple[int, ...]:
+        """Fail the oldest attempt whose lease ran out, if any (with the cascade): what a loop
+        that runs the pipeline without Airflow's failure sensors calls now and then."""
+        rec = expired_lease(self.view(pipeline))
+        return () if rec is None else self.expire_lease(pipeline, rec.txid, rec.attempt)
+
     # -- reading ---------------------------------------------------------------------------------
 
+    @retry_transient
     def transactions(
         self, pipeline: str, *, since_txid: int = 0, limit: int | None = None
     ) -> list[TransactionInfo]:
@@ -597,6 +757,8 @@ class TransactionLog:
                 processed_at=r.processed_at,
                 committed_at=r.committed_at,
                 failed_by=r.failed_by,
+                lease_expires_at=r.lease_expires_at,
+                lease_holder=r.lease_holder,
             )
             for r in rows
         ]
@@ -606,6 +768,7 @@ class TransactionLog:
         found = self.transactions(pipeline, since_txid=txid - 1, limit=1)
         return found[0] if found and found[0].txid == txid else None
 
+    @retry_transient
     def attempts(self, pipeline: str, txid: int) -> list[AttemptInfo]:
         """Every attempt of ``txid``, oldest first: the history behind each replay."""
         with self.engine.connect() as conn:
@@ -667,6 +830,8 @@ def _record(row: Row[Any], pipeline: str) -> TxRecord:
         metadata=row.metadata,
         output=row.output,
         failed_by=row.failed_by,
+        lease_expires_at=row.lease_expires_at,
+        lease_holder=row.lease_holder,
     )
 
 
@@ -682,8 +847,9 @@ __all__ = [
 
 def load_view(conn: Connection, pipeline: str, *, lock: bool = False) -> PipelineView:
     """A snapshot of ``pipeline`` (with its row lock when ``lock``); raises on a corrupt log."""
-    query = select(P).where(P.c.name == pipeline)
-    prow = conn.execute(query.with_for_update() if lock else query).one_or_none()
+    # The database's clock comes with the pipeline row: leases are judged by it alone.
+    query = select(P, func.now().label("db_now")).where(P.c.name == pipeline)
+    prow = conn.execute(query.with_for_update(of=P) if lock else query).one_or_none()
     if prow is None:
         raise UnknownPipelineError("pipeline is not registered", pipeline=pipeline)
     last = int(prow.last_committed_txid)
@@ -722,4 +888,5 @@ def load_view(conn: Connection, pipeline: str, *, lock: bool = False) -> Pipelin
         last_committed=last,
         last_committed_metadata=last_metadata,
         in_flight=tuple(_record(r, pipeline) for r in rows),
+        now=prow.db_now,
     )

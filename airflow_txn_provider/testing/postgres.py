@@ -163,6 +163,14 @@ class EmbeddedPostgres:
                 time.sleep(0.1)
 
     def stop(self) -> None:
+        """Stop the server (fast shutdown) and remove its folder if it made it."""
+        self.halt(mode="fast")
+        if self._owns_datadir and self.datadir is not None:
+            shutil.rmtree(self.datadir, ignore_errors=True)
+
+    def halt(self, *, mode: str = "immediate") -> None:
+        """Stop the server, keeping its data: ``immediate`` is a crash (recovery at the next
+        start), as a machine losing power or a killed postmaster; ``fast`` a clean shutdown."""
         if self.datadir is None or not (self.datadir / "postmaster.pid").exists():
             return
         subprocess.run(
@@ -172,15 +180,20 @@ class EmbeddedPostgres:
                     "-D",
                     str(self.datadir),
                     "-m",
-                    "fast",
+                    mode,
                     "-w",
                     "stop",
                 ]
             ),
             capture_output=True,
         )
-        if self._owns_datadir:
-            shutil.rmtree(self.datadir, ignore_errors=True)
+
+    def restart(self, down_for: float, *, mode: str = "immediate") -> None:
+        """Crash (or stop) the server, keep it down ``down_for`` seconds, start it again on the
+        same port: what a database restart or failover looks like to its clients."""
+        self.halt(mode=mode)
+        time.sleep(down_for)
+        self.start()
 
     def __enter__(self) -> EmbeddedPostgres:
         return self.start()

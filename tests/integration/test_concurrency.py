@@ -63,8 +63,8 @@ def _slow_commit(log, txid, attempt):
     return log.commit("p", txid, attempt, apply).applied
 
 
-def _reemit(log, txid):
-    return log.begin("p", txid, Fixed()).action.value
+def _fail(log, txid):
+    return log.fail("p", txid, 1, error="lost")
 
 
 @pytest.fixture
@@ -88,20 +88,21 @@ def test_two_processes_commit_the_same_txid(pipeline, db_url):
     assert sink(pipeline) == [(1, 1)]
 
 
-def test_stale_attempt_races_a_reemission(pipeline, db_url):
-    """A worker commits attempt 1 while the txid is re-emitted: exactly one of them wins."""
+def test_stale_attempt_races_a_failure(pipeline, db_url):
+    """A worker commits attempt 1 while the attempt is failed: exactly one of them wins."""
     outcomes = set()
     for txid in range(1, 7):
         pipeline.begin("p", txid, Fixed())
         pipeline.mark_processed("p", txid, 1)
-        commit, reemit = race(db_url, (_slow_commit, txid, 1), (_reemit, txid))
+        commit, fail = race(db_url, (_slow_commit, txid, 1), (_fail, txid))
         if commit == ("ok", True):
-            assert reemit == ("ok", "already_committed")
+            assert fail == ("ok", ())
             outcomes.add("commit won")
         else:
             assert commit[:2] == ("error", "StaleAttemptError"), commit
-            assert reemit == ("ok", "reemit")
-            outcomes.add("reemit won")
+            assert fail == ("ok", (txid,))
+            assert pipeline.begin("p", txid, Fixed()).action.value == "replay"
+            outcomes.add("failure won")
             new = pipeline.view("p").record(txid)
             assert new is not None and new.attempt == 2
             pipeline.mark_processed("p", txid, 2)

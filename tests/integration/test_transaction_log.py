@@ -156,13 +156,50 @@ class TestRules:
         assert em.no_data and not em.emitted
         assert txlog.transactions("p") == []
 
-    def test_reemitting_a_live_txid_fences_the_old_attempt(self, four):
+    def test_begin_again_resumes_the_live_attempt(self, four):
+        """Airflow may lose a begin's success report and retry it: the retry gets the same
+        attempt back, never a re-emission (that would fail the txid and every later one)."""
         txlog, src = four
         txlog.mark_processed("p", 3, 1)
-        em = txlog.begin("p", 2, src)  # e.g. the run of txid 2 was cleared and restarted
-        assert (em.action, em.attempt, em.invalidated) == (BeginAction.REEMIT, 2, (2, 3, 4))
-        assert txlog.mark_processed("p", 2, 1) is ProcessedAction.IGNORE_STALE
-        assert statuses(txlog)[3] == (1, "failed")
+        for txid in (2, 3):
+            em = txlog.begin("p", txid, src)
+            assert (em.action, em.attempt, em.emitted, em.resumed) == (
+                BeginAction.RESUME,
+                1,
+                True,
+                True,
+            )
+            assert em.metadata == txlog.transaction("p", txid).metadata
+        assert [len(txlog.attempts("p", t)) for t in (1, 2, 3, 4)] == [1, 1, 1, 1]
+        assert statuses(txlog)[2] == (1, "processing") and statuses(txlog)[3] == (1, "processed")
+
+    def test_an_expired_lease_fails_the_attempt_and_later_ones(self, four):
+        txlog, src = four
+        assert txlog.renew_lease("p", 2, 1, holder="task process_x pid 42", timeout=0)
+        assert txlog.expire_lease("p", 3, 1) == ()  # its lease (the claim's) is alive
+        assert txlog.expire_lease("p", 2, 1) == (2, 3, 4)
+        info = txlog.transaction("p", 2)
+        assert info.status is TxStatus.FAILED and info.failed_by == 2
+        assert "pipeline=p txid=2 attempt=1: lease expired" in info.last_error
+        assert "task process_x pid 42" in info.last_error
+        assert txlog.renew_lease("p", 2, 1, holder="late", timeout=30) is False  # fenced
+        assert txlog.expire_lease("p", 2, 1) == ()  # idempotent
+        assert txlog.begin("p", 2, src).action is BeginAction.REPLAY
+
+    def test_begin_after_an_expired_lease_reemits(self, four):
+        txlog, src = four
+        txlog.renew_lease("p", 3, 1, holder="h", timeout=0)
+        em = txlog.begin("p", 3, src)
+        assert (em.action, em.attempt, em.invalidated) == (BeginAction.REEMIT, 2, (3, 4))
+        assert txlog.mark_processed("p", 3, 1) is ProcessedAction.IGNORE_STALE
+        assert statuses(txlog)[4] == (1, "failed")
+
+    def test_expire_leases_finds_the_oldest(self, four):
+        txlog, _ = four
+        assert txlog.expire_leases("p") == ()
+        txlog.renew_lease("p", 4, 1, holder="h", timeout=0)
+        txlog.renew_lease("p", 3, 1, holder="h", timeout=0)
+        assert txlog.expire_leases("p") == (3, 4)
 
     def test_attempt_history_keeps_every_attempt(self, four):
         txlog, src = four

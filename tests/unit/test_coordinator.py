@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from airflow_txn_provider.coordinator import (
     BeginAction,
@@ -13,9 +17,12 @@ from airflow_txn_provider.coordinator import (
     TxRecord,
     TxStatus,
     committable,
+    expired_lease,
+    lease_expired,
     next_to_begin,
     plan_begin,
     plan_commit,
+    plan_expiry,
     plan_failure,
     plan_processed,
     plan_recovery,
@@ -50,6 +57,73 @@ def view(
             for t, a, s in records
         ),
     )
+
+
+NOW = datetime(2026, 11, 23, 12, 0, tzinfo=UTC)
+
+
+def leased(
+    records: tuple[tuple[int, int, TxStatus, float | None], ...], *, last: int = 0
+) -> PipelineView:
+    """A view at ``NOW`` whose records' leases end ``seconds`` from ``NOW`` (``None``: none)."""
+    return PipelineView(
+        pipeline="p",
+        source_kind=SourceKind.TRANSACTIONAL,
+        max_pending=4,
+        last_committed=last,
+        in_flight=tuple(
+            TxRecord(
+                t,
+                a,
+                s,
+                lease_expires_at=None if secs is None else NOW + timedelta(seconds=secs),
+            )
+            for t, a, s, secs in records
+        ),
+        now=NOW,
+    )
+
+
+class TestLease:
+    def test_only_a_processing_attempt_past_its_lease_is_expired(self):
+        v = leased(((1, 1, PROC, -0.001), (2, 1, PROC, 0), (3, 1, PROC, 0.001), (4, 1, DONE, -9)))
+        assert [lease_expired(r, v.now) for r in v.in_flight] == [True, True, False, False]
+        assert not lease_expired(TxRecord(1, 1, FAIL, lease_expires_at=NOW), NOW)
+        assert not lease_expired(TxRecord(1, 1, PROC), NOW)  # no lease recorded: never expires
+        assert not lease_expired(TxRecord(1, 1, PROC, lease_expires_at=NOW), None)  # no clock
+
+    def test_expiry_fails_the_txid_and_every_later_one_in_flight(self):
+        v = leased(((1, 1, DONE, None), (2, 2, PROC, -5), (3, 1, PROC, 20), (4, 1, FAIL, None)))
+        assert plan_expiry(v, 2, 2) == (2, 3)
+        assert expired_lease(v) == v.record(2)
+
+    def test_expiry_fails_nothing_while_alive_or_for_an_old_attempt(self):
+        v = leased(((1, 2, PROC, 10), (2, 1, PROC, -5)))
+        assert plan_expiry(v, 1, 2) == ()  # alive
+        assert plan_expiry(v, 2, 1) == (2,)
+        assert plan_expiry(v, 2, 2) == ()  # not the current attempt: never emitted
+        assert plan_expiry(v, 9, 1) == ()  # never begun
+        assert expired_lease(leased(((1, 1, PROC, 10),))) is None
+
+    @given(
+        leases=st.lists(
+            st.one_of(st.none(), st.floats(-100, 100, allow_nan=False)), min_size=1, max_size=6
+        ),
+        statuses=st.lists(st.sampled_from([PROC, DONE, FAIL]), min_size=6, max_size=6),
+    )
+    def test_expiry_agrees_with_the_failure_rule(self, leases, statuses):
+        recs = tuple((i + 1, 1, statuses[i], secs) for i, secs in enumerate(leases))
+        v = leased(recs)
+        first = expired_lease(v)
+        for rec in v.in_flight:
+            got = plan_expiry(v, rec.txid, rec.attempt)
+            if lease_expired(rec, NOW):
+                assert got == plan_failure(v, rec.txid, rec.attempt) and got[0] == rec.txid
+                assert first is not None and first.txid <= rec.txid
+            else:
+                assert got == ()
+        if first is None:
+            assert not any(lease_expired(r, NOW) for r in v.in_flight)
 
 
 class TestView:
@@ -117,11 +191,20 @@ class TestBegin:
         assert plan_begin(v, 2).action is BeginAction.WAIT_PREVIOUS
         assert plan_begin(v, 1).action is BeginAction.REPLAY
 
-    def test_reemit_of_live_attempt_invalidates_it_and_later(self):
-        v = view((1, 1, PROC), (2, 1, DONE), (3, 1, PROC))
+    def test_begin_of_a_live_attempt_resumes_it(self):
+        """A retried or duplicated begin hands out what its first try claimed: never re-emits."""
+        for status in (PROC, DONE):
+            v = view((1, 1, PROC), (2, 3, status), (3, 1, PROC))
+            plan = plan_begin(v, 2)
+            assert (plan.action, plan.attempt, plan.invalidate) == (BeginAction.RESUME, 3, ())
+            assert not plan.emits
+
+    def test_begin_after_the_lease_ran_out_reemits_and_invalidates_later(self):
+        v = leased(((1, 1, PROC, 0), (2, 1, PROC, -1), (3, 1, DONE, None), (4, 1, PROC, 50)))
         plan = plan_begin(v, 2)
         assert plan.action is BeginAction.REEMIT and plan.attempt == 2
-        assert plan.invalidate == (2, 3)
+        assert plan.invalidate == (2, 3, 4)
+        assert plan_begin(v, 4).action is BeginAction.RESUME  # its lease is alive
 
     def test_bad_txid(self):
         with pytest.raises(ValueError):
