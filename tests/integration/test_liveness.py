@@ -1,0 +1,93 @@
+"""Liveness against a real Postgres: leases kept while alive, expired once the process is gone,
+and calls that wait out a database restart instead of failing."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from airflow_txn_provider.coordinator import BeginAction, TxStatus
+from airflow_txn_provider.lease import LeaseKeeper, holder_name
+from airflow_txn_provider.sources import TransactionalSource
+from airflow_txn_provider.testing.postgres import EmbeddedPostgres
+from airflow_txn_provider.transaction_log import TransactionLog
+
+
+class Tens(TransactionalSource):
+    def initialize_transaction(self, txid, prev):
+        return {"start": (prev or {"end": 0})["end"], "end": txid * 10}
+
+
+@pytest.fixture
+def running(txlog):
+    txlog.register_pipeline("p", source_kind="transactional", max_pending=4)
+    for txid in (1, 2, 3):
+        txlog.begin("p", txid, Tens())
+    return txlog
+
+
+def test_a_kept_lease_never_expires_and_a_dropped_one_does(running):
+    holder = holder_name("process_words")
+    with LeaseKeeper(running, "p", 2, 1, holder=holder, timeout=1.0) as keeper:
+        for _ in range(6):  # three timeouts of work: never failed while alive
+            time.sleep(0.5)
+            assert running.expire_lease("p", 2, 1) == ()
+        assert keeper.renewals >= 10
+    # the process is gone: nobody renews, and one timeout later the lease has run out
+    time.sleep(1.2)
+    assert running.expire_lease("p", 2, 1) == (2, 3)
+    info = running.transaction("p", 2)
+    assert info.status is TxStatus.FAILED and "lease expired" in info.last_error
+    assert holder in info.last_error
+    assert running.transaction("p", 1).status is TxStatus.PROCESSING  # before it: untouched
+
+
+def test_a_lost_attempt_stops_its_work(running):
+    stopped = threading.Event()
+    with LeaseKeeper(running, "p", 3, 1, holder="h", timeout=0.5, on_lost=stopped.set) as keeper:
+        running.fail("p", 2, 1, error="boom")  # the cascade fails txid 3 too
+        assert stopped.wait(5), "the keeper did not notice its attempt was failed"
+        assert keeper.lost
+
+
+def test_calls_wait_out_a_postgres_crash_and_restart():
+    """The log's Postgres crashes (immediate stop) for 3 s while txids begin and commit: every
+    call waits and succeeds, nothing is lost or doubled."""
+    # durable: a crash keeps every commit it acknowledged (the session's test server trades that
+    # for speed, and would lose the last ones)
+    with EmbeddedPostgres(durable=True) as pg:
+        txlog = TransactionLog.from_url(pg.url, outage_timeout=60)
+        txlog.register_pipeline("p", source_kind="transactional", max_pending=4)
+        crash = threading.Thread(target=pg.restart, args=(3.0,))
+        started = time.monotonic()
+        crash.start()
+        for txid in range(1, 9):
+            em = txlog.begin("p", txid, Tens())
+            assert em.action in (BeginAction.NEW, BeginAction.RESUME)
+            txlog.mark_processed("p", txid, em.attempt, {"n": txid})
+            txlog.commit("p", txid, em.attempt)
+        crash.join()
+        assert time.monotonic() - started >= 3.0  # it did wait for the server
+        infos = txlog.transactions("p")
+        assert [(i.txid, i.attempt, i.status) for i in infos] == [
+            (t, 1, TxStatus.COMMITTED) for t in range(1, 9)
+        ]
+        assert txlog.last_committed("p") == 8
+        txlog.engine.dispose()
+
+
+def test_without_retries_a_crash_is_an_error():
+    """The control: the same crash with ``outage_timeout=0`` reaches the caller."""
+    from sqlalchemy.exc import OperationalError
+
+    with EmbeddedPostgres(durable=True) as pg:
+        txlog = TransactionLog.from_url(pg.url, outage_timeout=0)
+        txlog.register_pipeline("p", source_kind="transactional", max_pending=4)
+        pg.halt()
+        with pytest.raises(OperationalError):
+            txlog.begin("p", 1, Tens())
+        pg.start()
+        assert txlog.begin("p", 1, Tens()).action is BeginAction.NEW
+        txlog.engine.dispose()
