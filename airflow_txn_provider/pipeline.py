@@ -38,6 +38,9 @@ class TxnPipeline:
     :param max_attempts: poison-batch policy: a txid that failed this many times stops the
         pipeline (visibly: its run fails and later txids wait) instead of retrying forever.
     :param spark: ``connect`` (Spark Connect server, no JVM start per txid) or ``submit``.
+    :param lease_timeout: seconds after which a processing attempt whose process stopped renewing
+        its lease (killed, out of memory, a lost worker) is failed and replayed. A live job renews
+        it every ``lease_timeout / 5`` seconds, however long it runs.
     """
 
     name: str
@@ -52,10 +55,13 @@ class TxnPipeline:
     spark_connect_conn_id: str = "spark_connect_default"
     airflow_api_conn_id: str = "airflow_api_default"
     poll_interval: float = 1.0
+    lease_timeout: float = 30.0
     spark_conf: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         validate_max_pending(self.max_pending)
+        if not self.lease_timeout > 0:
+            raise ValueError(f"lease_timeout must be > 0 seconds, got {self.lease_timeout!r}")
         if self.max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
         if self.spark not in SPARK_MODES:
