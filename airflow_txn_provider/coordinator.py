@@ -552,7 +552,11 @@ def should_retry(failed_attempts: int, max_attempts: int) -> bool:
 
 class FailureResponse(enum.StrEnum):
     REQUEUE = "requeue"
-    """Restart the txid's run: its begin re-emits it with a new attempt, after ``txid - 1``."""
+    """Restart the txid's run and the runs of every later txid, in one request: each begin
+    re-emits its txid with a new attempt, in order. One request per cascade, not one per run: a
+    herd of simultaneous restarts races Airflow's scheduler (it has died of it)."""
+    LEAVE_TO_ORIGIN = "leave_to_origin"
+    """The txid failed in a cascade from an earlier txid, whose sensor re-queues this run."""
     STOP = "stop"
     """Poison batch: the txid failed on its own ``max_attempts`` times. Its run is not restarted,
     says why, and every later txid waits for it (no silent skip) until a person reruns it."""
@@ -580,14 +584,26 @@ def respond_to_failure(
         before this one (a rerun from the UI starts a new count).
     :param max_attempts: the pipeline's poison-batch limit.
 
-    A cascade from an earlier txid never counts: that txid's own budget decides.
+    A cascade from an earlier txid never counts: that txid's own budget decides, and its sensor
+    re-queues the whole cascade.
     """
     if rec.status is not TxStatus.FAILED:
         raise ValueError(f"txid {rec.txid} attempt {rec.attempt} has not failed")
     if not rec.failed_on_its_own:
-        return FailureResponse.REQUEUE
+        return FailureResponse.LEAVE_TO_ORIGIN
     own = own_failures_before + 1
     return FailureResponse.REQUEUE if should_retry(own, max_attempts) else FailureResponse.STOP
+
+
+def awaits_requeue(view: PipelineView, txid: int, attempt: int) -> bool:
+    """Whether failed ``(txid, attempt)`` could replay now but has not: nothing holds it back
+    (``txid - 1`` is not failed), so only a restart of its run is missing. A watch that sees this
+    for long restarts the run itself: the origin's re-queue was lost (a crashed sensor, an
+    api-server that never came back in time)."""
+    rec = view.record(txid)
+    if rec is None or rec.status is not TxStatus.FAILED or rec.attempt != attempt:
+        return False
+    return plan_begin(view, txid).action is BeginAction.REPLAY
 
 
 def requeue_set(view: PipelineView, failed_txid: int) -> tuple[int, ...]:

@@ -23,6 +23,7 @@ from airflow_txn_provider.operators.txn import (
     TxnFailureSensor,
     TxnProcessOperator,
     TxnRecordProcessedOperator,
+    fail_attempt_on_task_failure,
     job_task_id,
 )
 from airflow_txn_provider.pipeline import TxnPipeline
@@ -68,6 +69,7 @@ def build_dag(pipeline: TxnPipeline, *, dag_id: str | None = None, **dag_kwargs:
                 job=str(job),
                 finish=single,
                 execution_timeout=timedelta(hours=6),
+                on_failure_callback=fail_attempt_on_task_failure,
             )
             for job in pipeline.jobs
         ]

@@ -7,6 +7,8 @@ Credentials come from an Airflow connection and never appear in a log line or an
 
 from __future__ import annotations
 
+import itertools
+import random
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -17,7 +19,8 @@ from airflow.sdk import BaseHook
 
 from airflow_txn_provider.exceptions import RequeueError
 
-_RETRYABLE = (httpx.TransportError,)
+RETRY_STATUS = frozenset({500, 502, 503, 504})
+"""Answers of an api-server that is restarting or overloaded: asked again, not reported."""
 
 
 class AirflowApiHook(BaseHook):
@@ -29,7 +32,8 @@ class AirflowApiHook(BaseHook):
 
     :param airflow_api_conn_id: the Airflow connection id (default ``airflow_api_default``).
     :param timeout: seconds per HTTP request.
-    :param retries: retries of a request that could not reach the api-server (e.g. restarting).
+    :param outage_timeout: seconds a request is retried, with backoff, while the api-server cannot
+        be reached or answers 5xx (a restart); then the last error is raised.
     """
 
     conn_name_attr = "airflow_api_conn_id"
@@ -42,13 +46,13 @@ class AirflowApiHook(BaseHook):
         airflow_api_conn_id: str = default_conn_name,
         *,
         timeout: float = 30.0,
-        retries: int = 5,
+        outage_timeout: float = 300.0,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.airflow_api_conn_id = airflow_api_conn_id
         self.timeout = timeout
-        self.retries = retries
+        self.outage_timeout = outage_timeout
         self._token: str | None = None
 
     @classmethod
@@ -74,22 +78,32 @@ class AirflowApiHook(BaseHook):
     # -- calls -------------------------------------------------------------------------------------
 
     def clear_task_instances(
-        self, dag_id: str, run_id: str, task_ids: Sequence[str], *, note: str | None = None
+        self,
+        dag_id: str,
+        run_id: str,
+        task_ids: Sequence[str],
+        *,
+        include_future: bool = False,
+        note: str | None = None,
     ) -> list[str]:
-        """Clear ``task_ids`` of one running run (whatever their state): the scheduler runs them
-        again and kills those still running. The run stays running, so it keeps its
-        ``max_active_runs`` slot. Returns the task ids Airflow cleared."""
+        """Clear ``task_ids`` of one running run (whatever their state), and with
+        ``include_future`` of every run after it too (the UI's Clear → Future): the scheduler
+        runs them again and kills those still running. The runs stay running, so they keep their
+        ``max_active_runs`` slots. Returns ``run_id: task_id`` of each task instance cleared."""
         body: dict[str, Any] = {
             "dry_run": False,
             "dag_run_id": run_id,
             "task_ids": list(task_ids),
             "only_failed": False,
             "reset_dag_runs": False,
+            "include_future": include_future,
         }
         if note:
             body["note"] = note[:1000]
         found = self.request("POST", f"/api/v2/dags/{quote(dag_id)}/clearTaskInstances", json=body)
-        return sorted({ti["task_id"] for ti in found.get("task_instances", [])})
+        return sorted(
+            {f"{ti['dag_run_id']}: {ti['task_id']}" for ti in found.get("task_instances", [])}
+        )
 
     def set_run_note(self, dag_id: str, run_id: str, note: str) -> None:
         """The note the grid shows on a run."""
@@ -136,15 +150,32 @@ class AirflowApiHook(BaseHook):
     ) -> httpx.Response:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         url = self.base_url() + path
-        for attempt in range(self.retries + 1):
+        started = time.monotonic()
+        for attempt in itertools.count():
             try:
                 with httpx.Client(timeout=self.timeout) as client:
-                    return client.request(method, url, headers=headers, **kwargs)
-            except _RETRYABLE as err:
-                if attempt == self.retries:
-                    raise RequeueError(f"{method} {url} failed: {err}") from None
-                self.log.warning("%s %s failed (%s); retrying", method, url, err)
-                time.sleep(min(2.0**attempt, 10.0))
+                    response = client.request(method, url, headers=headers, **kwargs)
+                if response.status_code not in RETRY_STATUS:
+                    return response
+                problem = f"HTTP {response.status_code}"
+            except httpx.TransportError as err:
+                response, problem = None, f"{type(err).__name__}: {err}"
+            waited = time.monotonic() - started
+            if waited >= self.outage_timeout:
+                if response is not None:
+                    return response  # the caller reports the status and body
+                raise RequeueError(f"{method} {url} failed for {waited:.0f} s: {problem}") from None
+            pause = min(2.0**attempt, 10.0) * random.uniform(0.5, 1.0)
+            self.log.warning(
+                "%s %s: %s (the api-server may be restarting); retrying in %.1f s, %.0f of %.0f s",
+                method,
+                url,
+                problem,
+                pause,
+                waited,
+                self.outage_timeout,
+            )
+            time.sleep(pause)
         raise AssertionError("unreachable")
 
     def test_connection(self) -> tuple[bool, str]:

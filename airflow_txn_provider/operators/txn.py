@@ -7,6 +7,7 @@ these operators only claim, wait (deferred: no worker slot), run, and report.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,8 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from airflow_txn_provider.coordinator import BeginAction, GateState, TxStatus
 from airflow_txn_provider.hooks.txn_log import TxnLogHook
-from airflow_txn_provider.timetables import txid_from_run_id
+from airflow_txn_provider.timetables import txid_from_run_id, txid_run_id
+from airflow_txn_provider.transaction_log import CLAIM_TIMEOUT
 from airflow_txn_provider.triggers.txn_log import TxnLogTrigger, WaitFor
 
 if TYPE_CHECKING:
@@ -28,6 +30,9 @@ if TYPE_CHECKING:
 
 BEGIN_TASK_ID = "begin"
 WATCH_TASK_ID = "watch_failures"
+REQUEUE_TIMEOUT = 60.0
+"""Seconds a failed txid that could replay waits for its run to be restarted by the cascade's
+origin before its own failure sensor restarts it (the origin's request was lost)."""
 INJECT_FAILURE_VARIABLE = "txn_inject_failure__{pipeline}"
 """Airflow Variable of the failure-injection switch (see :func:`parse_failure_injection`)."""
 
@@ -139,7 +144,9 @@ class TxnBeginOperator(_TxnOperator):
         log.register_pipeline(p.name, source_kind=p.source.kind, max_pending=p.max_pending)
         for state in p.states:
             state.create(log.engine)
-        emission = log.begin(p.name, txid, p.source)
+        emission = log.begin(
+            p.name, txid, p.source, claim_timeout=max(CLAIM_TIMEOUT, p.lease_timeout)
+        )
         if emission.action is BeginAction.ALREADY_COMMITTED:
             raise AirflowSkipException(f"pipeline={p.name} txid={txid} committed already")
         if emission.no_data:
@@ -183,6 +190,7 @@ class TxnProcessOperator(_TxnOperator):
         self._claim: dict[str, Any] | None = None
 
     def execute(self, context: Context) -> dict[str, Any]:
+        from airflow_txn_provider.lease import LeaseKeeper, holder_name
         from airflow_txn_provider.spark.job import BatchJob
         from airflow_txn_provider.spark.submit import SparkConnectRunner, SparkSubmitRunner
 
@@ -191,16 +199,29 @@ class TxnProcessOperator(_TxnOperator):
         job = BatchJob(p.name, claim["txid"], claim["attempt"], p.source, finish=self.finish)
         hook = TxnLogHook(txn_log_conn_id=p.txn_log_conn_id)
         log = hook.get_log()
+        ti = context["ti"]
+        # While this process lives it renews the attempt's lease; if it dies (SIGKILL, OOM, a
+        # lost worker) the failure sensor's trigger sees the lease run out and replays the txid.
+        lease = LeaseKeeper(
+            log,
+            p.name,
+            job.txid,
+            job.attempt,
+            holder=holder_name(f"task {ti.task_id} of run {ti.run_id} (try {ti.try_number})"),
+            timeout=p.lease_timeout,
+            on_lost=self.on_kill,
+        )
         try:
-            self._maybe_inject_failure(job.txid, job.attempt)
-            if p.spark == "connect":
-                self._runner = SparkConnectRunner(self.job, conn_id=p.spark_connect_conn_id)
-                outcome = self._runner.run(job, log)
-                return {"status": outcome.status, "staged_rows": dict(outcome.staged_rows)}
-            self._runner = SparkSubmitRunner(
-                self.job, log_url=hook.log_url(), conn_id=p.spark_conn_id, conf=p.spark_conf
-            )
-            self._runner.run(job)
+            with lease:
+                self._maybe_inject_failure(job.txid, job.attempt)
+                if p.spark == "connect":
+                    self._runner = SparkConnectRunner(self.job, conn_id=p.spark_connect_conn_id)
+                    outcome = self._runner.run(job, log)
+                    return {"status": outcome.status, "staged_rows": dict(outcome.staged_rows)}
+                self._runner = SparkSubmitRunner(
+                    self.job, log_url=hook.log_url(), conn_id=p.spark_conn_id, conf=p.spark_conf
+                )
+                self._runner.run(job)
         except BaseException as err:
             # The job fails its attempt itself when it can; this covers what it cannot see
             # (spark-submit dying, a kill). A stale attempt fails nothing.
@@ -333,7 +354,11 @@ class TxnFailureSensor(_TxnOperator):
         # failure that came before the claim is begin's business (it re-emits), not ours.
         self._watch(txid, claimed(context)["attempt"] - 1, own_failures=0)
 
-    def _watch(self, txid: int, attempt: int, *, own_failures: int) -> NoReturn:
+    def _watch(
+        self, txid: int, attempt: int, *, own_failures: int, requeue: bool = False
+    ) -> NoReturn:
+        """Defer until the txid commits, an attempt after ``attempt`` fails, or its lease runs
+        out; with ``requeue``, also if failed ``attempt`` waits too long for its run to restart."""
         self.defer(
             trigger=TxnLogTrigger(
                 txn_log_conn_id=self.pipeline.txn_log_conn_id,
@@ -343,6 +368,7 @@ class TxnFailureSensor(_TxnOperator):
                 wait_for=WaitFor.OUTCOME,
                 poll_interval=self.pipeline.poll_interval,
                 end_task_on_commit=True,
+                requeue_timeout=REQUEUE_TIMEOUT if requeue else None,
             ),
             method_name="on_failure",
             kwargs={"own_failures": own_failures},
@@ -358,16 +384,43 @@ class TxnFailureSensor(_TxnOperator):
 
         p = self.pipeline
         txid = run_txid(context, p.name)
-        if event.get("state") == "committed":
+        state = event.get("state")
+        if state == "committed":
             return
-        view = self.txn_log().view(p.name)
+        log = self.txn_log()
+        if state == "lease_expired":
+            # The trigger saw the lease run out; the log decides under its lock (a renewal that
+            # came meanwhile wins) and fails the attempt and every later txid in flight.
+            log.expire_lease(p.name, txid, int(event["attempt"]))
+        view = log.view(p.name)
         rec = view.record(txid)
-        if rec is None or rec.status is not TxStatus.FAILED:  # re-begun meanwhile (a manual clear)
+        if rec is None or rec.status is not TxStatus.FAILED:  # alive, or re-begun meanwhile
             self._watch(txid, known_failed_attempt(view, txid), own_failures=own_failures)
+        if state == "not_requeued":
+            self.log.warning(
+                "pipeline=%s txid=%s attempt=%s could replay but its run was not restarted for "
+                "%.0f s (the re-queue of its cascade was lost): restarting it",
+                p.name,
+                txid,
+                rec.attempt,
+                REQUEUE_TIMEOUT,
+            )
+            self._restart_runs(context, txid, rec.attempt, rec.failed_by, include_future=False)
+            self._watch(txid, rec.attempt, own_failures=own_failures, requeue=True)
         response = respond_to_failure(rec, own_failures, p.max_attempts)
         own = own_failures + int(rec.failed_on_its_own)
         if response is FailureResponse.STOP:
             self._stop(context, txid, rec.attempt, own)
+        if response is FailureResponse.LEAVE_TO_ORIGIN:
+            self.log.info(
+                "pipeline=%s txid=%s attempt=%s failed with txid %s, whose failure sensor "
+                "re-queues this run",
+                p.name,
+                txid,
+                rec.attempt,
+                rec.failed_by,
+            )
+            self._watch(txid, rec.attempt, own_failures=own, requeue=True)
         if rec.failed_on_its_own:
             self.log.warning(
                 "pipeline=%s txid=%s attempt=%s failed (%s of %s); re-queued txids %s",
@@ -378,16 +431,8 @@ class TxnFailureSensor(_TxnOperator):
                 p.max_attempts,
                 list(requeue_set(view, txid)),
             )
-        else:
-            self.log.info(
-                "pipeline=%s txid=%s attempt=%s failed with txid %s; re-queued",
-                p.name,
-                txid,
-                rec.attempt,
-                rec.failed_by,
-            )
-        self._restart_run(context, txid, rec.attempt, rec.failed_by)
-        self._watch(txid, rec.attempt, own_failures=own)
+        self._restart_runs(context, txid, rec.attempt, rec.failed_by, include_future=True)
+        self._watch(txid, rec.attempt, own_failures=own, requeue=True)
 
     def _stop(self, context: Context, txid: int, attempt: int, own: int) -> NoReturn:
         """Poison batch: say so where people look, then keep watching without restarting.
@@ -397,6 +442,7 @@ class TxnFailureSensor(_TxnOperator):
         theirs. A failed run would give its slot to a new, later run and the Clear would queue
         behind the runs waiting for it.
         """
+        from airflow_txn_provider.coordinator import requeue_set
         from airflow_txn_provider.exceptions import PoisonBatchError
 
         p = self.pipeline
@@ -411,6 +457,13 @@ class TxnFailureSensor(_TxnOperator):
         )
         self.log.error("%s", error)
         self._api().set_run_note(context["dag"].dag_id, context["dag_run"].run_id, str(error))
+        # The later txids failed with it: restart their runs now (one request), so their begins
+        # wait for this txid and follow it at once when a person reruns it.
+        later = [t for t in requeue_set(self.txn_log().view(p.name), txid) if t > txid]
+        if later:
+            self._restart_runs(
+                context, later[0], attempt, txid, include_future=True, run_id=txid_run_id(later[0])
+            )
         self._watch(txid, attempt, own_failures=own)
 
     def _api(self) -> Any:
@@ -418,21 +471,34 @@ class TxnFailureSensor(_TxnOperator):
 
         return AirflowApiHook(self.pipeline.airflow_api_conn_id)
 
-    def _restart_run(
-        self, context: Context, txid: int, attempt: int, failed_by: int | None
+    def _restart_runs(
+        self,
+        context: Context,
+        txid: int,
+        attempt: int,
+        failed_by: int | None,
+        *,
+        include_future: bool,
+        run_id: str | None = None,
     ) -> None:
+        """Restart the work of this run (or ``run_id``), and with ``include_future`` of every
+        later txid's run too, in one REST request: Clear with "Future", as a person would. The
+        failure sensors are not cleared: each keeps watching its own txid."""
         from airflow_txn_provider.exceptions import RequeueError
 
         dag = context["dag"]
-        run_id = context["dag_run"].run_id
+        run_id = run_id or context["dag_run"].run_id
         work = [t for t in dag.task_ids if t != self.task_id]
         cause = "its own failure" if failed_by in (None, txid) else f"txid {failed_by}'s failure"
+        scope = " and every later txid" if include_future else ""
         try:
             cleared = self._api().clear_task_instances(
                 dag.dag_id,
                 run_id,
                 work,
-                note=f"txid {txid}: attempt {attempt} failed ({cause}); re-queued",
+                include_future=include_future,
+                note=f"txid {failed_by or txid}: attempt {attempt} failed ({cause}); re-queued "
+                f"txid {txid}{scope}",
             )
         except RequeueError as err:
             raise RequeueError(
@@ -464,6 +530,30 @@ def _why_waiting(log: TransactionLog, pipeline: TxnPipeline, txid: int) -> str:
         f"window full: txids {view.window.start}..{view.window.stop - 1} in flight "
         f"(max_pending={pipeline.max_pending})"
     )
+
+
+def fail_attempt_on_task_failure(context: Context) -> None:
+    """``on_failure_callback`` of a processing task: Airflow failed the task (it raised, timed
+    out, or its process stopped heartbeating), so its attempt will report nothing: fail it now
+    rather than when its lease runs out. Best effort: the lease is the guarantee."""
+    ti = context["ti"]
+    task = context.get("task")
+    pipeline = getattr(task, "pipeline", None)
+    if pipeline is None:
+        return
+    try:
+        claim = claimed(context)
+        error = f"task {ti.task_id} (try {ti.try_number}) failed in Airflow"
+        exception = context.get("exception")
+        if exception is not None:
+            error += f": {type(exception).__name__}: {str(exception)[:500]}"
+        TxnLogHook(txn_log_conn_id=pipeline.txn_log_conn_id).get_log(migrate=False).fail(
+            pipeline.name, claim["txid"], claim["attempt"], error=error
+        )
+    except Exception:  # never mask the task's own failure; the lease catches what this misses
+        logging.getLogger(__name__).exception(
+            "pipeline=%s: could not fail the attempt of task %s", pipeline.name, ti.task_id
+        )
 
 
 def job_task_id(job: str) -> str:

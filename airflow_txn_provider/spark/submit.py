@@ -239,6 +239,7 @@ class SparkConnectRunner:
     :param transform: the transform, or a job file path whose ``transform`` to use.
     :param conn_id: the provider's ``spark_connect`` connection (``sc://host:15002``).
     :param url: a Spark Connect URL, instead of ``conn_id``.
+    :param connect_timeout: seconds to wait for an unreachable (restarting) server.
     """
 
     def __init__(
@@ -247,12 +248,14 @@ class SparkConnectRunner:
         *,
         conn_id: str = DEFAULT_SPARK_CONNECT_CONN,
         url: str | None = None,
+        connect_timeout: float = 180.0,
     ) -> None:
         if isinstance(transform, (str, os.PathLike)):
             transform = cast(Transform, load_job_module(transform).transform)
         self.transform: Transform = transform
         self.conn_id = conn_id
         self.url = url
+        self.connect_timeout = connect_timeout
         self.session: SparkSession | None = None
 
     def connection_url(self) -> str:
@@ -270,12 +273,41 @@ class SparkConnectRunner:
         # A new session per txid (create, not getOrCreate): its temp views, settings and
         # operations are its own, and interrupting it cannot touch another txid's work.
         with keep_classic_mode():
-            self.session = SparkSession.builder.remote(self.connection_url()).create()
+            self.session = self._connect(SparkSession)
             try:
                 return process_batch(self.session, txlog, job, self.transform)
             finally:
                 session, self.session = self.session, None
                 session.stop()
+
+    def _connect(self, session_class: Any) -> SparkSession:
+        """A new session, waiting (with backoff, up to ``connect_timeout`` seconds) for a Spark
+        Connect server that is restarting: a replay then runs once it is back, instead of
+        failing again at once and counting toward the poison-batch limit."""
+        from tenacity import Retrying, retry_if_exception_type, stop_after_delay
+        from tenacity import wait_random_exponential as backoff
+
+        url = self.connection_url()
+        for attempt in Retrying(
+            retry=retry_if_exception_type(Exception),
+            wait=backoff(multiplier=0.5, max=10),
+            stop=stop_after_delay(self.connect_timeout),
+            before_sleep=lambda state: log.warning(
+                "Spark Connect server %s unreachable (%s); retrying",
+                url.split(";")[0],
+                str(state.outcome.exception() if state.outcome else "")[:200],
+            ),
+            reraise=True,
+        ):
+            with attempt:
+                session = session_class.builder.remote(url).create()
+                try:
+                    session.sql("SELECT 1").collect()  # the first call reaches the server
+                except BaseException:
+                    with contextlib.suppress(Exception):
+                        session.stop()
+                    raise
+        return cast("SparkSession", session)
 
     def kill(self) -> None:
         session = self.session

@@ -3,12 +3,19 @@
 Triggers may run more than once, so this one only *reads* the log; every transition happens in
 the operators' ``execute``/``execute_complete``. Each poll loads the pipeline's view through an
 async (psycopg 3) connection and asks the coordinator's pure rules whether to wake.
+
+A trigger outlives the processes it watches, which makes it the place that notices an attempt
+whose process died: the failure sensor's trigger wakes its task when the attempt's lease runs out.
+It also rides out a restarting database (polls that fail to connect are retried with backoff for
+``outage_timeout`` seconds) instead of failing the task it waits for.
 """
 
 from __future__ import annotations
 
 import asyncio
 import enum
+import random
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,10 +24,13 @@ from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 from airflow_txn_provider.coordinator import (
     PipelineView,
     TxStatus,
+    awaits_requeue,
     commit_gate,
+    lease_expired,
     may_begin_now,
     txid_outcome,
 )
+from airflow_txn_provider.retries import DEFAULT_OUTAGE_TIMEOUT, is_transient
 
 
 class WaitFor(enum.StrEnum):
@@ -29,13 +39,24 @@ class WaitFor(enum.StrEnum):
     COMMIT_GATE = "commit_gate"
     """``txid - 1`` committed (or the attempt went stale, or the txid committed)."""
     OUTCOME = "outcome"
-    """The txid committed, or an attempt newer than ``attempt`` failed."""
+    """The txid committed, an attempt newer than ``attempt`` failed, or the current attempt's lease
+    ran out (its process is gone); with a ``requeue_timeout``, also: failed ``attempt`` could
+    replay but has waited that long for its run to be restarted (nobody re-queued it)."""
 
 
 def evaluate(
-    wait_for: WaitFor, view: PipelineView, txid: int, attempt: int
+    wait_for: WaitFor,
+    view: PipelineView,
+    txid: int,
+    attempt: int,
+    *,
+    stuck_for: float = 0.0,
+    requeue_timeout: float | None = None,
 ) -> dict[str, Any] | None:
-    """The event to fire now, or ``None`` to keep waiting (pure: unit-tested with plain views)."""
+    """The event to fire now, or ``None`` to keep waiting (pure: unit-tested with plain views).
+
+    :param stuck_for: seconds for which :func:`awaits_requeue` has held without a break.
+    """
     if wait_for is WaitFor.CAN_BEGIN:
         return {"state": "can_begin"} if may_begin_now(view, txid) else None
     if wait_for is WaitFor.COMMIT_GATE:
@@ -44,11 +65,20 @@ def evaluate(
     outcome = txid_outcome(view, txid)
     if outcome is TxStatus.COMMITTED:
         return {"state": "committed"}
+    rec = view.record(txid)
+    if rec is None:
+        return None
     if outcome is TxStatus.FAILED:
-        rec = view.record(txid)
-        assert rec is not None
         if rec.attempt > attempt:
             return {"state": "failed", "attempt": rec.attempt}
+        if (
+            requeue_timeout is not None
+            and stuck_for >= requeue_timeout
+            and awaits_requeue(view, txid, attempt)
+        ):
+            return {"state": "not_requeued", "attempt": rec.attempt}
+    elif lease_expired(rec, view.now):
+        return {"state": "lease_expired", "attempt": rec.attempt}
     return None
 
 
@@ -62,6 +92,10 @@ class TxnLogTrigger(BaseTrigger):
     :param wait_for: a :class:`WaitFor` value.
     :param end_task_on_commit: on "committed", end the waiting task successfully here in the
         triggerer (no worker slot, no task start): for a task with nothing left to do then.
+    :param requeue_timeout: ``OUTCOME`` only: also wake if the txid is still failed at ``attempt``
+        this many seconds after the watch began (``None``: never).
+    :param outage_timeout: seconds the trigger keeps polling a log it cannot reach before it
+        fails (the task's retries then take over).
     """
 
     def __init__(
@@ -74,8 +108,14 @@ class TxnLogTrigger(BaseTrigger):
         attempt: int = 0,
         poll_interval: float = 1.0,
         end_task_on_commit: bool = False,
+        requeue_timeout: float | None = None,
+        outage_timeout: float = DEFAULT_OUTAGE_TIMEOUT,
     ) -> None:
         super().__init__()
+        if not float(poll_interval) > 0:
+            raise ValueError(f"poll_interval must be > 0 seconds, got {poll_interval!r}")
+        self.requeue_timeout = None if requeue_timeout is None else float(requeue_timeout)
+        self.outage_timeout = float(outage_timeout)
         self.end_task_on_commit = bool(end_task_on_commit)
         self.txn_log_conn_id = txn_log_conn_id
         self.pipeline = pipeline
@@ -95,6 +135,8 @@ class TxnLogTrigger(BaseTrigger):
                 "wait_for": self.wait_for.value,
                 "poll_interval": self.poll_interval,
                 "end_task_on_commit": self.end_task_on_commit,
+                "requeue_timeout": self.requeue_timeout,
+                "outage_timeout": self.outage_timeout,
             },
         )
 
@@ -106,13 +148,58 @@ class TxnLogTrigger(BaseTrigger):
 
         url = await TxnLogHook(txn_log_conn_id=self.txn_log_conn_id).async_sqlalchemy_url()
         # One snapshot per poll (see TransactionLog.view): the trigger only reads.
-        engine = create_async_engine(url, pool_size=1, max_overflow=0, isolation_level=SNAPSHOT)
+        engine = create_async_engine(
+            url, pool_size=1, max_overflow=0, isolation_level=SNAPSHOT, pool_pre_ping=True
+        )
         pipeline = self.pipeline
+        stuck_since: float | None = None  # since when the txid awaits a re-queue (OUTCOME)
+        outage: float | None = None  # when the log became unreachable
+        failures = 0
         try:
             while True:
-                async with engine.connect() as conn:
-                    view = await conn.run_sync(lambda c: load_view(c, pipeline))
-                event = evaluate(self.wait_for, view, self.txid, self.attempt)
+                try:
+                    async with engine.connect() as conn:
+                        view = await conn.run_sync(lambda c: load_view(c, pipeline))
+                except Exception as err:
+                    if not is_transient(err):
+                        raise
+                    outage = outage or time.monotonic()
+                    down = time.monotonic() - outage
+                    if down > self.outage_timeout:
+                        raise
+                    failures += 1
+                    pause = min(10.0, self.poll_interval * 2 ** min(failures, 4))
+                    pause *= random.uniform(0.5, 1.0)
+                    self.log.warning(
+                        "pipeline=%s txid=%s: the transaction log is unreachable for %.0f s of "
+                        "at most %.0f (%s); polling again in %.1f s",
+                        pipeline,
+                        self.txid,
+                        down,
+                        self.outage_timeout,
+                        str(err).strip().splitlines()[0][:200],
+                        pause,
+                    )
+                    await asyncio.sleep(pause)
+                    continue
+                if outage is not None:
+                    self.log.info("pipeline=%s: the transaction log is back", pipeline)
+                    outage, failures = None, 0
+                now = time.monotonic()
+                if self.requeue_timeout is not None and awaits_requeue(
+                    view, self.txid, self.attempt
+                ):
+                    stuck_since = stuck_since or now
+                else:
+                    stuck_since = None
+                event = evaluate(
+                    self.wait_for,
+                    view,
+                    self.txid,
+                    self.attempt,
+                    stuck_for=0.0 if stuck_since is None else now - stuck_since,
+                    requeue_timeout=self.requeue_timeout,
+                )
                 if event is not None:
                     self.log.info("pipeline=%s txid=%s: %s", pipeline, self.txid, event)
                     if self.end_task_on_commit and event["state"] == "committed":

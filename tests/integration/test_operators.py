@@ -117,8 +117,10 @@ class ClearRecorder:
     def __init__(self, conn_id):
         self.conn_id = conn_id
 
-    def clear_task_instances(self, dag_id, run_id, task_ids, note=None):
-        ClearRecorder.calls.append((self.conn_id, dag_id, run_id, sorted(task_ids), note))
+    def clear_task_instances(self, dag_id, run_id, task_ids, include_future=False, note=None):
+        ClearRecorder.calls.append(
+            (self.conn_id, dag_id, run_id, sorted(task_ids), include_future, note)
+        )
         return sorted(task_ids)
 
     def set_run_note(self, dag_id, run_id, note):
@@ -151,16 +153,25 @@ def test_failure_sensor_restarts_its_run_then_stops_a_poison_batch(dag, clears):
         watch.on_failure(ctx, {"state": "failed", "attempt": 1}, own_failures=0)
     assert deferred.value.kwargs == {"own_failures": 1}
     assert deferred.value.trigger.attempt == 1  # next wake: a newer attempt's outcome
-    (conn_id, dag_id, run_id, tasks, note) = clears[-1]
-    assert (conn_id, dag_id, run_id) == ("airflow_api_default", "ops", "txid-000001")
+    # one request re-queues the whole cascade: this run and every later one (Clear -> Future)
+    (conn_id, dag_id, run_id, tasks, future, note) = clears[-1]
+    assert (conn_id, dag_id, run_id, future) == ("airflow_api_default", "ops", "txid-000001", True)
     assert "watch_failures" not in tasks and {"begin", "commit"} <= set(tasks)
-    assert "attempt 1 failed (its own failure)" in note
+    assert "attempt 1 failed (its own failure)" in note and "every later txid" in note
+    assert deferred.value.trigger.requeue_timeout is not None  # a lost re-queue is noticed
 
-    # txid 2 failed in the cascade: its sensor restarts its run without counting it
+    # txid 2 failed in the cascade: its sensor leaves the re-queue to txid 1's and keeps watching
     with pytest.raises(TaskDeferred) as deferred:
         watch.on_failure(_context(2, dag=dag), {"state": "failed"}, own_failures=0)
     assert deferred.value.kwargs == {"own_failures": 0}
-    assert "txid 1's failure" in clears[-1][4]
+    assert deferred.value.trigger.requeue_timeout is not None
+    assert len(clears) == 1
+
+    # ... unless that re-queue never came: then it restarts its own run, alone
+    with pytest.raises(TaskDeferred):
+        watch.on_failure(_context(2, dag=dag), {"state": "not_requeued", "attempt": 1})
+    (_, _, run_id, _, future, note) = clears[-1]
+    assert (run_id, future) == ("txid-000002", False) and "txid 1's failure" in note
 
     begin.execute(_context(1))  # attempt 2, fails again: max_attempts=3 allows one more
     log.fail("ops", 1, 2, error="boom again")
@@ -171,7 +182,8 @@ def test_failure_sensor_restarts_its_run_then_stops_a_poison_batch(dag, clears):
     with pytest.raises(TaskDeferred) as stop:
         watch.on_failure(ctx, {"state": "failed"}, own_failures=2)
     # a poison batch: the run is not restarted; it stays (keeping its slot) with a note saying why
-    assert len(clears) == 3
+    assert len(clears) == 4
+    assert clears[-1][2:5:2] == ("txid-000002", True)  # the later runs wait for it, re-queued
     ((dag_id, run_id, note),) = ClearRecorder.notes
     assert (dag_id, run_id) == ("ops", "txid-000001")
     assert "txid=1 attempt=3: POISON BATCH" in note and "failed 3 times" in note

@@ -57,8 +57,8 @@ def test_requeue_set_leaves_txids_failed_by_someone_else():
         (7, 1, 3, FailureResponse.REQUEUE),
         (7, 2, 3, FailureResponse.STOP),  # third own failure: poison
         (7, 0, 1, FailureResponse.STOP),  # no retries at all
-        (5, 2, 3, FailureResponse.REQUEUE),  # a cascade never counts
-        (5, 99, 1, FailureResponse.REQUEUE),
+        (5, 2, 3, FailureResponse.LEAVE_TO_ORIGIN),  # a cascade never counts: 5 re-queues it
+        (5, 99, 1, FailureResponse.LEAVE_TO_ORIGIN),
         (None, 2, 3, FailureResponse.STOP),  # failure from before failed_by existed: its own
     ],
 )

@@ -125,3 +125,46 @@ def test_trigger_wakes_when_previous_txid_commits(txlog, db_url, monkeypatch):
 
     event = asyncio.run(scenario())
     assert event.payload == {"state": "open", "txid": 2}
+
+
+def test_evaluate_wakes_the_failure_sensor_when_the_lease_runs_out():
+    from tests.unit.test_coordinator import NOW, leased
+
+    alive = leased(((1, 1, DONE, None), (2, 3, PROC, 5)))
+    gone = leased(((1, 1, DONE, None), (2, 3, PROC, -1)))
+    assert evaluate(WaitFor.OUTCOME, alive, 2, 2) is None
+    assert evaluate(WaitFor.OUTCOME, gone, 2, 2) == {"state": "lease_expired", "attempt": 3}
+    assert evaluate(WaitFor.OUTCOME, gone, 1, 0) is None  # processed: no lease to lose
+    assert NOW == gone.now
+
+
+def test_evaluate_wakes_a_watch_whose_requeue_never_came():
+    failed = view((1, 2, PROC), (2, 1, FAIL))
+    blocked = view((1, 2, FAIL), (2, 1, FAIL))
+    for stuck_for, timeout, expected in [
+        (59, 60, None),
+        (60, 60, "not_requeued"),
+        (1e9, None, None),
+    ]:
+        got = evaluate(WaitFor.OUTCOME, failed, 2, 1, stuck_for=stuck_for, requeue_timeout=timeout)
+        assert (got or {}).get("state") == expected
+    # held back by txid 1 (failed, not yet replayed): waiting is right, whatever the time
+    assert evaluate(WaitFor.OUTCOME, blocked, 2, 1, stuck_for=1e9, requeue_timeout=60) is None
+
+
+def test_awaits_requeue():
+    from airflow_txn_provider.coordinator import awaits_requeue
+
+    v = view((1, 2, PROC), (2, 1, FAIL), (3, 1, FAIL))
+    assert awaits_requeue(v, 2, 1)
+    assert not awaits_requeue(v, 3, 1)  # 2 must replay first
+    assert not awaits_requeue(v, 2, 0)  # a newer failure: handled as a failure, not a stall
+    assert not awaits_requeue(v, 1, 2)  # alive
+
+
+def test_trigger_refuses_a_non_positive_poll_interval():
+    for bad in (0, -1.0):
+        with pytest.raises(ValueError, match="poll_interval must be > 0"):
+            TxnLogTrigger(
+                txn_log_conn_id="c", pipeline="p", txid=1, wait_for="outcome", poll_interval=bad
+            )
