@@ -105,6 +105,13 @@ class AirflowApiHook(BaseHook):
             {f"{ti['dag_run_id']}: {ti['task_id']}" for ti in found.get("task_instances", [])}
         )
 
+    def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
+        """The task instances of one run (``task_id``, ``state``, …)."""
+        found = self.request(
+            "GET", f"/api/v2/dags/{quote(dag_id)}/dagRuns/{quote(run_id)}/taskInstances"
+        )
+        return list(found.get("task_instances", []))
+
     def set_run_note(self, dag_id: str, run_id: str, note: str) -> None:
         """The note the grid shows on a run."""
         self.request(

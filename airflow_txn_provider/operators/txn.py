@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -30,6 +31,20 @@ if TYPE_CHECKING:
 
 BEGIN_TASK_ID = "begin"
 WATCH_TASK_ID = "watch_failures"
+SETTLE_TIMEOUT = 120.0
+"""Seconds a re-queue waits for the failed runs' tasks to stop before it clears them anyway."""
+BUSY_STATES = frozenset(
+    {
+        "running",
+        "queued",
+        "scheduled",
+        "restarting",
+        "up_for_retry",
+        "up_for_reschedule",
+        "deferred",
+    }
+)
+"""Task-instance states in which Airflow's scheduler or triggerer may be updating the task."""
 REQUEUE_TIMEOUT = 60.0
 """Seconds a failed txid that could replay waits for its run to be restarted by the cascade's
 origin before its own failure sensor restarts it (the origin's request was lost)."""
@@ -483,12 +498,25 @@ class TxnFailureSensor(_TxnOperator):
     ) -> None:
         """Restart the work of this run (or ``run_id``), and with ``include_future`` of every
         later txid's run too, in one REST request: Clear with "Future", as a person would. The
-        failure sensors are not cleared: each keeps watching its own txid."""
+        failure sensors are not cleared: each keeps watching its own txid.
+
+        First it waits (up to ``SETTLE_TIMEOUT``) until the failed txids' tasks have settled: a
+        commit gate whose attempt went stale is failing, a processing task whose lease was lost is
+        stopping. Clearing a task instance while the scheduler or the triggerer is updating it
+        makes theirs fail with ``StaleDataError``, which kills that Airflow component.
+        """
+        from airflow_txn_provider.coordinator import requeue_set
         from airflow_txn_provider.exceptions import RequeueError
 
         dag = context["dag"]
         run_id = run_id or context["dag_run"].run_id
         work = [t for t in dag.task_ids if t != self.task_id]
+        if include_future:
+            view = self.txn_log().view(self.pipeline.name)
+            failed = [t for t in requeue_set(view, failed_by or txid) if t >= txid] or [txid]
+        else:
+            failed = [txid]
+        self._wait_until_settled(dag.dag_id, [txid_run_id(t) for t in failed], work)
         cause = "its own failure" if failed_by in (None, txid) else f"txid {failed_by}'s failure"
         scope = " and every later txid" if include_future else ""
         try:
@@ -508,6 +536,26 @@ class TxnFailureSensor(_TxnOperator):
                 attempt=attempt,
             ) from None
         self.log.info("restarted run %s: cleared %s", run_id, cleared)
+
+    def _wait_until_settled(
+        self, dag_id: str, run_ids: Sequence[str], tasks: Sequence[str]
+    ) -> None:
+        api = self._api()
+        deadline = time.monotonic() + SETTLE_TIMEOUT
+        while True:
+            busy = [
+                f"{run_id}.{ti['task_id']} ({ti['state']})"
+                for run_id in run_ids
+                for ti in api.task_instances(dag_id, run_id)
+                if ti["task_id"] in tasks and ti["state"] in BUSY_STATES
+            ]
+            if not busy:
+                return
+            if time.monotonic() > deadline:
+                self.log.warning("restarting runs although still busy: %s", ", ".join(busy))
+                return
+            self.log.info("waiting for the failed runs' tasks to settle: %s", ", ".join(busy))
+            time.sleep(1.0)
 
 
 def _last_error(log: TransactionLog, pipeline: str, txid: int) -> str:

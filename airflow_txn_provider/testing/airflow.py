@@ -4,6 +4,11 @@ Starts ``airflow db migrate``, then the scheduler (LocalExecutor), dag-processor
 api-server as separate processes, each in its own process group with its log in ``home/logs``,
 on a Postgres metadata database. Login is Airflow's simple auth manager with one admin user.
 Nothing listens anywhere but 127.0.0.1.
+
+Like a production deployment (systemd ``Restart=always``, Kubernetes), the stack restarts a
+component that exits by itself (:attr:`AirflowStack.restarts` counts it); a component stopped
+on purpose (:meth:`AirflowStack.kill`) stays down until :meth:`AirflowStack.start_component`.
+The Airflow settings that bound how fast a deployment heals are :data:`HEALING_SETTINGS`.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,6 +30,20 @@ from airflow_txn_provider.testing.postgres import free_port
 
 COMPONENTS = ("scheduler", "dag-processor", "triggerer", "api-server")
 ADMIN_USER = "admin"
+
+HEALING_SETTINGS = {
+    # A restarted scheduler resets the task instances of a dead one (LocalExecutor's tasks die
+    # with it) once that one's heartbeat is this old, checking this often: ~30 s, not 5 minutes.
+    "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": "15",
+    "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "15",
+    # A task whose process died without its scheduler is failed (then retried) after 60 s.
+    "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "60",
+    "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "5",
+    # A restarted triggerer takes over a dead one's triggers once it has been silent this long.
+    "AIRFLOW__TRIGGERER__TRIGGERER_HEALTH_CHECK_THRESHOLD": "15",
+}
+"""Airflow settings that bound the time to heal after a scheduler, triggerer or worker dies
+(docs/airflow.md, "Faults and how long they take to heal"); the demo and docker/ set them too."""
 
 
 def connection_env(conn_id: str, **fields: Any) -> dict[str, str]:
@@ -72,6 +92,10 @@ class AirflowStack:
         self.port = port or free_port()
         self.parallelism = parallelism
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.restarts: dict[str, int] = dict.fromkeys(COMPONENTS, 0)
+        """Times each component exited by itself and was started again."""
+        self._down: set[str] = set()  # stopped on purpose: not restarted
+        self._lock = threading.Lock()
 
     @property
     def url(self) -> str:
@@ -103,6 +127,7 @@ class AirflowStack:
             "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "10",
             "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.2",
             "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "1",
+            **HEALING_SETTINGS,
             "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
             "AIRFLOW_CONN_AIRFLOW_API_DEFAULT": json.dumps(
                 {
@@ -139,8 +164,19 @@ class AirflowStack:
         (self.home / "passwords.json").write_text(json.dumps({ADMIN_USER: self.password}))
         self.airflow("db", "migrate")
         for name in COMPONENTS:
-            args = [name] + (["--port", str(self.port)] if name == "api-server" else [])
-            log = open(self.home / "logs" / f"{name}.log", "ab")  # the child keeps it open
+            self.start_component(name)
+        self.wait_healthy(timeout)
+        threading.Thread(target=self._supervise, name="airflow-supervisor", daemon=True).start()
+        return self
+
+    def start_component(self, name: str) -> None:
+        """Start one component (again)."""
+        args = [name] + (["--port", str(self.port)] if name == "api-server" else [])
+        log = open(self.home / "logs" / f"{name}.log", "ab")  # the child keeps it open
+        with self._lock:
+            if self._stopping:  # the supervisor lost a race with stop(): start nothing
+                log.close()
+                return
             self.procs[name] = subprocess.Popen(
                 [str(Path(sys.executable).parent / "airflow"), *args],
                 env=self.env(),
@@ -149,9 +185,37 @@ class AirflowStack:
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-            log.close()
-        self.wait_healthy(timeout)
-        return self
+            self._down.discard(name)
+        log.close()
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Stop one component's whole process group (SIGKILL: a crash, with the task processes a
+        LocalExecutor scheduler runs); it stays down until :meth:`start_component`."""
+        with self._lock:
+            self._down.add(name)
+            proc = self.procs[name]
+        _signal_group(proc, sig)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            _signal_group(proc, signal.SIGKILL)
+            proc.wait(10)
+
+    def _supervise(self) -> None:
+        while not self._stopping:
+            time.sleep(1)
+            for name in COMPONENTS:
+                with self._lock:
+                    proc = self.procs.get(name)
+                    if self._stopping or proc is None or name in self._down:
+                        continue
+                    code = proc.poll()
+                    if code is None:
+                        continue
+                    self.restarts[name] += 1
+                with open(self.home / "logs" / f"{name}.log", "a") as out:
+                    out.write(f"\n--- supervisor: {name} exited {code}; restarting\n")
+                self.start_component(name)
 
     def wait_healthy(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -172,7 +236,7 @@ class AirflowStack:
 
     def _check_alive(self) -> None:
         for name, proc in self.procs.items():
-            if proc.poll() is not None:
+            if proc.poll() is not None and name not in self._down:
                 raise RuntimeError(f"airflow {name} exited {proc.returncode}\n{self.tail(name)}")
 
     def tail(self, *names: str, lines: int = 40) -> str:
@@ -187,8 +251,12 @@ class AirflowStack:
     def client(self) -> AirflowClient:
         return AirflowClient(self.url, ADMIN_USER, self.password)
 
+    _stopping = False
+
     def stop(self, timeout: float = 30) -> None:
         """SIGINT each component's process group (as Ctrl-C does), SIGKILL what is left."""
+        with self._lock:
+            self._stopping = True
         for proc in self.procs.values():
             _signal_group(proc, signal.SIGINT)
         deadline = time.monotonic() + timeout

@@ -7,8 +7,11 @@ process it started (JVMs, Python workers) and nothing else.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
+import signal
 import subprocess
 import tempfile
 import time
@@ -175,6 +178,17 @@ class SparkConnectServer:
     def stop(self) -> None:
         if self._proc is not None:
             self._proc.stop()
+            self._proc = None
+
+    def kill(self) -> None:
+        """SIGKILL the server's whole process group (a crash: nothing is shut down cleanly).
+        :meth:`start` brings a new server up on the same port."""
+        if self._proc is not None and self._proc.popen is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self._proc.popen.pid, signal.SIGKILL)
+            self._proc.popen.wait(30)
+            if self._proc._out is not None:
+                self._proc._out.close()
             self._proc = None
 
     def __enter__(self) -> SparkConnectServer:
