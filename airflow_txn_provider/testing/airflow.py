@@ -13,6 +13,7 @@ The Airflow settings that bound how fast a deployment heals are :data:`HEALING_S
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -194,6 +195,11 @@ class AirflowStack:
         with self._lock:
             self._down.add(name)
             proc = self.procs[name]
+        # Its task processes too, wherever their process group is (a LocalExecutor's tasks die
+        # with their scheduler: that is the fault).
+        for pid in _descendants(proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
         _signal_group(proc, sig)
         try:
             proc.wait(30)
@@ -284,6 +290,26 @@ def _psycopg3(url: str) -> str:
     from sqlalchemy.engine import make_url
 
     return make_url(url).set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (from /proc), children first."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+            children.setdefault(ppid, []).append(int(entry.name))
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:

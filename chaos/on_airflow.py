@@ -1,0 +1,363 @@
+"""The chaos suite on a real Airflow: one fault per run, at a seeded moment, then the pipeline
+must heal by itself.
+
+One deployment serves every run: Airflow's scheduler (LocalExecutor), dag-processor, triggerer
+and api-server on their own durable Postgres (the metadata database), a second durable Postgres
+for the transaction log, and a Spark Connect server, all on 127.0.0.1. Each run has its own
+pipeline (a word count over 2 Parquet partitions, max_pending 4, ``TXIDS`` txids) and is unpaused
+alone; a fault is injected once a txid is processing (plus a seeded delay), and then nobody
+touches anything. The run recovered if every txid committed within ``BOUND`` seconds, commits
+went strictly in txid order, the committed batches tile the data, nothing is left in flight, and
+the state equals word counts computed in plain Python from the data.
+
+Time to recover: from the fault to the commit of the last txid that was in flight at the fault
+(that txid's ``committed_at``, the log's clock, which is this machine's).
+
+    python chaos/on_airflow.py --seed 7 --faults kill_processing,kill_scheduler --repeat 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script: the repository's packages
+    sys.path.insert(0, str(ROOT))
+
+from chaos.report import FaultResult, print_table  # noqa: E402
+
+TXIDS = 8
+BATCH = 20
+"""Lines per partition per txid (2 partitions)."""
+BOUND = 420.0
+"""Seconds a run may take to commit every txid after its fault."""
+
+FAULTS = (
+    "kill_processing",
+    "kill_spark_connect",
+    "restart_log_postgres",
+    "restart_metadata_postgres",
+    "stop_api_server",
+    "kill_scheduler",
+    "kill_triggerer",
+    "cascade_herd",
+)
+"""Every fault the suite knows, in the order the table lists them."""
+
+_PID = re.compile(r"pid (\d+)\)")
+
+
+@dataclass
+class Deployment:
+    """What the runs share: two Postgres servers, Spark Connect and Airflow."""
+
+    log_pg: Any
+    meta_pg: Any
+    connect: Any
+    stack: Any
+    log_url: str
+    workdir: Path
+
+    def api(self) -> Any:
+        return self.stack.client()
+
+
+@dataclass(frozen=True)
+class Plan:
+    fault: str
+    seed: int
+    name: str
+    data: dict[str, list[str]]
+
+
+def plan_runs(faults: Sequence[str], seed: int, repeat: int = 1) -> list[Plan]:
+    """Runs to make: each fault ``repeat`` times, each with a seed drawn from ``seed``."""
+    from tests.spark_data import random_lines
+
+    rng = random.Random(seed)
+    plans = []
+    for round_ in range(repeat):
+        for fault in faults:
+            if fault not in FAULTS:
+                raise ValueError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
+            run_seed = rng.randrange(1 << 30)
+            data = {p: random_lines(run_seed + i, TXIDS * BATCH) for i, p in enumerate("01")}
+            name = f"chaos_{fault}_{round_}"
+            plans.append(Plan(fault, run_seed, name, data))
+    return plans
+
+
+def start(plans: Sequence[Plan], workdir: Path) -> Deployment:
+    """Start the deployment with one DAG per planned run (all paused)."""
+    from sqlalchemy import create_engine, text
+
+    from airflow_txn_provider.testing.airflow import AirflowStack, txn_log_connection_env
+    from airflow_txn_provider.testing.postgres import EmbeddedPostgres
+    from airflow_txn_provider.testing.spark import SparkConnectServer
+    from tests.spark_data import parquet_dataset
+
+    # Durable: a crash of either server keeps every commit it acknowledged.
+    log_pg = EmbeddedPostgres(workdir / "log-pg", durable=True).start()
+    meta_pg = EmbeddedPostgres(workdir / "meta-pg", durable=True).start()
+    admin = create_engine(meta_pg.url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text("CREATE DATABASE airflow"))
+    admin.dispose()
+    meta_url = meta_pg.url.rsplit("/", 1)[0] + "/airflow"
+    connect = SparkConnectServer(workdir=workdir / "connect").start()
+    runs = []
+    for plan in plans:
+        data = parquet_dataset(workdir / "data" / plan.name, plan.data)
+        runs.append({"name": plan.name, "data": str(data), "batch": BATCH})
+    env = {
+        "TXN_CHAOS_RUNS": json.dumps(runs),
+        **txn_log_connection_env("txn_log_default", log_pg.url),
+        "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": connect.url,
+    }
+    stack = AirflowStack(workdir / "airflow", meta_url, ROOT / "chaos" / "dags", env=env)
+    stack.start()
+    deployment = Deployment(log_pg, meta_pg, connect, stack, log_pg.url, workdir)
+    api = deployment.api()
+    for plan in plans:
+        api.wait_for_dag(plan.name)
+    return deployment
+
+
+def stop(deployment: Deployment) -> None:
+    deployment.stack.stop()
+    deployment.connect.stop()
+    deployment.meta_pg.stop()
+    deployment.log_pg.stop()
+
+
+# -- faults ------------------------------------------------------------------------------------
+
+
+def _processing_holder(log: Any, pipeline: str, at_least: int) -> tuple[int, int] | None:
+    """A txid >= ``at_least`` whose processing task holds its lease now: (txid, task pid)."""
+    for info in log.transactions(pipeline):
+        if info.txid >= at_least and info.status.value == "processing" and info.lease_holder:
+            match = _PID.search(info.lease_holder)
+            if match:
+                return info.txid, int(match.group(1))
+    return None
+
+
+def _wait(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+        except Exception:  # a service this run broke on purpose: ask again
+            value = None
+        if value:
+            return value
+        time.sleep(0.25)
+    raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def inject(
+    deployment: Deployment, plan: Plan, log: Any, rng: random.Random
+) -> tuple[str, datetime]:
+    """Wait for the fault's moment, cause it; return what was done and when it began."""
+    d, name = deployment, plan.name
+    if plan.fault == "cascade_herd":
+        # Three txids fail once each, late: each failure cascades over the txids in flight
+        # behind it, and each cascade re-queues max_pending runs at once.
+        txids = sorted(rng.sample(range(2, TXIDS), 3))
+        d.api().set_variable(
+            f"txn_inject_failure__{name}", ",".join(f"{t}@{rng.uniform(2, 4):.1f}" for t in txids)
+        )
+        return f"txids {txids} fail once each, late", datetime.now(UTC)
+    txid, pid = _wait(
+        lambda: _processing_holder(log, name, rng.randint(1, 3)), 240, "a processing task"
+    )
+    time.sleep(rng.uniform(0, 1.5))
+    began = datetime.now(UTC)
+    if plan.fault == "kill_processing":
+        os.kill(pid, signal.SIGKILL)
+        return f"SIGKILL of txid {txid}'s processing task (pid {pid})", began
+    if plan.fault == "kill_spark_connect":
+        d.connect.kill()
+        time.sleep(5)
+        d.connect.start()
+        return (
+            f"Spark Connect server SIGKILLed while txid {txid} processed, back 5 s later",
+            began,
+        )
+    if plan.fault == "restart_log_postgres":
+        down = rng.uniform(15, 25)
+        d.log_pg.restart(down)
+        return (f"the log's Postgres crashed (immediate stop) for {down:.0f} s", began)
+    if plan.fault == "restart_metadata_postgres":
+        down = rng.uniform(10, 20)
+        d.meta_pg.restart(down)
+        return (f"Airflow's metadata Postgres crashed (immediate stop) for {down:.0f} s", began)
+    if plan.fault == "stop_api_server":
+        d.stack.kill("api-server", signal.SIGTERM)
+        time.sleep(30)
+        d.stack.start_component("api-server")
+        return ("api-server stopped for 30 s", began)
+    component = {"kill_scheduler": "scheduler", "kill_triggerer": "triggerer"}[plan.fault]
+    d.stack.kill(component)
+    time.sleep(3)
+    d.stack.start_component(component)
+    return (
+        f"{component} SIGKILLed (with its task processes) at txid {txid}, back 3 s later",
+        began,
+    )
+
+
+# -- one run -----------------------------------------------------------------------------------
+
+
+def run_one(deployment: Deployment, plan: Plan) -> FaultResult:
+    """Unpause the run's pipeline, cause its fault, wait for it to heal, check it against ground
+    truth."""
+    from airflow_txn_provider.state import MapState
+    from airflow_txn_provider.transaction_log import TransactionLog
+    from tests.spark_data import word_counts
+
+    rng = random.Random(plan.seed)
+    log = TransactionLog.from_url(deployment.log_url)
+    restarts_before = dict(deployment.stack.restarts)
+    deployment.api().unpause(plan.name)
+    detail = ""
+    try:
+        detail, fault_at = inject(deployment, plan, log, rng)
+        in_flight = [t.txid for t in log.transactions(plan.name) if t.status.value != "committed"]
+        if plan.fault == "cascade_herd":  # the moment of the first own failure
+            fault_at = _wait(lambda: _first_failure(log, plan.name), 240, "the first failure")
+            in_flight = list(range(1, TXIDS + 1))
+        _wait(lambda: log.last_committed(plan.name) >= TXIDS, BOUND, "every txid to commit")
+        recovered = True
+    except TimeoutError as err:
+        recovered, fault_at, in_flight = False, datetime.now(UTC), []
+        detail = f"{detail}; {err}"
+    finally:
+        try:
+            deployment.api().pause(plan.name)
+        except Exception:  # the api-server may be the fault; the run is judged all the same
+            pass
+
+    infos = log.transactions(plan.name)
+    committed = [i for i in infos if i.status.value == "committed"]
+    problems = []
+    if [i.txid for i in committed] != list(range(1, len(committed) + 1)):
+        problems.append("commits are not txids 1..n")
+    stamps = [i.committed_at for i in committed]
+    if stamps != sorted(stamps):
+        problems.append("commits out of txid order")
+    if [i.metadata for i in committed[:TXIDS]] != [
+        {p: [BATCH * (t - 1), BATCH * t] for p in "01"}
+        for t in range(1, len(committed[:TXIDS]) + 1)
+    ]:
+        problems.append("committed batches do not tile the data")
+    if any(i.status.value != "committed" for i in infos[:TXIDS]):
+        problems.append("a txid is left in flight")
+    herd_restarts = {k: v - restarts_before[k] for k, v in deployment.stack.restarts.items()}
+    if plan.fault in ("cascade_herd", "kill_processing", "restart_log_postgres") and any(
+        herd_restarts.values()
+    ):
+        problems.append(f"an Airflow component died and was restarted: {herd_restarts}")
+
+    truth = word_counts(
+        line for lines in plan.data.values() for line in lines[: BATCH * len(committed)]
+    )
+    state = MapState(plan.name, f"{plan.name}_counts", keys={"word": "text"})
+    with log.engine.connect() as conn:
+        got = Counter({k[0]: v for k, v in state.items(conn).items()})
+    lost = sum((truth - got).values())
+    doubled = sum((got - truth).values())
+    seconds = None
+    if recovered and not problems:
+        last = max((i.committed_at for i in committed if i.txid in in_flight), default=None)
+        seconds = max(0.0, (last - fault_at).total_seconds()) if last else 0.0
+    replays = sum(len(log.attempts(plan.name, t)) - 1 for t in range(1, TXIDS + 1))
+    log.engine.dispose()
+    return FaultResult(
+        fault=plan.fault,
+        seed=plan.seed,
+        recovered=recovered and not problems,
+        seconds_to_recover=seconds,
+        records_lost=lost,
+        records_doubled=doubled,
+        detail="; ".join([detail, *problems, f"{replays} replays"]),
+    )
+
+
+def _first_failure(log: Any, pipeline: str) -> datetime | None:
+    ends = [
+        a.ended_at
+        for t in range(1, TXIDS + 1)
+        for a in log.attempts(pipeline, t)
+        if a.status.value == "failed" and a.failed_by == t
+    ]
+    return min(ends) if ends else None
+
+
+def run_suite(
+    faults: Sequence[str], seed: int, *, repeat: int = 1, workdir: Path | None = None
+) -> list[FaultResult]:
+    """Plan, start one deployment, run every plan in order, stop; print one line per run."""
+    plans = plan_runs(faults, seed, repeat)
+    print(f"chaos on Airflow: seed {seed}, faults {','.join(faults)}, repeat {repeat}", flush=True)
+    owned = workdir is None
+    workdir = Path(workdir or tempfile.mkdtemp(prefix="txn-chaos-airflow-"))
+    os.chmod(workdir, 0o755)  # the Postgres servers run as user postgres
+    deployment = start(plans, workdir)
+    results = []
+    try:
+        for plan in plans:
+            started = time.monotonic()
+            result = run_one(deployment, plan)
+            results.append(result)
+            took = result.seconds_to_recover
+            print(
+                f"  {plan.fault:<26} seed {plan.seed:<10} {'ok ' if result.ok else 'FAIL'} "
+                f"recovered in {'-' if took is None else f'{took:.1f}'} s "
+                f"(run {time.monotonic() - started:.0f} s): {result.detail}",
+                flush=True,
+            )
+            if not result.ok:
+                print(deployment.stack.tail(lines=60), flush=True)
+    finally:
+        stop(deployment)
+        if owned:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return results
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seed", type=int, default=None, help="master seed (default: random)")
+    parser.add_argument("--faults", default=",".join(FAULTS))
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each fault")
+    args = parser.parse_args(argv)
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
+    results = run_suite(args.faults.split(","), seed, repeat=args.repeat)
+    print_table(results)
+    print(
+        f"replay with: python chaos/on_airflow.py --seed {seed} --faults {args.faults} "
+        f"--repeat {args.repeat}"
+    )
+    return 0 if all(r.ok for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

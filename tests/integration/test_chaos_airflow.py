@@ -1,0 +1,27 @@
+"""The chaos suite on a real Airflow, the fixed-seed subset CI runs (``make chaos`` runs all of it).
+
+One fault per run, each on its own pipeline of one deployment (scheduler with LocalExecutor,
+dag-processor, triggerer, api-server, two durable Postgres servers, Spark Connect): a processing
+task SIGKILLed mid-job, a herd of cascades (three txids fail, each re-queueing max_pending runs),
+the log's Postgres crashed for ~20 s, and the scheduler SIGKILLed with its task processes. Each
+must heal with nobody touching anything, commit every txid in order, and leave a state equal to
+word counts computed in plain Python.
+"""
+
+from __future__ import annotations
+
+from chaos.on_airflow import run_suite
+from chaos.report import print_table
+
+SEED = 2026
+FAULTS = ["kill_processing", "cascade_herd", "restart_log_postgres", "kill_scheduler"]
+
+
+def test_a_real_airflow_heals_from_each_fault():
+    print(f"seed {SEED}")
+    results = run_suite(FAULTS, SEED)  # in a folder of its own: Postgres runs as user postgres
+    print_table(results, title=f"chaos on Airflow (seed {SEED})")
+    assert [r.fault for r in results] == FAULTS
+    failed = [r for r in results if not r.ok]
+    assert not failed, "\n".join(f"{r.fault} seed {r.seed}: {r.detail}" for r in failed)
+    assert all(r.records_lost == 0 and r.records_doubled == 0 for r in results)
