@@ -198,3 +198,28 @@ def test_failure_sensor_skips_manual_runs(dag):
     ctx = {"dag_run": SimpleNamespace(run_id="manual__x", conf={"txid": 1}), "ti": FakeTI()}
     with pytest.raises(AirflowSkipException, match="manual run"):
         dag.get_task("watch_failures").execute(ctx)
+
+
+def test_a_requeue_waits_for_the_failed_runs_to_settle(dag, clears, monkeypatch):
+    """The clear comes only once no task of a failed run is running or deferred: clearing a task
+    instance that Airflow's scheduler or triggerer is updating kills that component."""
+    import airflow_txn_provider.operators.txn as txn
+
+    polls = []
+
+    def task_instances(self, dag_id, run_id):
+        polls.append((run_id, len(clears)))
+        busy = sum(1 for r, _ in polls if r == run_id) <= 2  # busy on the first two looks
+        return [{"task_id": "commit_gate", "state": "deferred" if busy else "failed"}]
+
+    monkeypatch.setattr(ClearRecorder, "task_instances", task_instances)
+    monkeypatch.setattr(txn.time, "sleep", lambda s: None)
+    begin, watch = dag.get_task("begin"), dag.get_task("watch_failures")
+    ctx = _context(1, begin.execute(_context(1)), dag=dag)
+    begin.execute(_context(2))
+    begin.txn_log().fail("ops", 1, 1, error="boom")
+    with pytest.raises(TaskDeferred):
+        watch.on_failure(ctx, {"state": "failed", "attempt": 1}, own_failures=0)
+    assert {r for r, _ in polls} == {"txid-000001", "txid-000002"}  # both failed runs looked at
+    assert all(n == 0 for _, n in polls), "cleared before the runs settled"
+    assert len(clears) == 1 and clears[0][4] is True
