@@ -33,6 +33,8 @@ from airflow_txn_provider.spark.sources import DEFAULT_VOCABULARY, LandingDirect
 
 EXAMPLES_DATA_ENV = "TXN_EXAMPLES_DATA"
 _STARTED = "_producer.json"
+_NEXT_SEQ = ".next_seq"
+"""Per partition folder: the next file number the simulated producer writes."""
 
 
 def examples_data_dir() -> Path:
@@ -92,14 +94,31 @@ class SimulatedLandingSource(LandingDirectorySource):
         started = float(json.loads(marker.read_text())["started"])
         due = int((now - started) * self.files_per_minute / 60) + 1
         written = 0
-        for partition in sorted(self.latest_offsets()):  # online partitions only
-            have = max(self.files(partition), default=-1) + 1
+        for partition in self.online_partitions():
+            folder = root / partition
+            # Numbering continues from the producer's own counter, not from the files present:
+            # once consumed files are deleted, numbering from 0 again would land files the
+            # source has already gone past.
+            counter = folder / _NEXT_SEQ
+            recorded = int(counter.read_text()) if counter.exists() else 0
+            have = max(recorded, max(self.files(partition), default=-1) + 1)
             # A partition back from an outage resumes, without flooding a whole outage at once.
-            for seq in range(have, min(due, have + self.max_files_per_partition)):
+            end = max(have, min(due, have + self.max_files_per_partition))
+            for seq in range(have, end):
                 text = "\n".join(landing_lines(partition, seq, self.lines_per_file)) + "\n"
-                _write_whole(root / partition / f"{seq}.jsonl", text)
+                _write_whole(folder / f"{seq}.jsonl", text)
                 written += 1
+            if end != recorded:
+                _write_whole(counter, str(end))
         return written
+
+    def online_partitions(self) -> list[str]:
+        """The partition folders present (not taken offline), empty ones included."""
+        return sorted(
+            e.name
+            for e in os.scandir(self.path)
+            if e.is_dir() and not e.name.startswith((".", "_"))
+        )
 
     def initialize_transaction(self, txid: int, prev_metadata: Metadata | None) -> Metadata | None:
         self.produce()

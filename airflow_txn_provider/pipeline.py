@@ -15,6 +15,7 @@ operator of its DAG receives.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -38,6 +39,7 @@ class TxnPipeline:
     :param max_attempts: poison-batch policy: a txid that failed this many times stops the
         pipeline (visibly: its run fails and later txids wait) instead of retrying forever.
     :param spark: ``connect`` (Spark Connect server, no JVM start per txid) or ``submit``.
+    :param poll_interval: seconds between the deferred sensors' looks at the log (> 0).
     :param lease_timeout: seconds after which a processing attempt whose process stopped renewing
         its lease (killed, out of memory, a lost worker) is failed and replayed. A live job renews
         it every ``lease_timeout / 5`` seconds, however long it runs.
@@ -64,6 +66,11 @@ class TxnPipeline:
             raise ValueError(f"lease_timeout must be > 0 seconds, got {self.lease_timeout!r}")
         if self.max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
+        if not (self.poll_interval > 0 and math.isfinite(self.poll_interval)):
+            # 0 made the trigger poll the log in a busy loop
+            raise ValueError(
+                f"poll_interval must be a positive number of seconds, got {self.poll_interval!r}"
+            )
         if self.spark not in SPARK_MODES:
             raise ValueError(f"spark must be one of {SPARK_MODES}, got {self.spark!r}")
         if not self.jobs:

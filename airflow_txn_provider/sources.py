@@ -12,7 +12,8 @@ business (see ``spark_jobs/``), not the source's.
   opaque state helpers keep results exact.
 
 Metadata is stored as JSON. It must come back from JSON *equal* to what the source returned (no
-tuples, no integer keys, no NaN, no objects): anything else is refused with
+tuples, no integer keys, no NaN, no objects) and fit in Postgres JSONB (no NUL character, in keys
+either): anything else is refused with
 :class:`~airflow_txn_provider.exceptions.UnreadableMetadataError` at begin time, before it is
 stored, instead of being silently changed (STORM-2675).
 """
@@ -26,7 +27,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from airflow_txn_provider.coordinator import SourceKind
-from airflow_txn_provider.exceptions import UnreadableMetadataError
+from airflow_txn_provider.exceptions import OffsetsWentBackError, UnreadableMetadataError
 
 Metadata = Any
 """JSON-compatible metadata: dicts with str keys, lists, str, int, finite float, bool, None."""
@@ -83,7 +84,10 @@ def validate_metadata(
 
 
 def _json_problem(value: Any, path: str) -> str | None:
-    if value is None or isinstance(value, (bool, str)):
+    if isinstance(value, str):
+        # JSON can carry it, Postgres JSONB cannot: it would fail at insert, as a raw SQL error
+        return f"{path} contains a NUL character (\\u0000)" if "\x00" in value else None
+    if value is None or isinstance(value, bool):
         return None
     if isinstance(value, int):
         return None
@@ -101,6 +105,8 @@ def _json_problem(value: Any, path: str) -> str | None:
                 return (
                     f"{path} has key {key!r} of type {type(key).__name__} (JSON keys are strings)"
                 )
+            if "\x00" in key:
+                return f"{path} has key {key!r}, which contains a NUL character (\\u0000)"
             found = _json_problem(item, f"{path}[{key!r}]")
             if found:
                 return found
@@ -113,6 +119,7 @@ def next_offset_ranges(
     latest_offsets: Mapping[str, int],
     *,
     max_per_partition: int,
+    txid: int | None = None,
 ) -> dict[str, list[int]] | None:
     """Offset ranges ``{partition: [start, end)}`` of the batch after ``prev_metadata``.
 
@@ -122,9 +129,15 @@ def next_offset_ranges(
     missing from ``latest_offsets`` (unavailable right now) continues later from where it stopped.
     Returns ``None`` when no partition has new records.
 
+    A partition whose latest offset is *below* where the previous batch ended was rewritten or
+    renumbered: that raises :class:`~airflow_txn_provider.exceptions.OffsetsWentBackError` rather
+    than waiting (clamping said "no new data" until the partition grew past its old end, then
+    skipped the records in between).
+
     :param prev_metadata: the previous txid's ranges, ``None`` for txid 1.
     :param latest_offsets: for each available partition, one past its newest offset.
     :param max_per_partition: batch size cap per partition.
+    :param txid: the txid being emitted, named in the error.
     """
     if max_per_partition < 1:
         raise ValueError(f"max_per_partition must be >= 1, got {max_per_partition}")
@@ -133,8 +146,15 @@ def next_offset_ranges(
     for partition in sorted(set(starts) | set(latest_offsets)):
         start = starts.get(partition, 0)
         if partition in latest_offsets:
-            end = min(int(latest_offsets[partition]), start + max_per_partition)
-            end = max(end, start)
+            latest = int(latest_offsets[partition])
+            if latest < start:
+                raise OffsetsWentBackError(
+                    f"partition {partition!r} went back: the previous batch ended at offset "
+                    f"{start}, the source now ends at {latest} (rewritten or renumbered); "
+                    "records from here would be skipped, so nothing is emitted",
+                    txid=txid,
+                )
+            end = min(latest, start + max_per_partition)
         else:
             end = start  # unavailable: keep its position for a later batch
         ranges[partition] = [start, end]

@@ -6,7 +6,9 @@ A batch update happens in two steps:
 
 1. **stage** (processing phase, many txids in parallel): the batch's partial results
    ``(keys…, delta)`` go with one ``COPY`` into an UNLOGGED staging table, tagged with the
-   ``(txid, attempt)`` that produced them. A re-stage of the same attempt replaces its rows.
+   ``(txid, attempt, job)`` that produced them. A re-stage by the same job of the same attempt
+   replaces its rows; several jobs of one txid may stage into the same state side by side. A null
+   key or a null/NaN delta is refused (:class:`MalformedOutputError`) before anything is staged.
 2. **apply** (commit phase, in the commit's database transaction): one ``INSERT … SELECT … GROUP BY
    … ON CONFLICT DO UPDATE`` folds the attempt's staged rows into the state table. The ``CASE`` on
    the stored txid is the kind's rule:
@@ -39,14 +41,17 @@ from __future__ import annotations
 import csv
 import enum
 import io
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import IO, TYPE_CHECKING, Any
 
 from sqlalchemy import text
 
 from airflow_txn_provider.exceptions import (
+    MalformedOutputError,
     StagedOutputMismatchError,
     StateAheadOfLogError,
     StateDefinitionError,
@@ -87,7 +92,14 @@ _COMBINERS = {
     "min": ("LEAST({a}, {b})", "min"),
 }
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,39}$")
-_RESERVED = frozenset({"value", "prev_value", "txid", "attempt", "delta", "singleton"})
+STAGE_JOB_COLUMN = "stage_job"
+"""Column of a staging table naming the job that staged a row: several jobs of one txid may
+stage into the same state, and each replaces only its own rows."""
+_RESERVED = frozenset(
+    {"value", "prev_value", "txid", "attempt", "delta", "singleton", STAGE_JOB_COLUMN}
+)
+_FLOAT_TYPES = frozenset({"numeric", "double precision"})
+"""Value types that can hold NaN and infinities."""
 # Serialises DDL of state tables across processes.
 _DDL_LOCK_KEY = 0x7478_6E5F_7374_61  # "txn_sta"
 
@@ -99,6 +111,48 @@ def _ident(value: str, what: str) -> str:
             "([a-z_][a-z0-9_]*, at most 40 characters)"
         )
     return value
+
+
+def quote_ident(name: str) -> str:
+    """``name`` as a quoted SQL identifier. Every column and table name reaches SQL quoted, so a
+    key column may be a reserved word (``user``, ``order``, ``offset``, ``end``)."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _log_tables() -> frozenset[str]:
+    """The transaction log's own tables, which no state table may take the name of."""
+    from airflow_txn_provider.models import Base
+    from airflow_txn_provider.schema import VERSION_TABLE
+
+    return frozenset([*Base.metadata.tables, VERSION_TABLE])
+
+
+def _check_table_names(name: str) -> None:
+    for table in (f"txn_state_{name}", f"txn_stage_{name}"):
+        if table in _log_tables():
+            raise ValueError(
+                f"state name {name!r} is refused: its table {table} is one of the transaction "
+                "log's own tables; choose another name"
+            )
+
+
+def _row_problem(row: Sequence[Any], keys: Sequence[str]) -> str | None:
+    """What makes a staged ``(keys…, delta)`` row unusable, or ``None``."""
+    for column, value in zip(keys, row, strict=False):
+        if value is None:
+            return f"key {column} is null"
+    delta = row[-1]
+    if delta is None:
+        return "delta is null"
+    if isinstance(delta, float | Decimal) and not math.isfinite(delta):
+        return f"delta is {delta!r}"
+    return None
+
+
+def _is_float(arrow_type: Any) -> bool:
+    import pyarrow.types as pat
+
+    return bool(pat.is_floating(arrow_type))
 
 
 @dataclass(frozen=True)
@@ -134,6 +188,7 @@ class MapState:
     def __post_init__(self) -> None:
         object.__setattr__(self, "kind", StateKind(self.kind))
         _ident(self.name, "state name")
+        _check_table_names(self.name)
         for column, sqltype in self.keys.items():
             _ident(column, "key column")
             if column in _RESERVED:
@@ -184,6 +239,19 @@ class MapState:
     def _key_columns(self) -> list[str]:
         return list(self.keys) or ["singleton"]
 
+    @property
+    def quoted_keys(self) -> list[str]:
+        """The key columns as quoted SQL identifiers (``singleton`` for a global state)."""
+        return [quote_ident(c) for c in self._key_columns]
+
+    @property
+    def _qtable(self) -> str:
+        return quote_ident(self.table)
+
+    @property
+    def _qstage(self) -> str:
+        return quote_ident(self.stage_table)
+
     def definition(self) -> dict[str, Any]:
         return {
             "kind": StateKind(self.kind).value,
@@ -227,7 +295,7 @@ class MapState:
             )
         kind = StateKind(self.kind)
         if self.keys:
-            key_ddl = [f"{c} {t} NOT NULL" for c, t in self.keys.items()]
+            key_ddl = [f"{quote_ident(c)} {t} NOT NULL" for c, t in self.keys.items()]
         else:
             key_ddl = ["singleton boolean NOT NULL DEFAULT true CHECK (singleton)"]
         cols = [*key_ddl, f"value {self.value_type}"]
@@ -235,34 +303,80 @@ class MapState:
             cols.append(f"prev_value {self.value_type}")
         if kind is not StateKind.NON_TRANSACTIONAL:
             cols.append("txid bigint NOT NULL")
-        cols.append(f"PRIMARY KEY ({', '.join(self._key_columns)})")
+        cols.append(f"PRIMARY KEY ({', '.join(self.quoted_keys)})")
         conn.execute(
             text(
-                f"CREATE TABLE IF NOT EXISTS {self.table} ({', '.join(cols)}) "
+                f"CREATE TABLE IF NOT EXISTS {self._qtable} ({', '.join(cols)}) "
                 f"WITH (fillfactor = {int(self.fillfactor)})"
             )
         )
         stage_cols = [
-            # txid and attempt come from SET LOCAL settings, so a COPY carries only keys and delta.
+            # txid, attempt and job come from SET LOCAL settings: a COPY carries keys and delta.
             "txid bigint NOT NULL DEFAULT current_setting('txn.stage_txid')::bigint",
             "attempt integer NOT NULL DEFAULT current_setting('txn.stage_attempt')::integer",
-            *[f"{c} {t}" for c, t in self.keys.items()],
+            *[f"{quote_ident(c)} {t}" for c, t in self.keys.items()],
             f"delta {self.value_type}",
         ]
         conn.execute(
+            text(f"CREATE UNLOGGED TABLE IF NOT EXISTS {self._qstage} ({', '.join(stage_cols)})")
+        )
+        # Added, not declared above, so that a staging table of an earlier version gains it too.
+        conn.execute(
             text(
-                f"CREATE UNLOGGED TABLE IF NOT EXISTS {self.stage_table} ({', '.join(stage_cols)})"
+                f"ALTER TABLE {self._qstage} ADD COLUMN IF NOT EXISTS {STAGE_JOB_COLUMN} text "
+                "NOT NULL DEFAULT COALESCE(current_setting('txn.stage_job', true), '')"
             )
         )
+        if self.value_type in _FLOAT_TYPES:
+            # A NaN or infinite delta would poison the value for good: refused by any staging
+            # path, a CSV stream included (the Python paths refuse it earlier, naming the row).
+            check = f"{self.stage_table}_finite_delta"[:63]
+            exists = conn.execute(
+                text(
+                    "SELECT 1 FROM pg_constraint WHERE conname = :c AND conrelid = to_regclass(:t)"
+                ),
+                {"c": check, "t": self._qstage},
+            ).first()
+            if exists is None:
+                conn.execute(
+                    text(
+                        f"ALTER TABLE {self._qstage} ADD CONSTRAINT {quote_ident(check)} "
+                        "CHECK (delta NOT IN ('NaN', 'Infinity', '-Infinity')) NOT VALID"
+                    )
+                )
 
     # -- processing phase: stage -----------------------------------------------------------------
 
+    def _malformed(
+        self, txid: int, attempt: int, problem: str, row: Any = None
+    ) -> MalformedOutputError:
+        shown = None if row is None else repr(row)
+        return MalformedOutputError(
+            f"state {self.name!r}: {problem}"
+            + (f" in staged row {shown}" if shown else "")
+            + "; nothing was staged",
+            pipeline=self.pipeline,
+            txid=txid,
+            attempt=attempt,
+            state=self.name,
+            row=shown,
+        )
+
     def stage(
-        self, conn: Connection, txid: int, attempt: int, rows: Iterable[Sequence[Any]]
+        self,
+        conn: Connection,
+        txid: int,
+        attempt: int,
+        rows: Iterable[Sequence[Any]],
+        *,
+        job: str = "",
     ) -> int:
         """Stage ``(keys…, delta)`` rows of ``(txid, attempt)`` with one COPY; return the count.
 
-        Replaces rows this attempt staged before (a duplicate run stages once, not twice).
+        Replaces rows the same ``job`` of this attempt staged before (a duplicate run stages once,
+        not twice); rows of other jobs of the attempt are kept. A null key, a null, NaN or
+        infinite delta is refused with :class:`MalformedOutputError` (a NULL delta would turn the
+        key's committed value into NULL); an empty string key is a key like any other.
         """
         buf = io.StringIO()
         writer = csv.writer(buf, lineterminator="\n")
@@ -273,34 +387,61 @@ class MapState:
                     f"state {self.name!r} stages rows of {width} values (keys {list(self.keys)} "
                     f"then delta), got {len(row)}: {row!r}"
                 )
+            problem = _row_problem(row, list(self.keys))
+            if problem:
+                raise self._malformed(txid, attempt, problem, tuple(row))
             writer.writerow(row)
         buf.seek(0)
-        return self.stage_csv(conn, txid, attempt, buf)
+        return self.stage_csv(conn, txid, attempt, buf, job=job)
 
-    def stage_csv(self, conn: Connection, txid: int, attempt: int, csv_file: IO[str]) -> int:
-        """Stage a CSV stream (no header; columns: keys…, delta) of ``(txid, attempt)``."""
+    def stage_csv(
+        self, conn: Connection, txid: int, attempt: int, csv_file: IO[str], *, job: str = ""
+    ) -> int:
+        """Stage a CSV stream (no header; columns: keys…, delta) of ``(txid, attempt)``.
+
+        No field is read as NULL: an empty field is an empty string key (and an error for a
+        number). A value that is not of its column's type, or a NaN delta, raises
+        :class:`MalformedOutputError` and stages nothing.
+        """
         conn.execute(
-            text(f"DELETE FROM {self.stage_table} WHERE txid = :t AND attempt = :a"),
-            {"t": txid, "a": attempt},
+            text(
+                f"DELETE FROM {self._qstage} "
+                f"WHERE txid = :t AND attempt = :a AND {STAGE_JOB_COLUMN} = :j"
+            ),
+            {"t": txid, "a": attempt, "j": job},
         )
         conn.execute(text("SELECT set_config('txn.stage_txid', :t, true)"), {"t": str(txid)})
         conn.execute(text("SELECT set_config('txn.stage_attempt', :a, true)"), {"a": str(attempt)})
-        columns = ", ".join([*self.keys, "delta"])
+        conn.execute(text("SELECT set_config('txn.stage_job', :j, true)"), {"j": job})
+        columns = ", ".join([*(quote_ident(c) for c in self.keys), "delta"])
         cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
         try:
+            # FORCE_NOT_NULL: csv would read an unquoted empty field as NULL; an empty key is ''.
             cursor.copy_expert(
-                f"COPY {self.stage_table} ({columns}) FROM STDIN WITH (FORMAT csv)", csv_file
+                f"COPY {self._qstage} ({columns}) FROM STDIN "
+                f"WITH (FORMAT csv, FORCE_NOT_NULL ({columns}))",
+                csv_file,
             )
             return int(cursor.rowcount)
+        except Exception as err:
+            code = str(getattr(err, "pgcode", "") or "")
+            if code.startswith(("22", "23")):  # data exception, integrity (the finite check)
+                message = str(err).strip().replace("\n", "; ")
+                raise self._malformed(txid, attempt, f"COPY refused the rows: {message}") from err
+            raise
         finally:
             cursor.close()
 
-    def stage_arrow(self, conn: Connection, txid: int, attempt: int, table: pa.Table) -> int:
+    def stage_arrow(
+        self, conn: Connection, txid: int, attempt: int, table: pa.Table, *, job: str = ""
+    ) -> int:
         """Stage an Arrow table (columns: the key columns, then ``delta``) with one COPY.
 
-        What a Spark job stages: ``DataFrame.toArrow()`` of its partial results. Null keys or
-        deltas are refused here, with the column named, rather than as a COPY error.
+        What a Spark job stages: ``DataFrame.toArrow()`` of its partial results. A null key, a
+        null, NaN or infinite delta is refused with :class:`MalformedOutputError`, naming the
+        first such row, before anything is staged.
         """
+        import pyarrow.compute as pc
         import pyarrow.csv as pacsv
 
         columns = [*self.keys, "delta"]
@@ -312,20 +453,28 @@ class MapState:
             )
         table = table.select(columns)
         for column in columns:
-            nulls = table.column(column).null_count
-            if nulls:
-                raise ValueError(f"state {self.name!r}: {nulls} staged row(s) have a null {column}")
+            values = table.column(column)
+            bad = pc.is_null(values)
+            what = f"{values.null_count} row(s) have a null {column}"
+            if column == "delta" and _is_float(values.type):
+                bad = pc.or_(bad, pc.invert(pc.is_finite(values)))
+                count = pc.sum(bad.cast("int64")).as_py() or 0
+                what = f"{count} row(s) have a null, NaN or infinite delta"
+            first = pc.index(bad, True).as_py()
+            if first is not None and first >= 0:
+                row = tuple(table.slice(first, 1).to_pylist()[0].values())
+                raise self._malformed(txid, attempt, what, row)
         buf = io.BytesIO()
         pacsv.write_csv(table, buf, pacsv.WriteOptions(include_header=False))
         buf.seek(0)
-        return self.stage_csv(conn, txid, attempt, io.TextIOWrapper(buf, encoding="utf-8"))
+        return self.stage_csv(conn, txid, attempt, io.TextIOWrapper(buf, encoding="utf-8"), job=job)
 
     def staged(self, conn: Connection, txid: int, attempt: int) -> list[tuple[Any, ...]]:
         """The rows ``(keys…, delta)`` staged by ``(txid, attempt)``, sorted (for inspection)."""
-        columns = ", ".join([*self.keys, "delta"])
+        columns = ", ".join([*(quote_ident(c) for c in self.keys), "delta"])
         rows = conn.execute(
             text(
-                f"SELECT {columns} FROM {self.stage_table} "
+                f"SELECT {columns} FROM {self._qstage} "
                 f"WHERE txid = :t AND attempt = :a ORDER BY {columns}"
             ),
             {"t": txid, "a": attempt},
@@ -337,19 +486,19 @@ class MapState:
     def apply(
         self, conn: Connection, txid: int, attempt: int, *, expected_rows: int | None = None
     ) -> ApplyResult:
-        """Fold ``(txid, attempt)``'s staged rows into the state: one statement, one round trip.
+        """Fold ``(txid, attempt)``'s staged rows (of every job) into the state: one statement.
 
         Also drops staged rows of this txid and older ones (every attempt). Run it inside the
         commit's database transaction (see :func:`commit_states`).
         """
         kind = StateKind(self.kind)
         combine, aggregate = _COMBINERS[self.combiner]
-        keys = self._key_columns
-        key_list = ", ".join(keys)
-        staged_keys = ", ".join(self.keys)
+        key_list = ", ".join(self.quoted_keys)
+        staged_keys = ", ".join(quote_ident(c) for c in self.keys)
         select_keys = f"{staged_keys}, " if self.keys else "true AS singleton, "
         group_by = f"GROUP BY {staged_keys}" if self.keys else "HAVING count(*) > 0"
         vt = self.value_type
+        rows = '"txn:rows"'  # no key column can be named so (keys are [a-z_][a-z0-9_]*)
 
         def comb(a: str, b: str) -> str:
             return combine.format(a=a, b=b)
@@ -384,21 +533,21 @@ class MapState:
             guard = "WHERE s.txid <= EXCLUDED.txid"
         sql = f"""
             WITH batch AS (
-                SELECT {select_keys}CAST({aggregate}(delta) AS {vt}) AS delta, count(*) AS n
-                FROM {self.stage_table}
+                SELECT {select_keys}CAST({aggregate}(delta) AS {vt}) AS delta, count(*) AS {rows}
+                FROM {self._qstage}
                 WHERE txid = :txid AND attempt = :attempt
                 {group_by}
             ), upsert AS (
-                INSERT INTO {self.table} AS s ({insert_cols})
+                INSERT INTO {self._qtable} AS s ({insert_cols})
                 SELECT {insert_vals} FROM batch ORDER BY {key_list}
                 ON CONFLICT ({key_list}) DO UPDATE SET {set_clause} {guard}
                 RETURNING 1
             ), cleanup AS (
-                DELETE FROM {self.stage_table} WHERE txid <= :txid
+                DELETE FROM {self._qstage} WHERE txid <= :txid
             )
             SELECT (SELECT count(*) FROM batch) AS keys,
                    (SELECT count(*) FROM upsert) AS written,
-                   (SELECT coalesce(sum(n), 0) FROM batch) AS staged
+                   (SELECT coalesce(sum({rows}), 0) FROM batch) AS staged
         """
         # Aggregating and sorting a large batch in memory instead of spilling to disk (default 4MB).
         conn.execute(text("SELECT set_config('work_mem', '256MB', true)"))
@@ -412,7 +561,7 @@ class MapState:
                 attempt=attempt,
             )
         if int(row.written) != int(row.keys):
-            newest = conn.execute(text(f"SELECT max(txid) FROM {self.table}")).scalar_one()
+            newest = conn.execute(text(f"SELECT max(txid) FROM {self._qtable}")).scalar_one()
             raise StateAheadOfLogError(
                 f"state {self.name!r} holds {int(row.keys) - int(row.written)} key(s) updated by "
                 f"a later txid (newest stored txid {newest}); state and transaction log disagree",
@@ -426,13 +575,15 @@ class MapState:
 
     def items(self, conn: Connection) -> dict[tuple[Any, ...], Any]:
         """The whole map: ``{(key values…): value}``."""
-        rows = conn.execute(text(f"SELECT {', '.join(self._key_columns)}, value FROM {self.table}"))
+        rows = conn.execute(
+            text(f"SELECT {', '.join(self.quoted_keys)}, value FROM {self._qtable}")
+        )
         return {tuple(r[:-1]): r[-1] for r in rows}
 
     def rows(self, conn: Connection) -> list[dict[str, Any]]:
         """Every stored row with its bookkeeping columns (txid, prev_value), for inspection."""
         rows = conn.execute(
-            text(f"SELECT * FROM {self.table} ORDER BY {', '.join(self._key_columns)}")
+            text(f"SELECT * FROM {self._qtable} ORDER BY {', '.join(self.quoted_keys)}")
         )
         return [dict(r._mapping) for r in rows]
 
@@ -442,7 +593,7 @@ class MapState:
             return {}
         if not self.keys:
             return self.items(conn)
-        cols = list(self.keys)
+        cols = ", ".join(quote_ident(c) for c in self.keys)
         params: dict[str, Any] = {}
         tuples = []
         for i, key in enumerate(keys):
@@ -451,10 +602,7 @@ class MapState:
                 params[f"k{i}_{j}"] = value
                 names.append(f":k{i}_{j}")
             tuples.append(f"({', '.join(names)})")
-        sql = (
-            f"SELECT {', '.join(cols)}, value FROM {self.table} "
-            f"WHERE ({', '.join(cols)}) IN ({', '.join(tuples)})"
-        )
+        sql = f"SELECT {cols}, value FROM {self._qtable} WHERE ({cols}) IN ({', '.join(tuples)})"
         return {tuple(r[:-1]): r[-1] for r in conn.execute(text(sql), params)}
 
 
@@ -479,11 +627,13 @@ class GlobalState(MapState):
             fillfactor=100,
         )
 
-    def stage_value(self, conn: Connection, txid: int, attempt: int, delta: Any) -> int:
-        return self.stage(conn, txid, attempt, [(delta,)])
+    def stage_value(
+        self, conn: Connection, txid: int, attempt: int, delta: Any, *, job: str = ""
+    ) -> int:
+        return self.stage(conn, txid, attempt, [(delta,)], job=job)
 
     def value(self, conn: Connection) -> Any:
-        return conn.execute(text(f"SELECT value FROM {self.table}")).scalar_one_or_none()
+        return conn.execute(text(f"SELECT value FROM {self._qtable}")).scalar_one_or_none()
 
 
 class BucketCountState(MapState):
@@ -549,27 +699,27 @@ class BucketCountState(MapState):
                 txid=txid,
                 attempt=attempt,
             )
-        keys = ", ".join(source.keys)
+        keys = ", ".join(quote_ident(c) for c in source.keys)
         conn.execute(
-            text(f"DELETE FROM {self.stage_table} WHERE txid = :t AND attempt = :a"),
+            text(f"DELETE FROM {self._qstage} WHERE txid = :t AND attempt = :a"),
             {"t": txid, "a": attempt},
         )
         result = conn.execute(
             text(
                 f"""
                 WITH batch AS (
-                    SELECT {keys}, sum(delta) AS delta FROM {source.stage_table}
+                    SELECT {keys}, sum(delta) AS delta FROM {source._qstage}
                     WHERE txid = :t AND attempt = :a GROUP BY {keys}
                 ), moved AS (
                     SELECT s.value AS old, COALESCE(s.value, 0) + b.delta AS new
-                    FROM batch b LEFT JOIN {source.table} s USING ({keys})
+                    FROM batch b LEFT JOIN {source._qtable} s USING ({keys})
                 ), moves AS (
                     SELECT floor(old::numeric / :size) AS bucket, -1 AS d FROM moved
                     WHERE old IS NOT NULL
                     UNION ALL
                     SELECT floor(new::numeric / :size), 1 FROM moved
                 )
-                INSERT INTO {self.stage_table} (txid, attempt, bucket, delta)
+                INSERT INTO {self._qstage} (txid, attempt, bucket, delta)
                 SELECT :t, :a, bucket, sum(d) FROM moves GROUP BY bucket HAVING sum(d) <> 0
                 """
             ),
@@ -615,11 +765,21 @@ def _load(bind: Engine | Connection, where: str, value: str) -> list[MapState]:
 
 
 def stage_states(
-    conn: Connection, txid: int, attempt: int, batches: Mapping[MapState, Iterable[Sequence[Any]]]
+    conn: Connection,
+    txid: int,
+    attempt: int,
+    batches: Mapping[MapState, Iterable[Sequence[Any]]],
+    *,
+    job: str = "",
 ) -> dict[str, int]:
-    """Stage several states' rows; return the output reference to record (row count per state)."""
+    """Stage several states' rows; return the output reference to record (row count per state).
+
+    :param job: names the job staging, when several jobs of a txid stage (see
+        :meth:`MapState.stage`).
+    """
     return {
-        state.output_key: state.stage(conn, txid, attempt, rows) for state, rows in batches.items()
+        state.output_key: state.stage(conn, txid, attempt, rows, job=job)
+        for state, rows in batches.items()
     }
 
 
@@ -680,20 +840,42 @@ def commit_registered(log: TransactionLog, pipeline: str, txid: int, attempt: in
 def record_processed(log: TransactionLog, pipeline: str, txid: int, attempt: int) -> str:
     """Mark ``(txid, attempt)`` processed with its staged row counts, counted under the txid's lock.
 
-    The last step of a txid processed by several jobs (each staged with ``finish=False``).
+    The last step of a txid processed by several jobs (each staged with ``finish=False``): every
+    job's rows are counted, and every state staged by jobs gets a count, zero included, so the
+    commit checks each one. Staging tables are UNLOGGED: if Postgres restarted since the attempt
+    began, what the jobs staged may be gone without a trace, so the attempt is failed (and
+    replays) with :class:`StagedOutputMismatchError` instead of recording what is left.
     Returns the :class:`~airflow_txn_provider.coordinator.ProcessedAction` value.
     """
-    states = list(load_states(log.engine, pipeline).values())
+    states = [s for s in load_states(log.engine, pipeline).values() if s.derived_from is None]
+    info = log.transaction(pipeline, txid)
+    begun_at = info.begun_at if info is not None and info.attempt == attempt else None
 
     def count(conn: Connection) -> dict[str, int]:
+        if begun_at is not None:
+            restarted = conn.execute(
+                text("SELECT pg_postmaster_start_time()"),
+            ).scalar_one()
+            if restarted > begun_at:
+                raise StagedOutputMismatchError(
+                    f"Postgres restarted at {restarted.isoformat()}, after the attempt began "
+                    f"({begun_at.isoformat()}): its staged rows (UNLOGGED tables) may be lost; "
+                    "replay the txid",
+                    pipeline=pipeline,
+                    txid=txid,
+                    attempt=attempt,
+                )
         counts = {}
         for state in states:
             staged = conn.execute(
-                text(f"SELECT count(*) FROM {state.stage_table} WHERE txid = :t AND attempt = :a"),
+                text(f"SELECT count(*) FROM {state._qstage} WHERE txid = :t AND attempt = :a"),
                 {"t": txid, "a": attempt},
             ).scalar_one()
-            if staged:
-                counts[state.output_key] = int(staged)
+            counts[state.output_key] = int(staged)
         return counts
 
-    return log.stage_output(pipeline, txid, attempt, count).value
+    try:
+        return log.stage_output(pipeline, txid, attempt, count).value
+    except StagedOutputMismatchError as err:
+        log.fail(pipeline, txid, attempt, error=str(err))
+        raise

@@ -170,10 +170,18 @@ def process_batch(
         raise error from err
 
     counts: dict[str, int] = {}
+    # Several jobs of one txid may stage into the same state: each replaces only its own rows.
+    name = job_name(transform)
 
     def stage(conn: Any) -> dict[str, int]:
         for state, table in tables.items():
-            counts[state.output_key] = state.stage_arrow(conn, job.txid, job.attempt, table)
+            counts[state.output_key] = state.stage_arrow(
+                conn, job.txid, job.attempt, table, job=name
+            )
+        if job.finish:  # every state gets a count, zero included: the commit checks each one
+            for state in load_states(conn, job.pipeline).values():
+                if state.derived_from is None:
+                    counts.setdefault(state.output_key, 0)
         return dict(counts)
 
     if job.finish:
@@ -184,6 +192,18 @@ def process_batch(
     outcome = ProcessOutcome(job, status, counts, time.monotonic() - started)
     log.info("%s: %s in %.2fs, staged %s", job.app_name, status, outcome.seconds, counts)
     return outcome
+
+
+def job_name(transform: Callable[..., Any]) -> str:
+    """A name for the job running ``transform``, the same in every process that runs that job:
+    its file's stem, qualified name and line (a job file's ``transform`` is ``word_count:
+    transform:12``; two lambdas of one test file differ by line)."""
+    code = getattr(transform, "__code__", None)
+    qualname = getattr(transform, "__qualname__", type(transform).__qualname__)
+    if code is None:
+        return f"{getattr(transform, '__module__', '?')}:{qualname}"
+    stem = os.path.splitext(os.path.basename(code.co_filename))[0]
+    return f"{stem}:{qualname}:{code.co_firstlineno}"
 
 
 def _compute(

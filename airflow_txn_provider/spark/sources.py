@@ -168,7 +168,10 @@ class PartitionedParquetSource(TransactionalSource, SparkSource):
 
     def initialize_transaction(self, txid: int, prev_metadata: Metadata | None) -> Metadata | None:
         return next_offset_ranges(
-            prev_metadata, self.latest_offsets(), max_per_partition=self.max_per_partition
+            prev_metadata,
+            self.latest_offsets(),
+            max_per_partition=self.max_per_partition,
+            txid=txid,
         )
 
     # Spark side ---------------------------------------------------------------------------------
@@ -282,7 +285,13 @@ class LandingDirectorySource(OpaqueSource, SparkSource):
         return found
 
     def latest_offsets(self) -> dict[str, int]:
-        """For each available partition, one past its highest file number."""
+        """For each available partition with files, one past its highest file number.
+
+        An empty partition folder (every consumed file deleted) says nothing about where its
+        numbering is: it is left out, and continues from where it stopped. A producer that then
+        numbers from 0 again is caught (:class:`~airflow_txn_provider.exceptions.
+        OffsetsWentBackError`) instead of its files being skipped.
+        """
         latest = {}
         for entry in sorted(os.scandir(self.path), key=lambda e: e.name):
             if entry.name.startswith((".", "_")) or not entry.is_dir():
@@ -292,12 +301,16 @@ class LandingDirectorySource(OpaqueSource, SparkSource):
             except OSError as err:
                 log.warning("landing partition %s unavailable, skipped: %s", entry.path, err)
                 continue
-            latest[entry.name] = max(seqs, default=-1) + 1
+            if seqs:
+                latest[entry.name] = max(seqs) + 1
         return latest
 
     def initialize_transaction(self, txid: int, prev_metadata: Metadata | None) -> Metadata | None:
         return next_offset_ranges(
-            prev_metadata, self.latest_offsets(), max_per_partition=self.max_files_per_partition
+            prev_metadata,
+            self.latest_offsets(),
+            max_per_partition=self.max_files_per_partition,
+            txid=txid,
         )
 
     # Spark side ---------------------------------------------------------------------------------
@@ -412,7 +425,14 @@ class GeneratedTextSource(TransactionalSource, SparkSource):
             prev_metadata = {
                 p: [max(end - self.max_per_partition, 0)] * 2 for p, end in latest.items()
             }
-        return next_offset_ranges(prev_metadata, latest, max_per_partition=self.max_per_partition)
+        # The offsets are the clock's: a worker whose clock is behind the one that began the
+        # previous txid has no new lines yet, which is not a partition that went back.
+        for p, (_, end) in dict(prev_metadata).items():
+            if p in latest:
+                latest[p] = max(latest[p], int(end))
+        return next_offset_ranges(
+            prev_metadata, latest, max_per_partition=self.max_per_partition, txid=txid
+        )
 
     # Spark side ---------------------------------------------------------------------------------
 

@@ -203,18 +203,19 @@ def _read_state_summaries(engine: Engine, pipeline: str) -> list[dict[str, Any]]
 
 
 def _state_summary(conn: Any, state: MapState) -> dict[str, Any]:
-    from airflow_txn_provider.state import GlobalState
+    from airflow_txn_provider.state import GlobalState, quote_ident
 
     kind = str(state.kind)
     if isinstance(state, GlobalState):
         return model.global_state_summary(state.name, kind, state.value(conn))
-    # Identifiers come from the state registry and were validated as [a-z_][a-z0-9_]* names.
-    columns = ", ".join(state.keys)
-    totals = conn.execute(text(f"SELECT count(*) AS n, sum(value) AS total FROM {state.table}"))
+    # Quoted: a key column may be a reserved word (user, order, offset).
+    columns = ", ".join(state.quoted_keys)
+    table = quote_ident(state.table)
+    totals = conn.execute(text(f"SELECT count(*) AS n, sum(value) AS total FROM {table}"))
     n, total = totals.one()
     top = conn.execute(
         text(
-            f"SELECT {columns}, value FROM {state.table} WHERE value IS NOT NULL "
+            f"SELECT {columns}, value FROM {table} WHERE value IS NOT NULL "
             f"ORDER BY value DESC, {columns} LIMIT :n"
         ),
         {"n": model.TOP_KEYS},

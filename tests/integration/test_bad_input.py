@@ -1,0 +1,256 @@
+"""Exact results under bad input (issue 11), on a real Postgres (and Spark where the path is
+Spark's): a bad row is refused naming the txid before anything is staged, never a wrong sum;
+several jobs of a txid stage side by side; reserved words and odd names work or are refused
+clearly; a batch never commits emptier than its metadata."""
+
+from __future__ import annotations
+
+import io
+import math
+import subprocess
+from decimal import Decimal
+
+import pyarrow as pa
+import pytest
+from sqlalchemy import create_engine, text
+
+from airflow_txn_provider.coordinator import TxStatus
+from airflow_txn_provider.exceptions import (
+    MalformedOutputError,
+    StagedOutputMismatchError,
+)
+from airflow_txn_provider.sources import TransactionalSource
+from airflow_txn_provider.state import (
+    GlobalState,
+    MapState,
+    commit_states,
+    record_processed,
+)
+from airflow_txn_provider.testing.postgres import EmbeddedPostgres, postgres_bindir
+from airflow_txn_provider.transaction_log import TransactionLog
+from airflow_txn_provider.ui import reader
+
+KINDS = ["non_transactional", "transactional", "opaque"]
+
+
+class Batches(TransactionalSource):
+    def initialize_transaction(self, txid, prev_metadata):
+        return {"txid": txid}
+
+
+def _begin(txlog, pipeline, txid=1):
+    em = txlog.begin(pipeline, txid, Batches())
+    assert em.emitted
+    return em.attempt
+
+
+def _stage_and_commit(txlog, pipeline, txid, states_rows):
+    attempt = _begin(txlog, pipeline, txid)
+    txlog.stage_output(
+        pipeline,
+        txid,
+        attempt,
+        lambda c: {s.output_key: s.stage(c, txid, attempt, rows) for s, rows in states_rows},
+    )
+    commit_states(txlog, pipeline, txid, attempt, [s for s, _ in states_rows])
+
+
+# -- item 1: None / NaN deltas, empty string keys -----------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_none_delta_is_refused_and_never_wipes_a_sum(txlog, kind):
+    """A None delta went in as NULL and value + NULL made the key's total NULL."""
+    pipeline = f"none_{kind}"
+    txlog.register_pipeline(pipeline, source_kind="transactional", max_pending=2)
+    words = MapState(pipeline, f"{pipeline}_w", kind, keys={"word": "text"}).create(txlog.engine)
+    total = GlobalState(pipeline, f"{pipeline}_t", kind).create(txlog.engine)
+    _stage_and_commit(txlog, pipeline, 1, [(words, [("a", 5)]), (total, [(5,)])])
+
+    attempt = _begin(txlog, pipeline, 2)
+    for state, rows, shown in [
+        (words, [("a", 1), ("a", None)], "('a', None)"),
+        (total, [(None,)], "(None,)"),
+    ]:
+        with pytest.raises(MalformedOutputError, match="delta is null") as err:
+            txlog.stage_output(
+                pipeline,
+                2,
+                attempt,
+                lambda c, s=state, r=rows: {s.output_key: s.stage(c, 2, attempt, r)},
+            )
+        assert (err.value.pipeline, err.value.txid, err.value.attempt) == (pipeline, 2, attempt)
+        assert err.value.state == state.name and err.value.row == shown
+        assert shown in str(err.value)
+    with txlog.engine.connect() as conn:
+        assert words.staged(conn, 2, attempt) == []  # nothing staged
+        assert words.items(conn) == {("a",): 5}
+        assert total.value(conn) == 5
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_empty_string_key_stays_an_empty_string(txlog, kind):
+    """csv wrote '' unquoted, which COPY reads as NULL: the commit then failed on NOT NULL."""
+    pipeline = f"empty_{kind}"
+    txlog.register_pipeline(pipeline, source_kind="transactional", max_pending=2)
+    words = MapState(pipeline, f"{pipeline}_w", kind, keys={"word": "text", "n": "bigint"})
+    words.create(txlog.engine)
+    _stage_and_commit(txlog, pipeline, 1, [(words, [("", 1, 2), ("", 1, 3), ("x", 1, 1)])])
+    _stage_and_commit(txlog, pipeline, 2, [(words, [("", 1, 10)])])
+    with txlog.engine.connect() as conn:
+        assert words.items(conn) == {("", 1): 15, ("x", 1): 1}
+
+
+def test_a_none_key_is_refused(txlog):
+    txlog.register_pipeline("nonekey", source_kind="transactional", max_pending=2)
+    words = MapState("nonekey", "nonekey_w", keys={"word": "text"}).create(txlog.engine)
+    attempt = _begin(txlog, "nonekey")
+    with pytest.raises(MalformedOutputError, match="key word is null") as err:
+        txlog.stage_output(
+            "nonekey", 1, attempt, lambda c: {"x": words.stage(c, 1, attempt, [(None, 1)])}
+        )
+    assert err.value.txid == 1
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, Decimal("NaN")])
+@pytest.mark.parametrize("value_type", ["double precision", "numeric"])
+def test_a_nan_delta_is_refused(txlog, bad, value_type):
+    txlog.register_pipeline("nan", source_kind="transactional", max_pending=2)
+    name = "nan_" + value_type.split()[0]
+    sums = MapState("nan", name, keys={"k": "text"}, value_type=value_type).create(txlog.engine)
+    attempt = _begin(txlog, "nan")
+    with pytest.raises(MalformedOutputError, match="delta is"):
+        txlog.stage_output(
+            "nan", 1, attempt, lambda c: {"x": sums.stage(c, 1, attempt, [("a", bad)])}
+        )
+    # A CSV stream (stage_csv) cannot slip one past either: the table refuses it.
+    with pytest.raises(MalformedOutputError, match="finite_delta"):
+        with txlog.engine.begin() as conn:
+            sums.stage_csv(conn, 1, attempt, io.StringIO("a,NaN\n"))
+    with txlog.engine.connect() as conn:
+        assert sums.staged(conn, 1, attempt) == []
+
+
+def test_arrow_staging_refuses_null_and_nan_naming_the_row(txlog):
+    """What a Spark job stages: a null or NaN in the Arrow result."""
+    txlog.register_pipeline("arrow", source_kind="transactional", max_pending=2)
+    counts = MapState("arrow", "arrow_c", keys={"word": "text"}).create(txlog.engine)
+    sums = MapState("arrow", "arrow_s", keys={"word": "text"}, value_type="double precision")
+    sums.create(txlog.engine)
+    attempt = _begin(txlog, "arrow")
+    cases = [
+        (counts, pa.table({"word": ["a", "b"], "delta": pa.array([1, None], pa.int64())}), "b"),
+        (counts, pa.table({"word": ["a", None], "delta": pa.array([1, 2], pa.int64())}), None),
+        (sums, pa.table({"word": ["a", "c"], "delta": [1.0, math.nan]}), "c"),
+    ]
+    for state, table, word in cases:
+        with pytest.raises(MalformedOutputError) as err:
+            with txlog.engine.begin() as conn:
+                state.stage_arrow(conn, 1, attempt, table)
+        assert err.value.row is not None and repr(word) in err.value.row
+    with txlog.engine.begin() as conn:  # and an empty string key goes through as ''
+        table = pa.table({"word": ["", "a"], "delta": pa.array([4, 1], pa.int64())})
+        assert counts.stage_arrow(conn, 1, attempt, table) == 2
+        assert counts.staged(conn, 1, attempt) == [("", 4), ("a", 1)]
+
+
+def test_csv_with_an_empty_number_is_a_typed_error(txlog):
+    txlog.register_pipeline("csvbad", source_kind="transactional", max_pending=2)
+    counts = MapState("csvbad", "csvbad_c", keys={"word": "text"}).create(txlog.engine)
+    attempt = _begin(txlog, "csvbad")
+    with pytest.raises(MalformedOutputError, match="COPY refused") as err:
+        with txlog.engine.begin() as conn:
+            counts.stage_csv(conn, 1, attempt, io.StringIO("a,1\nb,\n"))
+    assert (err.value.pipeline, err.value.txid, err.value.attempt) == ("csvbad", 1, attempt)
+
+
+# -- item 2: several jobs per txid stage into the same state ------------------------------------
+
+
+def test_two_jobs_staging_one_state_keep_both_and_a_rerun_replaces_only_its_own(txlog):
+    txlog.register_pipeline("jobs", source_kind="transactional", max_pending=2)
+    words = MapState("jobs", "jobs_w", keys={"word": "text"}).create(txlog.engine)
+    attempt = _begin(txlog, "jobs")
+    for job, rows in [("a", [("x", 1), ("y", 2)]), ("b", [("x", 10)]), ("a", [("x", 1), ("y", 2)])]:
+        assert txlog.stage(
+            "jobs", 1, attempt, lambda c, j=job, r=rows: words.stage(c, 1, attempt, r, job=j)
+        )
+    assert record_processed(txlog, "jobs", 1, attempt) == "accept"
+    assert txlog.transaction("jobs", 1).output == {words.output_key: 3}
+    commit_states(txlog, "jobs", 1, attempt, [words])
+    with txlog.engine.connect() as conn:
+        assert words.items(conn) == {("x",): 11, ("y",): 2}
+
+
+def test_record_processed_counts_every_state_zero_included(txlog):
+    txlog.register_pipeline("zero", source_kind="transactional", max_pending=2)
+    words = MapState("zero", "zero_w", keys={"word": "text"}).create(txlog.engine)
+    total = GlobalState("zero", "zero_t").create(txlog.engine)
+    attempt = _begin(txlog, "zero")
+    txlog.stage("zero", 1, attempt, lambda c: words.stage(c, 1, attempt, [("x", 1)], job="a"))
+    assert record_processed(txlog, "zero", 1, attempt) == "accept"
+    assert txlog.transaction("zero", 1).output == {words.output_key: 1, total.output_key: 0}
+
+
+def _pg_ctl(pg, *args):
+    subprocess.run(
+        pg._as_server_user([str(postgres_bindir() / "pg_ctl"), "-D", str(pg.datadir), *args]),
+        check=True,
+        capture_output=True,
+        timeout=60,
+    )
+
+
+def test_a_postgres_crash_between_staging_and_record_processed_replays_the_txid():
+    """A crash empties UNLOGGED staging tables; record_processed then counted zero rows for
+    every state and the txid committed without its data."""
+    with EmbeddedPostgres(durable=True) as pg:  # committed rows survive the crash
+        engine = create_engine(pg.url, pool_pre_ping=True)
+        txlog = TransactionLog(engine)
+        txlog.register_pipeline("crash", source_kind="transactional", max_pending=2)
+        words = MapState("crash", "crash_w", keys={"word": "text"}).create(engine)
+        total = GlobalState("crash", "crash_t").create(engine)
+        attempt = _begin(txlog, "crash")
+        txlog.stage("crash", 1, attempt, lambda c: words.stage(c, 1, attempt, [("x", 1)], job="a"))
+        txlog.stage("crash", 1, attempt, lambda c: total.stage(c, 1, attempt, [(1,)], job="b"))
+        engine.dispose()
+        _pg_ctl(pg, "-m", "immediate", "-w", "stop")  # a crash: no shutdown checkpoint
+        pg.start()  # same folder and port: crash recovery empties the UNLOGGED tables
+        with engine.connect() as conn:
+            assert conn.execute(text(f"SELECT count(*) FROM {words.stage_table}")).scalar() == 0
+        with pytest.raises(StagedOutputMismatchError, match="restarted") as err:
+            record_processed(txlog, "crash", 1, attempt)
+        assert (err.value.pipeline, err.value.txid, err.value.attempt) == ("crash", 1, attempt)
+        assert txlog.transaction("crash", 1).status is TxStatus.FAILED  # replays, nothing lost
+        with engine.connect() as conn:
+            assert words.items(conn) == {} and total.value(conn) is None
+        engine.dispose()
+
+
+# -- item 5: reserved words as key columns ------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_reserved_words_as_key_columns_work_end_to_end(txlog, kind):
+    """``user``, ``order``, ``offset``, ``end`` passed validation, then a raw syntax error."""
+    pipeline = f"reserved_{kind}"
+    txlog.register_pipeline(pipeline, source_kind="transactional", max_pending=2)
+    keys = {"user": "text", "order": "bigint", "offset": "bigint", "end": "text"}
+    state = MapState(pipeline, f"{pipeline}_s", kind, keys=keys).create(txlog.engine)
+    _stage_and_commit(txlog, pipeline, 1, [(state, [("u", 1, 2, "e", 5), ("u", 1, 2, "e", 1)])])
+    attempt = _begin(txlog, pipeline, 2)
+    with txlog.engine.begin() as conn:
+        state.stage_arrow(
+            conn,
+            2,
+            attempt,
+            pa.table({"user": ["u"], "order": [1], "offset": [2], "end": ["e"], "delta": [4]}),
+        )
+    txlog.mark_processed(pipeline, 2, attempt, {state.output_key: 1})
+    commit_states(txlog, pipeline, 2, attempt, [state])
+    with txlog.engine.connect() as conn:
+        assert state.items(conn) == {("u", 1, 2, "e"): 10}
+        assert state.get(conn, [("u", 1, 2, "e"), ("v", 0, 0, "")]) == {("u", 1, 2, "e"): 10}
+        assert state.rows(conn)[0]["user"] == "u"
+    summary = reader.state_summaries(txlog.engine, pipeline)
+    assert "error" not in summary[0], summary

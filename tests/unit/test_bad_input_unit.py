@@ -1,0 +1,140 @@
+"""Bad input refused by construction, without a database (issue 11): names, metadata, offsets,
+poll interval."""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import pytest
+
+from airflow_txn_provider.examples import SimulatedLandingSource
+from airflow_txn_provider.exceptions import OffsetsWentBackError, UnreadableMetadataError
+from airflow_txn_provider.models import Base
+from airflow_txn_provider.pipeline import TxnPipeline
+from airflow_txn_provider.schema import VERSION_TABLE
+from airflow_txn_provider.sources import next_offset_ranges, validate_metadata
+from airflow_txn_provider.spark.sources import GeneratedTextSource, LandingDirectorySource
+from airflow_txn_provider.state import BucketCountState, GlobalState, MapState
+
+# -- item 5: names -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("table", sorted([*Base.metadata.tables, VERSION_TABLE]))
+def test_no_state_name_makes_a_table_of_the_log(table):
+    """``registry`` made ``txn_state_registry``: the log's own table, then every commit failed."""
+    for prefix in ("txn_state_", "txn_stage_"):
+        if table.startswith(prefix):
+            name = table[len(prefix) :]
+            with pytest.raises(ValueError, match=f"{table}.*transaction log's own"):
+                MapState("p", name, keys={"k": "text"})
+            with pytest.raises(ValueError, match=table):
+                GlobalState("p", name)
+            with pytest.raises(ValueError, match=table):
+                BucketCountState("p", name, of="other")
+
+
+def test_registry_is_refused_as_a_state_name():
+    with pytest.raises(ValueError, match="txn_state_registry"):
+        MapState("p", "registry", keys={"k": "text"})
+
+
+@pytest.mark.parametrize("column", ["user", "order", "offset", "end", "select", "group"])
+def test_reserved_words_are_quoted_in_every_statement(column):
+    state = MapState("p", "s", keys={column: "text", "k2": "bigint"})
+    assert state.quoted_keys == [f'"{column}"', '"k2"']
+
+
+def test_a_key_column_cannot_take_the_stage_job_column_name():
+    with pytest.raises(ValueError, match="reserved"):
+        MapState("p", "s", keys={"stage_job": "text"})
+
+
+# -- item 5: metadata with NUL --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [
+        {"p0": "a\u0000b"},
+        {"a\u0000": [0, 1]},
+        ["x", {"y": ["\u0000"]}],
+        "\u0000",
+    ],
+)
+def test_metadata_with_nul_is_refused(metadata):
+    """JSON accepts ``\\u0000``, Postgres JSONB does not: refuse it at begin, with the txid."""
+    with pytest.raises(UnreadableMetadataError, match="NUL") as err:
+        validate_metadata(metadata, pipeline="p", txid=3, attempt=2)
+    assert (err.value.pipeline, err.value.txid, err.value.attempt) == ("p", 3, 2)
+
+
+# -- item 5: poll interval ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("interval", [0, 0.0, -1, math.nan, math.inf])
+def test_poll_interval_must_be_positive(interval):
+    with pytest.raises(ValueError, match="poll_interval"):
+        TxnPipeline(
+            name="p", source=GeneratedTextSource(), jobs=["j.py"], states=[], poll_interval=interval
+        )
+
+
+def test_a_positive_poll_interval_is_accepted():
+    p = TxnPipeline(
+        name="p", source=GeneratedTextSource(), jobs=["j.py"], states=[], poll_interval=0.2
+    )
+    assert p.poll_interval == 0.2
+
+
+# -- item 4: offsets going backwards ------------------------------------------------------------
+
+
+def test_offsets_going_backwards_stop_visibly():
+    """Clamping ``end = max(end, start)`` said "no new data" forever, then skipped records."""
+    with pytest.raises(OffsetsWentBackError) as err:
+        next_offset_ranges(
+            {"p0": [0, 10], "p1": [5, 20]}, {"p0": 12, "p1": 7}, max_per_partition=100, txid=4
+        )
+    message = str(err.value)
+    assert "partition 'p1'" in message and "20" in message and "7" in message
+    assert err.value.txid == 4
+
+
+def test_offsets_equal_to_the_previous_end_are_no_new_data():
+    assert next_offset_ranges({"p0": [0, 10]}, {"p0": 10}, max_per_partition=5) is None
+
+
+def test_generated_source_tolerates_a_clock_behind_the_previous_batch():
+    """Its offsets are a function of the clock: a worker whose clock is behind has no new lines
+    yet, which is not a rewritten partition."""
+    source = GeneratedTextSource(partitions=1)
+    ahead = source.latest_offsets()["p0"] + 10_000
+    assert source.initialize_transaction(2, {"p0": [ahead - 5, ahead]}) is None
+
+
+def test_landing_producer_never_renumbers_after_consumed_files_are_deleted(tmp_path):
+    """It numbered from max(files present) + 1: from 0 again once consumed files were deleted,
+    files the source had gone past, so never read."""
+    source = SimulatedLandingSource(str(tmp_path), partitions=1, files_per_minute=60)
+    begin = functools.partial(LandingDirectorySource.initialize_transaction, source)  # no produce
+    started = 1000.0
+    source.produce(now=started)
+    source.produce(now=started + 3)  # files 0..3
+    first = begin(1, None)
+    assert first == {"p0": [0, 4]}
+    for f in (tmp_path / "p0").glob("*.jsonl"):  # the consumer cleans up what it read
+        f.unlink()
+    assert begin(2, first) is None  # an empty folder: nothing new, and no error
+    source.produce(now=started + 5)
+    assert sorted(int(f.stem) for f in (tmp_path / "p0").glob("*.jsonl")) == [4, 5]
+    assert begin(2, first) == {"p0": [4, 6]}
+
+
+def test_a_landing_partition_renumbered_from_zero_stops_visibly(tmp_path):
+    source = LandingDirectorySource(str(tmp_path))
+    (tmp_path / "p0").mkdir()
+    (tmp_path / "p0" / "0.jsonl").write_text('{"line": "a"}\n')
+    with pytest.raises(OffsetsWentBackError, match="partition 'p0' went back") as err:
+        source.initialize_transaction(7, {"p0": [3, 5]})
+    assert err.value.txid == 7
