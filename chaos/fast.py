@@ -1,0 +1,683 @@
+"""The fast chaos tier: seeded faults against real processes, a real Postgres and Spark Connect.
+
+No Airflow: a driver loop in this process plays its role for one pipeline per run. It registers
+the pipeline (a transactional Parquet source whose batches are known in plain Python, word count
+into a transactional map state), begins txids in the ``max_pending`` window, starts one real
+worker process (:mod:`chaos.worker`, its own process group) per begun attempt, which processes it
+on Spark Connect under a lease, calls ``expire_leases`` every tick (what the failure sensor does),
+re-begins failed txids in order and commits processed txids in order (``commit_registered``).
+
+Faults, at seeded moments (a fault fires ``delay`` seconds after the ``spawn``-th worker process
+of the run started):
+
+* ``kill_processing``: SIGKILL the process group of a live worker in the middle of its job (the
+  ``spawn``-th one if still alive, else the newest live one, else the next one to start);
+* ``restart_log_postgres``: stop the log's Postgres with an immediate shutdown (a crash), keep it
+  down for a seeded 1-8 s, start it again (crash recovery; UNLOGGED staging tables come back
+  empty).
+
+After each run, the checks: every txid committed within ``BOUND`` seconds, commits strictly
+increasing (txid and time), nothing left in flight, the committed batches tile the source (no gap,
+no overlap, up to its end), and the state equals the word counts of the source computed in plain
+Python. A state count above the truth is a doubled record, below it a lost one (records are word
+occurrences, the state's unit).
+
+**Time to recover** (of one fault): from the moment the fault was injected to the moment every
+txid that was in flight (begun, not committed) at that moment had committed; 0 when none was. A
+run with several faults reports the longest. It includes the normal processing of those txids.
+
+Usage: ``python chaos/fast.py --runs 200 --seed 2026 [--txids 5] [--faults a,b]``. Every run
+prints its own seed; ``--seed <run seed> --runs 1`` (with the same ``--txids`` and ``--faults``)
+replays that run's plan: the first run of a suite uses the master seed itself. The plan (data,
+window, faults, moments) is replayed exactly; the interleaving of processes is the machine's.
+Exits 1 if a run did not recover, lost or doubled a record.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import logging
+import os
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script: chaos/ and tests/ are packages of the repository
+    sys.path.insert(0, str(ROOT))
+
+from airflow_txn_provider.coordinator import (  # noqa: E402
+    BeginAction,
+    TxStatus,
+    committable,
+)
+from airflow_txn_provider.exceptions import StagedOutputMismatchError, TxnError  # noqa: E402
+from airflow_txn_provider.spark.job import LOG_URL_ENV  # noqa: E402
+from airflow_txn_provider.spark.sources import PartitionedParquetSource  # noqa: E402
+from airflow_txn_provider.state import MapState, commit_registered  # noqa: E402
+from airflow_txn_provider.testing.postgres import EmbeddedPostgres  # noqa: E402
+from airflow_txn_provider.transaction_log import TransactionLog  # noqa: E402
+from chaos.report import FaultResult, print_table  # noqa: E402
+from tests.spark_data import parquet_dataset, random_lines, word_counts  # noqa: E402
+
+log = logging.getLogger("chaos.fast")
+
+KILL = "kill_processing"
+RESTART_LOG = "restart_log_postgres"
+FAULTS = (KILL, RESTART_LOG)
+
+LEASE = 3.0
+"""Seconds a worker's lease lasts after each renewal (renewed every LEASE / 5 s)."""
+CLAIM = 8.0
+"""Seconds a begun attempt's lease lasts before its worker takes it over: a worker process needs
+~2 s to start here, more on a loaded machine."""
+TICK = 0.25
+"""Seconds between two rounds of the driver (expire leases, commit, begin)."""
+BOUND = 120.0
+"""A run that has not committed every txid this many seconds after it started did not recover."""
+OUTAGE_TIMEOUT = 60.0
+"""Seconds every log call (driver and workers) waits out a database that is down."""
+LINES_PER_TXID = 100
+"""Lines of each partition in one txid's batch."""
+PARTITIONS = ("0", "1")
+DOWN_FOR = (1.0, 8.0)
+"""Range of seconds the log's Postgres stays down."""
+
+
+# -- the plan of a run: everything random, from its seed ------------------------------------------
+
+
+@dataclass(frozen=True)
+class FaultPlan:
+    kind: str
+    spawn: int
+    """The fault fires ``delay`` seconds after the ``spawn``-th worker process started (1-based)."""
+    delay: float
+    down_for: float = 0.0
+    """``restart_log_postgres``: seconds the server stays down."""
+
+    def describe(self) -> str:
+        what = f"{self.kind}@spawn{self.spawn}+{self.delay:.2f}s"
+        return f"{what} down {self.down_for:.1f}s" if self.kind == RESTART_LOG else what
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    seed: int
+    txids: int
+    max_pending: int
+    faults: tuple[FaultPlan, ...]
+
+    @property
+    def fault_name(self) -> str:
+        return " + ".join(sorted(f.kind for f in self.faults))
+
+    def describe(self) -> str:
+        faults = ", ".join(f.describe() for f in self.faults)
+        return f"txids={self.txids} max_pending={self.max_pending} faults=[{faults}]"
+
+
+def plan_run(seed: int, txids: int, kinds: Sequence[str]) -> RunPlan:
+    """The plan of the run with ``seed``: window size, one or two faults, their moments."""
+    if txids < 3:
+        raise ValueError(f"a run needs at least 3 txids, got {txids}")
+    rng = random.Random(seed)
+    max_pending = rng.choice((3, 4))
+    faults = []
+    for _ in range(rng.choice((1, 1, 2))):
+        kind = rng.choice(list(kinds))
+        spawn = rng.randint(1, txids - 2)  # later spawns exist: a kill always finds a victim
+        if kind == RESTART_LOG:
+            faults.append(
+                FaultPlan(
+                    kind, spawn, round(rng.uniform(0.0, 2.0), 2), round(rng.uniform(*DOWN_FOR), 1)
+                )
+            )
+        else:
+            faults.append(FaultPlan(kind, spawn, round(rng.uniform(0.2, 2.5), 2)))
+    return RunPlan(seed, txids, max_pending, tuple(faults))
+
+
+def run_seeds(master: int, runs: int) -> list[int]:
+    """The seeds of ``runs`` runs: the master seed first (so ``--seed S --runs 1`` replays any
+    run), then 32-bit seeds drawn from it."""
+    rng = random.Random(master)
+    seeds = [master]
+    while len(seeds) < runs:
+        seed = rng.getrandbits(32)
+        if seed not in seeds:
+            seeds.append(seed)
+    return seeds[:runs]
+
+
+# -- the shared infrastructure ---------------------------------------------------------------------
+
+
+@dataclass
+class Infra:
+    """One durable Postgres for the log (restarted by faults), one Spark Connect server."""
+
+    pg: EmbeddedPostgres
+    spark_url: str
+    workdir: Path
+    txlog: TransactionLog
+
+
+@dataclass
+class Worker:
+    spawn: int
+    txid: int
+    attempt: int
+    popen: subprocess.Popen[bytes]
+    started: float
+    out: IO[bytes]
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+
+@dataclass
+class FiredFault:
+    plan: FaultPlan
+    at: float
+    in_flight: tuple[int, ...]
+    what: str
+
+
+class ChaosRun:
+    """One run: a fresh pipeline and data set, the driver loop, the faults, then the checks."""
+
+    def __init__(self, infra: Infra, plan: RunPlan, index: int) -> None:
+        self.infra = infra
+        self.plan = plan
+        self.txlog = infra.txlog
+        self.dir = infra.workdir / f"run-{index:03d}-{plan.seed}"
+        self.pipeline = f"chaos-{index:03d}-{plan.seed}"
+        self.state = MapState(
+            self.pipeline,
+            f"chaos_{index:03d}_{plan.seed % 16**8:08x}",
+            "transactional",
+            keys={"word": "text"},
+        )
+        self.lines = {
+            p: random_lines(plan.seed * len(PARTITIONS) + i, plan.txids * LINES_PER_TXID)
+            for i, p in enumerate(PARTITIONS)
+        }
+        self.source: PartitionedParquetSource | None = None
+        self.workers: list[Worker] = []
+        self.spawned = 0
+        self.spawn_times: dict[int, float] = {}
+        self.last_committed = 0
+        self.max_begun = 0
+        self.committed_at: dict[int, float] = {}
+        self.pending = [[f, f.spawn] for f in plan.faults]  # [plan, current target spawn]
+        self.fired: list[FiredFault] = []
+        self.restarting: threading.Thread | None = None
+        self.restart_errors: list[str] = []
+        self.events: Counter[str] = Counter()
+        self.exits: Counter[int] = Counter()
+        self.started = 0.0
+
+    # -- the driver ---------------------------------------------------------------------------
+
+    def setup(self) -> None:
+        self.dir.mkdir(parents=True)
+        data = parquet_dataset(self.dir / "data", self.lines, file_rows=50)
+        self.source = PartitionedParquetSource(str(data), max_per_partition=LINES_PER_TXID)
+        self.txlog.register_pipeline(
+            self.pipeline, source_kind="transactional", max_pending=self.plan.max_pending
+        )
+        self.state.create(self.txlog.engine)
+
+    def drive(self) -> None:
+        self.started = time.monotonic()
+        deadline = self.started + BOUND
+        while time.monotonic() < deadline:
+            self._reap()
+            self._inject_due_faults()
+            try:
+                self._round()
+            except Exception as err:  # the log gone past its outage timeout, or worse: counted
+                self.events[f"driver error {type(err).__name__}"] += 1
+                log.warning("pipeline=%s driver round failed: %s", self.pipeline, err)
+            if self.last_committed >= self.plan.txids:
+                break
+            time.sleep(TICK)
+        for pending, _target in self.pending:  # the run ended before these could fire
+            if pending.kind == RESTART_LOG:  # a crash after the last commit: state must survive
+                self._restart_log(pending)
+            else:
+                self.events[f"{pending.kind} not injected"] += 1
+        self.pending.clear()
+        if self.restarting is not None:
+            self.restarting.join()
+        self._stop_workers()
+
+    def _round(self) -> None:
+        txlog, pipeline = self.txlog, self.pipeline
+        if txlog.expire_leases(pipeline):
+            self.events["lease expired"] += 1
+        view = txlog.view(pipeline)
+        rec = committable(view)
+        while rec is not None:
+            try:
+                commit_registered(txlog, pipeline, rec.txid, rec.attempt)
+            except StagedOutputMismatchError:  # staged rows lost in a crash: the txid replays
+                self.events["commit refused: staged rows lost"] += 1
+                break
+            except TxnError as err:
+                self.events[f"commit refused: {type(err).__name__}"] += 1
+                log.warning("pipeline=%s commit refused: %s", pipeline, err)
+                break
+            self.committed_at[rec.txid] = time.monotonic()
+            self.last_committed = rec.txid
+            view = txlog.view(pipeline)
+            rec = committable(view)
+        assert self.source is not None
+        for txid in view.window:
+            if txid > self.plan.txids:
+                break
+            current = view.record(txid)
+            if current is not None and current.status is not TxStatus.FAILED:
+                continue
+            emission = txlog.begin(pipeline, txid, self.source, claim_timeout=CLAIM)
+            if emission.emitted:
+                assert emission.attempt is not None
+                if emission.action is not BeginAction.NEW:
+                    self.events["replay"] += 1
+                self.max_begun = max(self.max_begun, txid)
+                self._spawn(txid, emission.attempt)
+            elif emission.no_data:
+                self.events["no data (harness bug)"] += 1
+                break
+            elif emission.action in (BeginAction.WAIT_PREVIOUS, BeginAction.WAIT_WINDOW):
+                break
+
+    def _spawn(self, txid: int, attempt: int) -> None:
+        assert self.source is not None
+        self.spawned += 1
+        out = open(self.dir / f"worker-{self.spawned:02d}-txid{txid}-a{attempt}.log", "wb")
+        env = {
+            **os.environ,
+            LOG_URL_ENV: self.infra.pg.url,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+            "SPARK_LOCAL_IP": "127.0.0.1",
+        }
+        argv = [
+            sys.executable,
+            "-m",
+            "chaos.worker",
+            "--pipeline",
+            self.pipeline,
+            "--txid",
+            str(txid),
+            "--attempt",
+            str(attempt),
+            "--source",
+            json.dumps(self.source.to_spec()),
+            "--spark-url",
+            self.infra.spark_url,
+            "--lease",
+            str(LEASE),
+            "--outage-timeout",
+            str(OUTAGE_TIMEOUT),
+        ]
+        popen = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # its own process group: a kill takes all of it
+        )
+        self.spawn_times[self.spawned] = time.monotonic()
+        self.workers.append(Worker(self.spawned, txid, attempt, popen, time.monotonic(), out))
+
+    def _reap(self) -> None:
+        for worker in [w for w in self.workers if not w.alive()]:
+            self.exits[int(worker.popen.returncode)] += 1
+            worker.out.close()
+            self.workers.remove(worker)
+
+    def _stop_workers(self, grace: float = 5.0) -> None:
+        """Give the workers ``grace`` seconds to exit on their own, then kill what is left."""
+        deadline = time.monotonic() + grace
+        while any(w.alive() for w in self.workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for worker in self.workers:
+            if worker.alive():
+                self.events["worker left running at the end"] += 1
+                _kill_group(worker.popen.pid)
+            worker.popen.wait()
+        self._reap()
+
+    # -- faults -------------------------------------------------------------------------------
+
+    def _inject_due_faults(self) -> None:
+        now = time.monotonic()
+        for entry in list(self.pending):
+            fault, target = entry
+            started = self.spawn_times.get(target)
+            if started is None or now < started + fault.delay:
+                continue
+            if fault.kind == RESTART_LOG:
+                if self.restarting is not None and self.restarting.is_alive():
+                    continue  # one outage at a time: fire when the server is back
+                self._restart_log(fault)
+                self.pending.remove(entry)
+            else:
+                live = [w for w in self.workers if w.alive()]
+                victim = next((w for w in live if w.spawn == target), None)
+                if victim is None and live:
+                    victim = max(live, key=lambda w: w.spawn)
+                if victim is None:  # nothing runs now: the next worker to start
+                    entry[1] = max(target, self.spawned) + 1
+                    continue
+                self._fire(fault, f"SIGKILL worker txid {victim.txid} attempt {victim.attempt}")
+                _kill_group(victim.popen.pid)
+                self.pending.remove(entry)
+
+    def _fire(self, fault: FaultPlan, what: str) -> None:
+        in_flight = tuple(range(self.last_committed + 1, self.max_begun + 1))
+        self.fired.append(FiredFault(fault, time.monotonic(), in_flight, what))
+        log.warning("pipeline=%s fault %s: %s", self.pipeline, fault.describe(), what)
+
+    def _restart_log(self, fault: FaultPlan) -> None:
+        pg = self.infra.pg
+        if self.restarting is not None:
+            self.restarting.join()
+        self._fire(fault, f"log Postgres down {fault.down_for:.1f}s")
+        pg.halt(mode="immediate")
+
+        def come_back() -> None:
+            time.sleep(fault.down_for)
+            try:
+                pg.start()
+            except Exception as err:  # reported with the run: it cannot recover without it
+                self.restart_errors.append(str(err))
+
+        self.restarting = threading.Thread(target=come_back, name="log-postgres-restart")
+        self.restarting.start()
+
+    # -- the checks ---------------------------------------------------------------------------
+
+    def check(self) -> FaultResult:
+        plan, problems = self.plan, list(self.restart_errors)
+        infos = self.txlog.transactions(self.pipeline)
+        committed = [i for i in infos if i.status is TxStatus.COMMITTED]
+        left = [
+            f"txid {i.txid} {i.status.value}" for i in infos if i.status is not TxStatus.COMMITTED
+        ]
+        if left:
+            problems.append(f"in flight: {', '.join(left)}")
+        if [i.txid for i in committed] != list(range(1, len(committed) + 1)):
+            problems.append(f"committed txids {[i.txid for i in committed]}")
+        times = [i.committed_at for i in committed]
+        if any(b is None or a is None or b <= a for a, b in itertools.pairwise(times)):
+            problems.append("commits not strictly increasing in time")
+        if len(committed) < plan.txids:
+            problems.append(f"{len(committed)}/{plan.txids} txids committed in {BOUND:.0f} s")
+        ends = {p: 0 for p in PARTITIONS}
+        for info in committed:
+            for p in PARTITIONS:
+                start, end = info.metadata[p]
+                if start != ends[p]:
+                    kind = "gap" if start > ends[p] else "overlap"
+                    problems.append(f"{kind} in partition {p} at txid {info.txid}")
+                ends[p] = end
+        if len(committed) == plan.txids and any(ends[p] != len(self.lines[p]) for p in PARTITIONS):
+            problems.append(f"batches end at {ends}, the source at {len(self.lines['0'])}")
+        truth = word_counts(line for p in PARTITIONS for line in self.lines[p][: ends[p]])
+        with self.txlog.engine.connect() as conn:
+            got = {key[0]: int(value) for key, value in self.state.items(conn).items()}
+        lost = sum(max(n - got.get(w, 0), 0) for w, n in truth.items())
+        doubled = sum(max(n - truth.get(w, 0), 0) for w, n in got.items())
+        recovered = not problems
+        ttr = None
+        if recovered:
+            ttr = max(
+                (
+                    max((self.committed_at[t] for t in f.in_flight), default=f.at) - f.at
+                    for f in self.fired
+                ),
+                default=0.0,
+            )
+        detail = "; ".join(
+            [
+                plan.describe(),
+                *(f"{f.what} (in flight {list(f.in_flight)})" for f in self.fired),
+                *problems,
+                f"events {dict(self.events)}",
+                f"worker exits {dict(self.exits)}",
+            ]
+        )
+        return FaultResult(
+            plan.fault_name,
+            plan.seed,
+            recovered,
+            ttr,
+            lost,
+            doubled,
+            detail,
+            extra={"seconds": time.monotonic() - self.started, "events": dict(self.events)},
+        )
+
+    def execute(self) -> FaultResult:
+        self.setup()
+        try:
+            self.drive()
+        finally:
+            self._stop_workers(grace=0.0)
+            if self.restarting is not None:
+                self.restarting.join()
+        return self.check()
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+# -- the suite -----------------------------------------------------------------------------------
+
+
+def run_suite(
+    runs: int,
+    seed: int,
+    *,
+    txids: int = 5,
+    faults: Sequence[str] = FAULTS,
+    spark_url: str | None = None,
+    workdir: Path | None = None,
+    progress: Callable[[str], None] = print,
+) -> list[FaultResult]:
+    """Run ``runs`` seeded runs and return their results (one per run).
+
+    :param seed: the master seed; run ``i``'s seed is ``run_seeds(seed, runs)[i]``.
+    :param txids: txids per run.
+    :param faults: the fault kinds runs draw from.
+    :param spark_url: a running Spark Connect server (``sc://127.0.0.1:PORT``); one is started
+        (``local[2]``) if ``None``.
+    :param workdir: where data sets, worker logs and the servers live; a temporary folder if
+        ``None`` (removed when every run passed).
+    :param progress: called with one line per run.
+    """
+    unknown = sorted(set(faults) - set(FAULTS))
+    if unknown or not faults:
+        raise ValueError(f"unknown faults {unknown}; known: {list(FAULTS)}")
+    own_workdir = workdir is None
+    workdir = Path(workdir or tempfile.mkdtemp(prefix="txn-chaos-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    os.chmod(workdir, 0o755)  # the log's Postgres runs as user postgres
+    seeds = run_seeds(seed, runs)
+    progress(
+        f"chaos fast tier: master seed {seed}, {runs} runs, {txids} txids each, faults "
+        f"{','.join(faults)}; logs in {workdir}"
+    )
+    results: list[FaultResult] = []
+    handler = _log_to(workdir / "chaos.log")
+    with _servers(workdir, spark_url) as (pg, url):
+        txlog = TransactionLog.from_url(pg.url, outage_timeout=OUTAGE_TIMEOUT)
+        infra = Infra(pg, url, workdir, txlog)
+        progress(f"Spark Connect warm-up: {warm_up(url, workdir):.1f} s")
+        for index, run_seed in enumerate(seeds):
+            plan = plan_run(run_seed, txids, faults)
+            started = time.monotonic()
+            result = ChaosRun(infra, plan, index).execute()
+            results.append(result)
+            outcome = (
+                f"recovered in {result.seconds_to_recover:.1f} s"
+                if result.seconds_to_recover is not None
+                else "NOT RECOVERED"
+            )
+            progress(
+                f"[{index + 1:>3}/{runs}] seed {run_seed} {plan.describe()} -> {outcome}, "
+                f"lost {result.records_lost}, doubled {result.records_doubled} "
+                f"({time.monotonic() - started:.1f} s){'' if result.ok else '  FAILED'}"
+            )
+        txlog.engine.dispose()
+    logging.getLogger().removeHandler(handler)
+    handler.close()
+    if own_workdir and all(r.ok for r in results):
+        shutil.rmtree(workdir, ignore_errors=True)
+    return results
+
+
+def warm_up(spark_url: str, workdir: Path) -> float:
+    """Run the word count once on the server (its first job compiles for ~15 s): no run pays it."""
+    from pyspark.sql import SparkSession
+
+    from chaos.worker import CONNECT_MODE_ENV, load_transform
+
+    started = time.monotonic()
+    saved = {name: os.environ.get(name) for name in CONNECT_MODE_ENV}
+    data = parquet_dataset(workdir / "warm-up", {"0": random_lines(0, LINES_PER_TXID)})
+    source = PartitionedParquetSource(str(data), max_per_partition=LINES_PER_TXID)
+    session = SparkSession.builder.remote(spark_url).create()
+    try:
+        batch = source.read_batch(session, {"0": [0, LINES_PER_TXID]})
+        load_transform()(batch).toArrow()
+    finally:
+        session.stop()
+        for name, value in saved.items():  # a remote session marks the process: undo it
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    return time.monotonic() - started
+
+
+class _servers:
+    """The log's durable Postgres and (unless given) a Spark Connect server, stopped on exit."""
+
+    def __init__(self, workdir: Path, spark_url: str | None) -> None:
+        self.workdir, self.spark_url = workdir, spark_url
+        self.pg = EmbeddedPostgres(datadir=workdir / "pg", durable=True)
+        self.spark: Any = None
+
+    def __enter__(self) -> tuple[EmbeddedPostgres, str]:
+        self.pg.start()
+        try:
+            url = self.spark_url
+            if url is None:
+                from airflow_txn_provider.testing.spark import SparkConnectServer
+
+                self.spark = SparkConnectServer(workdir=self.workdir / "connect").start()
+                url = self.spark.url
+        except BaseException:
+            self.pg.stop()
+            raise
+        return self.pg, url
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if self.spark is not None:
+                self.spark.stop()
+        finally:
+            self.pg.halt(mode="fast")
+
+
+def _log_to(path: Path) -> logging.Handler:
+    """Send this process's log records to ``path`` (returns the handler, to remove it)."""
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    return handler
+
+
+def _quiet_console() -> None:
+    """No log record on the console: one line per run is the output. The Spark servers' helpers
+    import Airflow, whose logging setup prints every record to stdout; import them first, with
+    Airflow's home out of ``~/airflow``, then drop the console handlers."""
+    os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="txn-chaos-airflow-home-"))
+    import airflow_txn_provider.testing.spark  # noqa: F401
+
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, logging.StreamHandler) and not isinstance(
+            handler, logging.FileHandler
+        ):
+            root.removeHandler(handler)
+
+
+def summary_seconds(results: Sequence[FaultResult]) -> str:
+    seconds = [float(r.extra.get("seconds", 0.0)) for r in results]  # type: ignore[arg-type]
+    return f"median {statistics.median(seconds):.1f} s per run" if seconds else ""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=None, help="master seed (random if omitted)")
+    parser.add_argument("--txids", type=int, default=5, help="txids per run (>= 3)")
+    parser.add_argument(
+        "--faults", default=",".join(FAULTS), help=f"comma-separated, from {','.join(FAULTS)}"
+    )
+    parser.add_argument("--spark-url", default=None, help="use this Spark Connect server")
+    parser.add_argument("--workdir", type=Path, default=None, help="keep everything here")
+    args = parser.parse_args(argv)
+    seed = args.seed if args.seed is not None else random.SystemRandom().getrandbits(32)
+    faults = [f for f in args.faults.split(",") if f]
+    _quiet_console()
+    started = time.monotonic()
+    results = run_suite(
+        args.runs,
+        seed,
+        txids=args.txids,
+        faults=faults,
+        spark_url=args.spark_url,
+        workdir=args.workdir,
+        progress=lambda line: print(line, flush=True),
+    )
+    wall = time.monotonic() - started
+    print()
+    print_table(
+        results,
+        title=f"Fast chaos tier: {len(results)} runs, master seed {seed}, {args.txids} txids per "
+        f"run, wall time {wall / 60:.1f} min ({summary_seconds(results)})",
+    )
+    return 0 if all(r.ok for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""A processing worker of the fast chaos tier: one process per attempt, as an Airflow task is.
+
+``python -m chaos.worker --pipeline P --txid T --attempt A --source JSON --spark-url sc://…``
+(the log's URL in ``$TXN_LOG_URL``) processes one attempt on Spark Connect under a
+:class:`~airflow_txn_provider.lease.LeaseKeeper`, exactly as the Spark Connect path of the
+processing operator does: a new remote session,
+:func:`~airflow_txn_provider.spark.job.process_batch` (read, transform, stage fenced by the
+attempt, mark processed), the session stopped. If the attempt
+is failed meanwhile, the keeper interrupts the session's Spark work.
+
+It does not go through :class:`~airflow_txn_provider.spark.submit.SparkConnectRunner` only
+because importing ``spark.submit`` imports Airflow (its ``TxnSparkSubmitHook`` base class), which
+costs ~1.1 s of CPU per process here, a third of a worker's life; :class:`_ConnectRun` below is
+that class's ``run``/``kill`` without the import.
+
+Exit codes: 0 processed (or the attempt was stale: nothing to do), 1 processing failed (the log
+has the reason), 2 bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from airflow_txn_provider.exceptions import TxnError
+from airflow_txn_provider.lease import LeaseKeeper, holder_name
+from airflow_txn_provider.spark.job import (
+    CONNECT_MODE_ENV,
+    LOG_URL_ENV,
+    BatchJob,
+    ProcessOutcome,
+    Transform,
+    process_batch,
+)
+from airflow_txn_provider.spark.sources import source_from_spec
+from airflow_txn_provider.transaction_log import TransactionLog
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+log = logging.getLogger("chaos.worker")
+
+ROOT = Path(__file__).resolve().parents[1]
+WORD_COUNT = ROOT / "spark_jobs" / "word_count.py"
+
+
+class _ConnectRun:
+    """``SparkConnectRunner.run`` / ``.kill`` (see the module docstring for why not the class)."""
+
+    def __init__(self, transform: Transform, url: str) -> None:
+        self.transform = transform
+        self.url = url
+        self.session: SparkSession | None = None
+
+    def run(self, job: BatchJob, txlog: TransactionLog) -> ProcessOutcome:
+        from pyspark.sql import SparkSession
+
+        for name in CONNECT_MODE_ENV:  # what a remote session leaves behind (one job per process)
+            os.environ.pop(name, None)
+        self.session = SparkSession.builder.remote(self.url).create()
+        try:
+            return process_batch(self.session, txlog, job, self.transform)
+        finally:
+            session, self.session = self.session, None
+            session.stop()
+
+    def kill(self) -> None:
+        session = self.session
+        if session is not None:
+            log.info("interrupted Spark Connect operations %s", session.interruptAll())
+
+
+def load_transform(path: Path = WORD_COUNT) -> Transform:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"chaos_job_{path.stem}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.transform  # type: ignore[no-any-return]
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pipeline", required=True)
+    parser.add_argument("--txid", required=True, type=int)
+    parser.add_argument("--attempt", required=True, type=int)
+    parser.add_argument("--source", required=True, help="JSON from SparkSource.to_spec()")
+    parser.add_argument("--spark-url", required=True, help="sc://127.0.0.1:PORT")
+    parser.add_argument("--lease", type=float, default=3.0, help="lease timeout, seconds")
+    parser.add_argument("--outage-timeout", type=float, default=60.0)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    url = os.environ.get(LOG_URL_ENV)
+    if not url:
+        print(f"error: ${LOG_URL_ENV} is not set", file=sys.stderr)
+        return 2
+    job = BatchJob(args.pipeline, args.txid, args.attempt, source_from_spec(args.source))
+    txlog = TransactionLog.from_url(url, migrate=False, outage_timeout=args.outage_timeout)
+    runner = _ConnectRun(load_transform(), args.spark_url)
+    holder = holder_name(f"chaos worker txid {job.txid} attempt {job.attempt}")
+    try:
+        with LeaseKeeper(
+            txlog,
+            job.pipeline,
+            job.txid,
+            job.attempt,
+            holder=holder,
+            timeout=args.lease,
+            on_lost=runner.kill,
+        ) as keeper:
+            if keeper.lost:  # failed before this process could take the lease over
+                print(json.dumps({"status": "stale"}))
+                return 0
+            outcome = runner.run(job, txlog)
+    except TxnError as err:
+        log.error("%s", err)
+        return 1
+    finally:
+        txlog.engine.dispose()
+    print(json.dumps({"status": outcome.status, "staged_rows": dict(outcome.staged_rows)}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
