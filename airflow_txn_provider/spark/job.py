@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_txn_provider.coordinator import ProcessedAction, TxRecord, attempt_may_stage
 from airflow_txn_provider.exceptions import (
+    IncompleteBatchError,
     MalformedRecordError,
     NotBegunError,
     ProcessingError,
@@ -228,6 +229,14 @@ def _compute(
                 attempt=job.attempt,
                 location=job.source.describe_location(location, record),
             )
+    mismatch = job.source.batch_mismatch(batch, metadata)
+    if mismatch is not None:
+        raise IncompleteBatchError(
+            f"the batch read is not the batch its metadata describes: {mismatch}",
+            pipeline=job.pipeline,
+            txid=job.txid,
+            attempt=job.attempt,
+        )
     results = transform(job.source.records(batch))
     by_state = _results_by_state(results, states, job)
     return {state: frame.toArrow() for state, frame in by_state.items()}

@@ -77,6 +77,13 @@ class SparkSource(Source):
         """``batch`` as the user's transform sees it (helper columns dropped)."""
         return batch
 
+    def batch_mismatch(self, batch: DataFrame, metadata: Metadata) -> str | None:
+        """What ``batch`` lacks against ``metadata`` (e.g. records a partition should hold), or
+        ``None``. The job refuses a batch with a mismatch (:class:`~airflow_txn_provider.
+        exceptions.IncompleteBatchError`) rather than commit it as if it were whole. ``None``
+        (the default): the source cannot tell from its metadata how many records to expect."""
+        return None
+
     def describe_location(self, location: str, record: str) -> str:
         """Turn a ``LOCATION`` value into text a person can act on (e.g. add a line number)."""
         return location
@@ -120,10 +127,13 @@ def _local_path(file_uri: str) -> str:
 class PartitionedParquetSource(TransactionalSource, SparkSource):
     """A Parquet dataset ``<path>/<partition_column>=<p>/*.parquet`` with an increasing offset.
 
-    Each partition's rows carry an ``offset`` that increases with every appended row (as a Kafka
-    partition's). A txid takes at most ``max_per_partition`` new offsets of every partition; its
-    metadata is ``{p: [start, end)}``. Appends must only add offsets above the existing ones: the
-    batch of a txid is then the same on every replay.
+    Each partition's rows carry consecutive offsets: every appended row takes the next one (as in
+    a Kafka partition). A txid takes at most ``max_per_partition`` new offsets of every partition;
+    its metadata is ``{p: [start, end)}``, so its batch holds ``end - start`` records of ``p``; a
+    batch that reads another number fails its txid
+    (:class:`~airflow_txn_provider.exceptions.IncompleteBatchError`). Appends must only add
+    offsets above the existing ones: the batch of a txid is then the same on every replay. The
+    partition column is the directory's value as a string, exactly (``p=01`` is ``"01"``).
 
     New offsets are found from Parquet footers (the column's max statistic), not by reading data.
 
@@ -176,24 +186,50 @@ class PartitionedParquetSource(TransactionalSource, SparkSource):
 
     # Spark side ---------------------------------------------------------------------------------
 
+    def _ranges(self, metadata: Metadata) -> dict[str, tuple[int, int]]:
+        return {str(p): (int(r[0]), int(r[1])) for p, r in dict(metadata).items() if r[1] > r[0]}
+
     def read_batch(self, spark: SparkSession, metadata: Metadata) -> DataFrame:
         from pyspark.sql import functions as F
 
-        ranges = {str(p): (int(r[0]), int(r[1])) for p, r in dict(metadata).items() if r[1] > r[0]}
+        ranges = self._ranges(metadata)
         if not ranges:
             raise ValueError(f"metadata {metadata!r} names no records")
         base = self.path.rstrip("/")
-        # Listing only the batch's partition directories is the partition pruning; the offset
-        # filter goes down to the Parquet reader (row groups outside the range are skipped).
-        dirs = [f"{base}/{self.partition_column}={p}" for p in sorted(ranges)]
-        frame = spark.read.option("basePath", base).parquet(*dirs)
-        part = F.col(self.partition_column).cast("string")
+        # Each partition directory is read by its path and labelled with the partition value of
+        # the metadata, as a string: Spark's partition discovery would infer p=01 as 1 (also
+        # p=1.50, p=+5) and a comparison with the directory's name then matched nothing. Listing
+        # only the batch's directories is the partition pruning; the offset filter goes down to
+        # the Parquet reader (row groups outside the range are skipped).
         offset = F.col(self.offset_column)
-        condition = functools.reduce(
-            operator.or_,
-            [(part == p) & (offset >= a) & (offset < b) for p, (a, b) in sorted(ranges.items())],
-        )
-        return frame.where(condition)
+        # The file of each row, for malformed_records (a union does not carry _metadata).
+        located = [F.col("_metadata.file_path").alias(LOCATION)] if self.required_columns else []
+        frames = [
+            spark.read.parquet(f"{base}/{self.partition_column}={p}")
+            .where((offset >= a) & (offset < b))
+            .select("*", F.lit(p).alias(self.partition_column), *located)
+            for p, (a, b) in sorted(ranges.items())
+        ]
+        return functools.reduce(lambda x, y: x.unionByName(y, allowMissingColumns=True), frames)
+
+    def records(self, batch: DataFrame) -> DataFrame:
+        return batch.drop(LOCATION)
+
+    def batch_mismatch(self, batch: DataFrame, metadata: Metadata) -> str | None:
+        """Offsets are consecutive (each appended row takes the next one), so ``[start, end)``
+        of a partition is ``end - start`` records: fewer (a directory that does not match its
+        metadata, files gone) or more (offsets written twice) is reported, never committed."""
+        ranges = self._ranges(metadata)
+        found = {
+            str(row[0]): int(row[1])
+            for row in batch.groupBy(self.partition_column).count().collect()
+        }
+        problems = [
+            f"partition {p!r} offsets [{a}, {b}): {found.get(p, 0)} records read, {b - a} expected"
+            for p, (a, b) in sorted(ranges.items())
+            if found.get(p, 0) != b - a
+        ]
+        return "; ".join(problems) or None
 
     def malformed_records(self, batch: DataFrame) -> DataFrame | None:
         if not self.required_columns:
@@ -201,13 +237,14 @@ class PartitionedParquetSource(TransactionalSource, SparkSource):
         from pyspark.sql import functions as F
 
         missing = functools.reduce(operator.or_, [F.col(c).isNull() for c in self.required_columns])
+        columns = [F.col(c) for c in batch.columns if c != LOCATION]
         return batch.where(missing).select(
             F.concat(
-                F.col("_metadata.file_path"),
+                F.col(LOCATION),
                 F.lit(f" {self.offset_column}="),
                 F.col(self.offset_column),
             ).alias(LOCATION),
-            F.to_json(F.struct(*[F.col(c) for c in batch.columns])).alias(RECORD),
+            F.to_json(F.struct(*columns)).alias(RECORD),
         )
 
     def describe_location(self, location: str, record: str) -> str:

@@ -9,6 +9,7 @@ import io
 import math
 import subprocess
 from decimal import Decimal
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -29,6 +30,9 @@ from airflow_txn_provider.state import (
 from airflow_txn_provider.testing.postgres import EmbeddedPostgres, postgres_bindir
 from airflow_txn_provider.transaction_log import TransactionLog
 from airflow_txn_provider.ui import reader
+from tests.spark_data import lines_in_ranges, parquet_dataset, random_lines, word_counts
+
+JOBS = Path(__file__).resolve().parents[2] / "spark_jobs"
 
 KINDS = ["non_transactional", "transactional", "opaque"]
 
@@ -254,3 +258,96 @@ def test_reserved_words_as_key_columns_work_end_to_end(txlog, kind):
         assert state.rows(conn)[0]["user"] == "u"
     summary = reader.state_summaries(txlog.engine, pipeline)
     assert "error" not in summary[0], summary
+
+
+# -- item 3: partition directories Spark would read as numbers ----------------------------------
+
+
+def _word_count():
+    from airflow_txn_provider.spark.submit import load_job_module
+
+    return load_job_module(JOBS / "word_count.py")
+
+
+def test_zero_padded_partition_directories_are_read_whole(txlog, tmp_path, spark):
+    """Spark read ``p=01`` as 1, the filter on "01" matched nothing and the txid committed an
+    empty batch (also ``p=1.50`` and ``p=+5``)."""
+    from airflow_txn_provider.spark.job import BatchJob, process_batch
+    from airflow_txn_provider.spark.sources import PartitionedParquetSource
+    from airflow_txn_provider.state import commit_registered
+
+    data = {"01": random_lines(1, 30), "1.50": random_lines(2, 20), "+5": random_lines(3, 10)}
+    source = PartitionedParquetSource(str(parquet_dataset(tmp_path / "ds", data)), 100)
+    txlog.register_pipeline("padded", source_kind="transactional", max_pending=2)
+    words = MapState("padded", "padded_w", keys={"word": "text"}).create(txlog.engine)
+    e = txlog.begin_next("padded", source)
+    assert e.metadata == {"01": [0, 30], "1.50": [0, 20], "+5": [0, 10]}
+    outcome = process_batch(
+        spark, txlog, BatchJob("padded", 1, e.attempt, source), _word_count().transform
+    )
+    assert outcome.status == "processed"
+    commit_registered(txlog, "padded", 1, e.attempt)
+    with txlog.engine.connect() as conn:
+        committed = {k[0]: v for k, v in words.items(conn).items()}
+    assert committed == dict(word_counts(lines_in_ranges(data, e.metadata)))
+    batch = source.read_batch(spark, e.metadata)
+    assert sorted(r[0] for r in batch.select("p").distinct().collect()) == ["+5", "01", "1.50"]
+
+
+def test_a_batch_that_reads_fewer_records_than_its_metadata_fails_the_txid(txlog, tmp_path, spark):
+    from airflow_txn_provider.exceptions import IncompleteBatchError
+    from airflow_txn_provider.spark.job import BatchJob, process_batch
+    from airflow_txn_provider.spark.sources import PartitionedParquetSource
+
+    data = {"0": random_lines(4, 100), "1": random_lines(5, 20)}
+    root = parquet_dataset(tmp_path / "ds", data)
+    source = PartitionedParquetSource(str(root), 100)
+    txlog.register_pipeline("short", source_kind="transactional", max_pending=2)
+    MapState("short", "short_w", keys={"word": "text"}).create(txlog.engine)
+    e = txlog.begin_next("short", source)
+    assert e.metadata == {"0": [0, 100], "1": [0, 20]}
+    (root / "p=0" / "part-00000050.parquet").unlink()  # 50 records gone after begin
+    with pytest.raises(
+        IncompleteBatchError,
+        match=r"partition '0' offsets \[0, 100\): 50 records read, 100 expected",
+    ) as err:
+        process_batch(
+            spark, txlog, BatchJob("short", 1, e.attempt, source), _word_count().transform
+        )
+    assert (err.value.pipeline, err.value.txid, err.value.attempt) == ("short", 1, e.attempt)
+    assert txlog.transaction("short", 1).status is TxStatus.FAILED
+
+
+# -- item 2 on Spark: two jobs of one txid stage the same state ----------------------------------
+
+
+def test_two_spark_jobs_staging_one_state_are_both_committed(txlog, tmp_path, spark):
+    """The second job's rows replaced the first's and the count check passed."""
+    from pyspark.sql import functions as F
+
+    from airflow_txn_provider.spark.job import BatchJob, process_batch
+    from airflow_txn_provider.spark.sources import PartitionedParquetSource
+    from airflow_txn_provider.state import commit_registered
+
+    data = {"0": random_lines(6, 40), "1": random_lines(7, 25)}
+    source = PartitionedParquetSource(str(parquet_dataset(tmp_path / "ds", data)), 100)
+    txlog.register_pipeline("shared", source_kind="transactional", max_pending=2)
+    counts = MapState("shared", "shared_c", keys={"what": "text"}).create(txlog.engine)
+    e = txlog.begin_next("shared", source)
+    job = BatchJob("shared", 1, e.attempt, source, finish=False)
+
+    def lines(batch):
+        return batch.select(F.lit("lines").alias("what"), F.lit(1).cast("long").alias("delta"))
+
+    def partitions(batch):
+        return batch.groupBy(F.concat(F.lit("p"), "p").alias("what")).agg(
+            F.count("*").alias("delta")
+        )
+
+    for transform in (lines, partitions, lines):  # the rerun of `lines` replaces its own rows
+        assert process_batch(spark, txlog, job, transform).status == "staged"
+    assert record_processed(txlog, "shared", 1, e.attempt) == "accept"
+    assert txlog.transaction("shared", 1).output == {counts.output_key: 65 + 2}
+    commit_registered(txlog, "shared", 1, e.attempt)
+    with txlog.engine.connect() as conn:
+        assert counts.items(conn) == {("lines",): 65, ("p0",): 40, ("p1",): 25}
