@@ -117,14 +117,36 @@ def _spark_submit_hook_class() -> type:
 
 
 class TxnSparkSubmitHook(_spark_submit_hook_class()):  # type: ignore[misc]
-    """The provider's ``SparkSubmitHook`` with two changes for transaction jobs.
+    """The provider's ``SparkSubmitHook`` with three changes for transaction jobs.
 
     * A missing connection means ``local[*]``, not the provider's ``yarn`` fallback: a laptop or
       a CI runner works without configuration; set the connection to go to a cluster.
+    * ``env_vars`` only ever become ``spark-submit``'s process environment, readable by its user
+      alone. The provider turns them into ``--conf spark.yarn.appMasterEnv.*`` /
+      ``spark.kubernetes.driverEnv.*`` settings for a YARN or Kubernetes master: secrets in them
+      would be on a command line (``ps``), in the Spark UI and in YARN. The driver runs in that
+      process (client deploy mode); cluster deploy mode on YARN or Kubernetes is refused unless
+      ``conf`` gives the driver the log another way (a Kubernetes secret reference).
     * ``spark-submit`` runs in its own process group and :meth:`on_kill` signals the whole group:
       killing only the ``spark-submit`` JVM (the provider's default) can leave its Python driver
       and workers running.
     """
+
+    def __init__(self, *, env_vars: Mapping[str, str] | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)  # no env_vars: the provider would put them on the command line
+        self._process_env = dict(env_vars or {})
+        conn = self._connection
+        remote = "yarn" in conn["master"] or "k8s" in conn["master"]
+        if remote and conn["deploy_mode"] == "cluster":
+            given = [k for k in (self._conf or {}) if k.endswith(f".{LOG_URL_ENV}")]
+            if not any(k.startswith("spark.kubernetes.driver.secretKeyRef.") for k in given):
+                raise ValueError(
+                    f"spark connection {self._conn_id!r}: cluster deploy mode on {conn['master']} "
+                    f"runs the driver in the cluster, which then needs ${LOG_URL_ENV} without "
+                    "it going on a command line: use client deploy mode, or (Kubernetes) set "
+                    f"spark.kubernetes.driver.secretKeyRef.{LOG_URL_ENV}=<secret>:<key> in the "
+                    "pipeline's spark_conf"
+                )
 
     def _resolve_connection(self) -> dict[str, Any]:
         from airflow.exceptions import AirflowNotFoundException
@@ -140,6 +162,8 @@ class TxnSparkSubmitHook(_spark_submit_hook_class()):  # type: ignore[misc]
 
     def submit(self, application: str = "", **kwargs: Any) -> str | None:
         kwargs.setdefault("start_new_session", True)
+        if self._process_env:
+            kwargs.setdefault("env", self._process_env)
         return cast("str | None", super().submit(application, **kwargs))
 
     def on_kill(self) -> None:
