@@ -56,6 +56,7 @@ FAULTS = (
     "kill_scheduler",
     "kill_triggerer",
     "cascade_herd",
+    "duplicate_task",
 )
 """Every fault the suite knows, in the order the table lists them."""
 
@@ -187,8 +188,15 @@ def inject(
     txid, pid = _wait(
         lambda: _processing_holder(log, name, rng.randint(1, 3)), 240, "a processing task"
     )
-    time.sleep(rng.uniform(0, 1.5))
+    time.sleep(rng.uniform(0, 0.5))  # processing a batch takes about a second
     began = datetime.now(UTC)
+    if plan.fault == "duplicate_task":
+        attempt = log.transaction(name, txid).attempt
+        staged = _process_again(d, plan, txid, attempt, log)
+        return (
+            f"txid {txid} attempt {attempt} processed a second time beside its task: {staged}",
+            began,
+        )
     if plan.fault == "kill_processing":
         os.kill(pid, signal.SIGKILL)
         return f"SIGKILL of txid {txid}'s processing task (pid {pid})", began
@@ -214,13 +222,29 @@ def inject(
         d.stack.start_component("api-server")
         return ("api-server stopped for 30 s", began)
     component = {"kill_scheduler": "scheduler", "kill_triggerer": "triggerer"}[plan.fault]
-    d.stack.kill(component)
+    killed = d.stack.kill(component)
     time.sleep(3)
     d.stack.start_component(component)
     return (
-        f"{component} SIGKILLed (with its task processes) at txid {txid}, back 3 s later",
+        f"{component} SIGKILLed with its {len(killed)} child processes at txid {txid}, "
+        "back 3 s later",
         began,
     )
+
+
+def _process_again(d: Deployment, plan: Plan, txid: int, attempt: int, log: Any) -> str:
+    """Run ``(txid, attempt)``'s processing once more, in this process, while its task runs: what
+    Airflow does when it runs one task instance twice (apache/airflow#23520)."""
+    from airflow_txn_provider.spark.job import BatchJob
+    from airflow_txn_provider.spark.sources import PartitionedParquetSource
+    from airflow_txn_provider.spark.submit import SparkConnectRunner
+
+    source = PartitionedParquetSource(str(d.workdir / "data" / plan.name), max_per_partition=BATCH)
+    job = BatchJob(plan.name, txid, attempt, source)
+    outcome = SparkConnectRunner(str(ROOT / "spark_jobs" / "word_count.py"), url=d.connect.url).run(
+        job, log
+    )
+    return outcome.status
 
 
 # -- one run -----------------------------------------------------------------------------------

@@ -189,15 +189,17 @@ class AirflowStack:
             self._down.discard(name)
         log.close()
 
-    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> list[int]:
         """Stop one component's whole process group (SIGKILL: a crash, with the task processes a
-        LocalExecutor scheduler runs); it stays down until :meth:`start_component`."""
+        LocalExecutor scheduler runs); it stays down until :meth:`start_component`. Returns the
+        pids of the descendants signalled with it."""
         with self._lock:
             self._down.add(name)
             proc = self.procs[name]
         # Its task processes too, wherever their process group is (a LocalExecutor's tasks die
         # with their scheduler: that is the fault).
-        for pid in _descendants(proc.pid):
+        descendants = _descendants(proc.pid)
+        for pid in descendants:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
         _signal_group(proc, sig)
@@ -206,6 +208,7 @@ class AirflowStack:
         except subprocess.TimeoutExpired:
             _signal_group(proc, signal.SIGKILL)
             proc.wait(10)
+        return descendants
 
     def _supervise(self) -> None:
         while not self._stopping:
