@@ -53,9 +53,14 @@ test-integration: install
 	$(PY) -m pytest -m integration $(PYTEST_ARGS)
 
 lint: install
-	$(VENV)/bin/ruff check airflow_txn_provider spark_jobs tests benchmarks dags scripts
-	$(VENV)/bin/ruff format --check airflow_txn_provider spark_jobs tests benchmarks dags scripts
+	$(VENV)/bin/ruff check airflow_txn_provider spark_jobs tests benchmarks dags scripts chaos
+	$(VENV)/bin/ruff format --check airflow_txn_provider spark_jobs tests benchmarks dags scripts chaos
 	$(VENV)/bin/mypy
+
+# The fast chaos tier (no Airflow): 200 seeded runs, a table of faults x recovery x lost x doubled.
+SEED ?= 2026
+chaos-fast: install
+	$(PY) chaos/fast.py --runs 200 --seed $(SEED)
 
 bench-core: install
 	$(PY) benchmarks/bench_core.py

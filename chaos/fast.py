@@ -26,7 +26,7 @@ occurrences, the state's unit).
 txid that was in flight (begun, not committed) at that moment had committed; 0 when none was. A
 run with several faults reports the longest. It includes the normal processing of those txids.
 
-Usage: ``python chaos/fast.py --runs 200 --seed 2026 [--txids 5] [--faults a,b]``. Every run
+Usage: ``python chaos/fast.py --runs 200 --seed 2026 [--txids 4] [--faults a,b]``. Every run
 prints its own seed; ``--seed <run seed> --runs 1`` (with the same ``--txids`` and ``--faults``)
 replays that run's plan: the first run of a suite uses the master seed itself. The plan (data,
 window, faults, moments) is replayed exactly; the interleaving of processes is the machine's.
@@ -61,6 +61,7 @@ if str(ROOT) not in sys.path:  # run as a script: chaos/ and tests/ are packages
 
 from airflow_txn_provider.coordinator import (  # noqa: E402
     BeginAction,
+    PipelineView,
     TxStatus,
     committable,
 )
@@ -217,6 +218,8 @@ class ChaosRun:
             for i, p in enumerate(PARTITIONS)
         }
         self.source: PartitionedParquetSource | None = None
+        self.view: PipelineView | None = None
+        """The driver's latest view of the pipeline."""
         self.workers: list[Worker] = []
         self.spawned = 0
         self.spawn_times: dict[int, float] = {}
@@ -270,7 +273,7 @@ class ChaosRun:
         txlog, pipeline = self.txlog, self.pipeline
         if txlog.expire_leases(pipeline):
             self.events["lease expired"] += 1
-        view = txlog.view(pipeline)
+        view = self.view = txlog.view(pipeline)
         rec = committable(view)
         while rec is not None:
             try:
@@ -284,7 +287,7 @@ class ChaosRun:
                 break
             self.committed_at[rec.txid] = time.monotonic()
             self.last_committed = rec.txid
-            view = txlog.view(pipeline)
+            view = self.view = txlog.view(pipeline)
             rec = committable(view)
         assert self.source is not None
         for txid in view.window:
@@ -380,7 +383,7 @@ class ChaosRun:
                 self._restart_log(fault)
                 self.pending.remove(entry)
             else:
-                live = [w for w in self.workers if w.alive()]
+                live = self._working()
                 victim = next((w for w in live if w.spawn == target), None)
                 if victim is None and live:
                     victim = max(live, key=lambda w: w.spawn)
@@ -390,6 +393,20 @@ class ChaosRun:
                 self._fire(fault, f"SIGKILL worker txid {victim.txid} attempt {victim.attempt}")
                 _kill_group(victim.popen.pid)
                 self.pending.remove(entry)
+
+    def _working(self) -> list[Worker]:
+        """Live workers, those of a current processing attempt only if there are any (a worker
+        whose attempt was failed is on its way out: killing it tests nothing)."""
+        live = [w for w in self.workers if w.alive()]
+        view = self.view
+
+        def current(w: Worker) -> bool:
+            rec = view.record(w.txid) if view is not None else None
+            return (
+                rec is not None and rec.attempt == w.attempt and rec.status is TxStatus.PROCESSING
+            )
+
+        return [w for w in live if current(w)] or live
 
     def _fire(self, fault: FaultPlan, what: str) -> None:
         in_flight = tuple(range(self.last_committed + 1, self.max_begun + 1))
@@ -501,7 +518,7 @@ def run_suite(
     runs: int,
     seed: int,
     *,
-    txids: int = 5,
+    txids: int = 4,
     faults: Sequence[str] = FAULTS,
     spark_url: str | None = None,
     workdir: Path | None = None,
@@ -539,7 +556,13 @@ def run_suite(
         for index, run_seed in enumerate(seeds):
             plan = plan_run(run_seed, txids, faults)
             started = time.monotonic()
-            result = ChaosRun(infra, plan, index).execute()
+            try:
+                result = ChaosRun(infra, plan, index).execute()
+            except Exception as err:  # the harness itself broke: a failed run, not a crash
+                log.exception("run %s (seed %s) broke", index, run_seed)
+                result = FaultResult(
+                    plan.fault_name, run_seed, False, None, 0, 0, f"{plan.describe()}; {err!r}"
+                )
             results.append(result)
             outcome = (
                 f"recovered in {result.seconds_to_recover:.1f} s"
@@ -649,7 +672,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--seed", type=int, default=None, help="master seed (random if omitted)")
-    parser.add_argument("--txids", type=int, default=5, help="txids per run (>= 3)")
+    parser.add_argument("--txids", type=int, default=4, help="txids per run (>= 3)")
     parser.add_argument(
         "--faults", default=",".join(FAULTS), help=f"comma-separated, from {','.join(FAULTS)}"
     )

@@ -86,7 +86,8 @@ def format_table(results: Sequence[FaultResult]) -> str:
         ]
         return "| " + " | ".join(padded) + " |"
 
-    rule = "|" + "|".join("-" * (w + 1) + ("-" if i in left else ":") for i, w in enumerate(widths))
+    cells = ["-" * (w + 1) + ("-" if i in left else ":") for i, w in enumerate(widths)]
+    rule = "|" + "|".join(cells) + "|"
     return "\n".join([line(HEADER), rule, *(line(r) for r in rows[1:])])
 
 
