@@ -6,6 +6,7 @@
 # make bench-core : transaction-core benchmark (prints a table)
 # make bench-spark: per-txid overhead of spark-submit / Spark Connect / standalone, records/s
 # make bench-airflow: commit gap and max_pending=4 vs 1 speedup on a real Airflow
+# make chaos : the seeded chaos suite (faults caused for real; both tiers print their tables)
 
 PYTHON ?= python3
 VENV   := .venv
@@ -14,7 +15,7 @@ STAMP  := $(VENV)/.installed-stamp
 PYSPARK_VERSION := 4.3.0
 PYTEST_ARGS ?=
 
-.PHONY: demo demo-stop demo-core install system-deps test test-unit test-integration lint bench-core bench-spark bench-airflow clean
+.PHONY: demo demo-stop demo-core install system-deps test test-unit test-integration lint chaos chaos-fast chaos-airflow bench-core bench-spark bench-airflow clean
 
 install: $(STAMP)
 
@@ -57,10 +58,19 @@ lint: install
 	$(VENV)/bin/ruff format --check airflow_txn_provider spark_jobs tests benchmarks dags scripts chaos
 	$(VENV)/bin/mypy
 
-# The fast chaos tier (no Airflow): 200 seeded runs, a table of faults x recovery x lost x doubled.
+# The chaos suite: both tiers, each printing a table of faults x recovery x lost x doubled and every
+# run's seed (make test runs a fixed-seed subset of both).
+# chaos-fast: no Airflow, 200 seeded runs. chaos-airflow: every fault on a real Airflow, CHAOS_REPEAT
+# runs each.
 SEED ?= 2026
+CHAOS_REPEAT ?= 2
+chaos: chaos-fast chaos-airflow
+
 chaos-fast: install
 	$(PY) chaos/fast.py --runs 200 --seed $(SEED)
+
+chaos-airflow: install
+	$(PY) chaos/on_airflow.py --seed $(SEED) --repeat $(CHAOS_REPEAT)
 
 bench-core: install
 	$(PY) benchmarks/bench_core.py
