@@ -6,13 +6,15 @@ and renders a Jinja template (HTML escaped) or returns the same payload as JSON.
 Who may see what is Airflow's decision: every route depends on Airflow's own ``get_user`` (a
 Bearer token, or the ``_token`` cookie the Airflow UI sets, which the page's iframe sends since it
 is served from the same origin), so an anonymous request gets 401/403 and no data. A pipeline is
-shown to users who may read the DAG of the same name (the auth manager's
-``get_authorized_dag_ids``); a pipeline without a DAG only to users who may read all DAGs.
+shown to users who may read a DAG that runs it (the auth manager's ``get_authorized_dag_ids``,
+against the DAG ids the log recorded for the pipeline: not a DAG that merely has its name); a
+pipeline without a known DAG only to users who may read all DAGs.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any
@@ -72,24 +74,39 @@ def auth_manager() -> BaseAuthManager:
     return get_auth_manager()
 
 
-def access_for(manager: Any, user: Any) -> model.DagAccess:
+def access_for(
+    manager: Any, user: Any, pipeline_dags: Callable[[], Mapping[str, frozenset[str]]] | None = None
+) -> model.DagAccess:
     """Which pipelines ``user`` may read: all if the auth manager grants reading DAGs without
-    naming one, else those named like a DAG in ``get_authorized_dag_ids``."""
+    naming one, else those run by a DAG in ``get_authorized_dag_ids`` (``pipeline_dags`` says
+    which DAGs run which pipeline; read only for such a user)."""
     if manager.is_authorized_dag(method="GET", user=user):
         return model.DagAccess(all_dags=True)
     return model.DagAccess(
-        dag_ids=frozenset(manager.get_authorized_dag_ids(user=user, method="GET"))
+        dag_ids=frozenset(manager.get_authorized_dag_ids(user=user, method="GET")),
+        pipeline_dags=dict(pipeline_dags() if pipeline_dags is not None else {}),
     )
 
 
+LogDep = Annotated[TransactionLog, Depends(get_log)]
+
+
+def get_pipeline_dags(txn_log: LogDep) -> Callable[[], Mapping[str, frozenset[str]]]:
+    """Which DAGs run which pipeline, read when needed (tests stand in for it)."""
+    return lambda: reader.pipeline_dags(txn_log)
+
+
 def get_access(
-    user: GetUserDep, manager: Annotated[BaseAuthManager, Depends(auth_manager)]
+    user: GetUserDep,
+    manager: Annotated[BaseAuthManager, Depends(auth_manager)],
+    pipeline_dags: Annotated[
+        Callable[[], Mapping[str, frozenset[str]]], Depends(get_pipeline_dags)
+    ],
 ) -> model.DagAccess:
-    return access_for(manager, user)
+    return access_for(manager, user, pipeline_dags)
 
 
 AccessDep = Annotated[model.DagAccess, Depends(get_access)]
-LogDep = Annotated[TransactionLog, Depends(get_log)]
 PipelineName = Annotated[str, PathParam(min_length=1, max_length=250)]
 
 

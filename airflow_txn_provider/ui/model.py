@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -42,16 +42,21 @@ RATE_WINDOW_S = 300.0
 class DagAccess:
     """Which pipelines a user may read, from Airflow's auth manager.
 
-    A pipeline is visible if the user may read the DAG of the same name. A pipeline without such a
-    DAG (registered by a script, or its DAG was deleted) is visible only to users who may read all
-    DAGs: nobody else has a permission that covers it.
+    A pipeline is visible if the user may read a DAG that runs it (``pipeline_dags``, as the
+    transaction log recorded them), not a DAG that merely has the pipeline's name: a DAG built
+    with ``build_dag(pipeline, dag_id=…)`` has another id, and a DAG named like the pipeline may
+    be unrelated. A pipeline no known DAG runs (registered by a script, or its DAG never began a
+    txid) is visible only to users who may read all DAGs: nobody else has a permission that
+    covers it.
     """
 
     all_dags: bool = False
     dag_ids: frozenset[str] = field(default_factory=frozenset)
+    pipeline_dags: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    """Pipeline name -> ids of the DAGs that run it."""
 
     def may_read(self, pipeline: str) -> bool:
-        return self.all_dags or pipeline in self.dag_ids
+        return self.all_dags or not self.dag_ids.isdisjoint(self.pipeline_dags.get(pipeline, ()))
 
     def visible(self, pipelines: Iterable[str]) -> list[str]:
         return [name for name in pipelines if self.may_read(name)]

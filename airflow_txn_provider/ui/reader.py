@@ -107,6 +107,23 @@ class LogProvider:
             self._logs.clear()
 
 
+# -- who runs which pipeline ------------------------------------------------------------------
+
+
+def pipeline_dags(txn_log: TransactionLog) -> dict[str, frozenset[str]]:
+    """Pipeline -> ids of the DAGs that run it, as their ``begin`` tasks recorded in the log.
+
+    Recorded by the DAG that runs the pipeline, so it holds whatever ``dag_id`` the DAG was built
+    with; nothing else the page can read (Airflow's serialized DAGs do not carry the pipeline)
+    ties a DAG to its pipeline. A log that records none yet maps nothing: then only users who may
+    read every DAG see pipelines, rather than anyone who may read a DAG named like one.
+    """
+    recorded = getattr(txn_log, "pipeline_dags", None)
+    if recorded is None:
+        return {}
+    return {str(p): frozenset(map(str, ids)) for p, ids in dict(recorded()).items()}
+
+
 # -- payloads ----------------------------------------------------------------------------------
 
 

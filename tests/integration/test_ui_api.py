@@ -26,6 +26,7 @@ from airflow_txn_provider.state import GlobalState, MapState, commit_states, sta
 from airflow_txn_provider.timetables import txid_run_id
 from airflow_txn_provider.transaction_log import TransactionLog
 from airflow_txn_provider.ui import app as ui_app
+from airflow_txn_provider.ui import reader
 from tests.conftest import new_database, set_txn_log_connection
 
 SCRIPT = '<script>alert("x")</script>'
@@ -99,12 +100,20 @@ class FakeAuthManager:
         return set(self.dag_ids)
 
 
-def client_for(txlog: TransactionLog | None, manager: FakeAuthManager | None) -> TestClient:
-    """The plugin's app mounted like Airflow's api-server does; ``manager`` None: no user."""
+def client_for(
+    txlog: TransactionLog | None,
+    manager: FakeAuthManager | None,
+    pipeline_dags: dict[str, set[str]] | None = None,
+) -> TestClient:
+    """The plugin's app mounted like Airflow's api-server does; ``manager`` None: no user;
+    ``pipeline_dags``: which DAGs run which pipeline, as the log would have recorded them."""
     app = ui_app.app
     app.dependency_overrides.clear()
     if txlog is not None:
         app.dependency_overrides[ui_app.get_log] = lambda: txlog
+    if pipeline_dags is not None:
+        dags = {p: frozenset(ids) for p, ids in pipeline_dags.items()}
+        app.dependency_overrides[ui_app.get_pipeline_dags] = lambda: lambda: dags
     if manager is not None:
         app.dependency_overrides[get_user] = lambda: "someone"
         app.dependency_overrides[ui_app.auth_manager] = lambda: manager
@@ -147,7 +156,11 @@ def test_without_a_user_nothing_is_shown(db, path):
 
 
 def test_a_user_sees_only_pipelines_whose_dag_they_may_read(db):
-    client = client_for(db[1], FakeAuthManager(dag_ids=("words", "some_other_dag")))
+    client = client_for(
+        db[1],
+        FakeAuthManager(dag_ids=("words", "some_other_dag")),
+        {"words": {"words"}, "secret": {"secret"}},
+    )
     listed = client.get("/transactions/api/pipelines").json()["pipelines"]
     assert [p["name"] for p in listed] == ["words"]
     assert "secret" not in client.get("/transactions/").text
@@ -157,6 +170,31 @@ def test_a_user_sees_only_pipelines_whose_dag_they_may_read(db):
     assert "'secret'" in denied.json()["detail"]
     page = client.get("/transactions/pipelines/secret/runs/txid-000001")
     assert page.status_code == 403 and "secret" in page.text
+
+
+def test_a_pipeline_is_authorised_by_the_dag_that_runs_it_not_by_its_name(db):
+    """build_dag(pipeline, dag_id=...) may name the DAG otherwise: readers of an unrelated DAG
+    named like the pipeline saw it, readers of the real DAG got 403."""
+    runs = {"words": {"words_etl"}, "secret": {"secret_etl"}}
+    namesake = client_for(db[1], FakeAuthManager(dag_ids=("words",)), runs)
+    assert namesake.get("/transactions/api/pipelines").json()["pipelines"] == []
+    assert namesake.get("/transactions/api/pipelines/words").status_code == 403
+    assert namesake.get("/transactions/pipelines/words/runs/txid-000001").status_code == 403
+    reader_of_real_dag = client_for(db[1], FakeAuthManager(dag_ids=("words_etl",)), runs)
+    listed = reader_of_real_dag.get("/transactions/api/pipelines").json()["pipelines"]
+    assert [p["name"] for p in listed] == ["words"]
+    assert reader_of_real_dag.get("/transactions/api/pipelines/words").status_code == 200
+    assert reader_of_real_dag.get("/transactions/api/pipelines/secret").status_code == 403
+
+
+def test_a_pipeline_no_known_dag_runs_is_shown_only_to_readers_of_every_dag(db):
+    """Until the log records which DAG runs a pipeline, a DAG's name proves nothing."""
+    assert reader.pipeline_dags(db[1]) == {}
+    client = client_for(db[1], FakeAuthManager(dag_ids=("words", "secret")))
+    assert client.get("/transactions/api/pipelines").json()["pipelines"] == []
+    assert client.get("/transactions/api/pipelines/words").status_code == 403
+    admin = client_for(db[1], FakeAuthManager(all_dags=True))
+    assert admin.get("/transactions/api/pipelines/words").status_code == 200
 
 
 def test_a_user_without_dags_sees_an_empty_list(db):

@@ -63,9 +63,16 @@ def tx(
 
 class TestAccess:
     def test_a_pipeline_is_visible_with_read_access_to_its_dag(self):
-        access = model.DagAccess(dag_ids=frozenset({"words"}))
+        runs = {"words": frozenset({"words_dag"}), "counts": frozenset({"counts"})}
+        access = model.DagAccess(dag_ids=frozenset({"words_dag"}), pipeline_dags=runs)
         assert access.visible(["counts", "words", "orphan"]) == ["words"]
         assert not access.may_read("counts")
+
+    def test_a_dag_named_like_a_pipeline_does_not_open_it(self):
+        runs = {"words": frozenset({"words_dag"})}
+        access = model.DagAccess(dag_ids=frozenset({"words"}), pipeline_dags=runs)
+        assert access.visible(["words"]) == []
+        assert model.DagAccess(dag_ids=frozenset({"words"})).visible(["words"]) == []
 
     def test_access_to_all_dags_also_shows_pipelines_without_a_dag(self):
         assert model.DagAccess(all_dags=True).visible(["words", "orphan"]) == ["words", "orphan"]
