@@ -351,3 +351,27 @@ def test_two_spark_jobs_staging_one_state_are_both_committed(txlog, tmp_path, sp
     commit_registered(txlog, "shared", 1, e.attempt)
     with txlog.engine.connect() as conn:
         assert counts.items(conn) == {("lines",): 65, ("p0",): 40, ("p1",): 25}
+
+
+# -- item 4: offsets going backwards stop begin visibly ------------------------------------------
+
+
+def test_a_partition_renumbered_from_zero_stops_begin_visibly(txlog, tmp_path):
+    """Clamped, begin said "no new data" until the partition grew past its old end, then the
+    records in between were never read."""
+    import shutil
+
+    from airflow_txn_provider.exceptions import OffsetsWentBackError
+    from airflow_txn_provider.spark.sources import PartitionedParquetSource
+
+    root = parquet_dataset(tmp_path / "ds", {"0": random_lines(8, 30), "1": random_lines(9, 5)})
+    source = PartitionedParquetSource(str(root), 100)
+    txlog.register_pipeline("back", source_kind="transactional", max_pending=2)
+    assert txlog.begin_next("back", source).metadata == {"0": [0, 30], "1": [0, 5]}
+    shutil.rmtree(root / "p=0")  # rewritten: offsets from 0 again, fewer than were read
+    parquet_dataset(root, {"0": random_lines(10, 12)})
+    with pytest.raises(OffsetsWentBackError, match="partition '0' went back") as err:
+        txlog.begin_next("back", source)
+    assert err.value.txid == 2
+    assert "ended at offset 30" in str(err.value) and "now ends at 12" in str(err.value)
+    assert txlog.transaction("back", 2) is None  # nothing emitted
