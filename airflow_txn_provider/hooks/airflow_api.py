@@ -11,6 +11,7 @@ import itertools
 import random
 import time
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
@@ -80,24 +81,29 @@ class AirflowApiHook(BaseHook):
     def clear_task_instances(
         self,
         dag_id: str,
-        run_id: str,
         task_ids: Sequence[str],
         *,
-        include_future: bool = False,
+        run_id: str | None = None,
+        logical_dates: tuple[datetime, datetime] | None = None,
         note: str | None = None,
     ) -> list[str]:
-        """Clear ``task_ids`` of one running run (whatever their state), and with
-        ``include_future`` of every run after it too (the UI's Clear → Future): the scheduler
-        runs them again and kills those still running. The runs stay running, so they keep their
+        """Clear ``task_ids`` (whatever their state) of one run, or of every run whose logical
+        date lies in ``logical_dates`` (both ends included), in one request: the scheduler runs
+        them again and kills those still running. The runs stay running, so they keep their
         ``max_active_runs`` slots. Returns ``run_id: task_id`` of each task instance cleared."""
+        if (run_id is None) == (logical_dates is None):
+            raise ValueError("give exactly one of run_id and logical_dates")
         body: dict[str, Any] = {
             "dry_run": False,
-            "dag_run_id": run_id,
             "task_ids": list(task_ids),
             "only_failed": False,
             "reset_dag_runs": False,
-            "include_future": include_future,
         }
+        if run_id is not None:
+            body["dag_run_id"] = run_id
+        else:
+            assert logical_dates is not None
+            body["start_date"], body["end_date"] = (d.isoformat() for d in logical_dates)
         if note:
             body["note"] = note[:1000]
         found = self.request("POST", f"/api/v2/dags/{quote(dag_id)}/clearTaskInstances", json=body)

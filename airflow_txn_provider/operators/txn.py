@@ -420,7 +420,7 @@ class TxnFailureSensor(_TxnOperator):
                 rec.attempt,
                 REQUEUE_TIMEOUT,
             )
-            self._restart_runs(context, txid, rec.attempt, rec.failed_by, include_future=False)
+            self._restart_runs(context, [txid], rec.attempt, rec.failed_by)
             self._watch(txid, rec.attempt, own_failures=own_failures, requeue=True)
         response = respond_to_failure(rec, own_failures, p.max_attempts)
         own = own_failures + int(rec.failed_on_its_own)
@@ -446,7 +446,8 @@ class TxnFailureSensor(_TxnOperator):
                 p.max_attempts,
                 list(requeue_set(view, txid)),
             )
-        self._restart_runs(context, txid, rec.attempt, rec.failed_by, include_future=True)
+        cascade = [t for t in requeue_set(view, txid) if t >= txid] or [txid]
+        self._restart_runs(context, cascade, rec.attempt, txid)
         self._watch(txid, rec.attempt, own_failures=own, requeue=True)
 
     def _stop(self, context: Context, txid: int, attempt: int, own: int) -> NoReturn:
@@ -476,9 +477,7 @@ class TxnFailureSensor(_TxnOperator):
         # wait for this txid and follow it at once when a person reruns it.
         later = [t for t in requeue_set(self.txn_log().view(p.name), txid) if t > txid]
         if later:
-            self._restart_runs(
-                context, later[0], attempt, txid, include_future=True, run_id=txid_run_id(later[0])
-            )
+            self._restart_runs(context, later, attempt, txid)
         self._watch(txid, attempt, own_failures=own)
 
     def _api(self) -> Any:
@@ -487,55 +486,41 @@ class TxnFailureSensor(_TxnOperator):
         return AirflowApiHook(self.pipeline.airflow_api_conn_id)
 
     def _restart_runs(
-        self,
-        context: Context,
-        txid: int,
-        attempt: int,
-        failed_by: int | None,
-        *,
-        include_future: bool,
-        run_id: str | None = None,
+        self, context: Context, txids: Sequence[int], attempt: int, failed_by: int | None
     ) -> None:
-        """Restart the work of this run (or ``run_id``), and with ``include_future`` of every
-        later txid's run too, in one REST request: Clear with "Future", as a person would. The
-        failure sensors are not cleared: each keeps watching its own txid.
+        """Restart the work of the runs of ``txids`` (consecutive) in one REST request, as a
+        person's Clear would. The failure sensors are not cleared: each keeps watching its txid.
 
-        First it waits (up to ``SETTLE_TIMEOUT``) until the failed txids' tasks have settled: a
-        commit gate whose attempt went stale is failing, a processing task whose lease was lost is
+        First it waits (up to ``SETTLE_TIMEOUT``) until those runs' tasks have settled: a commit
+        gate whose attempt went stale is failing, a processing task whose lease was lost is
         stopping. Clearing a task instance while the scheduler or the triggerer is updating it
-        makes theirs fail with ``StaleDataError``, which kills that Airflow component.
+        makes theirs fail with ``StaleDataError``, which kills that Airflow component. Runs
+        beyond them are not touched: their begins wait, and go on by themselves.
         """
-        from airflow_txn_provider.coordinator import requeue_set
         from airflow_txn_provider.exceptions import RequeueError
+        from airflow_txn_provider.timetables import txid_logical_date
 
         dag = context["dag"]
-        run_id = run_id or context["dag_run"].run_id
+        origin = failed_by or txids[0]
         work = [t for t in dag.task_ids if t != self.task_id]
-        if include_future:
-            view = self.txn_log().view(self.pipeline.name)
-            failed = [t for t in requeue_set(view, failed_by or txid) if t >= txid] or [txid]
-        else:
-            failed = [txid]
-        self._wait_until_settled(dag.dag_id, [txid_run_id(t) for t in failed], work)
-        cause = "its own failure" if failed_by in (None, txid) else f"txid {failed_by}'s failure"
-        scope = " and every later txid" if include_future else ""
+        self._wait_until_settled(dag.dag_id, [txid_run_id(t) for t in txids], work)
+        cause = "its own failure" if origin in txids[:1] else f"txid {origin}'s failure"
+        which = f"txid {txids[0]}" if len(txids) == 1 else f"txids {txids[0]}..{txids[-1]}"
         try:
             cleared = self._api().clear_task_instances(
                 dag.dag_id,
-                run_id,
                 work,
-                include_future=include_future,
-                note=f"txid {failed_by or txid}: attempt {attempt} failed ({cause}); re-queued "
-                f"txid {txid}{scope}",
+                logical_dates=(txid_logical_date(txids[0]), txid_logical_date(txids[-1])),
+                note=f"txid {origin}: attempt {attempt} failed ({cause}); re-queued {which}",
             )
         except RequeueError as err:
             raise RequeueError(
-                f"could not restart run {run_id}: {err.detail}",
+                f"could not restart the runs of {which}: {err.detail}",
                 pipeline=self.pipeline.name,
-                txid=txid,
+                txid=txids[0],
                 attempt=attempt,
             ) from None
-        self.log.info("restarted run %s: cleared %s", run_id, cleared)
+        self.log.info("restarted the runs of %s: cleared %s", which, cleared)
 
     def _wait_until_settled(
         self, dag_id: str, run_ids: Sequence[str], tasks: Sequence[str]

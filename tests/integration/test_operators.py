@@ -117,9 +117,12 @@ class ClearRecorder:
     def __init__(self, conn_id):
         self.conn_id = conn_id
 
-    def clear_task_instances(self, dag_id, run_id, task_ids, include_future=False, note=None):
+    def clear_task_instances(self, dag_id, task_ids, run_id=None, logical_dates=None, note=None):
+        from airflow_txn_provider.timetables import txid_of_logical_date
+
+        first, last = (txid_of_logical_date(d) for d in logical_dates)
         ClearRecorder.calls.append(
-            (self.conn_id, dag_id, run_id, sorted(task_ids), include_future, note)
+            (self.conn_id, dag_id, (first, last), sorted(task_ids), run_id, note)
         )
         return sorted(task_ids)
 
@@ -156,11 +159,11 @@ def test_failure_sensor_restarts_its_run_then_stops_a_poison_batch(dag, clears):
         watch.on_failure(ctx, {"state": "failed", "attempt": 1}, own_failures=0)
     assert deferred.value.kwargs == {"own_failures": 1}
     assert deferred.value.trigger.attempt == 1  # next wake: a newer attempt's outcome
-    # one request re-queues the whole cascade: this run and every later one (Clear -> Future)
-    (conn_id, dag_id, run_id, tasks, future, note) = clears[-1]
-    assert (conn_id, dag_id, run_id, future) == ("airflow_api_default", "ops", "txid-000001", True)
+    # one request re-queues the whole cascade: the runs of txids 1 and 2, by logical date
+    (conn_id, dag_id, txids, tasks, run_id, note) = clears[-1]
+    assert (conn_id, dag_id, txids, run_id) == ("airflow_api_default", "ops", (1, 2), None)
     assert "watch_failures" not in tasks and {"begin", "commit"} <= set(tasks)
-    assert "attempt 1 failed (its own failure)" in note and "every later txid" in note
+    assert "attempt 1 failed (its own failure); re-queued txids 1..2" in note
     assert deferred.value.trigger.requeue_timeout is not None  # a lost re-queue is noticed
 
     # txid 2 failed in the cascade: its sensor leaves the re-queue to txid 1's and keeps watching
@@ -173,8 +176,8 @@ def test_failure_sensor_restarts_its_run_then_stops_a_poison_batch(dag, clears):
     # ... unless that re-queue never came: then it restarts its own run, alone
     with pytest.raises(TaskDeferred):
         watch.on_failure(_context(2, dag=dag), {"state": "not_requeued", "attempt": 1})
-    (_, _, run_id, _, future, note) = clears[-1]
-    assert (run_id, future) == ("txid-000002", False) and "txid 1's failure" in note
+    (_, _, txids, _, _, note) = clears[-1]
+    assert txids == (2, 2) and "txid 1's failure" in note
 
     begin.execute(_context(1))  # attempt 2, fails again: max_attempts=3 allows one more
     log.fail("ops", 1, 2, error="boom again")
@@ -186,7 +189,7 @@ def test_failure_sensor_restarts_its_run_then_stops_a_poison_batch(dag, clears):
         watch.on_failure(ctx, {"state": "failed"}, own_failures=2)
     # a poison batch: the run is not restarted; it stays (keeping its slot) with a note saying why
     assert len(clears) == 4
-    assert clears[-1][2:5:2] == ("txid-000002", True)  # the later runs wait for it, re-queued
+    assert clears[-1][2] == (2, 2)  # the later runs wait for it, re-queued
     ((dag_id, run_id, note),) = ClearRecorder.notes
     assert (dag_id, run_id) == ("ops", "txid-000001")
     assert "txid=1 attempt=3: POISON BATCH" in note and "failed 3 times" in note
@@ -222,4 +225,4 @@ def test_a_requeue_waits_for_the_failed_runs_to_settle(dag, clears, monkeypatch)
         watch.on_failure(ctx, {"state": "failed", "attempt": 1}, own_failures=0)
     assert {r for r, _ in polls} == {"txid-000001", "txid-000002"}  # both failed runs looked at
     assert all(n == 0 for _, n in polls), "cleared before the runs settled"
-    assert len(clears) == 1 and clears[0][4] is True
+    assert len(clears) == 1 and clears[0][2] == (1, 2)
