@@ -320,13 +320,16 @@ class MapState:
         conn.execute(
             text(f"CREATE UNLOGGED TABLE IF NOT EXISTS {self._qstage} ({', '.join(stage_cols)})")
         )
-        # Added, not declared above, so that a staging table of an earlier version gains it too.
-        conn.execute(
-            text(
-                f"ALTER TABLE {self._qstage} ADD COLUMN IF NOT EXISTS {STAGE_JOB_COLUMN} text "
-                "NOT NULL DEFAULT COALESCE(current_setting('txn.stage_job', true), '')"
+        # Added, not declared above, so that a staging table of an earlier version gains it too;
+        # only when missing: ALTER TABLE locks out the txids staging meanwhile (create runs at
+        # every begin).
+        if not self._has_column(conn, STAGE_JOB_COLUMN):
+            conn.execute(
+                text(
+                    f"ALTER TABLE {self._qstage} ADD COLUMN IF NOT EXISTS {STAGE_JOB_COLUMN} text "
+                    "NOT NULL DEFAULT COALESCE(current_setting('txn.stage_job', true), '')"
+                )
             )
-        )
         if self.value_type in _FLOAT_TYPES:
             # A NaN or infinite delta would poison the value for good: refused by any staging
             # path, a CSV stream included (the Python paths refuse it earlier, naming the row).
@@ -344,6 +347,16 @@ class MapState:
                         "CHECK (delta NOT IN ('NaN', 'Infinity', '-Infinity')) NOT VALID"
                     )
                 )
+
+    def _has_column(self, conn: Connection, column: str) -> bool:
+        found = conn.execute(
+            text(
+                "SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass(:t) "
+                "AND attname = :c AND NOT attisdropped"
+            ),
+            {"t": self._qstage, "c": column},
+        ).first()
+        return found is not None
 
     # -- processing phase: stage -----------------------------------------------------------------
 

@@ -186,6 +186,22 @@ def test_two_jobs_staging_one_state_keep_both_and_a_rerun_replaces_only_its_own(
         assert words.items(conn) == {("x",): 11, ("y",): 2}
 
 
+def test_a_staging_table_of_an_earlier_version_gains_the_job_column(txlog):
+    words = MapState("old", "old_w", keys={"word": "text"}).create(txlog.engine)
+    with txlog.engine.begin() as conn:
+        conn.execute(text(f"ALTER TABLE {words.stage_table} DROP COLUMN stage_job"))
+    words.create(txlog.engine)  # what begin does on every txid
+    words.create(txlog.engine)
+    txlog.register_pipeline("old", source_kind="transactional", max_pending=2)
+    attempt = _begin(txlog, "old")
+    txlog.stage("old", 1, attempt, lambda c: words.stage(c, 1, attempt, [("x", 1)], job="a"))
+    txlog.stage("old", 1, attempt, lambda c: words.stage(c, 1, attempt, [("x", 2)], job="b"))
+    assert record_processed(txlog, "old", 1, attempt) == "accept"
+    commit_states(txlog, "old", 1, attempt, [words])
+    with txlog.engine.connect() as conn:
+        assert words.items(conn) == {("x",): 3}
+
+
 def test_record_processed_counts_every_state_zero_included(txlog):
     txlog.register_pipeline("zero", source_kind="transactional", max_pending=2)
     words = MapState("zero", "zero_w", keys={"word": "text"}).create(txlog.engine)
