@@ -503,7 +503,10 @@ class TxnFailureSensor(_TxnOperator):
         dag = context["dag"]
         origin = failed_by or txids[0]
         work = [t for t in dag.task_ids if t != self.task_id]
-        self._wait_until_settled(dag.dag_id, [txid_run_id(t) for t in txids], work)
+        # A deferred begin of a failed txid is quiet: it may begin only after the txid before it,
+        # failed too, begins again, which takes this very clear.
+        busy_ones = [t for t in work if t != BEGIN_TASK_ID]
+        self._wait_until_settled(dag.dag_id, [txid_run_id(t) for t in txids], busy_ones)
         cause = "its own failure" if origin in txids[:1] else f"txid {origin}'s failure"
         which = f"txid {txids[0]}" if len(txids) == 1 else f"txids {txids[0]}..{txids[-1]}"
         try:
