@@ -9,6 +9,7 @@ describe it for queries. The tables:
 * ``txn_transaction``: one row per txid, holding its *current* attempt, status and batch metadata.
 * ``txn_attempt``: one row per attempt of a txid, the history a user reads to see every replay.
 * ``txn_state_registry``: which pipeline owns which state table, and how it was declared.
+* ``txn_pipeline_dag``: which Airflow DAGs run which pipeline.
 """
 
 from __future__ import annotations
@@ -60,6 +61,23 @@ class PipelineRow(Base):
         CheckConstraint("source_kind IN ('transactional', 'opaque')", name="source_kind"),
         CheckConstraint("max_pending >= 1", name="max_pending"),
         CheckConstraint("last_committed_txid >= 0", name="last_committed_txid"),
+    )
+
+
+class PipelineDagRow(Base):
+    """Which Airflow DAG runs a pipeline (recorded by its begin task): what the Transactions page
+    authorises a pipeline by."""
+
+    __tablename__ = "txn_pipeline_dag"
+
+    pipeline: Mapped[str] = mapped_column(String(250), primary_key=True)
+    dag_id: Mapped[str] = mapped_column(String(250), primary_key=True)
+    recorded_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
+
+    __table_args__ = (
+        ForeignKeyConstraint(["pipeline"], ["txn_pipeline.name"], ondelete="CASCADE"),
     )
 
 

@@ -60,7 +60,7 @@ from airflow_txn_provider.exceptions import (
     TxnError,
     UnknownPipelineError,
 )
-from airflow_txn_provider.models import AttemptRow, PipelineRow, TransactionRow
+from airflow_txn_provider.models import AttemptRow, PipelineDagRow, PipelineRow, TransactionRow
 from airflow_txn_provider.retries import (
     DEFAULT_OUTAGE_TIMEOUT,
     is_transient,
@@ -77,6 +77,7 @@ log = logging.getLogger(__name__)
 P = cast(Table, PipelineRow.__table__)
 T = cast(Table, TransactionRow.__table__)
 A = cast(Table, AttemptRow.__table__)
+D = cast(Table, PipelineDagRow.__table__)
 
 CLAIM_TIMEOUT = 120.0
 """Seconds a freshly begun attempt's lease lasts: time for its processing task to start and take
@@ -215,9 +216,17 @@ class TransactionLog:
 
     @retry_transient
     def register_pipeline(
-        self, name: str, *, source_kind: SourceKind | str, max_pending: int
+        self,
+        name: str,
+        *,
+        source_kind: SourceKind | str,
+        max_pending: int,
+        dag_id: str | None = None,
     ) -> None:
-        """Create the pipeline, or check an existing one (its ``max_pending`` may change)."""
+        """Create the pipeline, or check an existing one (its ``max_pending`` may change).
+
+        :param dag_id: the Airflow DAG that runs it, recorded for the Transactions page.
+        """
         if not name or len(name) > 250:
             raise ValueError(f"pipeline name must have 1 to 250 characters, got {name!r}")
         kind = SourceKind(source_kind)
@@ -234,6 +243,10 @@ class TransactionLog:
                     f"pipeline was registered with a {row.source_kind} source, now declared "
                     f"{kind.value}; a running pipeline cannot change its replay semantics",
                     pipeline=name,
+                )
+            if dag_id:
+                conn.execute(
+                    pg_insert(D).values(pipeline=name, dag_id=dag_id).on_conflict_do_nothing()
                 )
             if row.max_pending != max_pending:
                 conn.execute(
@@ -254,6 +267,15 @@ class TransactionLog:
         a pipeline (``view``) is where a corrupt row is reported, for that pipeline alone."""
         with self.engine.connect() as conn:
             return list(conn.execute(select(P.c.name).order_by(P.c.name)).scalars())
+
+    @retry_transient
+    def pipeline_dags(self) -> dict[str, set[str]]:
+        """Pipeline -> ids of the Airflow DAGs recorded as running it."""
+        found: dict[str, set[str]] = {}
+        with self.engine.connect() as conn:
+            for pipeline, dag_id in conn.execute(select(D.c.pipeline, D.c.dag_id)):
+                found.setdefault(pipeline, set()).add(dag_id)
+        return found
 
     @retry_transient
     def view(self, pipeline: str) -> PipelineView:
@@ -411,8 +433,13 @@ class TransactionLog:
             return rec.metadata
         try:
             metadata = source.initialize_transaction(plan.txid, plan.prev_metadata)
-        except TxnError:
-            raise
+        except TxnError as err:
+            if err.pipeline is not None:
+                raise
+            # A source knows no pipeline (e.g. next_offset_ranges): name the one it failed for.
+            raise type(err)(
+                err.detail, pipeline=view.pipeline, txid=plan.txid, attempt=plan.attempt
+            ) from err
         except Exception as err:
             raise SourceError(
                 f"{type(source).__name__}.initialize_transaction failed: {err}",

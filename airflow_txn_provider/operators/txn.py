@@ -156,7 +156,12 @@ class TxnBeginOperator(_TxnOperator):
         p = self.pipeline
         txid = run_txid(context, p.name)
         log = self.txn_log()
-        log.register_pipeline(p.name, source_kind=p.source.kind, max_pending=p.max_pending)
+        log.register_pipeline(
+            p.name,
+            source_kind=p.source.kind,
+            max_pending=p.max_pending,
+            dag_id=self.dag_id,
+        )
         for state in p.states:
             state.create(log.engine)
         emission = log.begin(

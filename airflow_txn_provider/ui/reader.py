@@ -118,10 +118,7 @@ def pipeline_dags(txn_log: TransactionLog) -> dict[str, frozenset[str]]:
     ties a DAG to its pipeline. A log that records none yet maps nothing: then only users who may
     read every DAG see pipelines, rather than anyone who may read a DAG named like one.
     """
-    recorded = getattr(txn_log, "pipeline_dags", None)
-    if recorded is None:
-        return {}
-    return {str(p): frozenset(map(str, ids)) for p, ids in dict(recorded()).items()}
+    return {p: frozenset(ids) for p, ids in txn_log.pipeline_dags().items()}
 
 
 # -- payloads ----------------------------------------------------------------------------------

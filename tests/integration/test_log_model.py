@@ -177,28 +177,23 @@ class TxnLogMachine(RuleBasedStateMachine):
         else:  # anything near the window: re-emissions, waits, committed no-ops
             txid = max(self.last_committed + offset, 1)
         prior = self.txs.get(txid)
-        expected_invalidated = ()
-        if prior and prior.status in (TxStatus.PROCESSING, TxStatus.PROCESSED):
-            prev = self.txs.get(txid - 1)
-            if not (prev and prev.status is TxStatus.FAILED):
-                expected_invalidated = tuple(
-                    t
-                    for t in sorted(self.txs)
-                    if t >= txid
-                    and self.txs[t].status is not TxStatus.FAILED
-                    and t > self.last_committed
-                )
+        prev = self.txs.get(txid - 1)
+        live = (
+            prior is not None
+            and txid > self.last_committed
+            and prior.status in (TxStatus.PROCESSING, TxStatus.PROCESSED)
+            and not (prev and prev.status is TxStatus.FAILED)
+        )
         em = self.log.begin(self.pipeline, txid, self.source)
         event(f"begin {em.action.value}{' no data' if em.no_data else ''}")
-        if em.emitted:
-            for t in expected_invalidated:
-                self.txs[t].status = TxStatus.FAILED
-            self._record_emission(em, expected_invalidated)
+        if live:  # a live attempt (its lease is the claim's, 120 s): handed out again, unchanged
+            assert prior is not None
+            assert em.resumed and em.attempt == prior.attempt and em.invalidated == ()
+            assert em.metadata == prior.metadata
+        elif em.emitted:
+            self._record_emission(em)
         else:
             self._check_not_emitted(txid, em)
-            if em.no_data and expected_invalidated:
-                for t in expected_invalidated:
-                    self.txs[t].status = TxStatus.FAILED
 
     def _check_not_emitted(self, txid, em):
         action = em.action.value
@@ -213,6 +208,32 @@ class TxnLogMachine(RuleBasedStateMachine):
             assert (prev is None and txid > 1) or (prev and prev.status is TxStatus.FAILED)
         else:
             raise AssertionError(f"unexpected begin outcome {em}")
+
+    @precondition(lambda self: self.ready)
+    @rule(data=st.data())
+    def lease_runs_out(self, data):
+        """A processing attempt's process dies: its lease runs out, and expiring it fails it and
+        every later txid in flight (an expiry of anything else fails nothing)."""
+        candidates = sorted(t for t in self.txs if t > self.last_committed)
+        if not candidates:
+            return
+        txid = data.draw(st.sampled_from(candidates))
+        tx = self.txs[txid]
+        if tx.status is TxStatus.PROCESSING:
+            assert self.log.renew_lease(self.pipeline, txid, tx.attempt, holder="model", timeout=0)
+        failed = self.log.expire_lease(self.pipeline, txid, tx.attempt)
+        event(f"lease expiry of a {tx.status.value} txid")
+        if tx.status is not TxStatus.PROCESSING:
+            assert failed == ()
+            return
+        expected = tuple(
+            t
+            for t in sorted(self.txs)
+            if t >= txid and t > self.last_committed and self.txs[t].status is not TxStatus.FAILED
+        )
+        assert failed == expected
+        for t in expected:
+            self.txs[t].status = TxStatus.FAILED
 
     @precondition(lambda self: self.ready)
     @rule()

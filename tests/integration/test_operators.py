@@ -226,3 +226,10 @@ def test_a_requeue_waits_for_the_failed_runs_to_settle(dag, clears, monkeypatch)
     assert {r for r, _ in polls} == {"txid-000001", "txid-000002"}  # both failed runs looked at
     assert all(n == 0 for _, n in polls), "cleared before the runs settled"
     assert len(clears) == 1 and clears[0][2] == (1, 2)
+
+
+def test_begin_records_the_dag_that_runs_the_pipeline(dag):
+    """The Transactions page authorises a pipeline by the DAG that runs it, as begin records it."""
+    begin = dag.get_task("begin")
+    begin.execute(_context(1))
+    assert begin.txn_log().pipeline_dags() == {"ops": {dag.dag_id}}
