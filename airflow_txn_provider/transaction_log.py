@@ -161,13 +161,22 @@ SNAPSHOT = "REPEATABLE READ"
 """Isolation level of unlocked reads of a pipeline: its statements see one snapshot."""
 
 
+DRIVER = "psycopg2"
+"""The log's driver: staging copies partial results with psycopg2's ``COPY``."""
+
+
 def engine_from_url(url: str, **kwargs: Any) -> Engine:
-    """A SQLAlchemy engine for a Postgres URL; a bare ``postgresql://`` gets the psycopg2 driver."""
+    """A SQLAlchemy engine for a Postgres URL, always with the psycopg2 driver: a bare
+    ``postgresql://`` or a ``postgresql+psycopg://`` (psycopg 3) URL names the same database."""
     parsed = make_url(url)
     if parsed.get_backend_name() != "postgresql":
         raise ValueError(f"the transaction log needs Postgres, got a {parsed.drivername!r} URL")
-    if parsed.drivername == "postgresql":
-        parsed = parsed.set(drivername="postgresql+psycopg2")
+    if parsed.get_driver_name() not in (DRIVER, "psycopg"):
+        raise ValueError(
+            f"the transaction log connects with {DRIVER} (it stages with COPY), got a "
+            f"{parsed.drivername!r} URL: use postgresql:// or postgresql+{DRIVER}://"
+        )
+    parsed = parsed.set(drivername=f"postgresql+{DRIVER}")
     kwargs.setdefault("pool_pre_ping", True)
     return create_engine(parsed, **kwargs)
 
@@ -190,6 +199,11 @@ class TransactionLog:
         migrate: bool = True,
         outage_timeout: float = DEFAULT_OUTAGE_TIMEOUT,
     ) -> None:
+        if engine.dialect.driver != DRIVER:  # staging would fail later, mid-txid
+            raise ValueError(
+                f"the transaction log needs a postgresql+{DRIVER} engine (it stages with COPY), "
+                f"got {engine.url.drivername!r}; see engine_from_url"
+            )
         self.engine = engine
         self.outage_timeout = outage_timeout
         for attempt in retrying(outage_timeout):
