@@ -523,6 +523,7 @@ def run_suite(
     spark_url: str | None = None,
     workdir: Path | None = None,
     progress: Callable[[str], None] = print,
+    stop_after_failures: int = 5,
 ) -> list[FaultResult]:
     """Run ``runs`` seeded runs and return their results (one per run).
 
@@ -534,6 +535,9 @@ def run_suite(
     :param workdir: where data sets, worker logs and the servers live; a temporary folder if
         ``None`` (removed when every run passed).
     :param progress: called with one line per run.
+    :param stop_after_failures: stop the suite after this many failed runs in a row (a broken
+        environment, e.g. the library's code changing under a long suite, fails every run after
+        it, two minutes each); the results so far are returned. ``0``: never stop.
     """
     unknown = sorted(set(faults) - set(FAULTS))
     if unknown or not faults:
@@ -574,6 +578,10 @@ def run_suite(
                 f"lost {result.records_lost}, doubled {result.records_doubled} "
                 f"({time.monotonic() - started:.1f} s){'' if result.ok else '  FAILED'}"
             )
+            streak = len(results) - max((i + 1 for i, r in enumerate(results) if r.ok), default=0)
+            if stop_after_failures and streak >= stop_after_failures:
+                progress(f"stopped: {streak} runs failed in a row; logs in {workdir}")
+                break
         txlog.engine.dispose()
     logging.getLogger().removeHandler(handler)
     handler.close()
