@@ -35,7 +35,11 @@ from airflow_txn_provider.timetables import TXID_EPOCH, TxidTimetable
 # deferring process: apache/airflow#71580, #72716), then cost a retry, not a stuck pipeline.
 # Processing is not retried by Airflow: a failed attempt is the failure sensor's to replay, with
 # a new attempt, in order.
-COORDINATION_RETRIES = 3
+COORDINATION_RETRIES = 12
+"""With a backoff doubling from 2 s up to ``COORDINATION_MAX_RETRY_DELAY``: about five minutes of
+tries, so an api-server or database restart (tasks cannot even start while the execution API is
+away) never exhausts them. A failure sensor that gave up would leave its txid unwatched."""
+COORDINATION_MAX_RETRY_DELAY = timedelta(seconds=30)
 
 
 def build_dag(pipeline: TxnPipeline, *, dag_id: str | None = None, **dag_kwargs: Any) -> DAG:
@@ -59,7 +63,11 @@ def build_dag(pipeline: TxnPipeline, *, dag_id: str | None = None, **dag_kwargs:
         default_args=default_args,
         **dag_kwargs,
     ) as dag:
-        coordination = {"retries": COORDINATION_RETRIES}
+        coordination = {
+            "retries": COORDINATION_RETRIES,
+            "retry_exponential_backoff": 2.0,
+            "max_retry_delay": COORDINATION_MAX_RETRY_DELAY,
+        }
         begin = TxnBeginOperator(task_id=BEGIN_TASK_ID, pipeline=pipeline, **coordination)
         single = len(pipeline.jobs) == 1
         jobs = [

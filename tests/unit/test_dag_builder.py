@@ -6,7 +6,11 @@ import pendulum
 import pytest
 from airflow.timetables.base import TimeRestriction
 
-from airflow_txn_provider.dag_builder import build_dag
+from airflow_txn_provider.dag_builder import (
+    COORDINATION_MAX_RETRY_DELAY,
+    COORDINATION_RETRIES,
+    build_dag,
+)
 from airflow_txn_provider.pipeline import TxnPipeline
 from airflow_txn_provider.spark.sources import PartitionedParquetSource
 from airflow_txn_provider.state import MapState
@@ -50,7 +54,11 @@ def test_one_job_dag_shape():
     assert dag.max_active_runs == 3 and dag.catchup
     assert dag.get_task("process_word_count").finish is True
     assert dag.get_task("process_word_count").retries == 0  # replays are new attempts, in order
-    assert {dag.get_task(t).retries for t in ("begin", "commit_gate", "commit")} == {3}
+    coordination = [dag.get_task(t) for t in ("begin", "commit_gate", "commit", "watch_failures")]
+    # enough tries, backing off, to outlast an api-server or database restart
+    assert {t.retries for t in coordination} == {COORDINATION_RETRIES}
+    assert all(t.retry_exponential_backoff == 2.0 for t in coordination)
+    assert all(t.max_retry_delay == COORDINATION_MAX_RETRY_DELAY for t in coordination)
 
 
 def test_several_jobs_run_in_parallel_then_record_processed():
