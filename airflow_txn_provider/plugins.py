@@ -6,7 +6,9 @@
   ``/transactions``, a nav entry to its list of pipelines, and a tab on every DAG run page showing
   that txid's attempts. Airflow replaces ``{DAG_ID}`` and ``{RUN_ID}`` in the tab's address; a
   relative address is shown in an iframe on the same origin, so Airflow's session cookie
-  authenticates it.
+  authenticates it. The address is keyed by DAG id: the app finds the pipeline the transaction
+  log records that DAG as running (a DAG built with ``build_dag(pipeline, dag_id=…)`` is not
+  named like its pipeline).
 
 Every process that loads plugins imports this module (each task too): the app is a
 :class:`~airflow_txn_provider.ui.LazyApp`, built at its first request in the api-server, so this
@@ -35,7 +37,7 @@ class TxnProviderPlugin(AirflowPlugin):
         },
         {
             "name": "Transactions",
-            "href": f"{MOUNT_PATH}/pipelines/{{DAG_ID}}/runs/{{RUN_ID}}",
+            "href": f"{MOUNT_PATH}/dags/{{DAG_ID}}/runs/{{RUN_ID}}",
             "destination": "dag_run",
             "url_route": "txid-attempts",
         },

@@ -8,7 +8,9 @@ Bearer token, or the ``_token`` cookie the Airflow UI sets, which the page's ifr
 is served from the same origin), so an anonymous request gets 401/403 and no data. A pipeline is
 shown to users who may read a DAG that runs it (the auth manager's ``get_authorized_dag_ids``,
 against the DAG ids the log recorded for the pipeline: not a DAG that merely has its name); a
-pipeline without a known DAG only to users who may read all DAGs.
+pipeline without a known DAG only to users who may read all DAGs. The DAG run tab is keyed by the
+DAG id Airflow fills in: it needs read access to that DAG, and shows the pipeline the log records
+that DAG as running.
 """
 
 from __future__ import annotations
@@ -36,7 +38,13 @@ from airflow_txn_provider.exceptions import TxnError, UnknownPipelineError
 from airflow_txn_provider.timetables import txid_from_run_id
 from airflow_txn_provider.transaction_log import TransactionLog
 from airflow_txn_provider.ui import MOUNT_PATH, model, reader
-from airflow_txn_provider.ui.errors import AccessDeniedError, LogUnavailableError
+from airflow_txn_provider.ui.errors import (
+    AccessDeniedError,
+    DagAccessDeniedError,
+    DagError,
+    LogUnavailableError,
+    UnknownDagError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -96,18 +104,20 @@ def get_pipeline_dags(txn_log: LogDep) -> Callable[[], Mapping[str, frozenset[st
     return lambda: reader.pipeline_dags(txn_log)
 
 
+PipelineDagsDep = Annotated[Callable[[], Mapping[str, frozenset[str]]], Depends(get_pipeline_dags)]
+
+
 def get_access(
     user: GetUserDep,
     manager: Annotated[BaseAuthManager, Depends(auth_manager)],
-    pipeline_dags: Annotated[
-        Callable[[], Mapping[str, frozenset[str]]], Depends(get_pipeline_dags)
-    ],
+    pipeline_dags: PipelineDagsDep,
 ) -> model.DagAccess:
     return access_for(manager, user, pipeline_dags)
 
 
 AccessDep = Annotated[model.DagAccess, Depends(get_access)]
 PipelineName = Annotated[str, PathParam(min_length=1, max_length=250)]
+DagId = Annotated[str, PathParam(min_length=1, max_length=250)]
 
 
 def require(access: model.DagAccess, pipeline: str) -> None:
@@ -186,8 +196,54 @@ def run_page(
     access: AccessDep,
     txn_log: LogDep,
 ) -> HTMLResponse:
-    """A txid's attempts: the DAG run page's "Transactions" tab (``{DAG_ID}``/``{RUN_ID}``)."""
+    """A txid's attempts, by pipeline name (the txid links of the pipeline page)."""
     require(access, pipeline)
+    # The Airflow run link keeps assuming the DAG is named like the pipeline, as before.
+    return _run(request, txn_log, pipeline, run_id, dag_id=pipeline)
+
+
+@app.get("/dags/{dag_id}/runs/{run_id}", response_class=HTMLResponse)
+def dag_run_page(
+    request: Request,
+    dag_id: DagId,
+    run_id: str,
+    access: AccessDep,
+    txn_log: LogDep,
+    pipeline_dags: PipelineDagsDep,
+) -> HTMLResponse:
+    """The DAG run page's "Transactions" tab (Airflow fills in ``{DAG_ID}`` and ``{RUN_ID}``):
+    the run's txid in the pipeline the log records that DAG as running. Not the pipeline named
+    like the DAG: ``build_dag(pipeline, dag_id=…)`` may name the DAG otherwise."""
+    if not access.may_read_dag(dag_id):
+        raise DagAccessDeniedError(
+            "you may not read this DAG, so its runs' transactions are hidden", dag_id=dag_id
+        )
+    pipelines = model.pipelines_run_by(dag_id, pipeline_dags(), access, txn_log.pipelines)
+    if not pipelines:
+        raise UnknownDagError(
+            "no pipeline is recorded for this DAG yet: its begin task records the pipeline it "
+            "runs, so the DAG has not begun a txid since, or it is not a transaction DAG",
+            dag_id=dag_id,
+        )
+    if len(pipelines) > 1:  # rebuilt for another pipeline: the log keeps every pairing
+        return _render(
+            request,
+            "dag_run.html",
+            title=f"{dag_id} {run_id}",
+            dag_id=dag_id,
+            run=run_id,
+            pipelines=pipelines,
+        )
+    [pipeline] = pipelines
+    require(access, pipeline)  # reading the DAG grants it; checked like the pipeline route anyway
+    return _run(request, txn_log, pipeline, run_id, dag_id=dag_id)
+
+
+def _run(
+    request: Request, txn_log: TransactionLog, pipeline: str, run_id: str, *, dag_id: str
+) -> HTMLResponse:
+    """The run page of ``pipeline``'s txid named by ``run_id`` (the caller checked access);
+    ``dag_id``: the DAG its Airflow run link opens."""
     txid = txid_from_run_id(run_id)
     if txid is None or txid < 1:
         txn_log.last_committed(pipeline)  # a DAG that is no pipeline: 404 says so first
@@ -196,6 +252,7 @@ def run_page(
             "run.html",
             title=f"{pipeline} {run_id}",
             pipeline=pipeline,
+            dag_id=dag_id,
             run=run_id,
             data=None,
         )
@@ -206,6 +263,7 @@ def run_page(
         title=f"{pipeline} txid {txid}",
         api=f"/api/pipelines/{quote(pipeline, safe='')}/txids/{txid}",
         pipeline=pipeline,
+        dag_id=dag_id,
         run=run_id,
         data=data,
     )
@@ -252,7 +310,9 @@ def _error(
     body: dict[str, Any] = {"detail": message}
     if err is not None:
         body["error"] = type(err).__name__
-    if isinstance(err, TxnError):
+    if isinstance(err, DagError):
+        body["dag_id"] = err.dag_id
+    elif isinstance(err, TxnError):
         body.update({"pipeline": err.pipeline, "txid": err.txid})
     if _wants_json(request):
         return JSONResponse(body, status_code=status_code)
@@ -278,6 +338,16 @@ def _unknown_pipeline(request: Request, err: UnknownPipelineError) -> Response:
 @app.exception_handler(AccessDeniedError)
 def _access_denied(request: Request, err: AccessDeniedError) -> Response:
     return _error(request, 403, f"pipeline {err.pipeline!r}: {err.detail}", err)
+
+
+@app.exception_handler(UnknownDagError)
+def _unknown_dag(request: Request, err: UnknownDagError) -> Response:
+    return _error(request, 404, f"DAG {err.dag_id!r}: {err.detail}", err)
+
+
+@app.exception_handler(DagAccessDeniedError)
+def _dag_access_denied(request: Request, err: DagAccessDeniedError) -> Response:
+    return _error(request, 403, f"DAG {err.dag_id!r}: {err.detail}", err)
 
 
 @app.exception_handler(LogUnavailableError)

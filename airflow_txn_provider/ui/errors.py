@@ -2,10 +2,13 @@
 
 The log's own errors keep their meaning: :class:`~airflow_txn_provider.exceptions.
 UnknownPipelineError` is a 404 naming the pipeline. These two are the page's own: the log cannot
-be opened (503, saying what to configure) and the user may not read a pipeline's DAG (403).
+be opened (503, saying what to configure) and the user may not read a pipeline's DAG (403). The
+DAG run tab is keyed by a DAG id, not a pipeline: its errors (:class:`DagError`) name the DAG.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 from airflow_txn_provider.exceptions import TxnConfigError, TxnError
 
@@ -17,3 +20,25 @@ class LogUnavailableError(TxnConfigError):
 
 class AccessDeniedError(TxnError):
     """The user may not read the DAG of this pipeline (Airflow's auth manager said no)."""
+
+
+class DagError(TxnError):
+    """An error about an Airflow DAG (the DAG run tab's address names a DAG, not a pipeline)."""
+
+    def __init__(self, message: str, *, dag_id: str) -> None:
+        self.dag_id = dag_id
+        super().__init__(f"dag_id={dag_id}: {message}")
+        self.detail = message
+
+    def __reduce__(self):  # TxnError's would drop dag_id, a required keyword
+        return (partial(type(self), dag_id=self.dag_id), (self.detail,))
+
+
+class DagAccessDeniedError(DagError):
+    """The user may not read this DAG (Airflow's auth manager said no), so its runs' tab is
+    refused whatever pipeline the DAG runs."""
+
+
+class UnknownDagError(DagError):
+    """The log records no pipeline run by this DAG (its ``begin`` task has not run yet, or it is
+    no transaction DAG) and no pipeline the user may read is named like it."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -58,8 +58,33 @@ class DagAccess:
     def may_read(self, pipeline: str) -> bool:
         return self.all_dags or not self.dag_ids.isdisjoint(self.pipeline_dags.get(pipeline, ()))
 
+    def may_read_dag(self, dag_id: str) -> bool:
+        """Whether the user may read this DAG itself (what its run page's tab asks first)."""
+        return self.all_dags or dag_id in self.dag_ids
+
     def visible(self, pipelines: Iterable[str]) -> list[str]:
         return [name for name in pipelines if self.may_read(name)]
+
+
+def pipelines_run_by(
+    dag_id: str,
+    pipeline_dags: Mapping[str, Iterable[str]],
+    access: DagAccess,
+    registered: Callable[[], Iterable[str]],
+) -> list[str]:
+    """The pipelines whose txids a run of ``dag_id`` shows, sorted: those the log records the DAG
+    as running, whatever its name. If it records none (a DAG whose ``begin`` task has not run
+    since the log learnt to record it), the pipeline named like the DAG, but only if it is
+    ``registered``, ``access`` lets the user read it (the name alone proves nothing, so it may
+    not open a pipeline the rules hide) and the log records no DAG for it either (one that does
+    is run by those DAGs: this one merely shares its name). ``registered`` is read only then."""
+    recorded = sorted(name for name, dag_ids in pipeline_dags.items() if dag_id in dag_ids)
+    if recorded:
+        return recorded
+    namesake_unclaimed = not pipeline_dags.get(dag_id)
+    if namesake_unclaimed and access.may_read(dag_id) and dag_id in set(registered()):
+        return [dag_id]
+    return []
 
 
 # -- formatting ------------------------------------------------------------------------------------

@@ -144,6 +144,7 @@ def admin(db):
         "/transactions/",
         "/transactions/pipelines/words",
         "/transactions/pipelines/words/runs/txid-000004",
+        "/transactions/dags/words/runs/txid-000004",
         "/transactions/api/pipelines",
         "/transactions/api/pipelines/words",
         "/transactions/api/pipelines/words/txids/4",
@@ -349,6 +350,112 @@ def test_a_txid_that_has_not_begun(admin):
     response = admin.get("/transactions/pipelines/words/runs/txid-000042")
     assert response.status_code == 200
     assert "txid 42 has not begun yet" in response.text
+
+
+# -- the DAG run tab, keyed by DAG id ----------------------------------------------------------
+
+
+def tab_url(dag_id: str, run_id: str) -> str:
+    """The DAG run tab's address as Airflow's UI fills it in (encodeURIComponent of both ids)."""
+    href = next(v for v in TxnProviderPlugin.external_views if v["destination"] == "dag_run")[
+        "href"
+    ]
+    return href.replace("{DAG_ID}", quote(dag_id, safe="")).replace(
+        "{RUN_ID}", quote(run_id, safe="")
+    )
+
+
+@pytest.fixture(scope="module")
+def renamed(postgres):
+    """A log where DAG ``words_etl`` runs pipeline ``words`` (``build_dag(..., dag_id=...)``, as
+    its begin task records it): txid 1 failed once, then processed. A pipeline that happens to be
+    named ``words_etl`` (run by DAG ``other_dag``) has one attempt of txid 1: the trap of taking
+    the DAG id for the pipeline's name."""
+    engine = create_engine(new_database(postgres))
+    txlog = TransactionLog(engine, migrate=False)
+    src = Batches()
+    txlog.register_pipeline("words", source_kind="transactional", max_pending=4, dag_id="words_etl")
+    first = txlog.begin("words", 1, src)
+    txlog.fail("words", 1, first.attempt, error="words attempt 1 lost")
+    assert txlog.begin_next("words", src) is not None
+    txlog.register_pipeline(
+        "words_etl", source_kind="transactional", max_pending=4, dag_id="other_dag"
+    )
+    txlog.begin("words_etl", 1, src)
+    yield txlog
+    engine.dispose()
+
+
+def test_the_dag_run_tab_shows_the_pipeline_its_dag_runs_not_its_namesake(renamed):
+    assert reader.pipeline_dags(renamed) == {
+        "words": frozenset({"words_etl"}),
+        "words_etl": frozenset({"other_dag"}),
+    }
+    for manager in (FakeAuthManager(all_dags=True), FakeAuthManager(dag_ids=("words_etl",))):
+        response = client_for(renamed, manager).get(tab_url("words_etl", txid_run_id(1)))
+        assert response.status_code == 200
+        html = response.text
+        assert 'data-api="/transactions/api/pipelines/words/txids/1"' in html
+        assert "attempt 2" in html and "words attempt 1 lost" in html
+        assert '/pipelines/words"' in html  # the crumb names the pipeline
+        assert 'href="/dags/words_etl/runs/txid-000001"' in html  # the Airflow run: the DAG's id
+    # The namesake pipeline is still reached through the DAG that runs it.
+    other = client_for(renamed, FakeAuthManager(dag_ids=("other_dag",)))
+    namesake = other.get(tab_url("other_dag", txid_run_id(1)))
+    assert namesake.status_code == 200
+    assert 'data-api="/transactions/api/pipelines/words_etl/txids/1"' in namesake.text
+    assert "words attempt 1 lost" not in namesake.text
+
+
+def test_the_dag_run_tab_needs_read_access_to_the_dag(renamed):
+    """Reading the pipeline's namesake DAG, or the namesake pipeline's DAG, opens nothing."""
+    for dag_ids in ((), ("words",), ("other_dag",)):
+        client = client_for(renamed, FakeAuthManager(dag_ids=dag_ids))
+        response = client.get(tab_url("words_etl", txid_run_id(1)))
+        assert response.status_code == 403
+        assert "DAG &#39;words_etl&#39;: you may not read this DAG" in response.text
+        assert "words attempt 1 lost" not in response.text and "data-api" not in response.text
+
+
+def test_an_unknown_dag_is_a_404_saying_no_pipeline_is_recorded(renamed):
+    admin = client_for(renamed, FakeAuthManager(all_dags=True))
+    # "words" is a pipeline's name, but the log records words_etl as its DAG: no fallback to it.
+    for dag_id in ("nope", "words"):
+        response = admin.get(tab_url(dag_id, txid_run_id(1)))
+        assert response.status_code == 404
+        assert f"DAG &#39;{dag_id}&#39;: no pipeline is recorded for this DAG yet" in response.text
+        assert "words attempt 1 lost" not in response.text
+    # A user who may not read the DAG learns nothing about it: 403 before looking it up.
+    assert (
+        client_for(renamed, FakeAuthManager(dag_ids=("words_etl",)))
+        .get(tab_url("nope", txid_run_id(1)))
+        .status_code
+        == 403
+    )
+
+
+def test_without_a_record_the_tab_falls_back_to_a_readable_namesake(db):
+    """A log that records no DAG yet (db): the pipeline named like the DAG, for users who may
+    read it under the access rules; a reader of the namesake DAG alone is not one of them."""
+    admin = client_for(db[1], FakeAuthManager(all_dags=True))
+    response = admin.get(tab_url("words", txid_run_id(4)))
+    assert response.status_code == 200
+    assert 'data-api="/transactions/api/pipelines/words/txids/4"' in response.text
+    namesake_reader = client_for(db[1], FakeAuthManager(dag_ids=("words",)))
+    denied = namesake_reader.get(tab_url("words", txid_run_id(4)))
+    assert denied.status_code == 404 and "no pipeline is recorded" in denied.text
+    assert "executor lost" not in denied.text
+
+
+def test_a_dag_recorded_for_several_pipelines_lists_them(db):
+    client = client_for(
+        db[1], FakeAuthManager(dag_ids=("both",)), {"words": {"both"}, "secret": {"both"}}
+    )
+    response = client.get(tab_url("both", txid_run_id(4)))
+    assert response.status_code == 200
+    assert 'href="/transactions/pipelines/secret/runs/txid-000004"' in response.text
+    assert 'href="/transactions/pipelines/words/runs/txid-000004"' in response.text
+    assert "executor lost" not in response.text
 
 
 # -- errors ------------------------------------------------------------------------------------

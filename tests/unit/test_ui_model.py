@@ -80,6 +80,43 @@ class TestAccess:
     def test_no_access_shows_nothing(self):
         assert model.DagAccess().visible(["words"]) == []
 
+    def test_reading_a_dag_is_its_own_permission(self):
+        access = model.DagAccess(dag_ids=frozenset({"words_etl"}))
+        assert access.may_read_dag("words_etl") and not access.may_read_dag("words")
+        assert model.DagAccess(all_dags=True).may_read_dag("anything")
+        assert not model.DagAccess().may_read_dag("words_etl")
+
+
+def never_read() -> list[str]:
+    raise AssertionError("the registered pipelines were read although the DAG is recorded")
+
+
+class TestPipelinesRunBy:
+    """Which pipeline the DAG run tab shows for a DAG id."""
+
+    ADMIN = model.DagAccess(all_dags=True)
+
+    def test_the_recorded_pipeline_not_the_one_named_like_the_dag(self):
+        runs = {"words": frozenset({"words_etl"}), "words_etl": frozenset({"other"})}
+        assert model.pipelines_run_by("words_etl", runs, self.ADMIN, never_read) == ["words"]
+
+    def test_a_dag_recorded_for_several_pipelines_gives_them_all_sorted(self):
+        runs = {"b": frozenset({"etl"}), "a": frozenset({"etl", "x"}), "c": frozenset({"x"})}
+        assert model.pipelines_run_by("etl", runs, self.ADMIN, never_read) == ["a", "b"]
+
+    def test_without_a_record_a_registered_namesake_the_user_may_read(self):
+        assert model.pipelines_run_by("words", {}, self.ADMIN, lambda: ["words"]) == ["words"]
+        assert model.pipelines_run_by("words", {}, self.ADMIN, lambda: ["other"]) == []
+
+    def test_a_namesake_run_by_recorded_dags_is_not_this_dags(self):
+        runs = {"words": frozenset({"words_etl"})}
+        assert model.pipelines_run_by("words", runs, self.ADMIN, lambda: ["words"]) == []
+
+    def test_without_a_record_a_namesake_the_user_may_not_read_is_not_shown(self):
+        """Reading a DAG named like a pipeline does not open it (no recorded DAG covers it)."""
+        access = model.DagAccess(dag_ids=frozenset({"words"}))
+        assert model.pipelines_run_by("words", {}, access, lambda: ["words"]) == []
+
 
 class TestSummary:
     def test_counts_lag_and_newest_txids(self):

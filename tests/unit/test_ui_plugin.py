@@ -48,7 +48,8 @@ def test_external_views_nav_and_dag_run():
     assert views["nav"]["href"] == "/transactions/"
     href = views["dag_run"]["href"]
     assert "{DAG_ID}" in href and "{RUN_ID}" in href
-    assert href == "/transactions/pipelines/{DAG_ID}/runs/{RUN_ID}"
+    # Keyed by DAG id: build_dag(pipeline, dag_id=...) may name the DAG unlike its pipeline.
+    assert href == "/transactions/dags/{DAG_ID}/runs/{RUN_ID}"
     assert views["nav"]["url_route"] != views["dag_run"]["url_route"]
 
 
@@ -97,6 +98,7 @@ def test_importing_the_plugin_loads_neither_fastapi_nor_the_app():
         "/transactions/",
         "/transactions/pipelines/words",
         "/transactions/pipelines/words/runs/txid-000001",
+        "/transactions/dags/words_etl/runs/txid-000001",
         "/transactions/api/pipelines",
         "/transactions/api/pipelines/words",
         "/transactions/api/pipelines/words/txids/1",
