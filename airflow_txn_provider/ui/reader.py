@@ -37,6 +37,10 @@ CONFIG_KEY = "ui_txn_log_conn_id"
 DEFAULT_CONN_ID = "txn_log_default"
 CONNECT_TIMEOUT_S = 5
 """A database that does not answer fails the request after this long, instead of hanging it."""
+PAGE_OUTAGE_TIMEOUT = 3.0
+"""Seconds a page waits for a restarting log database (the log's default is minutes, right for a
+task, not for a page): long enough to replace a pooled connection a restart dropped, short enough
+that the page answers 503 at once while the database is down (its script retries by itself)."""
 
 
 def configured_conn_id() -> str:
@@ -91,7 +95,7 @@ class LogProvider:
             ) from err
         engine = engine_from_url(url, connect_args={"connect_timeout": CONNECT_TIMEOUT_S})
         try:
-            return TransactionLog(engine, migrate=False)
+            return TransactionLog(engine, migrate=False, outage_timeout=PAGE_OUTAGE_TIMEOUT)
         except TxnError as err:  # SchemaTooOldError: says how to upgrade
             engine.dispose()
             raise LogUnavailableError(f"connection {conn_id!r}: {err.detail}") from err

@@ -486,9 +486,15 @@ def test_a_bad_txid_is_a_422(admin):
     assert admin.get("/transactions/api/pipelines/words/txids/x").status_code == 422
 
 
-def test_a_database_gone_after_opening_is_a_503(db):
+def test_a_database_gone_after_opening_is_a_503(db, monkeypatch):
+    """The log as the page opens it (through its connection), then its database gone: a 503 after
+    a short wait, not the minutes a task waits out a restart for."""
     url, _ = db
-    txlog = TransactionLog(create_engine(url), migrate=False)
+    set_txn_log_connection(monkeypatch, "ui_txn_log_gone", url)
+    monkeypatch.setenv("AIRFLOW__TXN_PROVIDER__UI_TXN_LOG_CONN_ID", "ui_txn_log_gone")
+    txlog = ui_app.provider.get()
+    ui_app.provider.reset()
+    assert txlog.outage_timeout == reader.PAGE_OUTAGE_TIMEOUT <= 5
     txlog.engine.dispose()
     txlog.engine = create_engine("postgresql+psycopg2://u@127.0.0.1:1/none")  # nothing listens
     client = client_for(txlog, FakeAuthManager(all_dags=True))
