@@ -95,15 +95,16 @@ def test_watch_commits_read_the_transactions_page_and_clear_a_failed_txid(stack,
             lambda: log.last_committed(DAG) >= 4, 300, "4 commits", stack, (UnknownPipelineError,)
         )
 
-        # The Runs tab: txid runs succeed in txid order (a run turns Success a moment after its
-        # commit, when its failure sensor ends): the Success ones are always 1..k.
+        # The Runs tab: a txid run turns Success only after its commit (when its failure sensor
+        # ends, a moment later; the sensors of consecutive commits may end in either order), so
+        # every Success run is a committed txid.
         def runs_tab():
             page.goto(f"{stack.url}/dags/{DAG}/runs")
             page.get_by_text("txid-000001").wait_for()
             page.wait_for_load_state("networkidle")
             runs = _runs_table(page)
             done = sorted(t for t, state in runs.items() if state == "Success")
-            assert done == list(range(1, len(done) + 1)), runs
+            assert not done or done[-1] <= log.last_committed(DAG), runs
             assert "Failed" not in runs.values(), runs
             return len(done) >= 3
 
