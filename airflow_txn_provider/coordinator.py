@@ -441,6 +441,29 @@ def lease_expired(rec: TxRecord, now: datetime | None) -> bool:
     )
 
 
+class LeaseRenewal(enum.StrEnum):
+    """What renewing an attempt's lease finds."""
+
+    RENEWED = "renewed"
+    """Still processing: the lease was extended."""
+    DONE = "done"
+    """Its output is recorded (processed, or committed since): nothing left to prove alive, and
+    nothing to stop (its process may still be shutting down Spark)."""
+    LOST = "lost"
+    """Failed or replaced: its work will never count, so its process should stop."""
+
+
+def lease_renewal(record: TxRecord | None, attempt: int) -> LeaseRenewal:
+    """What a renewal of ``attempt``'s lease on ``record`` (its txid, ``None`` if never begun)
+    finds. Only a processing attempt holds a lease; one whose output is recorded is done, not lost:
+    stopping its process then would fail an attempt that finished."""
+    if record is None or record.attempt != attempt or record.status is TxStatus.FAILED:
+        return LeaseRenewal.LOST
+    if record.status is TxStatus.PROCESSING:
+        return LeaseRenewal.RENEWED
+    return LeaseRenewal.DONE
+
+
 def plan_expiry(view: PipelineView, txid: int, attempt: int) -> tuple[int, ...]:
     """Txids to fail because the lease of ``(txid, attempt)`` ran out: it and every later txid in
     flight (the cascade of :func:`plan_failure`). Nothing while the lease is alive, or once the

@@ -7,7 +7,12 @@ stop and, ``timeout`` seconds later, the failure sensor fails the attempt and th
 long Spark job is never failed while alive: the lease is renewed however long the job runs.
 
 A renewal that finds the attempt no longer current (the txid was failed by a cascade, or replaced)
-calls ``on_lost``, e.g. to interrupt the Spark work that nothing will use.
+calls ``on_lost``, e.g. to interrupt the Spark work that nothing will use. One that finds its output
+recorded stops renewing and leaves the work alone: the job may still be shutting Spark down.
+
+A block that ends without an error hands the lease over for ``handover`` seconds: after one of
+several jobs of a txid the attempt is still processing, and the next task (the next job, or the
+one recording the output) needs time to start before it renews the lease itself.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ import threading
 from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING
+
+from airflow_txn_provider.coordinator import LeaseRenewal
 
 if TYPE_CHECKING:
     from airflow_txn_provider.transaction_log import TransactionLog
@@ -42,6 +49,8 @@ class LeaseKeeper:
     :param holder: who holds it (see :func:`holder_name`), named in the error when it runs out.
     :param timeout: seconds the lease lasts after each renewal.
     :param on_lost: called once (from the renewing thread) if the attempt is no longer current.
+    :param handover: seconds the lease lasts after the block ends without an error (``None``:
+        ``timeout``).
     """
 
     def __init__(
@@ -54,6 +63,7 @@ class LeaseKeeper:
         holder: str,
         timeout: float,
         on_lost: Callable[[], None] | None = None,
+        handover: float | None = None,
     ) -> None:
         if timeout <= 0:
             raise ValueError(f"lease timeout must be > 0 seconds, got {timeout!r}")
@@ -64,22 +74,33 @@ class LeaseKeeper:
         self.holder = holder
         self.timeout = timeout
         self.on_lost = on_lost
+        self.handover = timeout if handover is None else handover
         self.lost = False
+        self.done = False
         self.renewals = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._run, name=f"lease-{pipeline}-{txid}-{attempt}", daemon=True
         )
 
-    def renew(self) -> bool:
-        """Renew once now; False (and ``on_lost`` called) if the attempt is no longer current."""
-        if self.lost:
+    def renew(self, timeout: float | None = None) -> bool:
+        """Renew once now (for ``timeout`` seconds, default the keeper's); False once there is
+        nothing left to renew: the attempt is lost (``on_lost`` called) or done."""
+        if self.lost or self.done:
             return False
-        if self.txlog.renew_lease(
-            self.pipeline, self.txid, self.attempt, holder=self.holder, timeout=self.timeout
-        ):
+        found = self.txlog.renew_lease(
+            self.pipeline,
+            self.txid,
+            self.attempt,
+            holder=self.holder,
+            timeout=self.timeout if timeout is None else timeout,
+        )
+        if found is LeaseRenewal.RENEWED:
             self.renewals += 1
             return True
+        if found is LeaseRenewal.DONE:
+            self.done = True
+            return False
         self.lost = True
         log.warning(
             "pipeline=%s txid=%s attempt=%s is no longer current (failed or replaced): "
@@ -122,3 +143,14 @@ class LeaseKeeper:
     ) -> None:
         self._stop.set()
         self._thread.join(timeout=self.timeout)
+        if exc_type is None:
+            try:
+                self.renew(self.handover)
+            except Exception as err:  # the last renewal's lease still covers a short gap
+                log.warning(
+                    "pipeline=%s txid=%s attempt=%s lease not handed over (%s)",
+                    self.pipeline,
+                    self.txid,
+                    self.attempt,
+                    err,
+                )

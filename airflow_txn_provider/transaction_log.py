@@ -13,7 +13,8 @@ Every transition is one explicit database transaction:
   change and the "committed" mark are one database transaction: both happen or neither.
 * a processing attempt holds a **lease** (``renew_lease``) while its process is alive; once it runs
   out, ``expire_lease`` fails the attempt (with the cascade) so the txid replays: an attempt whose
-  process died is never left in flight. Leases are judged by the database's clock.
+  process died is never left in flight. Leases are judged by the database's clock, and again
+  once the expiry holds the txid's row: a staging that recorded the output meanwhile is not failed.
 
 Every public call waits out a restarting database (:mod:`airflow_txn_provider.retries`).
 """
@@ -35,6 +36,7 @@ from airflow_txn_provider.coordinator import (
     BeginAction,
     BeginPlan,
     CommitAction,
+    LeaseRenewal,
     PipelineView,
     ProcessedAction,
     SourceKind,
@@ -43,6 +45,7 @@ from airflow_txn_provider.coordinator import (
     attempt_is_current,
     attempt_may_stage,
     expired_lease,
+    lease_renewal,
     next_to_begin,
     plan_begin,
     plan_commit,
@@ -711,28 +714,26 @@ class TransactionLog:
     @retry_transient
     def renew_lease(
         self, pipeline: str, txid: int, attempt: int, *, holder: str, timeout: float
-    ) -> bool:
+    ) -> LeaseRenewal:
         """Prove that ``(txid, attempt)``'s process is alive for ``timeout`` more seconds.
 
-        Returns False once the attempt is no longer current and processing (failed, replaced, or
-        its output recorded): its process should stop, nothing it stages will count. One UPDATE
-        of the txid's row; no pipeline lock.
+        ``RENEWED`` while it processes; ``DONE`` once its output is recorded (nothing left to
+        renew); ``LOST`` once it is failed or replaced (its process should stop: nothing it stages
+        will count). Locks the txid's row only, never the pipeline.
         """
         with self.engine.begin() as conn:
-            renewed = conn.execute(
-                update(T)
-                .where(
-                    T.c.pipeline == pipeline,
-                    T.c.txid == txid,
-                    T.c.attempt == attempt,
-                    T.c.status == TxStatus.PROCESSING.value,
+            record = self._locked_record(conn, pipeline, txid)
+            found = lease_renewal(record, attempt)
+            if found is LeaseRenewal.RENEWED:
+                conn.execute(
+                    update(T)
+                    .where(T.c.pipeline == pipeline, T.c.txid == txid)
+                    .values(
+                        lease_expires_at=func.now() + timedelta(seconds=timeout),
+                        lease_holder=holder[:500],
+                    )
                 )
-                .values(
-                    lease_expires_at=func.now() + timedelta(seconds=timeout),
-                    lease_holder=holder[:500],
-                )
-            ).rowcount
-        return bool(renewed)
+        return found
 
     @retry_transient
     def expire_lease(self, pipeline: str, txid: int, attempt: int) -> tuple[int, ...]:
@@ -742,6 +743,13 @@ class TransactionLog:
         with self.engine.begin() as conn:
             view = self._view(conn, pipeline, lock=True)
             txids = plan_expiry(view, txid, attempt)
+            if txids:
+                # The view read the txid without its row lock: a staging (which holds only that
+                # lock, for as long as its COPY runs and blocks renewals meanwhile) may be about
+                # to record the output. Wait for the row, then judge again by what it holds.
+                self._locked_record(conn, pipeline, txid)
+                view = self._view(conn, pipeline, lock=False)
+                txids = plan_expiry(view, txid, attempt)
             if txids:
                 rec = view.record(txid)
                 assert rec is not None and rec.lease_expires_at is not None

@@ -22,6 +22,11 @@ from airflow_txn_provider.exceptions import RequeueError
 
 RETRY_STATUS = frozenset({500, 502, 503, 504})
 """Answers of an api-server that is restarting or overloaded: asked again, not reported."""
+UNPROCESSED_STATUS = frozenset({502, 503})
+"""Answers that say the request was not processed (no server behind a proxy, or not ready): the
+only ones, with a connection never made, after which a POST is sent again. A POST that may have
+been processed (a timeout, a 500) is reported: clearing runs twice would kill the tasks the first
+clear started."""
 
 
 class AirflowApiHook(BaseHook):
@@ -34,7 +39,8 @@ class AirflowApiHook(BaseHook):
     :param airflow_api_conn_id: the Airflow connection id (default ``airflow_api_default``).
     :param timeout: seconds per HTTP request.
     :param outage_timeout: seconds a request is retried, with backoff, while the api-server cannot
-        be reached or answers 5xx (a restart); then the last error is raised.
+        be reached or answers 5xx (a restart); then the last error is raised. A POST (a clear) is
+        sent again only if it surely was not processed (no connection, 502, 503).
     """
 
     conn_name_attr = "airflow_api_conn_id"
@@ -146,7 +152,7 @@ class AirflowApiHook(BaseHook):
             conn = self.get_connection(self.airflow_api_conn_id)
             if conn.login:
                 body = {"username": conn.login, "password": conn.password or ""}
-                response = self._send("POST", "/auth/token", json=body)
+                response = self._send("POST", "/auth/token", repeatable=True, json=body)
             else:
                 response = self._send("GET", "/auth/token")
             if response.status_code >= 400:
@@ -159,19 +165,37 @@ class AirflowApiHook(BaseHook):
         return self._token
 
     def _send(
-        self, method: str, path: str, *, token: str | None = None, **kwargs: Any
+        self,
+        method: str,
+        path: str,
+        *,
+        token: str | None = None,
+        repeatable: bool | None = None,
+        **kwargs: Any,
     ) -> httpx.Response:
+        """Send, retrying while the api-server is away. ``repeatable``: whether sending it twice
+        does no harm (default: any method but POST); if not, it is sent again only when it surely
+        was not processed."""
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         url = self.base_url() + path
+        repeatable = method != "POST" if repeatable is None else repeatable
+        retry_status = RETRY_STATUS if repeatable else UNPROCESSED_STATUS
         started = time.monotonic()
         for attempt in itertools.count():
             try:
                 with httpx.Client(timeout=self.timeout) as client:
                     response = client.request(method, url, headers=headers, **kwargs)
-                if response.status_code not in RETRY_STATUS:
+                if response.status_code not in retry_status:
                     return response
                 problem = f"HTTP {response.status_code}"
+            except (httpx.ConnectError, httpx.ConnectTimeout) as err:  # never reached the server
+                response, problem = None, f"{type(err).__name__}: {err}"
             except httpx.TransportError as err:
+                if not repeatable:
+                    raise RequeueError(
+                        f"{method} {url} may or may not have been processed "
+                        f"({type(err).__name__}: {err}); not sent again"
+                    ) from err
                 response, problem = None, f"{type(err).__name__}: {err}"
             waited = time.monotonic() - started
             if waited >= self.outage_timeout:

@@ -230,6 +230,8 @@ class TxnProcessOperator(_TxnOperator):
             holder=holder_name(f"task {ti.task_id} of run {ti.run_id} (try {ti.try_number})"),
             timeout=p.lease_timeout,
             on_lost=self.on_kill,
+            # After one of several jobs the txid still processes: time for the next task to start.
+            handover=max(CLAIM_TIMEOUT, p.lease_timeout),
         )
         try:
             with lease:

@@ -150,3 +150,32 @@ def test_duplicate_run_of_the_same_processing_attempt(pipeline, db_url):
     assert result.details == {"words": {"staged_rows": len(WORDS), "keys": 3}}
     with pipeline.engine.connect() as conn:
         assert words.items(conn) == {("apple",): 500, ("dog",): 1000, ("man",): 1500}
+
+
+def _slow_stage(log, txid, attempt):
+    def stage(conn):
+        time.sleep(1.0)  # a long COPY: it holds the txid's row, so no renewal gets through
+        return {"rows": 1}
+
+    return log.stage_output("p", txid, attempt, stage).value
+
+
+def _expire_soon(log, txid, attempt):
+    time.sleep(0.3)  # while the staging holds the row
+    return log.expire_lease("p", txid, attempt)
+
+
+def test_a_lease_that_ran_out_during_a_staging_fails_nothing_once_it_recorded(pipeline, db_url):
+    """The sensor sees the lease of an attempt run out while that attempt stages its output (the
+    staging blocks the renewals): the expiry waits for the txid's row and finds the output
+    recorded, so it fails nothing, instead of failing a finished attempt and its cascade."""
+    pipeline.begin("p", 1, Fixed())
+    pipeline.begin("p", 2, Fixed())
+    pipeline.renew_lease("p", 1, 1, holder="h", timeout=0)  # already run out
+    staged, expired = race(db_url, (_slow_stage, 1, 1), (_expire_soon, 1, 1))
+    assert staged == ("ok", "accept") and expired == ("ok", ()), (staged, expired)
+    assert [(t.txid, t.status.value) for t in pipeline.transactions("p")] == [
+        (1, "processed"),
+        (2, "processing"),
+    ]
+    assert pipeline.expire_lease("p", 1, 1) == ()  # a processed attempt holds no lease

@@ -52,6 +52,41 @@ def test_a_lost_attempt_stops_its_work(running):
         assert keeper.lost
 
 
+def test_an_attempt_whose_output_is_recorded_is_done_not_stopped(running):
+    """A job that recorded its output may still be shutting Spark down when the next renewal
+    comes: the keeper stops renewing and leaves it alone (stopping it would fail the attempt)."""
+    stopped = threading.Event()
+    with LeaseKeeper(running, "p", 2, 1, holder="h", timeout=0.5, on_lost=stopped.set) as keeper:
+        running.mark_processed("p", 2, 1)
+        deadline = time.monotonic() + 5
+        while not keeper.done and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert keeper.done and not keeper.lost
+    assert not stopped.is_set()
+    assert running.transaction("p", 2).status is TxStatus.PROCESSED
+
+
+def _lease_left(txlog, txid):
+    view = txlog.view("p")
+    rec = view.record(txid)
+    assert rec is not None and rec.lease_expires_at is not None and view.now is not None
+    return rec.lease_expires_at - view.now
+
+
+def test_a_job_that_ends_well_hands_the_lease_over_to_the_next_task(running):
+    """One of several jobs ends, the txid still processes: the lease lasts ``handover`` seconds,
+    time for the next task to start. A job that fails hands nothing over."""
+    with LeaseKeeper(running, "p", 2, 1, holder="h", timeout=1.0, handover=120.0):
+        pass
+    assert _lease_left(running, 2).total_seconds() > 100
+    with (
+        pytest.raises(RuntimeError),
+        LeaseKeeper(running, "p", 3, 1, holder="h", timeout=1.0, handover=120.0),
+    ):
+        raise RuntimeError("the job failed")
+    assert _lease_left(running, 3).total_seconds() < 2
+
+
 def test_calls_wait_out_a_postgres_crash_and_restart():
     """The log's Postgres crashes (immediate stop) for 3 s while txids begin and commit: every
     call waits and succeeds, nothing is lost or doubled."""

@@ -34,7 +34,7 @@ from hypothesis.stateful import (
 )
 from sqlalchemy import create_engine, text
 
-from airflow_txn_provider.coordinator import ProcessedAction, TxStatus
+from airflow_txn_provider.coordinator import LeaseRenewal, ProcessedAction, TxStatus
 from airflow_txn_provider.exceptions import TxnError
 from airflow_txn_provider.sources import OpaqueSource, TransactionalSource, next_offset_ranges
 from airflow_txn_provider.transaction_log import TransactionLog
@@ -219,8 +219,10 @@ class TxnLogMachine(RuleBasedStateMachine):
             return
         txid = data.draw(st.sampled_from(candidates))
         tx = self.txs[txid]
-        if tx.status is TxStatus.PROCESSING:
-            assert self.log.renew_lease(self.pipeline, txid, tx.attempt, holder="model", timeout=0)
+        # The renewal's answer, by the model's status: a finished attempt is done, not lost.
+        renewal = {TxStatus.PROCESSING: LeaseRenewal.RENEWED, TxStatus.FAILED: LeaseRenewal.LOST}
+        renewed = self.log.renew_lease(self.pipeline, txid, tx.attempt, holder="model", timeout=0)
+        assert renewed is renewal.get(tx.status, LeaseRenewal.DONE), (tx, renewed)
         failed = self.log.expire_lease(self.pipeline, txid, tx.attempt)
         event(f"lease expiry of a {tx.status.value} txid")
         if tx.status is not TxStatus.PROCESSING:

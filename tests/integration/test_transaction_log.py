@@ -6,7 +6,7 @@ import pytest
 from sqlalchemy import create_engine, event, text
 
 from airflow_txn_provider import schema
-from airflow_txn_provider.coordinator import BeginAction, ProcessedAction, TxStatus
+from airflow_txn_provider.coordinator import BeginAction, LeaseRenewal, ProcessedAction, TxStatus
 from airflow_txn_provider.exceptions import (
     CorruptLogError,
     NotProcessedError,
@@ -175,14 +175,15 @@ class TestRules:
 
     def test_an_expired_lease_fails_the_attempt_and_later_ones(self, four):
         txlog, src = four
-        assert txlog.renew_lease("p", 2, 1, holder="task process_x pid 42", timeout=0)
+        renewed = txlog.renew_lease("p", 2, 1, holder="task process_x pid 42", timeout=0)
+        assert renewed is LeaseRenewal.RENEWED
         assert txlog.expire_lease("p", 3, 1) == ()  # its lease (the claim's) is alive
         assert txlog.expire_lease("p", 2, 1) == (2, 3, 4)
         info = txlog.transaction("p", 2)
         assert info.status is TxStatus.FAILED and info.failed_by == 2
         assert "pipeline=p txid=2 attempt=1: lease expired" in info.last_error
         assert "task process_x pid 42" in info.last_error
-        assert txlog.renew_lease("p", 2, 1, holder="late", timeout=30) is False  # fenced
+        assert txlog.renew_lease("p", 2, 1, holder="late", timeout=30) is LeaseRenewal.LOST
         assert txlog.expire_lease("p", 2, 1) == ()  # idempotent
         assert txlog.begin("p", 2, src).action is BeginAction.REPLAY
 

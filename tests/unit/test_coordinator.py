@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from airflow_txn_provider.coordinator import (
     BeginAction,
     CommitAction,
+    LeaseRenewal,
     PipelineView,
     ProcessedAction,
     SourceKind,
@@ -19,6 +20,7 @@ from airflow_txn_provider.coordinator import (
     committable,
     expired_lease,
     lease_expired,
+    lease_renewal,
     next_to_begin,
     plan_begin,
     plan_commit,
@@ -104,6 +106,19 @@ class TestLease:
         assert plan_expiry(v, 2, 2) == ()  # not the current attempt: never emitted
         assert plan_expiry(v, 9, 1) == ()  # never begun
         assert expired_lease(leased(((1, 1, PROC, 10),))) is None
+
+    def test_a_renewal_renews_while_processing_and_stops_a_failed_or_replaced_attempt(self):
+        assert lease_renewal(TxRecord(1, 2, PROC), 2) is LeaseRenewal.RENEWED
+        assert lease_renewal(TxRecord(1, 2, FAIL), 2) is LeaseRenewal.LOST
+        assert lease_renewal(TxRecord(1, 3, PROC), 2) is LeaseRenewal.LOST  # replaced
+        assert lease_renewal(None, 1) is LeaseRenewal.LOST
+
+    def test_a_renewal_after_the_output_is_recorded_is_done_not_lost(self):
+        """A job whose output is recorded may still be stopping Spark: stopping it then would
+        fail a finished attempt and its cascade."""
+        assert lease_renewal(TxRecord(1, 2, DONE), 2) is LeaseRenewal.DONE
+        assert lease_renewal(TxRecord(1, 2, TxStatus.COMMITTED), 2) is LeaseRenewal.DONE
+        assert lease_renewal(TxRecord(1, 3, DONE), 2) is LeaseRenewal.LOST  # another's output
 
     @given(
         leases=st.lists(

@@ -25,6 +25,12 @@ def upgrade() -> None:
         sa.Column("lease_expires_at", sa.DateTime(timezone=True), nullable=True),
     )
     op.add_column("txn_transaction", sa.Column("lease_holder", sa.Text(), nullable=True))
+    # An attempt processing while the library is upgraded gets the claim's lease (two minutes):
+    # one whose process is gone is noticed then, not never (a NULL lease never runs out).
+    op.execute(
+        "UPDATE txn_transaction SET lease_expires_at = now() + interval '120 seconds' "
+        "WHERE status = 'processing'"
+    )
 
 
 def downgrade() -> None:
