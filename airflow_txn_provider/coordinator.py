@@ -524,15 +524,25 @@ class GateState(enum.StrEnum):
     """The txid itself committed already (a duplicate run): nothing left to do."""
     STALE = "stale"
     """The attempt was failed or replaced: it must not commit; its run restarts."""
+    UNFINISHED = "unfinished"
+    """The attempt is still processing although the gate's tasks upstream have ended: they stopped
+    without recording its output. Its lease or failure callback fails it, and its run restarts."""
 
 
 def commit_gate(view: PipelineView, txid: int, attempt: int) -> GateState:
-    """Whether the commit of ``(txid, attempt)`` may proceed, must wait, or never will."""
+    """Whether the commit of ``(txid, attempt)`` may proceed, must wait, or never will.
+
+    Asked once the processing tasks ended, whether or not Airflow saw them succeed: the log, not a
+    task's state, says whether the output was recorded (a task may record it, then fail to report
+    success to an api-server that is away).
+    """
     if txid <= view.last_committed:
         return GateState.COMMITTED
     rec = view.record(txid)
     if rec is None or _attempt_is_dead(rec, attempt):
         return GateState.STALE
+    if rec.status is TxStatus.PROCESSING:
+        return GateState.UNFINISHED
     return GateState.OPEN if txid - 1 == view.last_committed else GateState.WAIT
 
 

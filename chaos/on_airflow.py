@@ -273,6 +273,7 @@ def run_one(deployment: Deployment, plan: Plan) -> FaultResult:
     except TimeoutError as err:
         recovered, fault_at, in_flight = False, datetime.now(UTC), []
         detail = f"{detail}; {err}"
+        print(_snapshot(deployment, plan, log), flush=True)
     finally:
         try:
             deployment.api().pause(plan.name)
@@ -323,6 +324,27 @@ def run_one(deployment: Deployment, plan: Plan) -> FaultResult:
         records_doubled=doubled,
         detail="; ".join([detail, *problems, f"{replays} replays"]),
     )
+
+
+def _snapshot(d: Deployment, plan: Plan, log: Any) -> str:
+    """What a run that did not heal was left in: each txid in the log, each run's tasks."""
+    lines = [f"--- {plan.name} (seed {plan.seed}) at the timeout ---"]
+    for info in log.transactions(plan.name):
+        lines.append(
+            f"txid {info.txid} attempt {info.attempt} {info.status.value} "
+            f"lease {info.lease_expires_at} failed_by {info.failed_by}: {info.last_error or ''}"
+        )
+    try:
+        api = d.api()
+        for run in api.runs(plan.name):
+            tis = api.task_instances(plan.name, run["dag_run_id"])
+            states = ", ".join(
+                f"{ti['task_id']}={ti['state']}(try {ti['try_number']})" for ti in tis
+            )
+            lines.append(f"{run['dag_run_id']} {run['state']}: {states}")
+    except Exception as err:  # the api-server may be what broke
+        lines.append(f"(task instances unavailable: {err})")
+    return "\n".join(lines)
 
 
 def _first_failure(log: Any, pipeline: str) -> datetime | None:

@@ -286,7 +286,16 @@ class TxnRecordProcessedOperator(_TxnOperator):
 
 
 class TxnCommitGateSensor(_TxnOperator):
-    """Wait, deferred, until ``txid - 1`` committed; fail if this run's attempt went stale."""
+    """Wait, deferred, until ``txid - 1`` committed; fail if this run's attempt went stale.
+
+    It runs once the processing tasks ended, failed ones too (``trigger_rule="all_done"``): a task
+    that recorded its output and then could not report success (the api-server away) leaves a
+    processed txid that must still commit. Whether the output was recorded is the log's to say.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("trigger_rule", "all_done")
+        super().__init__(**kwargs)
 
     def execute(self, context: Context, event: dict[str, Any] | None = None) -> str:
         from airflow_txn_provider.coordinator import commit_gate
@@ -294,10 +303,15 @@ class TxnCommitGateSensor(_TxnOperator):
         p = self.pipeline
         claim = claimed(context)
         gate = commit_gate(self.txn_log().view(p.name), claim["txid"], claim["attempt"])
+        where = f"pipeline={p.name} txid={claim['txid']} attempt={claim['attempt']}"
         if gate is GateState.STALE:
             raise AirflowFailException(
-                f"pipeline={p.name} txid={claim['txid']} attempt={claim['attempt']} is no longer "
-                "current (failed or replaced): it will not commit"
+                f"{where} is no longer current (failed or replaced): it will not commit"
+            )
+        if gate is GateState.UNFINISHED:
+            raise AirflowFailException(
+                f"{where}: its processing ended without recording output; the attempt is failed "
+                "(by its task's failure or its lease) and the txid replays"
             )
         if gate is GateState.WAIT:
             self.defer(

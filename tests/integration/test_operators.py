@@ -68,19 +68,25 @@ def test_begin_claims_in_order_and_defers_with_the_log_trigger(dag):
 
 def test_commit_gate_waits_for_previous_then_commit_is_idempotent(dag):
     begin, gate, commit = (dag.get_task(t) for t in ("begin", "commit_gate", "commit"))
+    from airflow.sdk.exceptions import AirflowFailException
+
     one = begin.execute(_context(1))
     two = begin.execute(_context(2))
+    log = begin.txn_log()
+    # The gate runs once processing ended, failed tasks too: unrecorded output never commits.
+    with pytest.raises(AirflowFailException, match="ended without recording output"):
+        gate.execute(_context(2, two))
+    log.mark_processed("ops", 2, two["attempt"], {})
     with pytest.raises(TaskDeferred) as deferred:
         gate.execute(_context(2, two))
     assert deferred.value.trigger.wait_for is WaitFor.COMMIT_GATE
     assert deferred.value.trigger.attempt == two["attempt"]
-    log = begin.txn_log()
     log.mark_processed("ops", 1, 1, {})
     assert gate.execute(_context(1, one)) == "open"
     assert commit.execute(_context(1, one)) == {
         "applied": True,
         "committed_attempt": 1,
-        "also_committed": [],
+        "also_committed": [2],  # processed already: committed right behind it
     }
     assert commit.execute(_context(1, one))["applied"] is False  # a duplicate run: no-op
     with pytest.raises(AirflowSkipException):

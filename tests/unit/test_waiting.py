@@ -29,6 +29,9 @@ from tests.unit.test_coordinator import DONE, FAIL, PROC, view
         ([(3, 2, FAIL)], 2, 3, 2, GateState.STALE),  # this attempt was failed
         ([], 3, 3, 1, GateState.COMMITTED),
         ([(3, 1, DONE)], 2, 4, 1, GateState.STALE),  # never begun
+        # its processing tasks ended without recording output: no waiting for a commit
+        ([(3, 1, PROC)], 2, 3, 1, GateState.UNFINISHED),
+        ([(3, 1, DONE), (4, 1, PROC)], 2, 4, 1, GateState.UNFINISHED),
     ],
 )
 def test_commit_gate(records, last, txid, attempt, expected):
