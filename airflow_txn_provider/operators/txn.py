@@ -288,13 +288,14 @@ class TxnRecordProcessedOperator(_TxnOperator):
 class TxnCommitGateSensor(_TxnOperator):
     """Wait, deferred, until ``txid - 1`` committed; fail if this run's attempt went stale.
 
-    It runs once the processing tasks ended, failed ones too (``trigger_rule="all_done"``): a task
-    that recorded its output and then could not report success (the api-server away) leaves a
+    It runs once the processing tasks ended, failed ones too (``trigger_rule="none_skipped"``): a
+    task that recorded its output and then could not report success (the api-server away) leaves a
     processed txid that must still commit. Whether the output was recorded is the log's to say.
+    Skipped, as before, when ``begin`` skipped the run (a rerun of a committed txid).
     """
 
     def __init__(self, **kwargs: Any) -> None:
-        kwargs.setdefault("trigger_rule", "all_done")
+        kwargs.setdefault("trigger_rule", "none_skipped")
         super().__init__(**kwargs)
 
     def execute(self, context: Context, event: dict[str, Any] | None = None) -> str:
