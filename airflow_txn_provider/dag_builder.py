@@ -3,8 +3,12 @@
 One run per txid (:class:`~airflow_txn_provider.timetables.TxidTimetable`), at most
 ``max_pending`` runs in flight (``max_active_runs``), in txid order. Per run::
 
-    begin >> [process_<job> ...] >> (processed, with several jobs) >> commit_gate >> commit
-    begin >> watch_failures                          (the run's failure sensor, beside the work)
+    process_<job> >> commit                                  (one job: it claims the txid itself)
+    begin >> [process_<job> ...] >> processed >> commit      (several jobs, in parallel)
+    watch_failures                           (the failure sensor, beside the work from the start)
+
+Three tasks per txid with one job (docs/airflow.md, "Tasks of a txid", says why): each task is a
+new process on a worker, and on a small machine those starts compete with Spark for the cores.
 """
 
 from __future__ import annotations
@@ -18,15 +22,14 @@ from airflow_txn_provider.operators.txn import (
     BEGIN_TASK_ID,
     WATCH_TASK_ID,
     TxnBeginOperator,
-    TxnCommitGateSensor,
     TxnCommitOperator,
-    TxnFailureSensor,
     TxnProcessOperator,
     TxnRecordProcessedOperator,
     fail_attempt_on_task_failure,
     job_task_id,
 )
 from airflow_txn_provider.pipeline import TxnPipeline
+from airflow_txn_provider.sensors.txn_failure import TxnFailureSensor
 from airflow_txn_provider.timetables import TXID_EPOCH, TxidTimetable
 
 # Begin, gate, commit and the failure sensor are safe to run again (claims and commits are fenced
@@ -34,7 +37,8 @@ from airflow_txn_provider.timetables import TXID_EPOCH, TxidTimetable
 # that fails a deferred task resumed within seconds of deferring (a stale executor event from the
 # deferring process: apache/airflow#71580, #72716), then cost a retry, not a stuck pipeline.
 # Processing is not retried by Airflow: a failed attempt is the failure sensor's to replay, with
-# a new attempt, in order.
+# a new attempt, in order (a task that claims and processes is retried only for its claim and for
+# a lost process: see build_dag).
 COORDINATION_RETRIES = 12
 """With a backoff doubling from 2 s up to ``COORDINATION_MAX_RETRY_DELAY``: about five minutes of
 tries, so an api-server or database restart (tasks cannot even start while the execution API is
@@ -63,34 +67,37 @@ def build_dag(pipeline: TxnPipeline, *, dag_id: str | None = None, **dag_kwargs:
         default_args=default_args,
         **dag_kwargs,
     ) as dag:
-        coordination = {
+        coordination: dict[str, Any] = {
             "retries": COORDINATION_RETRIES,
             "retry_exponential_backoff": 2.0,
             "max_retry_delay": COORDINATION_MAX_RETRY_DELAY,
         }
-        begin = TxnBeginOperator(task_id=BEGIN_TASK_ID, pipeline=pipeline, **coordination)
         single = len(pipeline.jobs) == 1
+        claim_task_id = job_task_id(str(pipeline.jobs[0])) if single else BEGIN_TASK_ID
+        common: dict[str, Any] = {"pipeline": pipeline, "claim_task_id": claim_task_id}
         jobs = [
             TxnProcessOperator(
                 task_id=job_task_id(str(job)),
-                pipeline=pipeline,
                 job=str(job),
                 finish=single,
+                claim=single,
                 execution_timeout=timedelta(hours=6),
                 on_failure_callback=fail_attempt_on_task_failure,
+                # A task that claims is retried like the coordination tasks (its claim may meet
+                # an outage, its process may be lost): a retry resumes the attempt it claimed.
+                # A failure of the processing itself is never retried by Airflow (it raises
+                # AirflowFailException): the failure sensor replays the txid, in order.
+                **(coordination if single else {}),
+                **common,
             )
             for job in pipeline.jobs
         ]
-        gate = TxnCommitGateSensor(task_id="commit_gate", pipeline=pipeline, **coordination)
-        commit = TxnCommitOperator(task_id="commit", pipeline=pipeline, **coordination)
-        begin >> jobs
+        commit = TxnCommitOperator(task_id="commit", **coordination, **common)
         if single:
-            jobs[0] >> gate
+            jobs[0] >> commit
         else:
-            processed = TxnRecordProcessedOperator(
-                task_id="processed", pipeline=pipeline, **coordination
-            )
-            jobs >> processed >> gate
-        gate >> commit
-        begin >> TxnFailureSensor(task_id=WATCH_TASK_ID, pipeline=pipeline, **coordination)
+            begin = TxnBeginOperator(task_id=BEGIN_TASK_ID, **coordination, **common)
+            processed = TxnRecordProcessedOperator(task_id="processed", **coordination, **common)
+            begin >> jobs >> processed >> commit
+        TxnFailureSensor(task_id=WATCH_TASK_ID, **coordination, **common)
     return dag

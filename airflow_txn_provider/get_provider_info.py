@@ -32,6 +32,12 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": ["airflow_txn_provider.operators.txn"],
             }
         ],
+        "sensors": [
+            {
+                "integration-name": "Transactional Spark batches",
+                "python-modules": ["airflow_txn_provider.sensors.txn_failure"],
+            }
+        ],
         "triggers": [
             {
                 "integration-name": "Transactional Spark batches",
@@ -48,6 +54,25 @@ def get_provider_info() -> dict[str, Any]:
                 "connection-type": "airflow_api",
             },
         ],
+        "config": {
+            "txn_provider": {
+                "description": "Transactional Spark batches.",
+                "options": {
+                    "failure_injection": {
+                        "description": (
+                            "Let the Airflow Variable txn_inject_failure__<pipeline> fail chosen "
+                            "attempts of chosen txids (e.g. 3, 3:2, 3:*, 3@8), to see a cascade, "
+                            "a replay and a poison batch. For demos and tests: off, processing "
+                            "tasks read no Variable."
+                        ),
+                        "version_added": "0.1.0",
+                        "type": "boolean",
+                        "example": "True",
+                        "default": "False",
+                    }
+                },
+            }
+        },
         "plugins": [
             {
                 "name": "airflow_txn_provider",

@@ -56,6 +56,8 @@ class PipelineRow(Base):
     last_committed_txid: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    declaration: Mapped[str | None] = mapped_column(Text, nullable=True)
+    """Fingerprint of the declaration last registered (see ``TransactionLog.ensure_pipeline``)."""
 
     __table_args__ = (
         CheckConstraint("source_kind IN ('transactional', 'opaque')", name="source_kind"),
@@ -128,6 +130,8 @@ class AttemptRow(Base):
     started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     processed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    timings: Mapped[Any] = mapped_column(JSONB, nullable=True)
+    """Seconds spent per phase (``spark``, ``staging``, ``commit``, ...), as reported."""
 
     __table_args__ = (
         ForeignKeyConstraint(

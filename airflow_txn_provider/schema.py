@@ -8,6 +8,7 @@ database is behind.
 from __future__ import annotations
 
 import logging
+import weakref
 from functools import cache
 from typing import TYPE_CHECKING
 
@@ -22,6 +23,11 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 VERSION_TABLE = "txn_alembic_version"
+HEAD_REVISION = "0005"
+"""The newest migration (``tests`` check it is Alembic's head): lets :func:`ensure` check the
+schema with one query, without importing Alembic, in every task process."""
+_at_head: weakref.WeakSet[Engine] = weakref.WeakSet()
+"""Engines of this process whose database was seen at ``HEAD_REVISION``."""
 # Serialises concurrent upgrades: many tasks may open the log at the same moment.
 _MIGRATION_LOCK_KEY = 0x7478_6E5F_6D69_67  # "txn_mig"
 
@@ -50,9 +56,31 @@ def current_revision(connection: Connection) -> str | None:
     return ctx.get_current_revision()
 
 
+def ensure(engine: Engine, *, migrate: bool = True) -> None:
+    """Make sure the log's schema is at this library's head, once per engine and process.
+
+    One query when it is (the common case: a task process opening the log); otherwise
+    :func:`upgrade` (``migrate``) or :func:`check`, which raises :class:`SchemaTooOldError`.
+    """
+    if engine in _at_head:
+        return
+    with engine.connect() as conn:
+        found = None
+        if conn.execute(text("SELECT to_regclass(:t)"), {"t": VERSION_TABLE}).scalar():
+            found = conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalar()
+    if found != HEAD_REVISION:
+        if migrate:
+            upgrade(engine)
+        else:
+            check(engine)
+    _at_head.add(engine)
+
+
 def upgrade(engine: Engine, revision: str = "head") -> None:
     """Bring the log schema to ``revision``; safe to call from many processes at once."""
     from alembic import command
+
+    _at_head.discard(engine)  # a downgrade (tests) must be seen by the next ensure()
 
     with engine.begin() as conn:
         conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _MIGRATION_LOCK_KEY})

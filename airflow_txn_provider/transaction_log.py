@@ -21,17 +21,22 @@ Every public call waits out a restarting database (:mod:`airflow_txn_provider.re
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from sqlalchemy import Table, create_engine, func, insert, select, update
+from sqlalchemy import Table, create_engine, func, insert, literal, select, update
+from sqlalchemy import cast as sa_cast
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import make_url
 
-from airflow_txn_provider import schema
+from airflow_txn_provider import __version__, schema
 from airflow_txn_provider.coordinator import (
     BeginAction,
     BeginPlan,
@@ -73,6 +78,7 @@ from airflow_txn_provider.retries import (
 from airflow_txn_provider.sources import Source, validate_metadata
 
 if TYPE_CHECKING:
+    from sqlalchemy import Update
     from sqlalchemy.engine import Connection, Engine, Row
 
 log = logging.getLogger(__name__)
@@ -87,6 +93,37 @@ CLAIM_TIMEOUT = 120.0
 the lease over (it renews every few seconds from then on)."""
 LEASE_TIMEOUT = 30.0
 """Seconds a processing attempt's lease lasts after each renewal, unless the pipeline says."""
+
+
+class DeclaredState(Protocol):
+    """What :meth:`TransactionLog.ensure_pipeline` needs of a state (``MapState`` has it)."""
+
+    @property
+    def name(self) -> str: ...
+
+    def definition(self) -> Mapping[str, Any]: ...
+
+    def create(self, bind: Engine) -> Any: ...
+
+
+def declaration_fingerprint(
+    source_kind: SourceKind | str,
+    max_pending: int,
+    dag_id: str | None,
+    states: Sequence[DeclaredState],
+) -> str:
+    """A digest of everything registration writes, and of this library's version (a new version
+    may add to the state tables' DDL): equal digests, nothing to register again."""
+    declared = {
+        "library": __version__,
+        "schema": schema.HEAD_REVISION,
+        "source_kind": SourceKind(source_kind).value,
+        "max_pending": max_pending,
+        "dag_id": dag_id,
+        "states": [[s.name, dict(s.definition())] for s in states],
+    }
+    return hashlib.sha256(json.dumps(declared, sort_keys=True).encode()).hexdigest()
+
 
 ApplyFn = Callable[["Connection", TxRecord], "Mapping[str, Any] | None"]
 StageFn = Callable[["Connection"], "Mapping[str, Any] | None"]
@@ -158,6 +195,8 @@ class AttemptInfo:
     processed_at: datetime | None
     ended_at: datetime | None
     failed_by: int | None = None
+    timings: Mapping[str, float] = field(default_factory=dict)
+    """Seconds per phase: ``start``, ``connect``, ``spark``, ``staging``, ``commit``."""
 
 
 SNAPSHOT = "REPEATABLE READ"
@@ -211,10 +250,7 @@ class TransactionLog:
         self.outage_timeout = outage_timeout
         for attempt in retrying(outage_timeout):
             with attempt:
-                if migrate:
-                    schema.upgrade(engine)
-                else:
-                    schema.check(engine)
+                schema.ensure(engine, migrate=migrate)
 
     @classmethod
     def from_url(
@@ -277,6 +313,40 @@ class TransactionLog:
                     row.max_pending,
                     max_pending,
                 )
+
+    def ensure_pipeline(
+        self,
+        name: str,
+        *,
+        source_kind: SourceKind | str,
+        max_pending: int,
+        dag_id: str | None = None,
+        states: Sequence[DeclaredState] = (),
+    ) -> bool:
+        """Register the pipeline and create its states, unless the log holds this very
+        declaration already: then it is one read, with no lock and no DDL (every begin calls it,
+        each no-data poll included). Returns whether it registered."""
+        declaration = declaration_fingerprint(source_kind, max_pending, dag_id, states)
+        if self._declaration(name) == declaration:
+            return False
+        self.register_pipeline(
+            name, source_kind=source_kind, max_pending=max_pending, dag_id=dag_id
+        )
+        for state in states:
+            state.create(self.engine)
+        self._set_declaration(name, declaration)
+        log.info("pipeline=%s registered (declaration %s)", name, declaration[:12])
+        return True
+
+    @retry_transient
+    def _declaration(self, name: str) -> str | None:
+        with self.engine.connect() as conn:
+            return conn.execute(select(P.c.declaration).where(P.c.name == name)).scalar()
+
+    @retry_transient
+    def _set_declaration(self, name: str, declaration: str) -> None:
+        with self.engine.begin() as conn:
+            conn.execute(update(P).where(P.c.name == name).values(declaration=declaration))
 
     @retry_transient
     def pipelines(self) -> list[str]:
@@ -492,7 +562,15 @@ class TransactionLog:
         return self.stage_output(pipeline, txid, attempt, lambda conn: output)
 
     @retry_transient
-    def stage(self, pipeline: str, txid: int, attempt: int, stage: StageFn) -> bool:
+    def stage(
+        self,
+        pipeline: str,
+        txid: int,
+        attempt: int,
+        stage: StageFn,
+        *,
+        timings: Mapping[str, float] | None = None,
+    ) -> bool:
         """Run ``stage(conn)`` only while ``(txid, attempt)`` is current and still processing.
 
         For a txid with several processing jobs: each stages its part fenced by the attempt, and
@@ -503,6 +581,8 @@ class TransactionLog:
             record = self._locked_record(conn, pipeline, txid)
             if attempt_may_stage(record, pipeline=pipeline, txid=txid, attempt=attempt):
                 stage(conn)
+                if timings:
+                    conn.execute(_add_timings(pipeline, txid, attempt, timings))
                 return True
         log.warning(
             "pipeline=%s txid=%s attempt=%s staged nothing: attempt is stale or already processed",
@@ -514,14 +594,21 @@ class TransactionLog:
 
     @retry_transient
     def stage_output(
-        self, pipeline: str, txid: int, attempt: int, stage: StageFn
+        self,
+        pipeline: str,
+        txid: int,
+        attempt: int,
+        stage: StageFn,
+        *,
+        timings: Mapping[str, float] | None = None,
     ) -> ProcessedAction:
         """Stage ``(txid, attempt)``'s output and mark it processed, in one database transaction.
 
         ``stage(conn)`` writes the output (e.g. :meth:`MapState.stage`) and returns a reference to
         it, such as row counts. It runs only while the attempt is current, holding the txid's row
         lock, so a duplicate run of the same attempt replaces rather than doubles the staged rows
-        and an attempt that was failed meanwhile stages nothing.
+        and an attempt that was failed meanwhile stages nothing. ``timings`` (seconds per phase;
+        ``stage`` may still add to it) are recorded on the attempt.
         """
         output_dict: dict[str, Any] | None = None
         with self.engine.begin() as conn:
@@ -552,6 +639,8 @@ class TransactionLog:
                         processed_at=func.now(),
                     )
                 )
+                if timings:
+                    conn.execute(_add_timings(pipeline, txid, attempt, timings))
         if action is ProcessedAction.IGNORE_STALE:
             log.warning(
                 "pipeline=%s txid=%s attempt=%s processed report ignored: attempt is stale",
@@ -582,6 +671,7 @@ class TransactionLog:
         raises, nothing of it is kept, the txid is failed (with the cascade: it replays whole, as
         Storm replays a transaction whose commit failed) and the error is raised.
         """
+        started = time.monotonic()
         try:
             with self.engine.begin() as conn:
                 view = self._view(conn, pipeline, lock=True)
@@ -622,6 +712,8 @@ class TransactionLog:
                     .where(A.c.pipeline == pipeline, A.c.txid == txid, A.c.attempt == attempt)
                     .values(status=TxStatus.COMMITTED.value, ended_at=func.now())
                 )
+                spent = {"commit": time.monotonic() - started}  # lock wait and apply
+                conn.execute(_add_timings(pipeline, txid, attempt, spent))
                 conn.execute(
                     update(P)
                     .where(P.c.name == pipeline)
@@ -837,6 +929,7 @@ class TransactionLog:
                 processed_at=r.processed_at,
                 ended_at=r.ended_at,
                 failed_by=r.failed_by,
+                timings=dict(r.timings or {}),
             )
             for r in rows
         ]
@@ -860,6 +953,20 @@ class TransactionLog:
 
 class _ApplyFailed(Exception):
     """Internal: marks an exception raised by the caller's ``apply`` (see ``commit``)."""
+
+
+def _add_timings(pipeline: str, txid: int, attempt: int, timings: Mapping[str, float]) -> Update:
+    """Merge ``timings`` (rounded to ms) into the attempt's, keeping what earlier phases wrote."""
+    rounded = {k: round(float(v), 3) for k, v in timings.items()}
+    return (
+        update(A)
+        .where(A.c.pipeline == pipeline, A.c.txid == txid, A.c.attempt == attempt)
+        .values(timings=func.coalesce(A.c.timings, cast_jsonb({})).op("||")(cast_jsonb(rounded)))
+    )
+
+
+def cast_jsonb(value: Mapping[str, Any]) -> Any:
+    return sa_cast(literal(json.dumps(value)), JSONB)
 
 
 def _status(value: str, pipeline: str, txid: int, attempt: int) -> TxStatus:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseHook
@@ -12,6 +13,13 @@ from airflow_txn_provider.transaction_log import TransactionLog, engine_from_url
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
+
+
+_ENGINES: dict[str, Engine] = {}
+"""One engine (and connection pool) per log URL and process: a task opens the log several times
+(claim, lease renewals, staging, commit) and each hook used to build, and never dispose, its own."""
+# A forked child must not share the parent's pooled connections: it starts with no engine.
+os.register_at_fork(after_in_child=_ENGINES.clear)
 
 
 class TxnLogHook(BaseHook):
@@ -68,12 +76,18 @@ class TxnLogHook(BaseHook):
         return url if isinstance(url, str) else url.render_as_string(hide_password=False)
 
     def get_engine(self) -> Engine:
+        """The engine of this connection's log, shared by every hook of the process."""
         if self._engine is None:
-            self._engine = engine_from_url(self.log_url())
+            url = self.log_url()
+            engine = _ENGINES.get(url)
+            if engine is None:
+                engine = _ENGINES[url] = engine_from_url(url)
+            self._engine = engine
         return self._engine
 
     def get_log(self, *, migrate: bool = True) -> TransactionLog:
-        """The transaction log; applies the schema migrations first unless ``migrate=False``."""
+        """The transaction log; applies the schema migrations first unless ``migrate=False``
+        (checked once per process: see :func:`airflow_txn_provider.schema.ensure`)."""
         return TransactionLog(self.get_engine(), migrate=migrate)
 
     def test_connection(self) -> tuple[bool, str]:

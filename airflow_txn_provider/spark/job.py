@@ -135,14 +135,24 @@ class ProcessOutcome:
 
 
 def process_batch(
-    spark: SparkSession, txlog: TransactionLog, job: BatchJob, transform: Transform
+    spark: SparkSession,
+    txlog: TransactionLog,
+    job: BatchJob,
+    transform: Transform,
+    *,
+    timings: Mapping[str, float] | None = None,
 ) -> ProcessOutcome:
     """Process one txid's batch on ``spark`` and stage the results, fenced by ``(txid, attempt)``.
 
     Any failure fails ``(txid, attempt)`` in the log (and, by the cascade, every later txid in
     flight) and raises a :class:`TxnError` naming them; nothing is staged for commit.
+
+    The attempt's timings (seconds) are recorded with its output: ``start`` (from its begin to
+    this job's start), ``spark`` (read, transform, collect), ``staging`` (the COPY into Postgres),
+    and any ``timings`` the caller measured (e.g. ``connect``).
     """
     started = time.monotonic()
+    spent: dict[str, float] = dict(timings or {})
     info = txlog.transaction(job.pipeline, job.txid)
     if info is None:
         raise NotBegunError(
@@ -155,6 +165,9 @@ def process_batch(
         )
         return ProcessOutcome(job, "stale", seconds=time.monotonic() - started)
     log.info("%s: processing batch %s", job.app_name, json.dumps(info.metadata))
+    if info.begun_at is not None:
+        spent["start"] = max(0.0, time.time() - info.begun_at.timestamp() - sum(spent.values()))
+    computing = time.monotonic()
     try:
         tables = _compute(spark, txlog, job, info.metadata, transform)
     except TxnError as err:
@@ -170,11 +183,13 @@ def process_batch(
         txlog.fail(job.pipeline, job.txid, job.attempt, error=str(error))
         raise error from err
 
+    spent["spark"] = time.monotonic() - computing
     counts: dict[str, int] = {}
     # Several jobs of one txid may stage into the same state: each replaces only its own rows.
     name = job_name(transform)
 
     def stage(conn: Any) -> dict[str, int]:
+        staging = time.monotonic()
         for state, table in tables.items():
             counts[state.output_key] = state.stage_arrow(
                 conn, job.txid, job.attempt, table, job=name
@@ -183,13 +198,17 @@ def process_batch(
             for state in load_states(conn, job.pipeline).values():
                 if state.derived_from is None:
                     counts.setdefault(state.output_key, 0)
+        spent["staging"] = time.monotonic() - staging
         return dict(counts)
 
     if job.finish:
-        action = txlog.stage_output(job.pipeline, job.txid, job.attempt, stage)
+        action = txlog.stage_output(job.pipeline, job.txid, job.attempt, stage, timings=spent)
         status = "stale" if action is ProcessedAction.IGNORE_STALE else "processed"
     else:
-        status = "staged" if txlog.stage(job.pipeline, job.txid, job.attempt, stage) else "stale"
+        # Several jobs: each job's timings under its own name.
+        mine = {f"{name.split(':')[0]}.{k}": v for k, v in spent.items()}
+        staged = txlog.stage(job.pipeline, job.txid, job.attempt, stage, timings=mine)
+        status = "staged" if staged else "stale"
     outcome = ProcessOutcome(job, status, counts, time.monotonic() - started)
     log.info("%s: %s in %.2fs, staged %s", job.app_name, status, outcome.seconds, counts)
     return outcome

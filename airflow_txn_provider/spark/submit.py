@@ -297,9 +297,11 @@ class SparkConnectRunner:
         # A new session per txid (create, not getOrCreate): its temp views, settings and
         # operations are its own, and interrupting it cannot touch another txid's work.
         with keep_classic_mode():
+            connecting = time.monotonic()
             self.session = self._connect(SparkSession)
+            connect = {"connect": time.monotonic() - connecting}
             try:
-                return process_batch(self.session, txlog, job, self.transform)
+                return process_batch(self.session, txlog, job, self.transform, timings=connect)
             finally:
                 session, self.session = self.session, None
                 session.stop()

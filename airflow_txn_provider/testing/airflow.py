@@ -27,6 +27,7 @@ from typing import Any
 
 import httpx
 
+from airflow_txn_provider.testing.failure_injection import ENABLE_ENV as FAILURE_INJECTION_ENV
 from airflow_txn_provider.testing.postgres import free_port
 
 COMPONENTS = ("scheduler", "dag-processor", "triggerer", "api-server")
@@ -72,6 +73,8 @@ class AirflowStack:
     :param dags_folder: the DAG files.
     :param env: extra environment (connections, Variables, provider settings).
     :param password: the admin user's password.
+    :param failure_injection: let the Variables ``txn_inject_failure__<pipeline>`` fail chosen
+        attempts (:mod:`airflow_txn_provider.testing.failure_injection`); off for benchmarks.
     """
 
     def __init__(
@@ -84,6 +87,7 @@ class AirflowStack:
         password: str = "admin",
         port: int | None = None,
         parallelism: int = 8,
+        failure_injection: bool = True,
     ) -> None:
         self.home = Path(home)
         self.metadata_url = metadata_url
@@ -92,6 +96,7 @@ class AirflowStack:
         self.password = password
         self.port = port or free_port()
         self.parallelism = parallelism
+        self.failure_injection = failure_injection
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.restarts: dict[str, int] = dict.fromkeys(COMPONENTS, 0)
         """Times each component exited by itself and was started again."""
@@ -129,6 +134,7 @@ class AirflowStack:
             "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.2",
             "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "1",
             **HEALING_SETTINGS,
+            **(FAILURE_INJECTION_ENV if self.failure_injection else {}),
             "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
             "AIRFLOW_CONN_AIRFLOW_API_DEFAULT": json.dumps(
                 {

@@ -111,7 +111,7 @@ def test_watch_commits_read_the_transactions_page_and_clear_a_failed_txid(stack,
         wait_until(runs_tab, 120, "3 txid runs to show Success", stack)
         screenshot(page, "airflow-runs")
         page.goto(f"{stack.url}/dags/{DAG}")
-        page.get_by_text("commit_gate").first.wait_for()
+        page.get_by_text("watch_failures").first.wait_for()
         screenshot(page, "airflow-grid")
 
         # The Transactions page, through the Airflow nav (an iframe on the same origin).

@@ -1,5 +1,5 @@
-"""The begin and commit-gate operators against a real log: claims, and deferral with the right
-trigger when the log says to wait (no Airflow scheduler needed: the context is minimal)."""
+"""The operators against a real log: claims, commits, and deferral with the right trigger when
+the log says to wait (no Airflow scheduler needed: the context is minimal)."""
 
 from __future__ import annotations
 
@@ -33,12 +33,20 @@ def dag(db_url, tmp_path, monkeypatch):
     return build_dag(pipeline)
 
 
+CLAIMER = "process_word_count"  # with one job, the processing task claims the txid
+
+
 class FakeTI:
     def __init__(self, claim=None):
         self.claim = claim
 
-    def xcom_pull(self, task_ids):
+    def xcom_pull(self, task_ids, key):
+        assert (task_ids, key) == (CLAIMER, "claim")
         return self.claim
+
+    def xcom_push(self, key, value):
+        assert key == "claim"
+        self.claim = value
 
 
 def _context(txid, claim=None, dag=None):
@@ -49,48 +57,61 @@ def _context(txid, claim=None, dag=None):
     }
 
 
-def test_begin_claims_in_order_and_defers_with_the_log_trigger(dag):
-    begin = dag.get_task("begin")
+def test_the_claim_goes_in_order_and_defers_with_the_log_trigger(dag):
+    begin = dag.get_task(CLAIMER)
     with pytest.raises(TaskDeferred) as deferred:
-        begin.execute(_context(2))  # txid 1 has not begun: wait, deferred
+        begin.execute(_context(2))  # txid 1 has not begun: wait, deferred (before any Spark)
     trigger = deferred.value.trigger
     assert isinstance(trigger, TxnLogTrigger)
     assert (trigger.wait_for, trigger.txid, trigger.pipeline) == (WaitFor.CAN_BEGIN, 2, "ops")
     assert deferred.value.method_name == "execute"
 
-    claim = begin.execute(_context(1))
+    ctx = _context(1)
+    claim = begin.claim(ctx)
     assert claim == {"txid": 1, "attempt": 1, "metadata": {"0": [0, 10]}}
-    assert begin.execute(_context(2))["metadata"] == {"0": [10, 20]}
+    assert ctx["ti"].claim == claim  # for the run's other tasks
+    assert begin.claim(_context(2))["metadata"] == {"0": [10, 20]}
     with pytest.raises(TaskDeferred) as deferred:
-        begin.execute(_context(3))  # window of 2 is full
+        begin.claim(_context(3))  # window of 2 is full
     assert deferred.value.trigger.wait_for is WaitFor.CAN_BEGIN
 
 
-def test_commit_gate_waits_for_previous_then_commit_is_idempotent(dag):
-    begin, gate, commit = (dag.get_task(t) for t in ("begin", "commit_gate", "commit"))
+def test_commit_waits_for_previous_then_is_idempotent(dag):
+    begin, commit = dag.get_task(CLAIMER), dag.get_task("commit")
     from airflow.sdk.exceptions import AirflowFailException
 
-    one = begin.execute(_context(1))
-    two = begin.execute(_context(2))
+    one = begin.claim(_context(1))
+    two = begin.claim(_context(2))
     log = begin.txn_log()
-    # The gate runs once processing ended, failed tasks too: unrecorded output never commits.
+    # The commit runs once processing ended, failed tasks too: unrecorded output never commits.
     with pytest.raises(AirflowFailException, match="ended without recording output"):
-        gate.execute(_context(2, two))
+        commit.execute(_context(2, two))
     log.mark_processed("ops", 2, two["attempt"], {})
     with pytest.raises(TaskDeferred) as deferred:
-        gate.execute(_context(2, two))
+        commit.execute(_context(2, two))
     assert deferred.value.trigger.wait_for is WaitFor.COMMIT_GATE
     assert deferred.value.trigger.attempt == two["attempt"]
+    assert deferred.value.method_name == "execute"
     log.mark_processed("ops", 1, 1, {})
-    assert gate.execute(_context(1, one)) == "open"
     assert commit.execute(_context(1, one)) == {
         "applied": True,
         "committed_attempt": 1,
         "also_committed": [2],  # processed already: committed right behind it
     }
     assert commit.execute(_context(1, one))["applied"] is False  # a duplicate run: no-op
+    assert commit.execute(_context(2, two))["applied"] is False  # its own run finds it done
     with pytest.raises(AirflowSkipException):
         begin.execute(_context(1))  # rerun of a committed txid's run does nothing
+
+
+def test_commit_fails_a_stale_attempt(dag):
+    from airflow.sdk.exceptions import AirflowFailException
+
+    begin, commit = dag.get_task(CLAIMER), dag.get_task("commit")
+    one = begin.claim(_context(1))
+    begin.txn_log().fail("ops", 1, 1, error="boom")
+    with pytest.raises(AirflowFailException, match="no longer current"):
+        commit.execute(_context(1, one))
 
 
 def test_manual_run_is_refused_clearly(dag):
@@ -98,18 +119,18 @@ def test_manual_run_is_refused_clearly(dag):
 
     ctx = {"dag_run": SimpleNamespace(run_id="manual__2026-11-21"), "ti": FakeTI()}
     with pytest.raises(AirflowFailException, match="not a transaction"):
-        dag.get_task("begin").execute(ctx)
+        dag.get_task(CLAIMER).execute(ctx)
 
 
 def test_manual_run_names_its_txid_in_conf(dag):
     ctx = {"dag_run": SimpleNamespace(run_id="manual__x", conf={"txid": 1}), "ti": FakeTI()}
-    assert dag.get_task("begin").execute(ctx)["txid"] == 1
+    assert dag.get_task(CLAIMER).claim(ctx)["txid"] == 1
 
 
 def test_commit_also_commits_processed_successors_in_order(dag):
-    begin, commit = dag.get_task("begin"), dag.get_task("commit")
+    begin, commit = dag.get_task(CLAIMER), dag.get_task("commit")
     log = begin.txn_log()
-    one, two = begin.execute(_context(1)), begin.execute(_context(2))
+    one, two = begin.claim(_context(1)), begin.claim(_context(2))
     log.mark_processed("ops", 2, 1, {})  # txid 2 is processed before txid 1
     log.mark_processed("ops", 1, 1, {})
     assert commit.execute(_context(1, one))["also_committed"] == [2]
@@ -136,7 +157,7 @@ class ClearRecorder:
         ClearRecorder.notes.append((dag_id, run_id, note))
 
     def task_instances(self, dag_id, run_id):
-        return [{"task_id": "commit_gate", "state": "failed"}]  # settled
+        return [{"task_id": "commit", "state": "failed"}]  # settled
 
 
 @pytest.fixture
@@ -150,13 +171,13 @@ def clears(monkeypatch):
 
 
 def test_failure_sensor_restarts_its_run_then_stops_a_poison_batch(dag, clears):
-    begin, watch = dag.get_task("begin"), dag.get_task("watch_failures")
+    begin, watch = dag.get_task(CLAIMER), dag.get_task("watch_failures")
     log = begin.txn_log()
-    ctx = _context(1, begin.execute(_context(1)), dag=dag)
-    begin.execute(_context(2))
+    ctx = _context(1, begin.claim(_context(1)), dag=dag)
+    begin.claim(_context(2))
     log.fail("ops", 1, 1, error="boom")  # fails txid 2 with it
     with pytest.raises(TaskDeferred) as deferred:
-        watch.execute(ctx)  # starting after its claim failed: that failure is still to handle
+        watch.execute(ctx)  # starting after its claim failed at once: that failure is to handle
     assert deferred.value.trigger.wait_for is WaitFor.OUTCOME
     assert deferred.value.trigger.end_task_on_commit
     assert deferred.value.trigger.attempt == 0  # wakes on the failure of attempt 1
@@ -168,7 +189,7 @@ def test_failure_sensor_restarts_its_run_then_stops_a_poison_batch(dag, clears):
     # one request re-queues the whole cascade: the runs of txids 1 and 2, by logical date
     (conn_id, dag_id, txids, tasks, run_id, note) = clears[-1]
     assert (conn_id, dag_id, txids, run_id) == ("airflow_api_default", "ops", (1, 2), None)
-    assert "watch_failures" not in tasks and {"begin", "commit"} <= set(tasks)
+    assert "watch_failures" not in tasks and {CLAIMER, "commit"} <= set(tasks)
     assert "attempt 1 failed (its own failure); re-queued txids 1..2" in note
     assert deferred.value.trigger.requeue_timeout is not None  # a lost re-queue is noticed
 
@@ -185,11 +206,11 @@ def test_failure_sensor_restarts_its_run_then_stops_a_poison_batch(dag, clears):
     (_, _, txids, _, _, note) = clears[-1]
     assert txids == (2, 2) and "txid 1's failure" in note
 
-    begin.execute(_context(1))  # attempt 2, fails again: max_attempts=3 allows one more
+    begin.claim(_context(1))  # attempt 2, fails again: max_attempts=3 allows one more
     log.fail("ops", 1, 2, error="boom again")
     with pytest.raises(TaskDeferred):
         watch.on_failure(ctx, {"state": "failed"}, own_failures=1)
-    begin.execute(_context(1))
+    begin.claim(_context(1))
     log.fail("ops", 1, 3, error="still broken")
     with pytest.raises(TaskDeferred) as stop:
         watch.on_failure(ctx, {"state": "failed"}, own_failures=2)
@@ -212,20 +233,20 @@ def test_failure_sensor_skips_manual_runs(dag):
 def test_a_requeue_waits_for_the_failed_runs_to_settle(dag, clears, monkeypatch):
     """The clear comes only once no task of a failed run is running or deferred: clearing a task
     instance that Airflow's scheduler or triggerer is updating kills that component."""
-    import airflow_txn_provider.operators.txn as txn
+    import airflow_txn_provider.sensors.txn_failure as txn
 
     polls = []
 
     def task_instances(self, dag_id, run_id):
         polls.append((run_id, len(clears)))
         busy = sum(1 for r, _ in polls if r == run_id) <= 2  # busy on the first two looks
-        return [{"task_id": "commit_gate", "state": "deferred" if busy else "failed"}]
+        return [{"task_id": "commit", "state": "deferred" if busy else "failed"}]
 
     monkeypatch.setattr(ClearRecorder, "task_instances", task_instances)
     monkeypatch.setattr(txn.time, "sleep", lambda s: None)
-    begin, watch = dag.get_task("begin"), dag.get_task("watch_failures")
-    ctx = _context(1, begin.execute(_context(1)), dag=dag)
-    begin.execute(_context(2))
+    begin, watch = dag.get_task(CLAIMER), dag.get_task("watch_failures")
+    ctx = _context(1, begin.claim(_context(1)), dag=dag)
+    begin.claim(_context(2))
     begin.txn_log().fail("ops", 1, 1, error="boom")
     with pytest.raises(TaskDeferred):
         watch.on_failure(ctx, {"state": "failed", "attempt": 1}, own_failures=0)
@@ -234,8 +255,30 @@ def test_a_requeue_waits_for_the_failed_runs_to_settle(dag, clears, monkeypatch)
     assert len(clears) == 1 and clears[0][2] == (1, 2)
 
 
-def test_begin_records_the_dag_that_runs_the_pipeline(dag):
-    """The Transactions page authorises a pipeline by the DAG that runs it, as begin records it."""
-    begin = dag.get_task("begin")
-    begin.execute(_context(1))
+def test_the_claim_records_the_dag_that_runs_the_pipeline(dag):
+    """The Transactions page authorises a pipeline by the DAG that runs it, as the claim records
+    it, and registers the pipeline once per declaration (a second claim reads, writes nothing)."""
+    begin = dag.get_task(CLAIMER)
+    begin.claim(_context(1))
+    log = begin.txn_log()
+    assert (
+        log.ensure_pipeline(
+            "ops",
+            source_kind="transactional",
+            max_pending=2,
+            dag_id=dag.dag_id,
+            states=begin.pipeline.states,
+        )
+        is False
+    )
+    assert (
+        log.ensure_pipeline(
+            "ops",
+            source_kind="transactional",
+            max_pending=3,
+            dag_id=dag.dag_id,
+            states=begin.pipeline.states,
+        )
+        is True
+    )  # a new declaration registers again
     assert begin.txn_log().pipeline_dags() == {"ops": {dag.dag_id}}

@@ -40,24 +40,20 @@ def _upstream(dag, task_id):
 
 def test_one_job_dag_shape():
     dag = build_dag(_pipeline(max_pending=3))
-    assert set(dag.task_ids) == {
-        "begin",
-        "process_word_count",
-        "commit_gate",
-        "commit",
-        "watch_failures",
-    }
-    assert _upstream(dag, "process_word_count") == {"begin"}
-    assert _upstream(dag, "watch_failures") == {"begin"}  # watches the attempt begin claimed
-    assert _upstream(dag, "commit_gate") == {"process_word_count"}
-    assert _upstream(dag, "commit") == {"commit_gate"}
+    # three tasks per txid: the processing task claims the txid itself
+    assert set(dag.task_ids) == {"process_word_count", "commit", "watch_failures"}
+    assert _upstream(dag, "process_word_count") == set()
+    assert _upstream(dag, "watch_failures") == set()  # watches from the run's start
+    assert _upstream(dag, "commit") == {"process_word_count"}
     # A processing task that recorded its output may fail to report it: the log decides.
-    assert dag.get_task("commit_gate").trigger_rule == "none_skipped"
-    assert dag.get_task("commit").trigger_rule == "all_success"
+    assert dag.get_task("commit").trigger_rule == "none_skipped"
     assert dag.max_active_runs == 3 and dag.catchup
-    assert dag.get_task("process_word_count").finish is True
-    assert dag.get_task("process_word_count").retries == 0  # replays are new attempts, in order
-    coordination = [dag.get_task(t) for t in ("begin", "commit_gate", "commit", "watch_failures")]
+    process = dag.get_task("process_word_count")
+    assert process.finish is True and process.claims is True
+    assert {dag.get_task(t).claim_task_id for t in dag.task_ids} == {"process_word_count"}
+    # Its retries cover the claim and a lost process; a processing failure raises
+    # AirflowFailException (never retried: replays are new attempts, in order).
+    coordination = [dag.get_task(t) for t in ("process_word_count", "commit", "watch_failures")]
     # enough tries, backing off, to outlast an api-server or database restart
     assert {t.retries for t in coordination} == {COORDINATION_RETRIES}
     assert all(t.retry_exponential_backoff == 2.0 for t in coordination)
@@ -68,8 +64,11 @@ def test_several_jobs_run_in_parallel_then_record_processed():
     dag = build_dag(_pipeline(jobs=("jobs/a.py", "jobs/b.py")))
     assert _upstream(dag, "process_a") == _upstream(dag, "process_b") == {"begin"}
     assert _upstream(dag, "processed") == {"process_a", "process_b"}
-    assert _upstream(dag, "commit_gate") == {"processed"}
-    assert dag.get_task("process_a").finish is False
+    assert _upstream(dag, "commit") == {"processed"}
+    assert _upstream(dag, "watch_failures") == set()
+    a = dag.get_task("process_a")
+    assert a.finish is False and a.claims is False and a.claim_task_id == "begin"
+    assert a.retries == 0  # it never claims: a failure is the failure sensor's to replay
 
 
 @pytest.mark.parametrize(

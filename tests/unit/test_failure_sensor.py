@@ -18,8 +18,11 @@ from airflow_txn_provider.coordinator import (
     requeue_set,
     respond_to_failure,
 )
-from airflow_txn_provider.operators.txn import InjectedFailureRule as Rule
-from airflow_txn_provider.operators.txn import injected_failure, parse_failure_injection
+from airflow_txn_provider.testing.failure_injection import InjectedFailureRule as Rule
+from airflow_txn_provider.testing.failure_injection import (
+    injected_failure,
+    parse_failure_injection,
+)
 from airflow_txn_provider.triggers.txn_log import TxnLogTrigger, WaitFor
 from tests.unit.test_coordinator import DONE, FAIL, PROC, view
 

@@ -1,0 +1,271 @@
+"""The failure sensor of a txid's run: replays the txid when it fails, stops at a poison batch."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
+
+from airflow.sdk.bases.sensor import BaseSensorOperator
+from airflow.sdk.exceptions import AirflowSkipException
+
+from airflow_txn_provider.coordinator import TxStatus
+from airflow_txn_provider.hooks.txn_log import TxnLogHook
+from airflow_txn_provider.operators.txn import (
+    BEGIN_TASK_ID,
+    _last_error,
+    is_scheduled_txid_run,
+    run_txid,
+)
+from airflow_txn_provider.timetables import txid_run_id
+from airflow_txn_provider.triggers.txn_log import TxnLogTrigger, WaitFor
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+
+    from airflow_txn_provider.pipeline import TxnPipeline
+    from airflow_txn_provider.transaction_log import TransactionLog
+
+SETTLE_TIMEOUT = 120.0
+"""Seconds a re-queue waits for the failed runs' tasks to stop before it clears them anyway."""
+BUSY_STATES = frozenset(
+    {
+        "running",
+        "queued",
+        "scheduled",
+        "restarting",
+        "up_for_retry",
+        "up_for_reschedule",
+        "deferred",
+    }
+)
+"""Task-instance states in which Airflow's scheduler or triggerer may be updating the task."""
+REQUEUE_TIMEOUT = 60.0
+"""Seconds a failed txid that could replay waits for its run to be restarted by the cascade's
+origin before its own failure sensor restarts it (the origin's request was lost)."""
+
+
+class TxnFailureSensor(BaseSensorOperator):
+    """The failure sensor of one txid's run: restart the run when its txid fails, stop when it is
+    a poison batch.
+
+    Deferred from the claim to the end of the run (no worker slot), it wakes when the txid
+    commits (the task ends in the triggerer) or when an attempt of it fails. A failure of txid k
+    fails k and every later txid in flight in the log (one database transaction); the sensor of
+    each of those runs then restarts its run through the Airflow REST API, so they re-begin with
+    new attempts, in order, after k. A txid that failed on its own ``max_attempts`` times stops
+    the pipeline (a poison batch): its failed task stays red, the run's note and this task's log
+    name the txid and its error, and later txids wait for it until a person fixes the cause and
+    clears its run in the UI (which also gives it a fresh ``max_attempts``; so does an Airflow
+    retry of this task, as the count of failures it handled lives in its deferral).
+
+    Only scheduled txid runs are watched: a manual run (``dag.test``) has nobody to restart it.
+    """
+
+    ui_color = "#fde8e8"
+
+    def __init__(
+        self, *, pipeline: TxnPipeline, claim_task_id: str = BEGIN_TASK_ID, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self.pipeline = pipeline
+        self.claim_task_id = claim_task_id
+
+    def txn_log(self) -> TransactionLog:
+        return TxnLogHook(txn_log_conn_id=self.pipeline.txn_log_conn_id).get_log()
+
+    def poke(self, context: Context) -> bool:
+        """Whether the run's txid committed (the watch's end)."""
+        return self.txn_log().view(self.pipeline.name).last_committed >= run_txid(
+            context, self.pipeline.name
+        )
+
+    def execute(self, context: Context) -> None:
+        txid = run_txid(context, self.pipeline.name)
+        if not is_scheduled_txid_run(context):
+            raise AirflowSkipException("a manual run is not restarted on failure")
+        # It starts with the run, beside the claim: the txid's current attempt, if any, is this
+        # run's to watch, even failed already (a claim that failed at once, before this started).
+        rec = self.txn_log().view(self.pipeline.name).record(txid)
+        self._watch(txid, rec.attempt - 1 if rec is not None else 0, own_failures=0)
+
+    def _watch(
+        self, txid: int, attempt: int, *, own_failures: int, requeue: bool = False
+    ) -> NoReturn:
+        """Defer until the txid commits, an attempt after ``attempt`` fails, or its lease runs
+        out; with ``requeue``, also if failed ``attempt`` waits too long for its run to restart."""
+        self.defer(
+            trigger=TxnLogTrigger(
+                txn_log_conn_id=self.pipeline.txn_log_conn_id,
+                pipeline=self.pipeline.name,
+                txid=txid,
+                attempt=attempt,
+                wait_for=WaitFor.OUTCOME,
+                poll_interval=self.pipeline.poll_interval,
+                end_task_on_commit=True,
+                requeue_timeout=REQUEUE_TIMEOUT if requeue else None,
+            ),
+            method_name="on_failure",
+            kwargs={"own_failures": own_failures},
+        )
+
+    def on_failure(self, context: Context, event: dict[str, Any], own_failures: int = 0) -> None:
+        from airflow_txn_provider.coordinator import (
+            FailureResponse,
+            known_failed_attempt,
+            requeue_set,
+            respond_to_failure,
+        )
+
+        p = self.pipeline
+        txid = run_txid(context, p.name)
+        state = event.get("state")
+        if state == "committed":
+            return
+        log = self.txn_log()
+        if state == "lease_expired":
+            # The trigger saw the lease run out; the log decides under its lock (a renewal that
+            # came meanwhile wins) and fails the attempt and every later txid in flight.
+            log.expire_lease(p.name, txid, int(event["attempt"]))
+        view = log.view(p.name)
+        rec = view.record(txid)
+        if rec is None or rec.status is not TxStatus.FAILED:  # alive, or re-begun meanwhile
+            self._watch(txid, known_failed_attempt(view, txid), own_failures=own_failures)
+        if state == "not_requeued":
+            self.log.warning(
+                "pipeline=%s txid=%s attempt=%s could replay but its run was not restarted for "
+                "%.0f s (the re-queue of its cascade was lost): restarting it",
+                p.name,
+                txid,
+                rec.attempt,
+                REQUEUE_TIMEOUT,
+            )
+            self._restart_runs(context, [txid], rec.attempt, rec.failed_by)
+            self._watch(txid, rec.attempt, own_failures=own_failures, requeue=True)
+        response = respond_to_failure(rec, own_failures, p.max_attempts)
+        own = own_failures + int(rec.failed_on_its_own)
+        if response is FailureResponse.STOP:
+            self._stop(context, txid, rec.attempt, own)
+        if response is FailureResponse.LEAVE_TO_ORIGIN:
+            self.log.info(
+                "pipeline=%s txid=%s attempt=%s failed with txid %s, whose failure sensor "
+                "re-queues this run",
+                p.name,
+                txid,
+                rec.attempt,
+                rec.failed_by,
+            )
+            self._watch(txid, rec.attempt, own_failures=own, requeue=True)
+        if rec.failed_on_its_own:
+            self.log.warning(
+                "pipeline=%s txid=%s attempt=%s failed (%s of %s); re-queued txids %s",
+                p.name,
+                txid,
+                rec.attempt,
+                own,
+                p.max_attempts,
+                list(requeue_set(view, txid)),
+            )
+        cascade = [t for t in requeue_set(view, txid) if t >= txid] or [txid]
+        self._restart_runs(context, cascade, rec.attempt, txid)
+        self._watch(txid, rec.attempt, own_failures=own, requeue=True)
+
+    def _stop(self, context: Context, txid: int, attempt: int, own: int) -> NoReturn:
+        """Poison batch: say so where people look, then keep watching without restarting.
+
+        The run stays running (this task deferred) on purpose: it keeps its ``max_active_runs``
+        slot, so a Clear of this run in the UI can start it again while the later runs wait in
+        theirs. A failed run would give its slot to a new, later run and the Clear would queue
+        behind the runs waiting for it.
+        """
+        from airflow_txn_provider.coordinator import requeue_set
+        from airflow_txn_provider.exceptions import PoisonBatchError
+
+        p = self.pipeline
+        last = _last_error(self.txn_log(), p.name, txid)
+        error = PoisonBatchError(
+            f"POISON BATCH, pipeline stopped: failed {own} times on its own "
+            f"(max_attempts={p.max_attempts}), last error: {last}. Later txids wait for it. "
+            "Fix the cause, then Clear this run in the Airflow UI",
+            pipeline=p.name,
+            txid=txid,
+            attempt=attempt,
+        )
+        self.log.error("%s", error)
+        self._api().set_run_note(context["dag"].dag_id, context["dag_run"].run_id, str(error))
+        # The later txids failed with it: restart their runs now (one request), so their begins
+        # wait for this txid and follow it at once when a person reruns it.
+        later = [t for t in requeue_set(self.txn_log().view(p.name), txid) if t > txid]
+        if later:
+            self._restart_runs(context, later, attempt, txid)
+        self._watch(txid, attempt, own_failures=own)
+
+    def _api(self) -> Any:
+        from airflow_txn_provider.hooks.airflow_api import AirflowApiHook
+
+        return AirflowApiHook(self.pipeline.airflow_api_conn_id)
+
+    def _restart_runs(
+        self, context: Context, txids: Sequence[int], attempt: int, failed_by: int | None
+    ) -> None:
+        """Restart the work of the runs of ``txids`` (consecutive) in one REST request, as a
+        person's Clear would. The failure sensors are not cleared: each keeps watching its txid.
+
+        First it waits (up to ``SETTLE_TIMEOUT``) until those runs' tasks have settled: a commit
+        gate whose attempt went stale is failing, a processing task whose lease was lost is
+        stopping. Clearing a task instance while the scheduler or the triggerer is updating it
+        makes theirs fail with ``StaleDataError``, which kills that Airflow component. Runs
+        beyond them are not touched: their begins wait, and go on by themselves.
+        """
+        from airflow_txn_provider.exceptions import RequeueError
+        from airflow_txn_provider.timetables import txid_logical_date
+
+        dag = context["dag"]
+        origin = failed_by or txids[0]
+        work = [t for t in dag.task_ids if t != self.task_id]
+        self._wait_until_settled(dag.dag_id, [txid_run_id(t) for t in txids], work)
+        cause = "its own failure" if origin in txids[:1] else f"txid {origin}'s failure"
+        which = f"txid {txids[0]}" if len(txids) == 1 else f"txids {txids[0]}..{txids[-1]}"
+        try:
+            cleared = self._api().clear_task_instances(
+                dag.dag_id,
+                work,
+                logical_dates=(txid_logical_date(txids[0]), txid_logical_date(txids[-1])),
+                note=f"txid {origin}: attempt {attempt} failed ({cause}); re-queued {which}",
+            )
+        except RequeueError as err:
+            raise RequeueError(
+                f"could not restart the runs of {which}: {err.detail}",
+                pipeline=self.pipeline.name,
+                txid=txids[0],
+                attempt=attempt,
+            ) from None
+        self.log.info("restarted the runs of %s: cleared %s", which, cleared)
+
+    def _busy(self, task_id: str, state: str | None) -> bool:
+        """Whether Airflow may be updating the task now. A claim of a failed txid that waits,
+        deferred, is quiet: it may claim only after the txid before it, failed too, is claimed
+        again, which takes this very clear."""
+        if task_id == BEGIN_TASK_ID or (task_id == self.claim_task_id and state == "deferred"):
+            return False
+        return state in BUSY_STATES
+
+    def _wait_until_settled(
+        self, dag_id: str, run_ids: Sequence[str], tasks: Sequence[str]
+    ) -> None:
+        api = self._api()
+        deadline = time.monotonic() + SETTLE_TIMEOUT
+        while True:
+            busy = [
+                f"{run_id}.{ti['task_id']} ({ti['state']})"
+                for run_id in run_ids
+                for ti in api.task_instances(dag_id, run_id)
+                if ti["task_id"] in tasks and self._busy(ti["task_id"], ti["state"])
+            ]
+            if not busy:
+                return
+            if time.monotonic() > deadline:
+                self.log.warning("restarting runs although still busy: %s", ", ".join(busy))
+                return
+            self.log.info("waiting for the failed runs' tasks to settle: %s", ", ".join(busy))
+            time.sleep(1.0)

@@ -1,0 +1,322 @@
+"""This project's pipeline on a real Airflow vs Spark Structured Streaming ``foreachBatch``.
+
+Run with ``make bench-peer``. One run, the same data and the same word count on both sides:
+
+* the data: a Parquet dataset of 4 partitions, ``line`` = one word, one file per partition per
+  batch; at each batch size (1e5 rows x 20 batches and 1e6 rows x 10 batches by default);
+* **the peer**: Spark Structured Streaming reading those files (``maxFilesPerTrigger=4``: one
+  batch per trigger, ``Trigger.AvailableNow``), the same ``transform`` as
+  ``spark_jobs/word_count.py``, and a ``foreachBatch`` that upserts the batch's counts into
+  Postgres idempotently by ``batchId`` (a batch already applied is skipped) — the exactly-once
+  recipe of the Spark docs. Classic PySpark, ``local[2]``;
+* **this project**: the same job in a ``TxnPipeline`` (``max_pending=4``, defaults otherwise) on a
+  real Airflow (LocalExecutor scheduler, dag-processor, triggerer, api-server) with a Spark
+  Connect server ``local[2]``, both with ``spark.sql.shuffle.partitions=4``; the same Postgres.
+
+Both results are checked exact against a plain-Python count of the input. Printed: rows/s of both
+and their ratio; per-batch latency p50/p95 (the peer's trigger duration; this project's begin ->
+committed); and where a txid's time goes, from the log's timestamps, the job's own timings and
+Airflow's task-instance timestamps.
+
+Usage: python benchmarks/bench_peer.py [--sizes 100000:20,1000000:10] [--max-pending 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from sqlalchemy import create_engine, text
+
+from airflow_txn_provider.state import MapState
+from airflow_txn_provider.testing.airflow import AirflowStack, txn_log_connection_env
+from airflow_txn_provider.testing.postgres import EmbeddedPostgres
+from airflow_txn_provider.testing.spark import SparkConnectServer
+from airflow_txn_provider.transaction_log import TransactionLog
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from spark_jobs.word_count import transform  # noqa: E402
+
+PARTITIONS = 4
+SEED = 12
+VOCABULARY = [f"w{i}" for i in range(1000)]
+SPARK_CONF = {
+    "spark.sql.shuffle.partitions": "4",
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.ui.enabled": "false",
+}
+
+
+# -- the data ------------------------------------------------------------------------------------
+
+
+def write_dataset(root: Path, batch_rows: int, batches: int, seed: int) -> Counter[str]:
+    """One file per partition per batch (``batch_rows / 4`` rows each), offsets consecutive per
+    partition; file modification times increase with the batch, so the file stream takes the
+    batches in the same order as the txids. Returns the ground truth word counts."""
+    rng = random.Random(seed)
+    per = batch_rows // PARTITIONS
+    truth: Counter[str] = Counter()
+    base = time.time() - batches - 10
+    for b in range(batches):
+        for p in range(PARTITIONS):
+            words = rng.choices(VOCABULARY, k=per)
+            truth.update(words)
+            directory = root / f"p={p}"
+            directory.mkdir(parents=True, exist_ok=True)
+            file = directory / f"part-{b:05d}.parquet"
+            offsets = pa.array(range(b * per, (b + 1) * per), pa.int64())
+            pq.write_table(pa.table({"offset": offsets, "line": pa.array(words)}), file)
+            os.utime(file, (base + b, base + b))
+    return truth
+
+
+# -- the peer: Spark Structured Streaming, foreachBatch --------------------------------------------
+
+
+def run_peer(data: Path, pg_port: int, name: str, workdir: Path) -> dict[str, Any]:
+    import psycopg2
+    from psycopg2.extras import execute_values
+    from pyspark.sql import SparkSession
+
+    dsn = f"host=127.0.0.1 port={pg_port} user=postgres dbname=postgres"
+    with psycopg2.connect(dsn) as conn, conn.cursor() as cur:
+        cur.execute(f"CREATE TABLE {name}_counts (word text PRIMARY KEY, delta bigint NOT NULL)")
+        cur.execute(f"CREATE TABLE {name}_batches (batch_id bigint PRIMARY KEY)")
+    builder = SparkSession.builder.master("local[2]").appName(f"peer {name}")
+    for key, value in SPARK_CONF.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    connection = psycopg2.connect(dsn)
+
+    def upsert(batch: Any, batch_id: int) -> None:
+        counts = [(r["word"], r["delta"]) for r in transform(batch).collect()]
+        with connection, connection.cursor() as cur:  # one transaction per batch
+            cur.execute(
+                f"INSERT INTO {name}_batches VALUES (%s) ON CONFLICT DO NOTHING", (batch_id,)
+            )
+            if cur.rowcount == 0:
+                return  # replayed batch: applied already
+            execute_values(
+                cur,
+                f"INSERT INTO {name}_counts (word, delta) VALUES %s ON CONFLICT (word) "
+                f"DO UPDATE SET delta = {name}_counts.delta + EXCLUDED.delta",
+                counts,
+            )
+
+    stream = (
+        spark.readStream.schema("offset long, line string, p string")
+        .option("maxFilesPerTrigger", PARTITIONS)
+        .parquet(str(data))
+    )
+    started = time.perf_counter()
+    query = (
+        stream.writeStream.foreachBatch(upsert)
+        .option("checkpointLocation", str(workdir / f"{name}-checkpoint"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    seconds = time.perf_counter() - started
+    durations = [p["durationMs"]["triggerExecution"] / 1000 for p in query.recentProgress]
+    rows = sum(p["numInputRows"] for p in query.recentProgress)
+    batches = sum(1 for p in query.recentProgress if p["numInputRows"])
+    spark.stop()
+    with connection, connection.cursor() as cur:
+        cur.execute(f"SELECT word, delta FROM {name}_counts")
+        got = dict(cur.fetchall())
+    connection.close()
+    return {"seconds": seconds, "rows": rows, "batches": batches, "latency": durations, "got": got}
+
+
+# -- this project on Airflow ---------------------------------------------------------------------
+
+
+def run_ours(stack: AirflowStack, log: TransactionLog, name: str, batches: int) -> dict[str, Any]:
+    api = stack.client()
+    api.wait_for_dag(name)
+    api.unpause(name)
+    deadline = time.monotonic() + 3600
+    while time.monotonic() < deadline:
+        time.sleep(1)
+        try:
+            done = log.last_committed(name)
+        except Exception:  # the pipeline registers itself with its first begin
+            continue
+        print(f"  {name}: {done}/{batches} committed", end="\r", flush=True)
+        if done >= batches:
+            break
+    else:
+        raise TimeoutError(f"{name}: not every txid committed\n{stack.tail()}")
+    api.pause(name)
+    print()
+    infos = log.transactions(name)[:batches]
+    runs = {r["dag_run_id"]: r for r in api.runs(name)}
+    tis = {
+        t.txid: api.task_instances(name, f"txid-{t.txid:06d}")
+        for t in infos
+        if f"txid-{t.txid:06d}" in runs
+    }
+    attempts = {t.txid: log.attempts(name, t.txid) for t in infos}
+    state = MapState(name, f"{name}_counts", keys={"word": "text"})
+    with log.engine.connect() as conn:
+        got = {key[0]: value for key, value in state.items(conn).items()}
+    return {"infos": infos, "tis": tis, "attempts": attempts, "got": got}
+
+
+def when(value: str | None) -> datetime | None:
+    return datetime.fromisoformat(value) if value else None
+
+
+def breakdown(result: dict[str, Any]) -> dict[str, list[float]]:
+    """Where each txid's time went (seconds), along its chain of tasks."""
+    parts: dict[str, list[float]] = defaultdict(list)
+    infos = result["infos"]
+    previous_commit = None
+    for info in infos:
+        tis = [ti for ti in result["tis"].get(info.txid, []) if ti.get("start_date")]
+        tis.sort(key=lambda ti: ti["start_date"])
+        for ti in tis:
+            queued, started = when(ti.get("queued_when")), when(ti["start_date"])
+            ended = when(ti.get("end_date"))
+            if queued and started:
+                parts[f"task {ti['task_id']}: queued -> running"].append(
+                    (started - queued).total_seconds()
+                )
+            if started and ended:
+                parts[f"task {ti['task_id']} (running)"].append((ended - started).total_seconds())
+        timings = {}
+        for attempt in result["attempts"].get(info.txid, []):
+            if attempt.attempt == info.attempt:
+                timings = getattr(attempt, "timings", None) or {}
+        for key, value in timings.items():
+            parts[f"job: {key}"].append(float(value))
+        if info.processed_at and info.committed_at:
+            turn = info.processed_at
+            if previous_commit is not None and previous_commit > turn:
+                parts["waiting for its turn"].append((previous_commit - turn).total_seconds())
+                turn = previous_commit
+            else:
+                parts["waiting for its turn"].append(0.0)
+            parts["its turn -> committed"].append((info.committed_at - turn).total_seconds())
+        previous_commit = info.committed_at
+    return parts
+
+
+def summary(result: dict[str, Any], rows: int) -> dict[str, Any]:
+    infos = result["infos"]
+    first = min(i.begun_at for i in infos)
+    last = max(i.committed_at for i in infos)
+    latency = [(i.committed_at - i.begun_at).total_seconds() for i in infos]
+    return {"seconds": (last - first).total_seconds(), "rows": rows, "latency": latency}
+
+
+def pct(values: list[float], q: float) -> float:
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="100000:20,1000000:10", help="ROWS:BATCHES,...")
+    parser.add_argument("--max-pending", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=SEED)
+    args = parser.parse_args(argv)
+    sizes = [tuple(int(float(x)) for x in s.split(":")) for s in args.sizes.split(",")]
+    print(f"bench-peer: seed {args.seed}, sizes {sizes}, max_pending {args.max_pending}")
+    workdir = Path(tempfile.mkdtemp(prefix="bench-peer-"))
+    workdir.chmod(0o755)
+    datasets = {}
+    for rows, batches in sizes:
+        name = f"peer_{rows}"
+        t0 = time.perf_counter()
+        truth = write_dataset(workdir / name, rows, batches, args.seed + rows)
+        datasets[name] = (workdir / name, rows, batches, truth)
+        print(f"  data {name}: {rows * batches} rows in {time.perf_counter() - t0:.1f} s")
+
+    peer, ours = {}, {}
+    with EmbeddedPostgres(durable=False) as pg:
+        for name, (data, rows, batches, truth) in datasets.items():
+            print(f"peer (Structured Streaming foreachBatch): {name}", flush=True)
+            found = run_peer(data, pg.port, f"sss_{name}", workdir)
+            assert found["got"] == dict(truth), f"{name}: Structured Streaming result is wrong"
+            assert found["rows"] == rows * batches, found["rows"]
+            peer[name] = found
+
+        admin = create_engine(pg.url, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(text("CREATE DATABASE meta"))
+        admin.dispose()
+        specs = [
+            {"name": name, "data": str(data), "per_partition": rows // PARTITIONS}
+            for name, (data, rows, _, _) in datasets.items()
+        ]
+        env = {
+            "BENCH_PEER_PIPELINES": json.dumps(specs),
+            "BENCH_PEER_MAX_PENDING": str(args.max_pending),
+            **txn_log_connection_env("txn_log_default", pg.url.replace("+psycopg2", "")),
+        }
+        meta = pg.url.rsplit("/", 1)[0] + "/meta"
+        with SparkConnectServer(workdir=workdir / "connect", conf=SPARK_CONF) as connect:
+            env["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"] = connect.url
+            stack = AirflowStack(
+                workdir / "airflow",
+                meta,
+                ROOT / "benchmarks" / "dags",
+                env=env,
+                failure_injection=False,  # as in production: no Variable read per txid
+            )
+            with stack:
+                log = TransactionLog.from_url(pg.url)
+                for name, (_, _rows, batches, truth) in datasets.items():
+                    print(f"this project on Airflow: {name}", flush=True)
+                    found = run_ours(stack, log, name, batches)
+                    assert found["got"] == dict(truth), f"{name}: this project's result is wrong"
+                    ours[name] = found
+                log.engine.dispose()
+
+    print(f"\nbench-peer ({os.cpu_count()} cores, Spark local[2], max_pending {args.max_pending})")
+    header = (
+        "| batch rows | Structured Streaming rows/s | this project on Airflow rows/s | ratio "
+        "| SSS batch p50 / p95 | txid begin->committed p50 / p95 |"
+    )
+    print(header)
+    print("|---|---|---|---|---|---|")
+    for name, (_, rows, batches, _) in datasets.items():
+        s = peer[name]
+        o = summary(ours[name], rows * batches)
+        sss_rate, our_rate = s["rows"] / s["seconds"], o["rows"] / o["seconds"]
+        print(
+            f"| {rows:.0e} ({batches} batches) | {sss_rate:,.0f} | {our_rate:,.0f} "
+            f"| {our_rate / sss_rate:.2f}x | {pct(s['latency'], 50):.2f} / "
+            f"{pct(s['latency'], 95):.2f} s | {pct(o['latency'], 50):.2f} / "
+            f"{pct(o['latency'], 95):.2f} s |"
+        )
+    for name in datasets:
+        print(
+            f"\nwhere a txid's time goes, {name} (seconds, over {len(ours[name]['infos'])} txids)"
+        )
+        print("| part | p50 | mean |")
+        print("|---|---|---|")
+        for part, values in sorted(breakdown(ours[name]).items()):
+            print(f"| {part} | {statistics.median(values):.2f} | {statistics.fmean(values):.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,25 @@
+"""The word-count pipelines of ``make bench-peer``, one per batch size, declared from the
+environment (``BENCH_PEER_PIPELINES``: JSON list of ``{"name", "data", "per_partition"}``)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from airflow_txn_provider.dag_builder import build_dag
+from airflow_txn_provider.pipeline import TxnPipeline
+from airflow_txn_provider.spark.sources import PartitionedParquetSource
+from airflow_txn_provider.state import MapState
+
+JOB = Path(__file__).resolve().parents[2] / "spark_jobs" / "word_count.py"
+
+for spec in json.loads(os.environ.get("BENCH_PEER_PIPELINES", "[]")):
+    pipeline = TxnPipeline(
+        name=spec["name"],
+        source=PartitionedParquetSource(spec["data"], max_per_partition=spec["per_partition"]),
+        jobs=[JOB],
+        states=[MapState(spec["name"], f"{spec['name']}_counts", keys={"word": "text"})],
+        max_pending=int(os.environ.get("BENCH_PEER_MAX_PENDING", "4")),
+    )
+    globals()[spec["name"]] = build_dag(pipeline)
