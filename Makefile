@@ -6,6 +6,7 @@
 # make bench-core : transaction-core benchmark (prints a table)
 # make bench-spark: per-txid overhead of spark-submit / Spark Connect / standalone, records/s
 # make bench-airflow: commit gap and max_pending=4 vs 1 speedup on a real Airflow
+# make bench-peer : this project on Airflow vs Spark Structured Streaming foreachBatch, same data
 # make chaos : the seeded chaos suite (faults caused for real; both tiers print their tables)
 
 PYTHON ?= python3
@@ -15,7 +16,7 @@ STAMP  := $(VENV)/.installed-stamp
 PYSPARK_VERSION := 4.3.0
 PYTEST_ARGS ?=
 
-.PHONY: demo demo-stop demo-core install system-deps test test-unit test-integration lint chaos chaos-fast chaos-airflow bench-core bench-spark bench-airflow clean
+.PHONY: demo demo-stop demo-core install system-deps test test-unit test-integration lint chaos chaos-fast chaos-airflow bench-core bench-spark bench-airflow bench-peer clean
 
 install: $(STAMP)
 
@@ -80,6 +81,9 @@ bench-spark: install
 
 bench-airflow: install
 	$(PY) benchmarks/bench_airflow.py
+
+bench-peer: install
+	$(PY) benchmarks/bench_peer.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis var

@@ -291,7 +291,23 @@ def attempt_row(a: AttemptInfo, now: datetime) -> dict[str, Any]:
         "error": a.error,
         "failed_by": a.failed_by,
         "failed_by_earlier": failed_by_earlier(a.txid, a.failed_by),
+        "timings": dict(a.timings),
+        "timings_text": timings_text(a.timings),
     }
+
+
+TIMING_PHASES = ("start", "connect", "spark", "staging", "commit")
+"""An attempt's phases in the order they happen (``AttemptInfo.timings``): from its begin to its
+job's start (task scheduling and start), the Spark Connect session, read + transform + collect,
+the COPY into Postgres, the commit (its lock wait and apply)."""
+
+
+def timings_text(timings: Mapping[str, float]) -> str:
+    """``start 1.2 s · spark 3.4 s · …``: where an attempt's time went, phases in order, then any
+    other reported (a job's own, with several jobs)."""
+    known = [k for k in TIMING_PHASES if k in timings]
+    others = sorted(k for k in timings if k not in TIMING_PHASES)
+    return " · ".join(f"{k} {format_duration(float(timings[k]))}" for k in [*known, *others])
 
 
 def attempt_rows(attempts: Iterable[AttemptInfo], now: datetime) -> list[dict[str, Any]]:

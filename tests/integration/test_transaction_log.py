@@ -388,3 +388,34 @@ def test_an_unlocked_view_is_one_snapshot_while_a_commit_lands(four, db_url):
     assert fired
     assert view.last_committed == 0 and view.record(1).status.value == "processed"
     assert txlog.view("p").last_committed == 1
+
+
+def test_an_attempt_records_where_its_time_went(four):
+    """The job's timings come with its output, the commit adds its own; a stale report adds none."""
+    txlog, _ = four
+    output = lambda conn: {"s": 3}  # noqa: E731
+    txlog.stage_output("p", 1, 1, output, timings={"start": 1.23456, "spark": 2.5})
+    txlog.commit("p", 1, 1)
+    (first,) = txlog.attempts("p", 1)
+    assert set(first.timings) == {"start", "spark", "commit"}
+    assert first.timings["start"] == 1.235 and first.timings["spark"] == 2.5  # rounded to ms
+    assert 0 <= first.timings["commit"] < 60
+    txlog.fail("p", 2, 1, error="boom")
+    assert txlog.stage_output("p", 2, 1, output, timings={"spark": 9.0}) is (
+        ProcessedAction.IGNORE_STALE
+    )
+    assert txlog.attempts("p", 2)[0].timings == {}
+
+
+def test_the_schema_is_checked_once_per_engine_and_a_downgrade_is_seen(db_url):
+    engine = engine_from_url(db_url)
+    TransactionLog(engine)
+    statements = []
+    event.listen(engine, "before_cursor_execute", lambda *a: statements.append(a[2]))
+    TransactionLog(engine)  # known at head in this process: no query at all
+    assert statements == []
+    schema.upgrade(engine, "0004")  # as a test (or an operator) may
+    TransactionLog(engine)  # not trusted any more: checked, and upgraded again
+    with engine.connect() as conn:
+        assert schema.current_revision(conn) == schema.HEAD_REVISION
+    engine.dispose()

@@ -195,6 +195,18 @@ class TestTxidRows:
         assert (rows[1]["processing_s"], rows[1]["total_s"], rows[1]["error"]) == (3.0, 5.0, "boom")
         assert (rows[0]["processing_s"], rows[0]["processing_running"]) == (10.0, True)
         assert rows[0]["total_s"] is None
+        assert rows[0]["timings_text"] == ""  # nothing reported yet
+
+    def test_where_an_attempts_time_went_reads_in_phase_order(self):
+        timings = {"commit": 0.02, "spark": 3.456, "job_b.spark": 1.0, "start": 1.2, "staging": 0.1}
+        attempt = AttemptInfo(
+            "p", 4, 1, COMMIT, None, None, None, at(0), at(3), at(5), None, timings
+        )
+        row = model.attempt_row(attempt, self.NOW)
+        assert row["timings_text"] == (
+            "start 1.20 s · spark 3.46 s · staging 0.10 s · commit 0.02 s · job_b.spark 1.00 s"
+        )
+        assert row["timings"] == timings
 
 
 class TestFormatting:

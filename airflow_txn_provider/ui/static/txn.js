@@ -174,9 +174,10 @@
       h("td", { title: a.ended_at || "" }, fmtTime(a.ended_at, data.now)),
       num(duration(a.processing_s, a.processing_running)),
       num(fmtDuration(a.total_s)),
+      h("td", { class: "timings" }, a.timings_text || "—"),
       h("td", {}, error(a.error, data.txid, a.failed_by)),
       h("td", { class: "meta", title: a.metadata_json }, a.metadata_json)));
-    document.getElementById("attempts").replaceChildren(...(rows.length ? rows : [empty(9, "No attempt yet.")]));
+    document.getElementById("attempts").replaceChildren(...(rows.length ? rows : [empty(10, "No attempt yet.")]));
   }
 
   // -- chart: newest committed and processed txid over time, lag below --------------------------
