@@ -595,6 +595,16 @@ class FailureResponse(enum.StrEnum):
     says why, and every later txid waits for it (no silent skip) until a person reruns it."""
 
 
+def first_watched_attempt(view: PipelineView, txid: int) -> int:
+    """The attempt after which a failure sensor that starts with its run watches ``txid``.
+
+    It starts beside the claim: the txid's current attempt, if any, is that run's, even failed
+    already (a claim that failed at once, before the sensor started), so its failure counts.
+    """
+    rec = view.record(txid)
+    return rec.attempt - 1 if rec is not None else 0
+
+
 def known_failed_attempt(view: PipelineView, txid: int) -> int:
     """The newest attempt of ``txid`` whose failure is already known when a watch (re)starts
     without a claim of its own (e.g. the txid was re-begun by a manual clear meanwhile).

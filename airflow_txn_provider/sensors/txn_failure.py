@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from airflow.sdk.bases.sensor import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
-from airflow_txn_provider.coordinator import TxStatus
+from airflow_txn_provider.coordinator import TxStatus, first_watched_attempt
 from airflow_txn_provider.hooks.txn_log import TxnLogHook
 from airflow_txn_provider.operators.txn import (
     BEGIN_TASK_ID,
@@ -84,10 +84,8 @@ class TxnFailureSensor(BaseSensorOperator):
         txid = run_txid(context, self.pipeline.name)
         if not is_scheduled_txid_run(context):
             raise AirflowSkipException("a manual run is not restarted on failure")
-        # It starts with the run, beside the claim: the txid's current attempt, if any, is this
-        # run's to watch, even failed already (a claim that failed at once, before this started).
-        rec = self.txn_log().view(self.pipeline.name).record(txid)
-        self._watch(txid, rec.attempt - 1 if rec is not None else 0, own_failures=0)
+        view = self.txn_log().view(self.pipeline.name)
+        self._watch(txid, first_watched_attempt(view, txid), own_failures=0)
 
     def _watch(
         self, txid: int, attempt: int, *, own_failures: int, requeue: bool = False

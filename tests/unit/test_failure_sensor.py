@@ -13,6 +13,7 @@ from airflow_txn_provider.coordinator import (
     FailureResponse,
     PipelineView,
     TxRecord,
+    first_watched_attempt,
     known_failed_attempt,
     plan_failure,
     requeue_set,
@@ -79,6 +80,13 @@ def test_a_watch_starts_after_failures_already_known():
     assert known_failed_attempt(view(last=2), 3) == 0  # not begun: attempt 1's failure counts
     assert known_failed_attempt(view((3, 2, PROC), last=2), 3) == 1  # attempt 2 is live
     assert known_failed_attempt(view((3, 2, FAIL), last=2), 3) == 2  # old news: begin re-emits
+
+
+def test_a_watch_starting_with_its_run_counts_the_current_attempt_even_failed():
+    assert first_watched_attempt(view(last=2), 3) == 0  # not claimed yet
+    assert first_watched_attempt(view((3, 2, PROC), last=2), 3) == 1
+    # its claim failed at once, before the watch started: still this run's failure to handle
+    assert first_watched_attempt(view((3, 2, FAIL), last=2), 3) == 1
 
 
 @pytest.mark.parametrize(
