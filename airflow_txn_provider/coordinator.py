@@ -57,9 +57,24 @@ class SourceKind(enum.StrEnum):
     """A replay may differ: its metadata is recomputed from where the previous txid ended."""
 
 
+class FailureResponse(enum.StrEnum):
+    """What the failure sensor of a txid's run did about a failed attempt (the log records it)."""
+
+    REQUEUE = "requeue"
+    """Restart the txid's run and the runs of every later txid, in one request: each begin
+    re-emits its txid with a new attempt, in order. One request per cascade, not one per run: a
+    herd of simultaneous restarts races Airflow's scheduler (it has died of it)."""
+    LEAVE_TO_ORIGIN = "leave_to_origin"
+    """The txid failed in a cascade from an earlier txid, whose sensor re-queues this run."""
+    STOP = "stop"
+    """Poison batch: the txid failed on its own ``max_attempts`` times. Its run is not restarted,
+    says why, and every later txid waits for it (no silent skip) until a person reruns it."""
+
+
 @dataclass(frozen=True)
 class TxRecord:
-    """One txid as the log sees it: its current attempt and that attempt's status."""
+    """One attempt of a txid as the log sees it: a view holds each txid's current attempt, a
+    txid's history all of them."""
 
     txid: int
     attempt: int
@@ -72,6 +87,8 @@ class TxRecord:
     """While processing: until when the attempt's process has proved it is alive (its lease)."""
     lease_holder: str | None = None
     """Who renewed the lease last (a task, a host and a pid): named when the lease runs out."""
+    response: FailureResponse | None = None
+    """Once failed: what the failure sensor decided about it (recorded in a txid's history)."""
 
     @property
     def failed_on_its_own(self) -> bool:
@@ -583,18 +600,6 @@ def should_retry(failed_attempts: int, max_attempts: int) -> bool:
 # -- the failure sensor ------------------------------------------------------------------------
 
 
-class FailureResponse(enum.StrEnum):
-    REQUEUE = "requeue"
-    """Restart the txid's run and the runs of every later txid, in one request: each begin
-    re-emits its txid with a new attempt, in order. One request per cascade, not one per run: a
-    herd of simultaneous restarts races Airflow's scheduler (it has died of it)."""
-    LEAVE_TO_ORIGIN = "leave_to_origin"
-    """The txid failed in a cascade from an earlier txid, whose sensor re-queues this run."""
-    STOP = "stop"
-    """Poison batch: the txid failed on its own ``max_attempts`` times. Its run is not restarted,
-    says why, and every later txid waits for it (no silent skip) until a person reruns it."""
-
-
 def first_watched_attempt(view: PipelineView, txid: int) -> int:
     """The attempt after which a failure sensor that starts with its run watches ``txid``.
 
@@ -618,24 +623,45 @@ def known_failed_attempt(view: PipelineView, txid: int) -> int:
     return rec.attempt if rec.status is TxStatus.FAILED else rec.attempt - 1
 
 
-def respond_to_failure(
-    rec: TxRecord, own_failures_before: int, max_attempts: int
-) -> FailureResponse:
-    """What the failure sensor of ``rec.txid``'s run does now that its current attempt failed.
+def own_failures(history: Sequence[TxRecord]) -> int:
+    """How many failures of a txid count toward ``max_attempts``: its attempts (``history``,
+    oldest first) that failed on their own since the pipeline last stopped at it. A person's rerun
+    of a poison batch starts a new count; a cascade from an earlier txid never counts.
 
-    :param own_failures_before: failures of this txid by its own processing that the sensor handled
-        before this one (a rerun from the UI starts a new count).
-    :param max_attempts: the pipeline's poison-batch limit.
+    Counted from the log, not carried by a sensor: an Airflow retry of the sensor must not reset it.
+    """
+    count = 0
+    for rec in history:
+        if rec.response is FailureResponse.STOP:
+            count = 0
+        elif rec.failed_on_its_own:
+            count += 1
+    return count
+
+
+def respond_to_failure(history: Sequence[TxRecord], max_attempts: int) -> FailureResponse:
+    """What the failure sensor of a txid's run does now that its newest attempt (``history[-1]``)
+    failed: the response recorded already, if an earlier try of the sensor decided; else by the
+    txid's own failures so far (see :func:`own_failures`) and ``max_attempts``, the pipeline's
+    poison-batch limit.
 
     A cascade from an earlier txid never counts: that txid's own budget decides, and its sensor
     re-queues the whole cascade.
     """
+    if not history:
+        raise ValueError("no attempt to respond to")
+    rec = history[-1]
     if rec.status is not TxStatus.FAILED:
         raise ValueError(f"txid {rec.txid} attempt {rec.attempt} has not failed")
+    if rec.response is not None:
+        return rec.response
     if not rec.failed_on_its_own:
         return FailureResponse.LEAVE_TO_ORIGIN
-    own = own_failures_before + 1
-    return FailureResponse.REQUEUE if should_retry(own, max_attempts) else FailureResponse.STOP
+    return (
+        FailureResponse.REQUEUE
+        if should_retry(own_failures(history), max_attempts)
+        else FailureResponse.STOP
+    )
 
 
 def awaits_requeue(view: PipelineView, txid: int, attempt: int) -> bool:

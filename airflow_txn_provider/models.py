@@ -132,6 +132,8 @@ class AttemptRow(Base):
     ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     timings: Mapped[Any] = mapped_column(JSONB, nullable=True)
     """Seconds spent per phase (``spark``, ``staging``, ``commit``, ...), as reported."""
+    response: Mapped[str | None] = mapped_column(String(20), nullable=True)
+    """Once failed: what the failure sensor did about it (see migration 0006)."""
 
     __table_args__ = (
         ForeignKeyConstraint(
@@ -142,6 +144,7 @@ class AttemptRow(Base):
         CheckConstraint(
             "status IN ('processing', 'processed', 'committed', 'failed')", name="status"
         ),
+        CheckConstraint("response IN ('requeue', 'leave_to_origin', 'stop')", name="response"),
     )
 
 

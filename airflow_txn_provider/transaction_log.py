@@ -41,6 +41,7 @@ from airflow_txn_provider.coordinator import (
     BeginAction,
     BeginPlan,
     CommitAction,
+    FailureResponse,
     LeaseRenewal,
     PipelineView,
     ProcessedAction,
@@ -197,6 +198,8 @@ class AttemptInfo:
     failed_by: int | None = None
     timings: Mapping[str, float] = field(default_factory=dict)
     """Seconds per phase: ``start``, ``connect``, ``spark``, ``staging``, ``commit``."""
+    response: FailureResponse | None = None
+    """Once failed: what the failure sensor did about it (re-queue, leave, stop the pipeline)."""
 
 
 SNAPSHOT = "REPEATABLE READ"
@@ -912,10 +915,6 @@ class TransactionLog:
     @retry_transient
     def attempts(self, pipeline: str, txid: int) -> list[AttemptInfo]:
         """Every attempt of ``txid``, oldest first: the history behind each replay."""
-        with self.engine.connect() as conn:
-            rows = conn.execute(
-                select(A).where(A.c.pipeline == pipeline, A.c.txid == txid).order_by(A.c.attempt)
-            ).all()
         return [
             AttemptInfo(
                 pipeline=r.pipeline,
@@ -930,9 +929,44 @@ class TransactionLog:
                 ended_at=r.ended_at,
                 failed_by=r.failed_by,
                 timings=dict(r.timings or {}),
+                response=_response(r.response),
             )
-            for r in rows
+            for r in self._attempt_rows(pipeline, txid)
         ]
+
+    @retry_transient
+    def history(self, pipeline: str, txid: int) -> tuple[TxRecord, ...]:
+        """Every attempt of ``txid`` as the coordinator's records, oldest first: what the failure
+        sensor's rules (:func:`~airflow_txn_provider.coordinator.respond_to_failure`) read."""
+        return tuple(
+            TxRecord(
+                txid=int(r.txid),
+                attempt=int(r.attempt),
+                status=_status(r.status, pipeline, r.txid, r.attempt),
+                failed_by=r.failed_by,
+                response=_response(r.response),
+            )
+            for r in self._attempt_rows(pipeline, txid)
+        )
+
+    def _attempt_rows(self, pipeline: str, txid: int) -> Sequence[Row[Any]]:
+        with self.engine.connect() as conn:
+            return conn.execute(
+                select(A).where(A.c.pipeline == pipeline, A.c.txid == txid).order_by(A.c.attempt)
+            ).all()
+
+    @retry_transient
+    def record_response(
+        self, pipeline: str, txid: int, attempt: int, response: FailureResponse
+    ) -> None:
+        """Record what the failure sensor decided about failed ``(txid, attempt)``, so a retry of
+        the sensor neither acts twice nor counts the txid's own failures again."""
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(A)
+                .where(A.c.pipeline == pipeline, A.c.txid == txid, A.c.attempt == attempt)
+                .values(response=response.value)
+            )
 
     # -- loading ---------------------------------------------------------------------------------
 
@@ -976,6 +1010,10 @@ def _status(value: str, pipeline: str, txid: int, attempt: int) -> TxStatus:
         raise CorruptLogError(
             f"unknown status {value!r}", pipeline=pipeline, txid=txid, attempt=attempt
         ) from None
+
+
+def _response(value: str | None) -> FailureResponse | None:
+    return None if value is None else FailureResponse(value)
 
 
 def _record(row: Row[Any], pipeline: str) -> TxRecord:

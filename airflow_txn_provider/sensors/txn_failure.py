@@ -56,8 +56,9 @@ class TxnFailureSensor(BaseSensorOperator):
     new attempts, in order, after k. A txid that failed on its own ``max_attempts`` times stops
     the pipeline (a poison batch): its failed task stays red, the run's note and this task's log
     name the txid and its error, and later txids wait for it until a person fixes the cause and
-    clears its run in the UI (which also gives it a fresh ``max_attempts``; so does an Airflow
-    retry of this task, as the count of failures it handled lives in its deferral).
+    clears its run in the UI (which gives it a fresh ``max_attempts``). The log, not this task,
+    keeps the count and what was done about each failure, so an Airflow retry of this task
+    neither replays a poison batch once more nor restarts a run twice.
 
     Only scheduled txid runs are watched: a manual run (``dag.test``) has nobody to restart it.
     """
@@ -85,11 +86,9 @@ class TxnFailureSensor(BaseSensorOperator):
         if not is_scheduled_txid_run(context):
             raise AirflowSkipException("a manual run is not restarted on failure")
         view = self.txn_log().view(self.pipeline.name)
-        self._watch(txid, first_watched_attempt(view, txid), own_failures=0)
+        self._watch(txid, first_watched_attempt(view, txid))
 
-    def _watch(
-        self, txid: int, attempt: int, *, own_failures: int, requeue: bool = False
-    ) -> NoReturn:
+    def _watch(self, txid: int, attempt: int, *, requeue: bool = False) -> NoReturn:
         """Defer until the txid commits, an attempt after ``attempt`` fails, or its lease runs
         out; with ``requeue``, also if failed ``attempt`` waits too long for its run to restart."""
         self.defer(
@@ -104,13 +103,15 @@ class TxnFailureSensor(BaseSensorOperator):
                 requeue_timeout=REQUEUE_TIMEOUT if requeue else None,
             ),
             method_name="on_failure",
-            kwargs={"own_failures": own_failures},
         )
 
-    def on_failure(self, context: Context, event: dict[str, Any], own_failures: int = 0) -> None:
+    def on_failure(self, context: Context, event: dict[str, Any], **_legacy: Any) -> None:
+        """Answer a failed attempt of the run's txid (``_legacy``: a deferral made by an older
+        version of this sensor carried ``own_failures``; the log counts them now)."""
         from airflow_txn_provider.coordinator import (
             FailureResponse,
             known_failed_attempt,
+            own_failures,
             requeue_set,
             respond_to_failure,
         )
@@ -127,8 +128,10 @@ class TxnFailureSensor(BaseSensorOperator):
             log.expire_lease(p.name, txid, int(event["attempt"]))
         view = log.view(p.name)
         rec = view.record(txid)
-        if rec is None or rec.status is not TxStatus.FAILED:  # alive, or re-begun meanwhile
-            self._watch(txid, known_failed_attempt(view, txid), own_failures=own_failures)
+        history = log.history(p.name, txid)
+        if rec is None or rec.status is not TxStatus.FAILED or history[-1].attempt != rec.attempt:
+            # alive, or re-begun meanwhile
+            self._watch(txid, known_failed_attempt(log.view(p.name), txid))
         if state == "not_requeued":
             self.log.warning(
                 "pipeline=%s txid=%s attempt=%s could replay but its run was not restarted for "
@@ -139,9 +142,21 @@ class TxnFailureSensor(BaseSensorOperator):
                 REQUEUE_TIMEOUT,
             )
             self._restart_runs(context, [txid], rec.attempt, rec.failed_by)
-            self._watch(txid, rec.attempt, own_failures=own_failures, requeue=True)
-        response = respond_to_failure(rec, own_failures, p.max_attempts)
-        own = own_failures + int(rec.failed_on_its_own)
+            self._watch(txid, rec.attempt, requeue=True)
+        response = respond_to_failure(history, p.max_attempts)
+        if history[-1].response is not None:
+            # An earlier try of this sensor answered this failure, then was lost (a triggerer or
+            # supervisor crash) and retried by Airflow: do not act or count twice. A re-queue
+            # that never reached Airflow is noticed by the requeue timeout.
+            self.log.info(
+                "pipeline=%s txid=%s attempt=%s: its failure was answered already (%s)",
+                p.name,
+                txid,
+                rec.attempt,
+                response,
+            )
+            self._watch(txid, rec.attempt, requeue=response is not FailureResponse.STOP)
+        own = own_failures(history)
         if response is FailureResponse.STOP:
             self._stop(context, txid, rec.attempt, own)
         if response is FailureResponse.LEAVE_TO_ORIGIN:
@@ -153,20 +168,23 @@ class TxnFailureSensor(BaseSensorOperator):
                 rec.attempt,
                 rec.failed_by,
             )
-            self._watch(txid, rec.attempt, own_failures=own, requeue=True)
-        if rec.failed_on_its_own:
-            self.log.warning(
-                "pipeline=%s txid=%s attempt=%s failed (%s of %s); re-queued txids %s",
-                p.name,
-                txid,
-                rec.attempt,
-                own,
-                p.max_attempts,
-                list(requeue_set(view, txid)),
-            )
+            log.record_response(p.name, txid, rec.attempt, response)
+            self._watch(txid, rec.attempt, requeue=True)
+        self.log.warning(
+            "pipeline=%s txid=%s attempt=%s failed (%s of %s); re-queued txids %s",
+            p.name,
+            txid,
+            rec.attempt,
+            own,
+            p.max_attempts,
+            list(requeue_set(view, txid)),
+        )
         cascade = [t for t in requeue_set(view, txid) if t >= txid] or [txid]
         self._restart_runs(context, cascade, rec.attempt, txid)
-        self._watch(txid, rec.attempt, own_failures=own, requeue=True)
+        # Recorded once the restart was requested: a retry after a crash in between restarts
+        # again (harmless: the runs wait in their claims); one before it restarts at once.
+        log.record_response(p.name, txid, rec.attempt, response)
+        self._watch(txid, rec.attempt, requeue=True)
 
     def _stop(self, context: Context, txid: int, attempt: int, own: int) -> NoReturn:
         """Poison batch: say so where people look, then keep watching without restarting.
@@ -174,13 +192,15 @@ class TxnFailureSensor(BaseSensorOperator):
         The run stays running (this task deferred) on purpose: it keeps its ``max_active_runs``
         slot, so a Clear of this run in the UI can start it again while the later runs wait in
         theirs. A failed run would give its slot to a new, later run and the Clear would queue
-        behind the runs waiting for it.
+        behind the runs waiting for it. The stop is recorded in the log last: a person's rerun
+        after it starts a new count of the txid's own failures.
         """
-        from airflow_txn_provider.coordinator import requeue_set
+        from airflow_txn_provider.coordinator import FailureResponse, requeue_set
         from airflow_txn_provider.exceptions import PoisonBatchError
 
         p = self.pipeline
-        last = _last_error(self.txn_log(), p.name, txid)
+        log = self.txn_log()
+        last = _last_error(log, p.name, txid)
         error = PoisonBatchError(
             f"POISON BATCH, pipeline stopped: failed {own} times on its own "
             f"(max_attempts={p.max_attempts}), last error: {last}. Later txids wait for it. "
@@ -193,10 +213,11 @@ class TxnFailureSensor(BaseSensorOperator):
         self._api().set_run_note(context["dag"].dag_id, context["dag_run"].run_id, str(error))
         # The later txids failed with it: restart their runs now (one request), so their begins
         # wait for this txid and follow it at once when a person reruns it.
-        later = [t for t in requeue_set(self.txn_log().view(p.name), txid) if t > txid]
+        later = [t for t in requeue_set(log.view(p.name), txid) if t > txid]
         if later:
             self._restart_runs(context, later, attempt, txid)
-        self._watch(txid, attempt, own_failures=own)
+        log.record_response(p.name, txid, attempt, FailureResponse.STOP)
+        self._watch(txid, attempt)
 
     def _api(self) -> Any:
         from airflow_txn_provider.hooks.airflow_api import AirflowApiHook

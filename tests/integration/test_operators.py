@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 from airflow.sdk.exceptions import AirflowSkipException, TaskDeferred
 
+from airflow_txn_provider.coordinator import FailureResponse
 from airflow_txn_provider.dag_builder import build_dag
 from airflow_txn_provider.pipeline import TxnPipeline
 from airflow_txn_provider.spark.sources import PartitionedParquetSource
@@ -181,11 +182,10 @@ def test_failure_sensor_restarts_its_run_then_stops_a_poison_batch(dag, clears):
     assert deferred.value.trigger.wait_for is WaitFor.OUTCOME
     assert deferred.value.trigger.end_task_on_commit
     assert deferred.value.trigger.attempt == 0  # wakes on the failure of attempt 1
-    assert deferred.value.kwargs == {"own_failures": 0}
     with pytest.raises(TaskDeferred) as deferred:
-        watch.on_failure(ctx, {"state": "failed", "attempt": 1}, own_failures=0)
-    assert deferred.value.kwargs == {"own_failures": 1}
+        watch.on_failure(ctx, {"state": "failed", "attempt": 1})
     assert deferred.value.trigger.attempt == 1  # next wake: a newer attempt's outcome
+    assert log.history("ops", 1)[-1].response is FailureResponse.REQUEUE  # answered, in the log
     # one request re-queues the whole cascade: the runs of txids 1 and 2, by logical date
     (conn_id, dag_id, txids, tasks, run_id, note) = clears[-1]
     assert (conn_id, dag_id, txids, run_id) == ("airflow_api_default", "ops", (1, 2), None)
@@ -195,10 +195,17 @@ def test_failure_sensor_restarts_its_run_then_stops_a_poison_batch(dag, clears):
 
     # txid 2 failed in the cascade: its sensor leaves the re-queue to txid 1's and keeps watching
     with pytest.raises(TaskDeferred) as deferred:
-        watch.on_failure(_context(2, dag=dag), {"state": "failed"}, own_failures=0)
-    assert deferred.value.kwargs == {"own_failures": 0}
+        watch.on_failure(_context(2, dag=dag), {"state": "failed"})
     assert deferred.value.trigger.requeue_timeout is not None
     assert len(clears) == 1
+
+    # Airflow retries txid 1's sensor (its deferral was lost in a crash): the retry finds the
+    # failure answered in the log, so it neither restarts the runs again nor counts it again
+    with pytest.raises(TaskDeferred) as deferred:
+        watch.execute(ctx)
+    with pytest.raises(TaskDeferred) as deferred:
+        watch.on_failure(ctx, {"state": "failed", "attempt": 1})
+    assert len(clears) == 1 and deferred.value.trigger.requeue_timeout is not None
 
     # ... unless that re-queue never came: then it restarts its own run, alone
     with pytest.raises(TaskDeferred):
@@ -209,11 +216,11 @@ def test_failure_sensor_restarts_its_run_then_stops_a_poison_batch(dag, clears):
     begin.claim(_context(1))  # attempt 2, fails again: max_attempts=3 allows one more
     log.fail("ops", 1, 2, error="boom again")
     with pytest.raises(TaskDeferred):
-        watch.on_failure(ctx, {"state": "failed"}, own_failures=1)
+        watch.on_failure(ctx, {"state": "failed"})
     begin.claim(_context(1))
     log.fail("ops", 1, 3, error="still broken")
     with pytest.raises(TaskDeferred) as stop:
-        watch.on_failure(ctx, {"state": "failed"}, own_failures=2)
+        watch.on_failure(ctx, {"state": "failed"})
     # a poison batch: the run is not restarted; it stays (keeping its slot) with a note saying why
     assert len(clears) == 4
     assert clears[-1][2] == (2, 2)  # the later runs wait for it, re-queued
@@ -221,7 +228,19 @@ def test_failure_sensor_restarts_its_run_then_stops_a_poison_batch(dag, clears):
     assert (dag_id, run_id) == ("ops", "txid-000001")
     assert "txid=1 attempt=3: POISON BATCH" in note and "failed 3 times" in note
     assert "still broken" in note and "Clear this run" in note
-    assert stop.value.kwargs == {"own_failures": 3}  # a new attempt (a rerun) is still watched
+    assert stop.value.trigger.attempt == 3  # a new attempt (a rerun) is still watched
+    assert log.history("ops", 1)[-1].response is FailureResponse.STOP
+    # a retry of the stopped sensor keeps watching, says nothing twice, restarts nothing
+    with pytest.raises(TaskDeferred):
+        watch.on_failure(ctx, {"state": "failed"})
+    assert len(clears) == 4 and len(ClearRecorder.notes) == 1
+
+    # a person fixes the cause and clears the run: the rerun has a fresh max_attempts
+    begin.claim(_context(1))
+    log.fail("ops", 1, 4, error="one more")
+    with pytest.raises(TaskDeferred):
+        watch.on_failure(ctx, {"state": "failed"})
+    assert log.history("ops", 1)[-1].response is FailureResponse.REQUEUE
 
 
 def test_failure_sensor_skips_manual_runs(dag):
@@ -249,7 +268,7 @@ def test_a_requeue_waits_for_the_failed_runs_to_settle(dag, clears, monkeypatch)
     begin.claim(_context(2))
     begin.txn_log().fail("ops", 1, 1, error="boom")
     with pytest.raises(TaskDeferred):
-        watch.on_failure(ctx, {"state": "failed", "attempt": 1}, own_failures=0)
+        watch.on_failure(ctx, {"state": "failed", "attempt": 1})
     assert {r for r, _ in polls} == {"txid-000001", "txid-000002"}  # both failed runs looked at
     assert all(n == 0 for _, n in polls), "cleared before the runs settled"
     assert len(clears) == 1 and clears[0][2] == (1, 2)

@@ -15,6 +15,7 @@ from airflow_txn_provider.coordinator import (
     TxRecord,
     first_watched_attempt,
     known_failed_attempt,
+    own_failures,
     plan_failure,
     requeue_set,
     respond_to_failure,
@@ -54,26 +55,55 @@ def test_requeue_set_leaves_txids_failed_by_someone_else():
     assert v.record(5).failed_by == 5
 
 
+def attempts(*outcomes: tuple[int | None, FailureResponse | None]) -> tuple[TxRecord, ...]:
+    """Txid 7's history: one failed attempt per ``(failed_by, response)``, oldest first."""
+    return tuple(
+        TxRecord(txid=7, attempt=n, status=FAIL, failed_by=by, response=response)
+        for n, (by, response) in enumerate(outcomes, start=1)
+    )
+
+
+R, L, S = FailureResponse.REQUEUE, FailureResponse.LEAVE_TO_ORIGIN, FailureResponse.STOP
+
+
 @pytest.mark.parametrize(
-    ("failed_by", "before", "max_attempts", "expected"),
+    ("history", "max_attempts", "expected"),
     [
-        (7, 0, 3, FailureResponse.REQUEUE),  # first own failure
-        (7, 1, 3, FailureResponse.REQUEUE),
-        (7, 2, 3, FailureResponse.STOP),  # third own failure: poison
-        (7, 0, 1, FailureResponse.STOP),  # no retries at all
-        (5, 2, 3, FailureResponse.LEAVE_TO_ORIGIN),  # a cascade never counts: 5 re-queues it
-        (5, 99, 1, FailureResponse.LEAVE_TO_ORIGIN),
-        (None, 2, 3, FailureResponse.STOP),  # failure from before failed_by existed: its own
+        (attempts((7, None)), 3, R),  # first own failure
+        (attempts((7, R), (7, None)), 3, R),
+        (attempts((7, R), (7, R), (7, None)), 3, S),  # third own failure: poison
+        (attempts((7, None)), 1, S),  # no retries at all
+        (attempts((7, R), (5, L), (7, None)), 3, R),  # a cascade in between does not count
+        (attempts((7, R), (7, R), (5, None)), 3, L),  # a cascade never counts: 5 re-queues it
+        (attempts((7, R), (7, S), (7, None)), 2, R),  # a person's rerun after a stop: new count
+        (attempts((7, R), (7, S), (7, R), (7, None)), 2, S),
+        (attempts((None, R), (None, R), (None, None)), 3, S),  # from before failed_by: its own
     ],
 )
-def test_respond_to_failure(failed_by, before, max_attempts, expected):
-    rec = TxRecord(txid=7, attempt=4, status=FAIL, failed_by=failed_by)
-    assert respond_to_failure(rec, before, max_attempts) is expected
+def test_respond_to_failure_counts_own_failures_from_the_log(history, max_attempts, expected):
+    assert respond_to_failure(history, max_attempts) is expected
+
+
+@pytest.mark.parametrize("answered", [R, L, S])
+def test_a_failure_answered_already_keeps_its_answer(answered):
+    """A retried failure sensor (its deferral lost in a crash) must not count a failure twice:
+    the bug was a third attempt of a poison batch with max_attempts=2."""
+    history = attempts((7, R), (7 if answered is not L else 5, answered))
+    assert respond_to_failure(history, 2) is answered
+
+
+def test_own_failures_restart_after_a_stop_and_skip_cascades():
+    assert own_failures(()) == 0
+    assert own_failures(attempts((7, R), (5, L), (None, R))) == 2
+    assert own_failures(attempts((7, R), (7, S))) == 0
+    assert own_failures(attempts((7, R), (7, S), (7, None))) == 1
 
 
 def test_respond_to_failure_refuses_a_live_attempt():
     with pytest.raises(ValueError, match="has not failed"):
-        respond_to_failure(TxRecord(txid=7, attempt=1, status=DONE), 0, 3)
+        respond_to_failure((TxRecord(txid=7, attempt=1, status=DONE),), 3)
+    with pytest.raises(ValueError, match="no attempt"):
+        respond_to_failure((), 3)
 
 
 def test_a_watch_starts_after_failures_already_known():
