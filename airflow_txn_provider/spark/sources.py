@@ -44,7 +44,7 @@ from airflow_txn_provider.sources import (
 )
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -77,12 +77,32 @@ class SparkSource(Source):
         """``batch`` as the user's transform sees it (helper columns dropped)."""
         return batch
 
+    def batch_counts(self, metadata: Metadata) -> dict[str, Column] | None:
+        """Aggregates over the batch (``{name: column}``, e.g. the records of each partition) from
+        which :meth:`counts_mismatch` tells whether the batch is whole; ``None`` (the default):
+        the source cannot tell from its metadata how many records to expect.
+
+        On Spark Connect the job computes them while the transform runs (``DataFrame.observe``),
+        in the same pass over the batch; elsewhere in a pass of their own
+        (:meth:`batch_mismatch`).
+        """
+        return None
+
+    def counts_mismatch(self, counts: Mapping[str, Any], metadata: Metadata) -> str | None:
+        """What the batch lacks against ``metadata``, judged from :meth:`batch_counts`' values,
+        or ``None``."""
+        return None
+
     def batch_mismatch(self, batch: DataFrame, metadata: Metadata) -> str | None:
         """What ``batch`` lacks against ``metadata`` (e.g. records a partition should hold), or
         ``None``. The job refuses a batch with a mismatch (:class:`~airflow_txn_provider.
-        exceptions.IncompleteBatchError`) rather than commit it as if it were whole. ``None``
-        (the default): the source cannot tell from its metadata how many records to expect."""
-        return None
+        exceptions.IncompleteBatchError`) rather than commit it as if it were whole. By default,
+        :meth:`batch_counts` in one pass of their own, judged by :meth:`counts_mismatch`."""
+        counts = self.batch_counts(metadata)
+        if not counts:
+            return None
+        row = batch.agg(*[column.alias(name) for name, column in counts.items()]).first()
+        return self.counts_mismatch(row.asDict() if row is not None else {}, metadata)
 
     def describe_location(self, location: str, record: str) -> str:
         """Turn a ``LOCATION`` value into text a person can act on (e.g. add a line number)."""
@@ -215,19 +235,27 @@ class PartitionedParquetSource(TransactionalSource, SparkSource):
     def records(self, batch: DataFrame) -> DataFrame:
         return batch.drop(LOCATION)
 
-    def batch_mismatch(self, batch: DataFrame, metadata: Metadata) -> str | None:
+    def batch_counts(self, metadata: Metadata) -> dict[str, Column] | None:
+        """The records read of each partition of the batch (``n_0``, ``n_1``, … in partition
+        order)."""
+        from pyspark.sql import functions as F
+
+        part = F.col(self.partition_column)
+        return {
+            f"n_{i}": F.sum(F.when(part == F.lit(p), 1).otherwise(0))
+            for i, p in enumerate(sorted(self._ranges(metadata)))
+        }
+
+    def counts_mismatch(self, counts: Mapping[str, Any], metadata: Metadata) -> str | None:
         """Offsets are consecutive (each appended row takes the next one), so ``[start, end)``
         of a partition is ``end - start`` records: fewer (a directory that does not match its
         metadata, files gone) or more (offsets written twice) is reported, never committed."""
         ranges = self._ranges(metadata)
-        found = {
-            str(row[0]): int(row[1])
-            for row in batch.groupBy(self.partition_column).count().collect()
-        }
+        found = {p: int(counts.get(f"n_{i}") or 0) for i, p in enumerate(sorted(ranges))}
         problems = [
-            f"partition {p!r} offsets [{a}, {b}): {found.get(p, 0)} records read, {b - a} expected"
+            f"partition {p!r} offsets [{a}, {b}): {found[p]} records read, {b - a} expected"
             for p, (a, b) in sorted(ranges.items())
-            if found.get(p, 0) != b - a
+            if found[p] != b - a
         ]
         return "; ".join(problems) or None
 

@@ -310,7 +310,32 @@ def test_zero_padded_partition_directories_are_read_whole(txlog, tmp_path, spark
     assert sorted(r[0] for r in batch.select("p").distinct().collect()) == ["+5", "01", "1.50"]
 
 
-def test_a_batch_that_reads_fewer_records_than_its_metadata_fails_the_txid(txlog, tmp_path, spark):
+@pytest.fixture(params=["classic", "connect"])
+def any_session(request):
+    """A classic session (the completeness counts in a pass of their own) or a Spark Connect
+    one (counted while the transform runs, ``DataFrame.observe``)."""
+    if request.param == "classic":
+        yield request.getfixturevalue("spark")
+        return
+    from pyspark.sql import SparkSession
+
+    from airflow_txn_provider.spark.submit import keep_classic_mode
+
+    with keep_classic_mode():
+        session = SparkSession.builder.remote(request.getfixturevalue("connect_server").url).create()
+        yield session
+        session.stop()
+
+
+def _ignores_its_batch(batch):
+    """A transform that never reads the batch: there is nothing to observe the counts on."""
+    return batch.sparkSession.createDataFrame([("x", 1)], "word string, delta long")
+
+
+@pytest.mark.parametrize("transform", ["word_count", "ignores_its_batch"])
+def test_a_batch_that_reads_fewer_records_than_its_metadata_fails_the_txid(
+    txlog, tmp_path, any_session, transform
+):
     from airflow_txn_provider.exceptions import IncompleteBatchError
     from airflow_txn_provider.spark.job import BatchJob, process_batch
     from airflow_txn_provider.spark.sources import PartitionedParquetSource
@@ -328,7 +353,10 @@ def test_a_batch_that_reads_fewer_records_than_its_metadata_fails_the_txid(txlog
         match=r"partition '0' offsets \[0, 100\): 50 records read, 100 expected",
     ) as err:
         process_batch(
-            spark, txlog, BatchJob("short", 1, e.attempt, source), _word_count().transform
+            any_session,
+            txlog,
+            BatchJob("short", 1, e.attempt, source),
+            _word_count().transform if transform == "word_count" else _ignores_its_batch,
         )
     assert (err.value.pipeline, err.value.txid, err.value.attempt) == ("short", 1, e.attempt)
     assert txlog.transaction("short", 1).status is TxStatus.FAILED
