@@ -322,7 +322,9 @@ def any_session(request):
     from airflow_txn_provider.spark.submit import keep_classic_mode
 
     with keep_classic_mode():
-        session = SparkSession.builder.remote(request.getfixturevalue("connect_server").url).create()
+        session = SparkSession.builder.remote(
+            request.getfixturevalue("connect_server").url
+        ).create()
         yield session
         session.stop()
 
