@@ -47,6 +47,14 @@ class Source(ABC):
             that one ended.
         """
 
+    def prefetch(self) -> None:  # noqa: B027 (optional hook; most sources need none)
+        """Read, before the log takes the pipeline's lock, what :meth:`initialize_transaction`
+        will need (e.g. the footers of new files), so the lock is held for a cheap lookup only.
+
+        Called by every begin; it must not decide anything (the batch is decided under the lock).
+        A failure here is ignored: the same work is then done, and reported, under the lock.
+        """
+
 
 class TransactionalSource(Source):
     """A source that can re-read exactly the same batch for a txid (Storm's transactional spout)."""

@@ -401,6 +401,7 @@ class TransactionLog:
         Never raises for "not yet": an :class:`Emission` that did not emit says why (the previous
         txid has not begun, the window is full, the source has no data, the txid committed).
         """
+        _prefetch(source)
         with self.engine.begin() as conn:
             view = self._view(conn, pipeline, lock=True)
             self._check_source(view, source)
@@ -410,6 +411,7 @@ class TransactionLog:
     def begin_next(self, pipeline: str, source: Source) -> Emission | None:
         """Emit whatever txid should go next (oldest failed first, else a new one); ``None`` if the
         window is full."""
+        _prefetch(source)
         with self.engine.begin() as conn:
             view = self._view(conn, pipeline, lock=True)
             self._check_source(view, source)
@@ -1010,6 +1012,15 @@ def _status(value: str, pipeline: str, txid: int, attempt: int) -> TxStatus:
         raise CorruptLogError(
             f"unknown status {value!r}", pipeline=pipeline, txid=txid, attempt=attempt
         ) from None
+
+
+def _prefetch(source: Source) -> None:
+    """Let the source read what it can before the pipeline's lock is taken (see
+    :meth:`Source.prefetch`); its errors are raised, naming the txid, under the lock."""
+    try:
+        source.prefetch()
+    except Exception as err:
+        log.debug("%s.prefetch failed (retried under the lock): %s", type(source).__name__, err)
 
 
 def _response(value: str | None) -> FailureResponse | None:

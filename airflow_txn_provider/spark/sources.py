@@ -193,8 +193,12 @@ class PartitionedParquetSource(TransactionalSource, SparkSource):
         }
 
     def latest_offsets(self) -> dict[str, int]:
-        """For each partition, one past its highest offset (from footer statistics)."""
+        """For each partition, one past its highest offset (from footer statistics; a file's are
+        read once per process, until its size or modification time changes)."""
         return {p: _max_offset(d, self.offset_column) + 1 for p, d in self.partitions().items()}
+
+    def prefetch(self) -> None:
+        self.latest_offsets()  # reads new files' footers into the cache, outside the lock
 
     def initialize_transaction(self, txid: int, prev_metadata: Metadata | None) -> Metadata | None:
         return next_offset_ranges(
@@ -280,25 +284,34 @@ class PartitionedParquetSource(TransactionalSource, SparkSource):
 
 
 def _max_offset(directory: Path, column: str) -> int:
-    import pyarrow.parquet as pq
-
     best = -1
     for file in sorted(directory.rglob("*.parquet")):
         if any(part.startswith((".", "_")) for part in file.relative_to(directory).parts):
             continue  # Spark's and Hadoop's hidden files (_SUCCESS, .crc, _temporary)
-        meta = pq.ParquetFile(file).metadata
-        names = meta.schema.names
-        if column not in names:
-            raise ValueError(f"{file} has no column {column!r} (columns: {names})")
-        index = names.index(column)
-        for g in range(meta.num_row_groups):
-            stats = meta.row_group(g).column(index).statistics
-            if stats is not None and stats.has_min_max:
-                best = max(best, int(stats.max))
-            else:  # no statistics: read just this column of this file
-                values = pq.read_table(file, columns=[column]).column(0)
-                best = max(best, max((v for v in values.to_pylist() if v is not None), default=-1))
-                break
+        stat = file.stat()
+        best = max(best, _file_max_offset(str(file), stat.st_mtime_ns, stat.st_size, column))
+    return best
+
+
+@functools.lru_cache(maxsize=65_536)
+def _file_max_offset(file: str, mtime_ns: int, size: int, column: str) -> int:
+    """The highest ``column`` value of one Parquet file, from its footer's statistics (cached by
+    the file's modification time and size: a rewritten file is read again)."""
+    import pyarrow.parquet as pq
+
+    meta = pq.ParquetFile(file).metadata
+    names = meta.schema.names
+    if column not in names:
+        raise ValueError(f"{file} has no column {column!r} (columns: {names})")
+    index = names.index(column)
+    best = -1
+    for g in range(meta.num_row_groups):
+        stats = meta.row_group(g).column(index).statistics
+        if stats is not None and stats.has_min_max:
+            best = max(best, int(stats.max))
+        else:  # no statistics: read just this column of this file
+            values = pq.read_table(file, columns=[column]).column(0)
+            return max(best, max((v for v in values.to_pylist() if v is not None), default=-1))
     return best
 
 

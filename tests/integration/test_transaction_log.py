@@ -419,3 +419,30 @@ def test_the_schema_is_checked_once_per_engine_and_a_downgrade_is_seen(db_url):
     with engine.connect() as conn:
         assert schema.current_revision(conn) == schema.HEAD_REVISION
     engine.dispose()
+
+
+def test_a_begin_lets_the_source_prefetch_before_it_takes_the_pipeline_lock(txlog, db_url):
+    """A source reads what it needs (new footers) while other begins may hold the lock; a
+    failing prefetch is not an error: the same work, under the lock, reports it."""
+    txlog.register_pipeline("pre", source_kind="transactional", max_pending=2)
+    probe = create_engine(db_url)
+    seen: list[bool] = []
+
+    class Prefetching(Counter):
+        def prefetch(self):
+            with probe.connect() as conn:  # the pipeline's row: locked now or not?
+                locked = conn.execute(
+                    text(
+                        "SELECT count(*) FROM pg_locks l JOIN pg_class c ON c.oid = l.relation "
+                        "WHERE c.relname = 'txn_pipeline' AND l.mode = 'RowShareLock'"
+                    )
+                ).scalar()
+            seen.append(bool(locked))
+            if len(seen) == 2:
+                raise OSError("listing failed")
+
+    src = Prefetching()
+    assert txlog.begin("pre", 1, src).emitted
+    assert txlog.begin_next("pre", src).txid == 2  # its prefetch fails: the begin does not
+    assert seen == [False, False] and src.calls == [1, 2]
+    probe.dispose()
