@@ -9,6 +9,9 @@ Run with ``make bench-peer``. One run, the same data and the same word count on 
   ``spark_jobs/word_count.py``, and a ``foreachBatch`` that upserts the batch's counts into
   Postgres idempotently by ``batchId`` (a batch already applied is skipped) — the exactly-once
   recipe of the Spark docs. Classic PySpark, ``local[2]``;
+* **this project without Airflow** (the floor of its Spark and Postgres path): the same job and
+  Spark Connect server driven by the core loop in one process (begin, process, commit, one txid
+  after another, as the peer does), so what Airflow adds is the difference;
 * **this project**: the same job in a ``TxnPipeline`` (``max_pending=4``, defaults otherwise) on a
   real Airflow (LocalExecutor scheduler, dag-processor, triggerer, api-server) with a Spark
   Connect server ``local[2]``, both with ``spark.sql.shuffle.partitions=4``; the same Postgres.
@@ -143,6 +146,37 @@ def run_peer(data: Path, pg_port: int, name: str, workdir: Path) -> dict[str, An
     return {"seconds": seconds, "rows": rows, "batches": batches, "latency": durations, "got": got}
 
 
+# -- this project without Airflow: the core loop ------------------------------------------------
+
+
+def run_core(
+    log: TransactionLog, connect_url: str, name: str, data: Path, rows: int, batches: int
+) -> dict[str, Any]:
+    """Begin, process (Spark Connect), commit, one txid after another, in this process."""
+    from airflow_txn_provider.spark.job import BatchJob
+    from airflow_txn_provider.spark.sources import PartitionedParquetSource
+    from airflow_txn_provider.spark.submit import SparkConnectRunner
+    from airflow_txn_provider.state import commit_registered
+
+    source = PartitionedParquetSource(str(data), max_per_partition=rows // PARTITIONS)
+    state = MapState(name, f"{name}_counts", keys={"word": "text"})
+    log.ensure_pipeline(name, source_kind="transactional", max_pending=1, states=[state])
+    runner = SparkConnectRunner(ROOT / "spark_jobs" / "word_count.py", url=connect_url)
+    latency = []
+    started = time.perf_counter()
+    for _ in range(batches):
+        t0 = time.perf_counter()
+        emission = log.begin_next(name, source)
+        assert emission is not None and emission.emitted, emission
+        runner.run(BatchJob(name, emission.txid, emission.attempt, source), log)
+        commit_registered(log, name, emission.txid, emission.attempt)
+        latency.append(time.perf_counter() - t0)
+    seconds = time.perf_counter() - started
+    with log.engine.connect() as conn:
+        got = {key[0]: value for key, value in state.items(conn).items()}
+    return {"seconds": seconds, "rows": rows * batches, "latency": latency, "got": got}
+
+
 # -- this project on Airflow ---------------------------------------------------------------------
 
 
@@ -249,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         datasets[name] = (workdir / name, rows, batches, truth)
         print(f"  data {name}: {rows * batches} rows in {time.perf_counter() - t0:.1f} s")
 
-    peer, ours = {}, {}
+    peer, core, ours = {}, {}, {}
     with EmbeddedPostgres(durable=False) as pg:
         for name, (data, rows, batches, truth) in datasets.items():
             print(f"peer (Structured Streaming foreachBatch): {name}", flush=True)
@@ -274,6 +308,12 @@ def main(argv: list[str] | None = None) -> int:
         meta = pg.url.rsplit("/", 1)[0] + "/meta"
         with SparkConnectServer(workdir=workdir / "connect", conf=SPARK_CONF) as connect:
             env["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"] = connect.url
+            log = TransactionLog.from_url(pg.url)
+            for name, (data, rows, batches, truth) in datasets.items():
+                print(f"this project without Airflow (core loop): {name}", flush=True)
+                found = run_core(log, connect.url, f"core_{name}", data, rows, batches)
+                assert found["got"] == dict(truth), f"{name}: the core loop's result is wrong"
+                core[name] = found
             stack = AirflowStack(
                 workdir / "airflow",
                 meta,
@@ -282,7 +322,6 @@ def main(argv: list[str] | None = None) -> int:
                 failure_injection=False,  # as in production: no Variable read per txid
             )
             with stack:
-                log = TransactionLog.from_url(pg.url)
                 for name, (_, _rows, batches, truth) in datasets.items():
                     print(f"this project on Airflow: {name}", flush=True)
                     found = run_ours(stack, log, name, batches)
@@ -292,20 +331,24 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"\nbench-peer ({os.cpu_count()} cores, Spark local[2], max_pending {args.max_pending})")
     header = (
-        "| batch rows | Structured Streaming rows/s | this project on Airflow rows/s | ratio "
-        "| SSS batch p50 / p95 | txid begin->committed p50 / p95 |"
+        "| batch rows | Structured Streaming rows/s | this project without Airflow rows/s "
+        "| this project on Airflow rows/s | on Airflow / SSS | without Airflow / SSS "
+        "| SSS batch p50 / p95 | without Airflow txid p50 | on Airflow txid begin->committed "
+        "p50 / p95 |"
     )
     print(header)
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for name, (_, rows, batches, _) in datasets.items():
-        s = peer[name]
+        s, c = peer[name], core[name]
         o = summary(ours[name], rows * batches)
-        sss_rate, our_rate = s["rows"] / s["seconds"], o["rows"] / o["seconds"]
+        sss_rate, core_rate = s["rows"] / s["seconds"], c["rows"] / c["seconds"]
+        our_rate = o["rows"] / o["seconds"]
         print(
-            f"| {rows:.0e} ({batches} batches) | {sss_rate:,.0f} | {our_rate:,.0f} "
-            f"| {our_rate / sss_rate:.2f}x | {pct(s['latency'], 50):.2f} / "
-            f"{pct(s['latency'], 95):.2f} s | {pct(o['latency'], 50):.2f} / "
-            f"{pct(o['latency'], 95):.2f} s |"
+            f"| {rows:.0e} ({batches} batches) | {sss_rate:,.0f} | {core_rate:,.0f} "
+            f"| {our_rate:,.0f} | **{our_rate / sss_rate:.2f}x** | {core_rate / sss_rate:.2f}x "
+            f"| {pct(s['latency'], 50):.2f} / {pct(s['latency'], 95):.2f} s "
+            f"| {pct(c['latency'], 50):.2f} s "
+            f"| {pct(o['latency'], 50):.2f} / {pct(o['latency'], 95):.2f} s |"
         )
     for name in datasets:
         print(

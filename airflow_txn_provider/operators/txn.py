@@ -65,6 +65,12 @@ def claimed(context: Context, claim_task_id: str = BEGIN_TASK_ID) -> dict[str, A
     return dict(value)
 
 
+def pipeline_log(pipeline: TxnPipeline) -> TransactionLog:
+    """The pipeline's transaction log, as every task of its DAG opens it: the hook shares one
+    engine per process and checks the schema once per process."""
+    return TxnLogHook(txn_log_conn_id=pipeline.txn_log_conn_id).get_log()
+
+
 class _TxnOperator(BaseOperator):
     """An operator of a pipeline's DAG.
 
@@ -83,8 +89,7 @@ class _TxnOperator(BaseOperator):
         self.claim_task_id = claim_task_id
 
     def txn_log(self) -> TransactionLog:
-        # The hook shares one engine per process, and checks the schema once per process.
-        return TxnLogHook(txn_log_conn_id=self.pipeline.txn_log_conn_id).get_log()
+        return pipeline_log(self.pipeline)
 
     def trigger(self, txid: int, wait_for: WaitFor, attempt: int = 0) -> TxnLogTrigger:
         return TxnLogTrigger(
@@ -270,7 +275,15 @@ class TxnCommitOperator(_TxnOperator):
         kwargs.setdefault("trigger_rule", "none_skipped")
         super().__init__(**kwargs)
 
-    def execute(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
+    def execute(self, context: Context) -> dict[str, Any]:
+        return self._commit_or_wait(context)
+
+    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
+        """Back from the triggerer: ``txid - 1`` committed (or this attempt went stale, or the
+        txid committed meanwhile). The gate is asked again: the log, not the event, decides."""
+        return self._commit_or_wait(context)
+
+    def _commit_or_wait(self, context: Context) -> dict[str, Any]:
         from airflow_txn_provider.coordinator import commit_gate
         from airflow_txn_provider.state import commit_registered
 
@@ -291,7 +304,8 @@ class TxnCommitOperator(_TxnOperator):
             )
         if gate is GateState.WAIT:
             self.defer(
-                trigger=self.trigger(txid, WaitFor.COMMIT_GATE, attempt), method_name="execute"
+                trigger=self.trigger(txid, WaitFor.COMMIT_GATE, attempt),
+                method_name="execute_complete",
             )
         if gate is GateState.COMMITTED:
             self.log.info("%s committed already", where)

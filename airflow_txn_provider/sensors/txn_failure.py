@@ -10,11 +10,11 @@ from airflow.sdk.bases.sensor import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_txn_provider.coordinator import TxStatus, first_watched_attempt
-from airflow_txn_provider.hooks.txn_log import TxnLogHook
 from airflow_txn_provider.operators.txn import (
     BEGIN_TASK_ID,
     _last_error,
     is_scheduled_txid_run,
+    pipeline_log,
     run_txid,
 )
 from airflow_txn_provider.timetables import txid_run_id
@@ -73,7 +73,7 @@ class TxnFailureSensor(BaseSensorOperator):
         self.claim_task_id = claim_task_id
 
     def txn_log(self) -> TransactionLog:
-        return TxnLogHook(txn_log_conn_id=self.pipeline.txn_log_conn_id).get_log()
+        return pipeline_log(self.pipeline)
 
     def poke(self, context: Context) -> bool:
         """Whether the run's txid committed (the watch's end)."""

@@ -229,12 +229,29 @@ class PartitionedParquetSource(TransactionalSource, SparkSource):
         # The file of each row, for malformed_records (a union does not carry _metadata).
         located = [F.col("_metadata.file_path").alias(LOCATION)] if self.required_columns else []
         frames = [
-            spark.read.parquet(f"{base}/{self.partition_column}={p}")
+            spark.read.parquet(*self._files_holding(base, p, a, b))
             .where((offset >= a) & (offset < b))
             .select("*", F.lit(p).alias(self.partition_column), *located)
             for p, (a, b) in sorted(ranges.items())
         ]
         return functools.reduce(lambda x, y: x.unionByName(y, allowMissingColumns=True), frames)
+
+    def _files_holding(self, base: str, partition: str, start: int, end: int) -> list[str]:
+        """The files of ``partition`` whose offsets meet ``[start, end)``, from their footers: a
+        batch opens its own files only, however many earlier batches wrote (reading the whole
+        directory, Spark opened every file to skip it by its statistics). The directory itself
+        when its files cannot be listed here (a remote path) or none qualifies (the completeness
+        check then reports what is missing)."""
+        directory = f"{base}/{self.partition_column}={partition}"
+        try:
+            files = [
+                str(file)
+                for file, (low, high) in _offset_ranges(Path(directory), self.offset_column)
+                if low < end and high >= start
+            ]
+        except OSError:
+            return [directory]
+        return files or [directory]
 
     def records(self, batch: DataFrame) -> DataFrame:
         return batch.drop(LOCATION)
@@ -284,19 +301,25 @@ class PartitionedParquetSource(TransactionalSource, SparkSource):
 
 
 def _max_offset(directory: Path, column: str) -> int:
-    best = -1
+    return max((high for _, (_, high) in _offset_ranges(directory, column)), default=-1)
+
+
+def _offset_ranges(directory: Path, column: str) -> list[tuple[Path, tuple[int, int]]]:
+    """Each Parquet file under ``directory`` with its lowest and highest ``column`` value."""
+    found = []
     for file in sorted(directory.rglob("*.parquet")):
         if any(part.startswith((".", "_")) for part in file.relative_to(directory).parts):
             continue  # Spark's and Hadoop's hidden files (_SUCCESS, .crc, _temporary)
         stat = file.stat()
-        best = max(best, _file_max_offset(str(file), stat.st_mtime_ns, stat.st_size, column))
-    return best
+        found.append((file, _file_offsets(str(file), stat.st_mtime_ns, stat.st_size, column)))
+    return found
 
 
 @functools.lru_cache(maxsize=65_536)
-def _file_max_offset(file: str, mtime_ns: int, size: int, column: str) -> int:
-    """The highest ``column`` value of one Parquet file, from its footer's statistics (cached by
-    the file's modification time and size: a rewritten file is read again)."""
+def _file_offsets(file: str, mtime_ns: int, size: int, column: str) -> tuple[int, int]:
+    """The lowest and highest ``column`` value of one Parquet file (``(-1, -1)`` if it has none),
+    from its footer's statistics; cached by the file's modification time and size, so a file is
+    read again only once rewritten."""
     import pyarrow.parquet as pq
 
     meta = pq.ParquetFile(file).metadata
@@ -304,15 +327,16 @@ def _file_max_offset(file: str, mtime_ns: int, size: int, column: str) -> int:
     if column not in names:
         raise ValueError(f"{file} has no column {column!r} (columns: {names})")
     index = names.index(column)
-    best = -1
+    lows, highs = [], []
     for g in range(meta.num_row_groups):
         stats = meta.row_group(g).column(index).statistics
-        if stats is not None and stats.has_min_max:
-            best = max(best, int(stats.max))
-        else:  # no statistics: read just this column of this file
-            values = pq.read_table(file, columns=[column]).column(0)
-            return max(best, max((v for v in values.to_pylist() if v is not None), default=-1))
-    return best
+        if stats is None or not stats.has_min_max:  # no statistics: read just this column
+            values = pq.read_table(file, columns=[column]).column(0).to_pylist()
+            present = [int(v) for v in values if v is not None]
+            return (min(present), max(present)) if present else (-1, -1)
+        lows.append(int(stats.min))
+        highs.append(int(stats.max))
+    return (min(lows), max(highs)) if lows else (-1, -1)
 
 
 # -- opaque: a landing directory of numbered JSON-lines files -----------------------------------

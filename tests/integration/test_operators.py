@@ -92,7 +92,9 @@ def test_commit_waits_for_previous_then_is_idempotent(dag):
         commit.execute(_context(2, two))
     assert deferred.value.trigger.wait_for is WaitFor.COMMIT_GATE
     assert deferred.value.trigger.attempt == two["attempt"]
-    assert deferred.value.method_name == "execute"
+    assert deferred.value.method_name == "execute_complete"
+    with pytest.raises(TaskDeferred):  # a wake-up asks the log again: txid 1 is not committed
+        commit.execute_complete(_context(2, two), {"state": "open"})
     log.mark_processed("ops", 1, 1, {})
     assert commit.execute(_context(1, one)) == {
         "applied": True,
@@ -100,7 +102,7 @@ def test_commit_waits_for_previous_then_is_idempotent(dag):
         "also_committed": [2],  # processed already: committed right behind it
     }
     assert commit.execute(_context(1, one))["applied"] is False  # a duplicate run: no-op
-    assert commit.execute(_context(2, two))["applied"] is False  # its own run finds it done
+    assert commit.execute_complete(_context(2, two), {})["applied"] is False  # found done
     with pytest.raises(AirflowSkipException):
         begin.execute(_context(1))  # rerun of a committed txid's run does nothing
 
@@ -136,7 +138,7 @@ def test_commit_also_commits_processed_successors_in_order(dag):
     log.mark_processed("ops", 1, 1, {})
     assert commit.execute(_context(1, one))["also_committed"] == [2]
     assert log.last_committed("ops") == 2
-    assert commit.execute(_context(2, two))["applied"] is False  # its own run finds it done
+    assert commit.execute_complete(_context(2, two), {})["applied"] is False  # found done
 
 
 class ClearRecorder:

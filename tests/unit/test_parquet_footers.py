@@ -29,7 +29,7 @@ def footers_read(monkeypatch):
         opened.append(os.path.basename(str(file)))
         return real(file, *args, **kwargs)
 
-    sources._file_max_offset.cache_clear()
+    sources._file_offsets.cache_clear()
     monkeypatch.setattr(pq, "ParquetFile", counting)
     return opened
 

@@ -61,6 +61,9 @@ def test_parquet_batch_reads_only_its_ranges_with_pushdown(spark, tmp_path):
     # Partition 2 has nothing new: its directory is not even listed; offsets go to the reader.
     # (Each partition directory is read by its own path, not by partition discovery.)
     assert plan.count("InMemoryFileIndex(1 paths)") == 2 and "p=2" not in plan
+    # Only the files holding the batch's offsets are opened (from their footers): not 0..49
+    opened = sorted(f.split("/")[-2] + "/" + f.split("/")[-1] for f in batch.inputFiles())
+    assert opened == ["p=0/part-00000050.parquet", "p=1/part-00000050.parquet"]
     pushed = plan[plan.index("PushedFilters") :].split("]", 1)[0]
     assert "GreaterThanOrEqual(offset" in pushed and "LessThan(offset" in pushed
 
