@@ -7,6 +7,7 @@
 # make bench-spark: per-txid overhead of spark-submit / Spark Connect / standalone, records/s
 # make bench-airflow: commit gap and max_pending=4 vs 1 speedup on a real Airflow
 # make bench-peer : this project on Airflow vs Spark Structured Streaming foreachBatch, same data
+# make bench-read : where one batch's Spark time goes: this project's read vs plain scans
 # make chaos : the seeded chaos suite (faults caused for real; both tiers print their tables)
 
 PYTHON ?= python3
@@ -16,7 +17,7 @@ STAMP  := $(VENV)/.installed-stamp
 PYSPARK_VERSION := 4.3.0
 PYTEST_ARGS ?=
 
-.PHONY: demo demo-stop demo-core install system-deps test test-unit test-integration lint chaos chaos-fast chaos-airflow bench-core bench-spark bench-airflow bench-peer clean
+.PHONY: demo demo-stop demo-core install system-deps test test-unit test-integration lint chaos chaos-fast chaos-airflow bench-core bench-spark bench-airflow bench-peer bench-read clean
 
 install: $(STAMP)
 
@@ -84,6 +85,9 @@ bench-airflow: install
 
 bench-peer: install
 	$(PY) benchmarks/bench_peer.py
+
+bench-read: install
+	$(PY) benchmarks/bench_batch_read.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis var

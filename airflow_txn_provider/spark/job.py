@@ -272,8 +272,7 @@ def _observe_counts(
     spark: SparkSession, job: BatchJob, batch: DataFrame, metadata: Any
 ) -> tuple[Any, DataFrame]:
     """On Spark Connect, the batch with the source's completeness counts observed while the
-    transform runs: one pass over the batch instead of two (measured: a 1e6-row word count's
-    Spark time drops by about a third). Classic sessions count in a pass of their own: there,
+    transform runs: one pass over the batch instead of two (``make bench-read``). Classic sessions count in a pass of their own: there,
     reading an observation the transform never ran would block forever."""
     counts = job.source.batch_counts(metadata)
     if not counts or not type(spark).__module__.startswith("pyspark.sql.connect"):
