@@ -272,8 +272,9 @@ def _observe_counts(
     spark: SparkSession, job: BatchJob, batch: DataFrame, metadata: Any
 ) -> tuple[Any, DataFrame]:
     """On Spark Connect, the batch with the source's completeness counts observed while the
-    transform runs: one pass over the batch instead of two (``make bench-read``). Classic sessions count in a pass of their own: there,
-    reading an observation the transform never ran would block forever."""
+    transform runs: one pass over the batch instead of two (``make bench-read``). Classic
+    sessions count in a pass of their own: there, reading an observation the transform never
+    ran would block forever."""
     counts = job.source.batch_counts(metadata)
     if not counts or not type(spark).__module__.startswith("pyspark.sql.connect"):
         return None, batch
