@@ -198,6 +198,10 @@ class BeginAction(enum.StrEnum):
     """``txid - 1`` has not (re-)initialised its metadata yet; metadata is initialised in order."""
     WAIT_WINDOW = "wait_window"
     """The txid is beyond the ``max_pending`` window."""
+    NOT_REPLAYED = "not_replayed"
+    """The txid's current attempt failed and this begin may not replay it (``replay=False``): the
+    answer to a failure, replay or stop at a poison batch, belongs to whoever watches failures.
+    An Airflow retry of a claim that already failed must not add an attempt behind its back."""
 
 
 @dataclass(frozen=True)
@@ -219,8 +223,11 @@ class BeginPlan:
         return self.action in (BeginAction.NEW, BeginAction.REPLAY, BeginAction.REEMIT)
 
 
-def plan_begin(view: PipelineView, txid: int) -> BeginPlan:
-    """Decide what beginning ``txid`` means now (Storm's coordinator emitting a batch)."""
+def plan_begin(view: PipelineView, txid: int, *, replay: bool = True) -> BeginPlan:
+    """Decide what beginning ``txid`` means now (Storm's coordinator emitting a batch).
+
+    :param replay: whether this begin may re-emit a failed attempt (``NOT_REPLAYED`` otherwise).
+    """
     if txid < 1:
         raise ValueError(f"txid must be >= 1, got {txid}")
     if txid <= view.last_committed:
@@ -238,6 +245,8 @@ def plan_begin(view: PipelineView, txid: int) -> BeginPlan:
         return BeginPlan(BeginAction.NEW, txid, attempt=1, prev_metadata=view.metadata_before(txid))
     reuse = view.source_kind is SourceKind.TRANSACTIONAL
     if rec.status is TxStatus.FAILED:
+        if not replay:
+            return BeginPlan(BeginAction.NOT_REPLAYED, txid)
         return BeginPlan(
             BeginAction.REPLAY,
             txid,

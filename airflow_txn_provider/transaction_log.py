@@ -389,7 +389,13 @@ class TransactionLog:
 
     @retry_transient
     def begin(
-        self, pipeline: str, txid: int, source: Source, *, claim_timeout: float = CLAIM_TIMEOUT
+        self,
+        pipeline: str,
+        txid: int,
+        source: Source,
+        *,
+        claim_timeout: float = CLAIM_TIMEOUT,
+        replay: bool = True,
     ) -> Emission:
         """Emit ``txid``: allocate it (or re-emit it with a new attempt) and fix its metadata.
 
@@ -399,13 +405,14 @@ class TransactionLog:
         ``claim_timeout`` seconds, for its processing to start and renew it.
 
         Never raises for "not yet": an :class:`Emission` that did not emit says why (the previous
-        txid has not begun, the window is full, the source has no data, the txid committed).
+        txid has not begun, the window is full, the source has no data, the txid committed, or
+        the txid failed and ``replay`` is false).
         """
         _prefetch(source)
         with self.engine.begin() as conn:
             view = self._view(conn, pipeline, lock=True)
             self._check_source(view, source)
-            return self._begin_locked(conn, view, txid, source, claim_timeout)
+            return self._begin_locked(conn, view, txid, source, claim_timeout, replay=replay)
 
     @retry_transient
     def begin_next(self, pipeline: str, source: Source) -> Emission | None:
@@ -427,8 +434,10 @@ class TransactionLog:
         txid: int,
         source: Source,
         claim_timeout: float,
+        *,
+        replay: bool = True,
     ) -> Emission:
-        plan = plan_begin(view, txid)
+        plan = plan_begin(view, txid, replay=replay)
         claim = func.now() + timedelta(seconds=claim_timeout)
         if plan.action is BeginAction.RESUME:
             rec = view.record(txid)

@@ -57,6 +57,14 @@ def is_scheduled_txid_run(context: Context) -> bool:
     return txid_from_run_id(context["dag_run"].run_id) is not None
 
 
+def is_airflow_retry(ti: Any, retries: int | None) -> bool:
+    """Whether task instance ``ti`` (of a task with ``retries``) is in an Airflow retry of a failed
+    try, not in the first try since its run started or was cleared: a clear raises ``max_tries``
+    to ``try_number + retries``, a retry does not (Airflow's ``get_first_reschedule_date`` finds
+    a task's first try the same way)."""
+    return int(ti.try_number) > int(ti.max_tries) - int(retries or 0) + 1
+
+
 def claimed(context: Context, claim_task_id: str = BEGIN_TASK_ID) -> dict[str, Any]:
     """What the run's claiming task claimed: ``{"txid", "attempt", "metadata"}``."""
     value = context["ti"].xcom_pull(task_ids=claim_task_id, key=CLAIM_XCOM_KEY)
@@ -121,8 +129,21 @@ class _TxnOperator(BaseOperator):
             states=p.states,
         )
         emission = log.begin(
-            p.name, txid, p.source, claim_timeout=max(CLAIM_TIMEOUT, p.lease_timeout)
+            p.name,
+            txid,
+            p.source,
+            claim_timeout=max(CLAIM_TIMEOUT, p.lease_timeout),
+            # A failed attempt replays when its failure sensor (or a person) restarts the run,
+            # never on an Airflow retry: that would add an attempt behind the sensor's count.
+            replay=not is_airflow_retry(context["ti"], self.retries),
         )
+        if emission.action is BeginAction.NOT_REPLAYED:
+            raise AirflowFailException(
+                f"pipeline={p.name} txid={txid} attempt={_current_attempt(log, p.name, txid)} "
+                f"failed ({_last_error(log, p.name, txid)}); an Airflow retry of this task does "
+                "not replay it: the run's failure sensor re-queues the txid, or stops at a poison "
+                "batch"
+            )
         if emission.action is BeginAction.ALREADY_COMMITTED:
             raise AirflowSkipException(f"pipeline={p.name} txid={txid} committed already")
         if emission.no_data:
@@ -338,6 +359,11 @@ def commit_ready(log: TransactionLog, pipeline: TxnPipeline, logger: Any) -> lis
         logger.info("txid %s attempt %s committed", rec.txid, rec.attempt)
         done.append(rec.txid)
     return done
+
+
+def _current_attempt(log: TransactionLog, pipeline: str, txid: int) -> int | None:
+    info = log.transaction(pipeline, txid)
+    return info.attempt if info else None
 
 
 def _last_error(log: TransactionLog, pipeline: str, txid: int) -> str:

@@ -228,7 +228,8 @@ class TxnFailureSensor(BaseSensorOperator):
         self, context: Context, txids: Sequence[int], attempt: int, failed_by: int | None
     ) -> None:
         """Restart the work of the runs of ``txids`` (consecutive) in one REST request, as a
-        person's Clear would. The failure sensors are not cleared: each keeps watching its txid.
+        person's Clear would, for failed ``attempt`` of this run's txid. The failure sensors are
+        not cleared: each keeps watching its txid.
 
         First it waits (up to ``SETTLE_TIMEOUT``) until those runs' tasks have settled: a commit
         gate whose attempt went stale is failing, a processing task whose lease was lost is
@@ -243,6 +244,19 @@ class TxnFailureSensor(BaseSensorOperator):
         origin = failed_by or txids[0]
         work = [t for t in dag.task_ids if t != self.task_id]
         self._wait_until_settled(dag.dag_id, [txid_run_id(t) for t in txids], work)
+        own = self.txn_log().view(self.pipeline.name).record(run_txid(context, self.pipeline.name))
+        if own is None or own.status is not TxStatus.FAILED or own.attempt != attempt:
+            # Restarted while its tasks settled (a person's Clear, or the re-queue this sensor
+            # waited for arrived late): a second clear would add an attempt nobody asked for.
+            self.log.info(
+                "pipeline=%s: not restarting the runs of txids %s: attempt %s was replaced "
+                "meanwhile (%s)",
+                self.pipeline.name,
+                list(txids),
+                attempt,
+                own,
+            )
+            return
         cause = "its own failure" if origin in txids[:1] else f"txid {origin}'s failure"
         which = f"txid {txids[0]}" if len(txids) == 1 else f"txids {txids[0]}..{txids[-1]}"
         try:

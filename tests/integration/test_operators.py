@@ -6,7 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from airflow.sdk.exceptions import AirflowSkipException, TaskDeferred
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException, TaskDeferred
 
 from airflow_txn_provider.coordinator import FailureResponse
 from airflow_txn_provider.dag_builder import build_dag
@@ -38,8 +38,12 @@ CLAIMER = "process_word_count"  # with one job, the processing task claims the t
 
 
 class FakeTI:
-    def __init__(self, claim=None):
+    """A task instance in the first try since its run started (``retry``: in Airflow's retry)."""
+
+    def __init__(self, claim=None, retry=False):
         self.claim = claim
+        self.max_tries = 100  # a clear raises it to try_number + retries
+        self.try_number = self.max_tries + 1 - 12 + (1 if retry else 0)
 
     def xcom_pull(self, task_ids, key):
         assert (task_ids, key) == (CLAIMER, "claim")
@@ -50,10 +54,10 @@ class FakeTI:
         self.claim = value
 
 
-def _context(txid, claim=None, dag=None):
+def _context(txid, claim=None, dag=None, retry=False):
     return {
         "dag_run": SimpleNamespace(run_id=f"txid-{txid:06d}", conf={}),
-        "ti": FakeTI(claim),
+        "ti": FakeTI(claim, retry=retry),
         "dag": dag,
     }
 
@@ -75,6 +79,26 @@ def test_the_claim_goes_in_order_and_defers_with_the_log_trigger(dag):
     with pytest.raises(TaskDeferred) as deferred:
         begin.claim(_context(3))  # window of 2 is full
     assert deferred.value.trigger.wait_for is WaitFor.CAN_BEGIN
+
+
+def test_an_airflow_retry_of_a_claim_never_replays_a_failed_attempt(dag):
+    """Only the failure sensor (or a person) restarts a failed txid: a retry of the claiming task
+    (its failure not reported, so Airflow retried it) adding an attempt would go behind the
+    sensor's poison-batch count (CI: a third attempt of a poison batch, max_attempts=2)."""
+    begin = dag.get_task(CLAIMER)
+    assert begin.retries == 12  # FakeTI's first try assumes it
+    log = begin.txn_log()
+    first = begin.claim(_context(1))
+    assert begin.claim(_context(1, retry=True)) == first  # a live attempt: resumed, as before
+    log.fail("ops", 1, 1, error="boom")
+    with pytest.raises(AirflowFailException) as refused:
+        begin.claim(_context(1, retry=True))
+    message = str(refused.value)
+    assert "pipeline=ops txid=1 attempt=1 failed (boom)" in message
+    assert "failure sensor re-queues" in message
+    assert [a.attempt for a in log.history("ops", 1)] == [1]  # nothing added
+    # the sensor's restart (a clear: a first try again) replays it
+    assert begin.claim(_context(1))["attempt"] == 2
 
 
 def test_commit_waits_for_previous_then_is_idempotent(dag):
@@ -274,6 +298,32 @@ def test_a_requeue_waits_for_the_failed_runs_to_settle(dag, clears, monkeypatch)
     assert {r for r, _ in polls} == {"txid-000001", "txid-000002"}  # both failed runs looked at
     assert all(n == 0 for _, n in polls), "cleared before the runs settled"
     assert len(clears) == 1 and clears[0][2] == (1, 2)
+
+
+def test_a_requeue_skips_a_run_restarted_while_it_settled(dag, clears, monkeypatch):
+    """A lost re-queue's fallback restarts the run only if the txid is still failed once the run
+    settled: the late re-queue it waited for may have restarted it meanwhile, and a second clear
+    would then add an attempt nobody asked for (counted toward a poison batch)."""
+    import airflow_txn_provider.sensors.txn_failure as txn
+
+    begin, watch = dag.get_task(CLAIMER), dag.get_task("watch_failures")
+    ctx = _context(1, begin.claim(_context(1)), dag=dag)
+    begin.txn_log().fail("ops", 1, 1, error="boom")
+    looks = []
+
+    def task_instances(self, dag_id, run_id):
+        looks.append(run_id)
+        if len(looks) == 1:  # the late re-queue arrived: the run is starting, it claims again
+            begin.claim(_context(1))
+            return [{"task_id": CLAIMER, "state": "running"}]
+        return [{"task_id": CLAIMER, "state": "failed"}]
+
+    monkeypatch.setattr(ClearRecorder, "task_instances", task_instances)
+    monkeypatch.setattr(txn.time, "sleep", lambda s: None)
+    with pytest.raises(TaskDeferred):
+        watch.on_failure(ctx, {"state": "not_requeued", "attempt": 1})
+    assert len(looks) == 2 and clears == []
+    assert [a.attempt for a in begin.txn_log().history("ops", 1)] == [1, 2]
 
 
 def test_the_claim_records_the_dag_that_runs_the_pipeline(dag):

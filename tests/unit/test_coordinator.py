@@ -201,6 +201,16 @@ class TestBegin:
         assert plan.action is BeginAction.REPLAY and not plan.reuse_metadata
         assert plan.prev_metadata == {"end": 10}
 
+    def test_a_begin_that_may_not_replay_leaves_a_failed_txid_alone(self):
+        """An Airflow retry of a claim: the failure sensor answers the failure (replay or stop),
+        so the retry adds no attempt (CI: a poison batch got a third attempt, max_attempts=2)."""
+        plan = plan_begin(view((1, 2, FAIL)), 1, replay=False)
+        assert (plan.action, plan.attempt, plan.emits) == (BeginAction.NOT_REPLAYED, None, False)
+        # what it may still do: resume a live attempt, begin a new txid, see a commit
+        assert plan_begin(view((1, 2, PROC)), 1, replay=False).action is BeginAction.RESUME
+        assert plan_begin(view((1, 1, PROC)), 2, replay=False).action is BeginAction.NEW
+        assert plan_begin(view(last=3), 2, replay=False).action is BeginAction.ALREADY_COMMITTED
+
     def test_replay_waits_for_earlier_failed_txid(self):
         v = view((1, 1, FAIL), (2, 1, FAIL))
         assert plan_begin(v, 2).action is BeginAction.WAIT_PREVIOUS
