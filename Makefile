@@ -8,6 +8,7 @@
 # make bench-airflow: commit gap and max_pending=4 vs 1 speedup on a real Airflow
 # make bench-peer : this project on Airflow vs Spark Structured Streaming foreachBatch, same data
 # make bench-read : where one batch's Spark time goes: this project's read vs plain scans
+# make bench-preload: a task process's first Spark Connect call, fresh vs forked from a warm parent
 # make chaos : the seeded chaos suite (faults caused for real; both tiers print their tables)
 
 PYTHON ?= python3
@@ -17,7 +18,7 @@ STAMP  := $(VENV)/.installed-stamp
 PYSPARK_VERSION := 4.3.0
 PYTEST_ARGS ?=
 
-.PHONY: demo demo-stop demo-core install system-deps test test-unit test-integration lint chaos chaos-fast chaos-airflow bench-core bench-spark bench-airflow bench-peer bench-read clean
+.PHONY: demo demo-stop demo-core install system-deps test test-unit test-integration lint chaos chaos-fast chaos-airflow bench-core bench-spark bench-airflow bench-peer bench-read bench-preload clean
 
 install: $(STAMP)
 
@@ -88,6 +89,9 @@ bench-peer: install
 
 bench-read: install
 	$(PY) benchmarks/bench_batch_read.py
+
+bench-preload: install
+	$(PY) benchmarks/bench_preload.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis var

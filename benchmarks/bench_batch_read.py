@@ -10,8 +10,12 @@ Structured Streaming's file source does:
 * ``one scan of the batch's files``: ``spark.read.parquet(*files)``;
 * ``+ offset filter``: the same, with the batch's offset range pushed down;
 * ``one scan per partition, unioned``: a scan per partition directory's file, no filter;
-* ``this project: read_batch``: ``PartitionedParquetSource.read_batch`` (a scan per partition of
-  the files holding its offsets, the offset filter, the partition labelled);
+* ``this project, before: a scan per partition``: the read this project used until it scanned
+  once (``PartitionedParquetSource._read_by_partition``, still its fallback): a scan per partition
+  of the files holding its offsets, the offset filter, the partition labelled, unioned;
+* ``this project: read_batch``: ``PartitionedParquetSource.read_batch``: one scan of the files
+  holding the batch's offsets, the offset filter, each row labelled with its partition by its
+  file;
 * ``this project: + completeness check, observed``: what the job runs on Spark Connect;
 * ``this project: + completeness check, own pass``: what it runs on a classic session.
 
@@ -96,6 +100,11 @@ def main(argv: list[str] | None = None) -> int:
                 batch = source.read_batch(spark, metadata(b))
                 return batch.observe(obs, *[c.alias(n) for n, c in counts.items()])
 
+            def by_partition(b: int) -> DataFrame:
+                ranges = {p: (a, z) for p, (a, z) in metadata(b).items()}
+                held = {p: source._files_holding(str(root), p, *r) for p, r in ranges.items()}
+                return source._read_by_partition(spark, held, ranges)
+
             def own_pass(b: int) -> DataFrame:
                 batch = source.read_batch(spark, metadata(b))
                 assert source.batch_mismatch(batch, metadata(b)) is None
@@ -107,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                 "one scan per partition, unioned": lambda b: functools.reduce(
                     DataFrame.unionByName, [spark.read.parquet(f) for f in files(b)]
                 ),
+                "this project, before: a scan per partition": by_partition,
                 "this project: read_batch": lambda b: source.read_batch(spark, metadata(b)),
                 "this project: + completeness check, observed": observed,
                 "this project: + completeness check, own pass": own_pass,

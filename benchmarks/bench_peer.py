@@ -280,9 +280,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", default="100000:20,1000000:10", help="ROWS:BATCHES,...")
     parser.add_argument("--max-pending", type=int, default=4)
     parser.add_argument("--seed", type=int, default=SEED)
+    parser.add_argument(
+        "--no-preload",
+        action="store_true",
+        help="cold task processes: no airflow_local_settings.py warming them (for comparison)",
+    )
     args = parser.parse_args(argv)
     sizes = [tuple(int(float(x)) for x in s.split(":")) for s in args.sizes.split(",")]
-    print(f"bench-peer: seed {args.seed}, sizes {sizes}, max_pending {args.max_pending}")
+    print(
+        f"bench-peer: seed {args.seed}, sizes {sizes}, max_pending {args.max_pending}, "
+        f"task processes {'cold' if args.no_preload else 'warm (airflow_txn_provider.preload)'}"
+    )
     workdir = Path(tempfile.mkdtemp(prefix="bench-peer-"))
     workdir.chmod(0o755)
     datasets = {}
@@ -330,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
                 ROOT / "benchmarks" / "dags",
                 env=env,
                 failure_injection=False,  # as in production: no Variable read per txid
+                preload=not args.no_preload,
             )
             with stack:
                 for name, (_, _rows, batches, truth) in datasets.items():

@@ -205,6 +205,10 @@ class TxnProcessOperator(_TxnOperator):
         self._runner: Any = None
 
     def execute(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
+        if self.pipeline.spark == "connect":
+            from airflow_txn_provider.preload import task_process_warmth
+
+            self.log.info("pipeline=%s: %s", self.pipeline.name, task_process_warmth())
         claim = self.claim(context) if self.claims else claimed(context, self.claim_task_id)
         try:
             result = self._process(context, claim)

@@ -220,16 +220,66 @@ class PartitionedParquetSource(TransactionalSource, SparkSource):
         if not ranges:
             raise ValueError(f"metadata {metadata!r} names no records")
         base = self.path.rstrip("/")
-        # Each partition directory is read by its path and labelled with the partition value of
-        # the metadata, as a string: Spark's partition discovery would infer p=01 as 1 (also
-        # p=1.50, p=+5) and a comparison with the directory's name then matched nothing. Listing
-        # only the batch's directories is the partition pruning; the offset filter goes down to
-        # the Parquet reader (row groups outside the range are skipped).
+        files = {p: self._files_holding(base, p, a, b) for p, (a, b) in sorted(ranges.items())}
+        # One scan of the batch's files (a scan per partition, unioned, took 1.4x as long: make
+        # bench-read). Each row is labelled with the partition value of the metadata, as a
+        # string, by the file it came from: Spark's partition discovery would infer p=01 as 1
+        # (also p=1.50, p=+5), and a comparison with the directory's name then matched nothing.
+        scan = spark.read.parquet(*[f for paths in files.values() for f in paths])
+        label = self._label_by_file(scan, files)
+        if label is None:
+            return self._read_by_partition(spark, files, ranges)
+        offset = F.col(self.offset_column)
+        # The offset filter goes down to the Parquet reader (row groups outside are skipped).
+        low, high = min(a for a, _ in ranges.values()), max(b for _, b in ranges.values())
+        within = (offset >= low) & (offset < high)
+        if len(set(ranges.values())) > 1:  # partitions at different offsets: each its own range
+            within = within & functools.reduce(
+                operator.or_,
+                [(label == p) & (offset >= a) & (offset < b) for p, (a, b) in ranges.items()],
+            )
+        located = [F.col("_metadata.file_path").alias(LOCATION)] if self.required_columns else []
+        return scan.where(within).select("*", label.alias(self.partition_column), *located)
+
+    def _label_by_file(self, scan: DataFrame, files: Mapping[str, list[str]]) -> Column | None:
+        """The partition value of each row of ``scan``, looked up by its file's path as Spark
+        names it (``_metadata.file_path``); ``None`` if a file Spark lists is not under exactly one
+        of the batch's partitions (then each partition is read on its own)."""
+        from pyspark.sql import functions as F
+
+        owners = {path.rstrip("/"): p for p, paths in files.items() for path in paths}
+        pairs: list[Column] = []
+        for uri in scan.inputFiles():
+            local = _local_path(uri)
+            found = {
+                p
+                for path, p in owners.items()
+                for name in (uri, local)
+                if name == path or name.startswith(path + "/")
+            }
+            if len(found) != 1:
+                return None
+            value = F.lit(found.pop())
+            # inputFiles() names a local file file:///x, _metadata.file_path file:/x (the same
+            # percent-encoding otherwise): the map holds both.
+            for name in {uri, re.sub(r"^file:///", "file:/", uri)}:
+                pairs += [F.lit(name), value]
+        return F.create_map(*pairs)[F.col("_metadata.file_path")] if pairs else None
+
+    def _read_by_partition(
+        self,
+        spark: SparkSession,
+        files: Mapping[str, list[str]],
+        ranges: Mapping[str, tuple[int, int]],
+    ) -> DataFrame:
+        """A scan per partition, labelled by the metadata's partition value, unioned."""
+        from pyspark.sql import functions as F
+
         offset = F.col(self.offset_column)
         # The file of each row, for malformed_records (a union does not carry _metadata).
         located = [F.col("_metadata.file_path").alias(LOCATION)] if self.required_columns else []
         frames = [
-            spark.read.parquet(*self._files_holding(base, p, a, b))
+            spark.read.parquet(*files[p])
             .where((offset >= a) & (offset < b))
             .select("*", F.lit(p).alias(self.partition_column), *located)
             for p, (a, b) in sorted(ranges.items())

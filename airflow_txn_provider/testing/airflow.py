@@ -66,6 +66,16 @@ def txn_log_connection_env(conn_id: str, url: str, **extra: str) -> dict[str, st
     return connection_env(conn_id, conn_type="txn_log", schema=u.database, **fields)
 
 
+LOCAL_SETTINGS = """\
+# Written by airflow_txn_provider.testing.airflow.AirflowStack: the scheduler imports what a
+# processing task needs once, and every task process it forks inherits it.
+from airflow_txn_provider.preload import warm_task_processes
+
+warm_task_processes()
+__all__: list[str] = []  # nothing here is an Airflow setting or policy
+"""
+
+
 class AirflowStack:
     """
     :param home: ``AIRFLOW_HOME`` (created; holds logs, passwords file and airflow.cfg).
@@ -75,6 +85,8 @@ class AirflowStack:
     :param password: the admin user's password.
     :param failure_injection: let the Variables ``txn_inject_failure__<pipeline>`` fail chosen
         attempts (:mod:`airflow_txn_provider.testing.failure_injection`); off for benchmarks.
+    :param preload: warm the task processes (:mod:`airflow_txn_provider.preload`) through
+        ``$AIRFLOW_HOME/config/airflow_local_settings.py``, as a deployment should.
     """
 
     def __init__(
@@ -88,8 +100,10 @@ class AirflowStack:
         port: int | None = None,
         parallelism: int = 8,
         failure_injection: bool = True,
+        preload: bool = True,
     ) -> None:
         self.home = Path(home)
+        self.preload = preload
         self.metadata_url = metadata_url
         self.dags_folder = Path(dags_folder)
         self.extra_env = dict(env or {})
@@ -169,6 +183,9 @@ class AirflowStack:
     def start(self, timeout: float = 240) -> AirflowStack:
         (self.home / "logs").mkdir(parents=True, exist_ok=True)
         (self.home / "passwords.json").write_text(json.dumps({ADMIN_USER: self.password}))
+        if self.preload:
+            (self.home / "config").mkdir(exist_ok=True)
+            (self.home / "config" / "airflow_local_settings.py").write_text(LOCAL_SETTINGS)
         self.airflow("db", "migrate")
         for name in COMPONENTS:
             self.start_component(name)

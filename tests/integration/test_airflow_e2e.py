@@ -145,3 +145,11 @@ def test_failures_requeue_and_a_ui_clear_replays_in_order(stack, db_url):
     logical = [runs[f"txid-{t:06d}"]["logical_date"] for t in range(1, TXIDS + 1)]
     assert logical == sorted(logical)
     log.engine.dispose()
+
+    # -- every processing task started warm: the scheduler preloaded the Spark Connect client ----
+    task_logs = [
+        f.read_text()
+        for f in (airflow.home / "logs").glob("dag_id=*/run_id=*/task_id=process_*/attempt=*.log")
+    ]
+    assert task_logs and not [t for t in task_logs if "cold: this task process" in t]
+    assert all("warm: the Spark Connect client was preloaded" in t for t in task_logs)

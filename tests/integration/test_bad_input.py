@@ -310,6 +310,34 @@ def test_zero_padded_partition_directories_are_read_whole(txlog, tmp_path, spark
     assert sorted(r[0] for r in batch.select("p").distinct().collect()) == ["+5", "01", "1.50"]
 
 
+def test_one_scan_labels_each_row_with_its_partition_exactly(tmp_path, any_session):
+    """A batch is one scan of its files, each row labelled by the file it came from: names a URI
+    escapes (``a b``, ``5%``, ``x#y``), a padded one, and partitions at different offsets read the
+    same rows as a scan per partition, each row under its own partition."""
+    from airflow_txn_provider.spark.sources import PartitionedParquetSource
+
+    data = {
+        "a b": random_lines(4, 30),
+        "5%": random_lines(5, 12),
+        "x#y": random_lines(6, 7),
+        "01": random_lines(7, 40),
+    }
+    source = PartitionedParquetSource(str(parquet_dataset(tmp_path / "ds", data, file_rows=8)), 10)
+    metadata = {"a b": [10, 20], "5%": [0, 10], "x#y": [0, 7], "01": [25, 35]}
+
+    def rows(batch):
+        return sorted((r["p"], r["offset"], r["line"]) for r in batch.collect())
+
+    expected = sorted(
+        (p, offset, data[p][offset]) for p, (a, b) in metadata.items() for offset in range(a, b)
+    )
+    assert rows(source.read_batch(any_session, metadata)) == expected
+    ranges = {p: (a, b) for p, (a, b) in metadata.items()}
+    files = {p: source._files_holding(source.path, p, a, b) for p, (a, b) in ranges.items()}
+    assert len(files["01"]) == 2  # offsets 25..34 span two files of 8 rows: only those are read
+    assert rows(source._read_by_partition(any_session, files, ranges)) == expected
+
+
 @pytest.fixture(params=["classic", "connect"])
 def any_session(request):
     """A classic session (the completeness counts in a pass of their own) or a Spark Connect

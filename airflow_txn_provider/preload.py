@@ -1,0 +1,82 @@
+"""Warm the task processes of an executor: import what a processing task needs once, in the
+process the executor forks its task processes from, instead of once per task.
+
+On Linux, Airflow's LocalExecutor forks its workers from the scheduler, and each worker forks one
+process per task; Celery's prefork workers do the same from ``airflow celery worker``. A module
+imported before those forks is already loaded in every task: importing the Spark Connect client
+and this provider's job code in a fresh task process takes about 1.2 s, and its first session
+about 0.6 s more (lazy imports inside pyspark), against 0.15 s for the session in a process forked
+from a warmed parent (``benchmarks/bench_preload.py`` measures it on this machine).
+
+Call :func:`warm_task_processes` from ``$AIRFLOW_HOME/config/airflow_local_settings.py``, which
+Airflow imports at the start of every one of its processes::
+
+    from airflow_txn_provider.preload import warm_task_processes
+
+    warm_task_processes()
+
+It only imports (no connection, no thread), so a fork after it is safe, and it does so only in
+the processes that fork task processes (``airflow scheduler``, ``airflow celery worker``): the
+api-server, the triggerer and the CLI start as fast as before. Without pyspark installed it does
+nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+import time
+from collections.abc import Sequence
+
+log = logging.getLogger(__name__)
+
+TASK_MODULES = (
+    "pyspark.sql.connect.session",
+    "pyspark.sql.connect.dataframe",
+    "pyspark.sql.connect.functions",
+    "pyspark.sql.connect.client.core",
+    "airflow_txn_provider.spark.job",
+    "airflow_txn_provider.spark.submit",
+    "airflow_txn_provider.spark.sources",
+    "airflow_txn_provider.lease",
+    "airflow_txn_provider.state",
+)
+"""What a processing task imports on its way to its first Spark Connect call."""
+
+
+def task_process_warmth() -> str:
+    """Whether this task process started with the Spark Connect client loaded (forked from a
+    warmed parent), as a processing task says in its log."""
+    if TASK_MODULES[0] in sys.modules:
+        return "warm: the Spark Connect client was preloaded by the process that forked this task"
+    return (
+        "cold: this task process imports the Spark Connect client itself (1-2 s per task); "
+        "warm task processes with airflow_txn_provider.preload in airflow_local_settings.py"
+    )
+
+
+def forks_task_processes(argv: Sequence[str]) -> bool:
+    """Whether the Airflow command ``argv`` runs a process that forks task processes."""
+    args = [a for a in argv[1:] if not a.startswith("-")]
+    return args[:1] == ["scheduler"] or args[:2] == ["celery", "worker"]
+
+
+def warm_task_processes(argv: Sequence[str] | None = None, *, force: bool = False) -> list[str]:
+    """Import :data:`TASK_MODULES` if this process forks task processes (or ``force``); returns
+    the modules imported. A module that cannot be imported (pyspark not installed) is skipped."""
+    if not force and not forks_task_processes(sys.argv if argv is None else argv):
+        return []
+    started = time.monotonic()
+    done = []
+    for name in TASK_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError as err:
+            log.info("not preloading %s: %s", name, err)
+            continue
+        done.append(name)
+    log.info(
+        "preloaded %d modules for task processes in %.2f s", len(done), time.monotonic() - started
+    )
+    return done
