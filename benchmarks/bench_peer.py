@@ -18,8 +18,10 @@ Run with ``make bench-peer``. One run, the same data and the same word count on 
 
 Both results are checked exact against a plain-Python count of the input. Printed: rows/s of both
 and their ratio; per-batch latency p50/p95 (the peer's trigger duration; this project's begin ->
-committed); and where a txid's time goes, from the log's timestamps, the job's own timings and
-Airflow's task-instance timestamps.
+committed); where a txid's time goes, from the log's timestamps, the job's own timings and
+Airflow's task-instance timestamps; and the CPU seconds each side spends per batch, by process
+group (every process of the run is a child of this one: Spark's JVMs, Postgres, Airflow and its
+task processes, this driver), which on two cores bounds the rows/s any side can reach.
 
 Usage: python benchmarks/bench_peer.py [--sizes 100000:20,1000000:10] [--max-pending 4]
 """
@@ -39,6 +41,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 from sqlalchemy import create_engine, text
@@ -126,6 +129,7 @@ def run_peer(data: Path, pg_port: int, name: str, workdir: Path) -> dict[str, An
         .option("maxFilesPerTrigger", PARTITIONS)
         .parquet(str(data))
     )
+    cpu = cpu_by_group()
     started = time.perf_counter()
     query = (
         stream.writeStream.foreachBatch(upsert)
@@ -135,6 +139,7 @@ def run_peer(data: Path, pg_port: int, name: str, workdir: Path) -> dict[str, An
     )
     query.awaitTermination()
     seconds = time.perf_counter() - started
+    used = cpu_since(cpu)
     durations = [p["durationMs"]["triggerExecution"] / 1000 for p in query.recentProgress]
     rows = sum(p["numInputRows"] for p in query.recentProgress)
     batches = sum(1 for p in query.recentProgress if p["numInputRows"])
@@ -143,7 +148,43 @@ def run_peer(data: Path, pg_port: int, name: str, workdir: Path) -> dict[str, An
         cur.execute(f"SELECT word, delta FROM {name}_counts")
         got = dict(cur.fetchall())
     connection.close()
-    return {"seconds": seconds, "rows": rows, "batches": batches, "latency": durations, "got": got}
+    return {
+        "seconds": seconds,
+        "rows": rows,
+        "batches": batches,
+        "latency": durations,
+        "got": got,
+        "cpu": used,
+    }
+
+
+def cpu_by_group() -> Counter[str]:
+    """CPU seconds used so far by this process and every process under it, by group. A process
+    that exits is counted by the one that reaped it (its ``children_*`` times): Postgres backends
+    by the postmaster, task processes by the Airflow worker that forked them."""
+    me = psutil.Process()
+    used: Counter[str] = Counter()
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            times, name = proc.cpu_times(), proc.name()
+        except psutil.Error:  # gone meanwhile: its parent counts it
+            continue
+        group = (
+            "driver (this process)"
+            if proc.pid == me.pid
+            else "Spark (JVM)"
+            if name == "java"
+            else "Postgres"
+            if name.startswith("postgres")
+            else "Airflow (services and task processes)"
+        )
+        used[group] += times.user + times.system + times.children_user + times.children_system
+    return used
+
+
+def cpu_since(before: Counter[str]) -> dict[str, float]:
+    after = cpu_by_group()
+    return {group: after[group] - before.get(group, 0.0) for group in after}
 
 
 # -- this project without Airflow: the core loop ------------------------------------------------
@@ -163,6 +204,7 @@ def run_core(
     log.ensure_pipeline(name, source_kind="transactional", max_pending=1, states=[state])
     runner = SparkConnectRunner(ROOT / "spark_jobs" / "word_count.py", url=connect_url)
     latency = []
+    cpu = cpu_by_group()
     started = time.perf_counter()
     for _ in range(batches):
         t0 = time.perf_counter()
@@ -172,6 +214,7 @@ def run_core(
         commit_registered(log, name, emission.txid, emission.attempt)
         latency.append(time.perf_counter() - t0)
     seconds = time.perf_counter() - started
+    used = cpu_since(cpu)
     with log.engine.connect() as conn:
         got = {key[0]: value for key, value in state.items(conn).items()}
     infos = log.transactions(name)[:batches]
@@ -184,6 +227,7 @@ def run_core(
         "infos": infos,
         "tis": {},
         "attempts": attempts,
+        "cpu": used,
     }
 
 
@@ -193,6 +237,7 @@ def run_core(
 def run_ours(stack: AirflowStack, log: TransactionLog, name: str, batches: int) -> dict[str, Any]:
     api = stack.client()
     api.wait_for_dag(name)
+    cpu = cpu_by_group()
     api.unpause(name)
     deadline = time.monotonic() + 3600
     while time.monotonic() < deadline:
@@ -203,6 +248,7 @@ def run_ours(stack: AirflowStack, log: TransactionLog, name: str, batches: int) 
             continue
         print(f"  {name}: {done}/{batches} committed", end="\r", flush=True)
         if done >= batches:
+            used = cpu_since(cpu)
             break
     else:
         raise TimeoutError(f"{name}: not every txid committed\n{stack.tail()}")
@@ -219,7 +265,7 @@ def run_ours(stack: AirflowStack, log: TransactionLog, name: str, batches: int) 
     state = MapState(name, f"{name}_counts", keys={"word": "text"})
     with log.engine.connect() as conn:
         got = {key[0]: value for key, value in state.items(conn).items()}
-    return {"infos": infos, "tis": tis, "attempts": attempts, "got": got}
+    return {"infos": infos, "tis": tis, "attempts": attempts, "got": got, "cpu": used}
 
 
 def when(value: str | None) -> datetime | None:
@@ -369,6 +415,21 @@ def main(argv: list[str] | None = None) -> int:
             f"| {pct(c['latency'], 50):.2f} s "
             f"| {pct(o['latency'], 50):.2f} / {pct(o['latency'], 95):.2f} s |"
         )
+    print(
+        "\nCPU seconds per batch, by process group (two cores give at most 2 CPU-s per second: "
+        "rows/s <= 2 x rows per batch / CPU-s per batch)"
+    )
+    print("| batch rows | process group | Structured Streaming | without Airflow | on Airflow |")
+    print("|---|---|---|---|---|")
+    for name, (_, rows, batches, _) in datasets.items():
+        sides = [peer[name]["cpu"], core[name]["cpu"], ours[name]["cpu"]]
+        for group in [*sorted(set().union(*sides)), "all"]:
+            cells = [
+                (sum(side.values()) if group == "all" else side.get(group, 0.0)) / batches
+                for side in sides
+            ]
+            label = f"**{group}**" if group == "all" else group
+            print(f"| {rows:.0e} | {label} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
     for name in datasets:
         print(
             f"\nwhere a txid's time goes, {name} (seconds, p50 over {len(ours[name]['infos'])} "

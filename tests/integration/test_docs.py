@@ -49,9 +49,19 @@ def test_daily_csv_source_from_the_docs(txlog, spark, tmp_path):
 
 
 def test_pipeline_declaration_in_the_airflow_docs_builds_its_dag():
-    (block,) = _python_blocks(ROOT / "docs" / "airflow.md")
+    (block,) = [b for b in _python_blocks(ROOT / "docs" / "airflow.md") if "build_dag" in b]
     namespace: dict = {}
     exec(compile(block, "docs/airflow.md", "exec"), namespace)
     dag = namespace["dag"]
     assert dag.dag_id == "words" and dag.max_active_runs == 4
     assert set(dag.task_ids) == {"process_word_count", "commit", "watch_failures"}
+
+
+def test_the_airflow_docs_warm_task_processes_as_the_tested_stack_does():
+    from airflow_txn_provider.testing.airflow import LOCAL_SETTINGS
+
+    def code(text: str) -> list[str]:
+        return [line.split("#")[0].rstrip() for line in text.splitlines() if line.strip()]
+
+    (block,) = [b for b in _python_blocks(ROOT / "docs" / "airflow.md") if "preload" in b]
+    assert [line for line in code(block) if line] == [line for line in code(LOCAL_SETTINGS) if line]

@@ -58,9 +58,10 @@ def test_parquet_batch_reads_only_its_ranges_with_pushdown(spark, tmp_path):
     got = sorted(r.line for r in batch.select("line").collect())
     assert got == sorted(lines_in_ranges(data, second))
     plan = batch._jdf.queryExecution().executedPlan().toString()
-    # Partition 2 has nothing new: its directory is not even listed; offsets go to the reader.
-    # (Each partition directory is read by its own path, not by partition discovery.)
-    assert plan.count("InMemoryFileIndex(1 paths)") == 2 and "p=2" not in plan
+    # One scan of the batch's files, no partition discovery; partition 2 has nothing new: its
+    # directory is not even listed; offsets go to the reader.
+    assert plan.count("InMemoryFileIndex(2 paths)") == 1 and "p=2" not in plan
+    assert sorted(r.p for r in batch.select("p").distinct().collect()) == ["0", "1"]
     # Only the files holding the batch's offsets are opened (from their footers): not 0..49
     opened = sorted(f.split("/")[-2] + "/" + f.split("/")[-1] for f in batch.inputFiles())
     assert opened == ["p=0/part-00000050.parquet", "p=1/part-00000050.parquet"]
