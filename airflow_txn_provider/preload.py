@@ -3,10 +3,10 @@ process the executor forks its task processes from, instead of once per task.
 
 On Linux, Airflow's LocalExecutor forks its workers from the scheduler, and each worker forks one
 process per task; Celery's prefork workers do the same from ``airflow celery worker``. A module
-imported before those forks is already loaded in every task: importing the Spark Connect client
-and this provider's job code in a fresh task process takes about 1.2 s, and its first session
-about 0.6 s more (lazy imports inside pyspark), against 0.15 s for the session in a process forked
-from a warmed parent (``benchmarks/bench_preload.py`` measures it on this machine).
+imported before those forks is already loaded in every task: a fresh task process spent about
+1.5 s importing the Spark Connect client and this provider's job code before its first Spark call,
+one forked from a warmed parent none (``make bench-preload``: 1.57 s against 0.13 s to the first
+answer of a new session, on this 2-core machine).
 
 Call :func:`warm_task_processes` from ``$AIRFLOW_HOME/config/airflow_local_settings.py``, which
 Airflow imports at the start of every one of its processes::
