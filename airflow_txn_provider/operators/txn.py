@@ -138,11 +138,12 @@ class _TxnOperator(BaseOperator):
             replay=not is_airflow_retry(context["ti"], self.retries),
         )
         if emission.action is BeginAction.NOT_REPLAYED:
+            failed = log.transaction(p.name, txid)
             raise AirflowFailException(
-                f"pipeline={p.name} txid={txid} attempt={_current_attempt(log, p.name, txid)} "
-                f"failed ({_last_error(log, p.name, txid)}); an Airflow retry of this task does "
-                "not replay it: the run's failure sensor re-queues the txid, or stops at a poison "
-                "batch"
+                f"pipeline={p.name} txid={txid} attempt={failed.attempt if failed else None} "
+                f"failed ({(failed.last_error if failed else None) or '(none recorded)'}); an "
+                "Airflow retry of this task does not replay it: the run's failure sensor "
+                "re-queues the txid, or stops at a poison batch"
             )
         if emission.action is BeginAction.ALREADY_COMMITTED:
             raise AirflowSkipException(f"pipeline={p.name} txid={txid} committed already")
@@ -363,11 +364,6 @@ def commit_ready(log: TransactionLog, pipeline: TxnPipeline, logger: Any) -> lis
         logger.info("txid %s attempt %s committed", rec.txid, rec.attempt)
         done.append(rec.txid)
     return done
-
-
-def _current_attempt(log: TransactionLog, pipeline: str, txid: int) -> int | None:
-    info = log.transaction(pipeline, txid)
-    return info.attempt if info else None
 
 
 def _last_error(log: TransactionLog, pipeline: str, txid: int) -> str:
