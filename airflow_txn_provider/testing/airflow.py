@@ -1,9 +1,11 @@
 """A real Airflow deployment on loopback, for end-to-end tests, benchmarks and the demo.
 
-Starts ``airflow db migrate``, then the scheduler (LocalExecutor), dag-processor, triggerer and
-api-server as separate processes, each in its own process group with its log in ``home/logs``,
-on a Postgres metadata database. Login is Airflow's simple auth manager with one admin user.
-Nothing listens anywhere but 127.0.0.1.
+Starts ``airflow db migrate``, then the scheduler, dag-processor, triggerer and api-server as
+separate processes, each in its own process group with its log in ``home/logs``, on a Postgres
+metadata database. The executor is the LocalExecutor (tasks run under the scheduler) or, with a
+broker URL, the CeleryExecutor with ``celery_workers`` separate ``airflow celery worker``
+processes, each its own "host" (:func:`worker_hostname`) as on a cluster. Login is Airflow's
+simple auth manager with one admin user. Nothing listens anywhere but 127.0.0.1.
 
 Like a production deployment (systemd ``Restart=always``, Kubernetes), the stack restarts a
 component that exits by itself (:attr:`AirflowStack.restarts` counts it); a component stopped
@@ -31,6 +33,19 @@ from airflow_txn_provider.testing.failure_injection import ENABLE_ENV as FAILURE
 from airflow_txn_provider.testing.postgres import free_port
 
 COMPONENTS = ("scheduler", "dag-processor", "triggerer", "api-server")
+CELERY_WORKER = "celery-worker-{}"
+"""Component name (and Airflow hostname) of the ``n``-th Celery worker, from 1."""
+WORKER_HOSTNAME_ENV = "TXN_WORKER_HOSTNAME"
+
+
+def worker_hostname() -> str:
+    """Airflow's ``[core] hostname_callable`` for the test's Celery workers: each is a "host" of
+    its own (they share one machine here), so a task instance's ``hostname`` names its worker."""
+    from airflow.utils.net import getfqdn
+
+    return os.environ.get(WORKER_HOSTNAME_ENV) or getfqdn()
+
+
 ADMIN_USER = "admin"
 
 HEALING_SETTINGS = {
@@ -87,6 +102,9 @@ class AirflowStack:
         attempts (:mod:`airflow_txn_provider.testing.failure_injection`); off for benchmarks.
     :param preload: warm the task processes (:mod:`airflow_txn_provider.preload`) through
         ``$AIRFLOW_HOME/config/airflow_local_settings.py``, as a deployment should.
+    :param celery_broker: a Celery broker URL (e.g. :class:`~.redis.RedisServer`'s): run the
+        CeleryExecutor with ``celery_workers`` workers of ``celery_concurrency`` slots each,
+        results in the metadata database; ``None``: the LocalExecutor.
     """
 
     def __init__(
@@ -101,6 +119,9 @@ class AirflowStack:
         parallelism: int = 8,
         failure_injection: bool = True,
         preload: bool = True,
+        celery_broker: str | None = None,
+        celery_workers: int = 2,
+        celery_concurrency: int = 4,
     ) -> None:
         self.home = Path(home)
         self.preload = preload
@@ -111,8 +132,12 @@ class AirflowStack:
         self.port = port or free_port()
         self.parallelism = parallelism
         self.failure_injection = failure_injection
+        self.celery_broker = celery_broker
+        self.celery_concurrency = celery_concurrency
+        workers = range(1, celery_workers + 1) if celery_broker else range(0)
+        self.components = COMPONENTS + tuple(CELERY_WORKER.format(n) for n in workers)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.restarts: dict[str, int] = dict.fromkeys(COMPONENTS, 0)
+        self.restarts: dict[str, int] = dict.fromkeys(self.components, 0)
         """Times each component exited by itself and was started again."""
         self._down: set[str] = set()  # stopped on purpose: not restarted
         self._lock = threading.Lock()
@@ -130,7 +155,7 @@ class AirflowStack:
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.metadata_url,
             # Airflow's async engine defaults to asyncpg; psycopg 3 (async too) is installed
             "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC": _psycopg3(self.metadata_url),
-            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            **self._executor_env(),
             "AIRFLOW__CORE__PARALLELISM": str(self.parallelism),
             "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags_folder),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
@@ -165,6 +190,33 @@ class AirflowStack:
         env.update(self.extra_env)
         return env
 
+    def _executor_env(self) -> dict[str, str]:
+        if not self.celery_broker:
+            return {"AIRFLOW__CORE__EXECUTOR": "LocalExecutor"}
+        from sqlalchemy.engine import make_url
+
+        results = make_url(self.metadata_url).set(drivername="postgresql+psycopg2")
+        return {
+            "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
+            "AIRFLOW__CELERY__BROKER_URL": self.celery_broker,
+            "AIRFLOW__CELERY__RESULT_BACKEND": "db+"
+            + results.render_as_string(hide_password=False),
+            "AIRFLOW__CELERY__WORKER_CONCURRENCY": str(self.celery_concurrency),
+            # A worker takes one task per free slot, none ahead: a queued task goes to whichever
+            # worker is free (and is not stranded behind a long job, or on a worker that dies).
+            "AIRFLOW__CELERY__WORKER_PREFETCH_MULTIPLIER": "1",
+            "AIRFLOW__CORE__HOSTNAME_CALLABLE": f"{__name__}.worker_hostname",
+        }
+
+    def component_argv(self, name: str) -> list[str]:
+        """The ``airflow`` sub-command that runs one component."""
+        if name == "api-server":
+            return [name, "--port", str(self.port)]
+        if name.startswith(CELERY_WORKER.format("")):
+            # Logs are read from the shared AIRFLOW_HOME/logs: no log server (no port to share).
+            return ["celery", "worker", "--celery-hostname", f"{name}@%h", "--skip-serve-logs"]
+        return [name]
+
     def airflow(self, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
         """Run one ``airflow`` command in this deployment; raise with its output if it fails."""
         proc = subprocess.run(
@@ -187,7 +239,7 @@ class AirflowStack:
             (self.home / "config").mkdir(exist_ok=True)
             (self.home / "config" / "airflow_local_settings.py").write_text(LOCAL_SETTINGS)
         self.airflow("db", "migrate")
-        for name in COMPONENTS:
+        for name in self.components:
             self.start_component(name)
         self.wait_healthy(timeout)
         threading.Thread(target=self._supervise, name="airflow-supervisor", daemon=True).start()
@@ -195,15 +247,17 @@ class AirflowStack:
 
     def start_component(self, name: str) -> None:
         """Start one component (again)."""
-        args = [name] + (["--port", str(self.port)] if name == "api-server" else [])
+        env = self.env()
+        if name.startswith(CELERY_WORKER.format("")):
+            env[WORKER_HOSTNAME_ENV] = name
         log = open(self.home / "logs" / f"{name}.log", "ab")  # the child keeps it open
         with self._lock:
             if self._stopping:  # the supervisor lost a race with stop(): start nothing
                 log.close()
                 return
             self.procs[name] = subprocess.Popen(
-                [str(Path(sys.executable).parent / "airflow"), *args],
-                env=self.env(),
+                [str(Path(sys.executable).parent / "airflow"), *self.component_argv(name)],
+                env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -236,7 +290,7 @@ class AirflowStack:
     def _supervise(self) -> None:
         while not self._stopping:
             time.sleep(1)
-            for name in COMPONENTS:
+            for name in self.components:
                 with self._lock:
                     proc = self.procs.get(name)
                     if self._stopping or proc is None or name in self._down:

@@ -200,13 +200,14 @@ class SparkConnectServer:
 
 @dataclass
 class StandaloneCluster:
-    """A Spark standalone master and one worker on 127.0.0.1, from the pip package's jars.
+    """A Spark standalone master and ``workers`` workers on 127.0.0.1, from the pip package's jars.
 
     ``spark-class …Master`` / ``…Worker`` (the pip package has no ``start-master.sh``). Python
     applications run in client deploy mode against it (standalone cluster mode is JVM-only).
     """
 
     worker_cores: int = 2
+    workers: int = 1
     worker_memory: str = "2g"
     workdir: Path | None = None
     port: int | None = None
@@ -243,33 +244,37 @@ class StandaloneCluster:
             env,
             self.workdir / "master.log",
         )
-        worker = _Process(
-            "Spark worker",
-            [
-                spark_class,
-                "org.apache.spark.deploy.worker.Worker",
-                "--host",
-                LOOPBACK,
-                "--cores",
-                str(self.worker_cores),
-                "--memory",
-                self.worker_memory,
-                "--webui-port",
-                str(free_port()),
-                "--work-dir",
-                str(self.workdir / "work"),
-                self.master_url,
-            ],
-            env,
-            self.workdir / "worker.log",
-        )
+        workers = [
+            _Process(
+                f"Spark worker {n}",
+                [
+                    spark_class,
+                    "org.apache.spark.deploy.worker.Worker",
+                    "--host",
+                    LOOPBACK,
+                    "--cores",
+                    str(self.worker_cores),
+                    "--memory",
+                    self.worker_memory,
+                    "--webui-port",
+                    str(free_port()),
+                    "--work-dir",
+                    str(self.workdir / f"work-{n}"),
+                    self.master_url,
+                ],
+                env,
+                self.workdir / f"worker-{n}.log",
+            )
+            for n in range(1, self.workers + 1)
+        ]
         master.start()
         self._procs.append(master)
         try:
             self._wait(lambda s: s.get("status") == "ALIVE", master, timeout)
-            worker.start()
-            self._procs.append(worker)
-            self._wait(lambda s: s.get("aliveworkers", 0) >= 1, worker, timeout)
+            for worker in workers:
+                worker.start()
+                self._procs.append(worker)
+            self._wait(lambda s: s.get("aliveworkers", 0) >= self.workers, workers[-1], timeout)
         except BaseException:
             self.stop()
             raise

@@ -28,6 +28,7 @@ pipeline = TxnPipeline(
     max_pending=int(os.environ.get("TXN_TEST_MAX_PENDING", "4")),
     max_attempts=int(os.environ.get("TXN_TEST_MAX_ATTEMPTS", "2")),
     poll_interval=float(os.environ.get("TXN_TEST_POLL", "0.5")),
+    lease_timeout=float(os.environ.get("TXN_TEST_LEASE_TIMEOUT", "30")),
 )
 
 dag = build_dag(pipeline)
