@@ -69,7 +69,19 @@ def get_provider_info() -> dict[str, Any]:
                         "type": "boolean",
                         "example": "True",
                         "default": "False",
-                    }
+                    },
+                    "trigger_pool_size": {
+                        "description": (
+                            "Connections to one transaction log that all the deferred waits "
+                            "(begin, commit, failure watch) of one triggerer share: a poll holds "
+                            "one for a few milliseconds, so a pipeline's connection count does "
+                            "not grow with max_pending or with the number of pipelines."
+                        ),
+                        "version_added": "0.2.0",
+                        "type": "integer",
+                        "example": "4",
+                        "default": "4",
+                    },
                 },
             }
         },

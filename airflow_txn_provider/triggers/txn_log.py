@@ -8,6 +8,10 @@ A trigger outlives the processes it watches, which makes it the place that notic
 whose process died: the failure sensor's trigger wakes its task when the attempt's lease runs out.
 It also rides out a restarting database (polls that fail to connect are retried with backoff for
 ``outage_timeout`` seconds) instead of failing the task it waits for.
+
+Every trigger of one triggerer polls through one shared pool per log (:func:`shared_engine`,
+``[txn_provider] trigger_pool_size`` connections): a poll holds a connection for milliseconds, so
+a triggerer's connections to a log stay bounded whatever max_pending and however many pipelines.
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ import asyncio
 import enum
 import random
 import time
+import weakref
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 
@@ -31,6 +36,49 @@ from airflow_txn_provider.coordinator import (
     txid_outcome,
 )
 from airflow_txn_provider.retries import DEFAULT_OUTAGE_TIMEOUT, is_transient
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+DEFAULT_TRIGGER_POOL_SIZE = 4
+
+_SHARED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, AsyncEngine]] = (
+    weakref.WeakKeyDictionary()
+)
+"""The triggerer runs every trigger in one event loop; an async engine belongs to the loop that
+opened its connections, so pools are kept per loop (and go with it)."""
+
+
+def trigger_pool_size() -> int:
+    from airflow.configuration import conf
+
+    size = conf.getint("txn_provider", "trigger_pool_size", fallback=DEFAULT_TRIGGER_POOL_SIZE)
+    if size < 1:
+        raise ValueError(f"[txn_provider] trigger_pool_size must be >= 1, got {size}")
+    return size
+
+
+def shared_engine(url: Any) -> AsyncEngine:
+    """The engine (and pool) of ``url`` that every trigger of this event loop polls through:
+    ``trigger_pool_size`` connections at most, a poll waiting for a free one rather than
+    opening another. One snapshot per poll (see TransactionLog.view): triggers only read."""
+    from sqlalchemy.ext.asyncio import create_async_engine
+
+    from airflow_txn_provider.transaction_log import SNAPSHOT
+
+    engines = _SHARED.setdefault(asyncio.get_running_loop(), {})
+    key = url if isinstance(url, str) else url.render_as_string(hide_password=False)
+    engine = engines.get(key)
+    if engine is None:
+        engine = engines[key] = create_async_engine(
+            url,
+            pool_size=trigger_pool_size(),
+            max_overflow=0,
+            pool_timeout=300,  # a busy pool delays a poll; it does not fail the wait
+            isolation_level=SNAPSHOT,
+            pool_pre_ping=True,
+        )
+    return engine
 
 
 class WaitFor(enum.StrEnum):
@@ -141,72 +189,62 @@ class TxnLogTrigger(BaseTrigger):
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from sqlalchemy.ext.asyncio import create_async_engine
-
         from airflow_txn_provider.hooks.txn_log import TxnLogHook
-        from airflow_txn_provider.transaction_log import SNAPSHOT, load_view
+        from airflow_txn_provider.transaction_log import load_view
 
         url = await TxnLogHook(txn_log_conn_id=self.txn_log_conn_id).async_sqlalchemy_url()
-        # One snapshot per poll (see TransactionLog.view): the trigger only reads.
-        engine = create_async_engine(
-            url, pool_size=1, max_overflow=0, isolation_level=SNAPSHOT, pool_pre_ping=True
-        )
+        engine = shared_engine(url)
         pipeline = self.pipeline
         stuck_since: float | None = None  # since when the txid awaits a re-queue (OUTCOME)
         outage: float | None = None  # when the log became unreachable
         failures = 0
-        try:
-            while True:
-                try:
-                    async with engine.connect() as conn:
-                        view = await conn.run_sync(lambda c: load_view(c, pipeline))
-                except Exception as err:
-                    if not is_transient(err):
-                        raise
-                    outage = outage or time.monotonic()
-                    down = time.monotonic() - outage
-                    if down > self.outage_timeout:
-                        raise
-                    failures += 1
-                    pause = min(10.0, self.poll_interval * 2 ** min(failures, 4))
-                    pause *= random.uniform(0.5, 1.0)
-                    self.log.warning(
-                        "pipeline=%s txid=%s: the transaction log is unreachable for %.0f s of "
-                        "at most %.0f (%s); polling again in %.1f s",
-                        pipeline,
-                        self.txid,
-                        down,
-                        self.outage_timeout,
-                        str(err).strip().splitlines()[0][:200],
-                        pause,
-                    )
-                    await asyncio.sleep(pause)
-                    continue
-                if outage is not None:
-                    self.log.info("pipeline=%s: the transaction log is back", pipeline)
-                    outage, failures = None, 0
-                now = time.monotonic()
-                if self.requeue_timeout is not None and awaits_requeue(
-                    view, self.txid, self.attempt
-                ):
-                    stuck_since = stuck_since or now
-                else:
-                    stuck_since = None
-                event = evaluate(
-                    self.wait_for,
-                    view,
+        while True:
+            try:
+                async with engine.connect() as conn:
+                    view = await conn.run_sync(lambda c: load_view(c, pipeline))
+            except Exception as err:
+                if not is_transient(err):
+                    raise
+                outage = outage or time.monotonic()
+                down = time.monotonic() - outage
+                if down > self.outage_timeout:
+                    raise
+                failures += 1
+                pause = min(10.0, self.poll_interval * 2 ** min(failures, 4))
+                pause *= random.uniform(0.5, 1.0)
+                self.log.warning(
+                    "pipeline=%s txid=%s: the transaction log is unreachable for %.0f s of "
+                    "at most %.0f (%s); polling again in %.1f s",
+                    pipeline,
                     self.txid,
-                    self.attempt,
-                    stuck_for=0.0 if stuck_since is None else now - stuck_since,
-                    requeue_timeout=self.requeue_timeout,
+                    down,
+                    self.outage_timeout,
+                    str(err).strip().splitlines()[0][:200],
+                    pause,
                 )
-                if event is not None:
-                    self.log.info("pipeline=%s txid=%s: %s", pipeline, self.txid, event)
-                    if self.end_task_on_commit and event["state"] == "committed":
-                        yield TaskSuccessEvent()
-                    else:
-                        yield TriggerEvent({**event, "txid": self.txid})
-                    return
-                await asyncio.sleep(self.poll_interval)
-        finally:
-            await engine.dispose()
+                await asyncio.sleep(pause)
+                continue
+            if outage is not None:
+                self.log.info("pipeline=%s: the transaction log is back", pipeline)
+                outage, failures = None, 0
+            now = time.monotonic()
+            if self.requeue_timeout is not None and awaits_requeue(view, self.txid, self.attempt):
+                stuck_since = stuck_since or now
+            else:
+                stuck_since = None
+            event = evaluate(
+                self.wait_for,
+                view,
+                self.txid,
+                self.attempt,
+                stuck_for=0.0 if stuck_since is None else now - stuck_since,
+                requeue_timeout=self.requeue_timeout,
+            )
+            if event is not None:
+                self.log.info("pipeline=%s txid=%s: %s", pipeline, self.txid, event)
+                if self.end_task_on_commit and event["state"] == "committed":
+                    yield TaskSuccessEvent()
+                else:
+                    yield TriggerEvent({**event, "txid": self.txid})
+                return
+            await asyncio.sleep(self.poll_interval)
