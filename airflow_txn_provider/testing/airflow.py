@@ -239,6 +239,14 @@ class AirflowStack:
             (self.home / "config").mkdir(exist_ok=True)
             (self.home / "config" / "airflow_local_settings.py").write_text(LOCAL_SETTINGS)
         self.airflow("db", "migrate")
+        # Runs of pipelines from before 0.2 onto the millisecond grid (a no-op when none are)
+        subprocess.run(
+            [sys.executable, "-m", "airflow_txn_provider.timetables", "migrate-runs"],
+            env=self.env(),
+            check=True,
+            capture_output=True,
+            timeout=600,
+        )
         for name in self.components:
             self.start_component(name)
         self.wait_healthy(timeout)

@@ -3,14 +3,19 @@ so the image is never built and the stack never started here.
 
 What is checked is what would break a deployment silently: a service, healthcheck or dependency
 missing; an Airflow command, setting or connection that differs from what the tested local stack
-(``airflow_txn_provider.testing.airflow.AirflowStack``) runs; a connection that points at no
-service or that the project's hooks cannot read; a volume not declared or not shared where the
-sources read; a required variable missing from ``.env.example``; a Dockerfile that installs
-another pyspark than the Makefile, copies what the build context does not hold, or runs as root.
+(``airflow_txn_provider.testing.airflow.AirflowStack``, with its Celery broker) runs; a broker that
+is published, or that the executor does not point at; Celery workers that cannot scale or whose
+healthcheck pings another node; a connection that points at no service or that the project's
+hooks cannot read; a volume not declared or not shared where the sources read; a required
+variable missing from ``.env.example``; a Dockerfile that installs another pyspark than the
+Makefile, copies what the build context does not hold, or runs as root.
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import itertools
 import json
 import os
 import re
@@ -28,7 +33,7 @@ import yaml
 from packaging.specifiers import SpecifierSet
 from sqlalchemy.engine import make_url
 
-from airflow_txn_provider.testing.airflow import COMPONENTS, AirflowStack
+from airflow_txn_provider.testing.airflow import CELERY_WORKER, AirflowStack
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
@@ -37,21 +42,33 @@ DOCKERFILE = DOCKER / "Dockerfile"
 ENV_EXAMPLE = DOCKER / ".env.example"
 POSTGRES_INIT = DOCKER / "postgres-init.sh"
 
-# Long-running Airflow services and the ``airflow`` subcommand each runs
+# Long-running Airflow services and the AirflowStack component each runs (the worker service,
+# scaled, is what the tested stack's ``celery-worker-N`` components are)
+WORKER = "airflow-worker"
 AIRFLOW_SERVICES = {
     "airflow-api-server": "api-server",
     "airflow-scheduler": "scheduler",
     "airflow-dag-processor": "dag-processor",
     "airflow-triggerer": "triggerer",
+    WORKER: CELERY_WORKER.format(1),
 }
 SPARK_SERVICES = ("spark-master", "spark-worker", "spark-connect")
 ONE_SHOT = "airflow-init"
-EXPECTED_SERVICES = {"postgres", ONE_SHOT, *AIRFLOW_SERVICES, *SPARK_SERVICES}
-# Services that run the project's code (all but postgres)
+BROKER = "redis"
+EXPECTED_SERVICES = {"postgres", BROKER, ONE_SHOT, *AIRFLOW_SERVICES, *SPARK_SERVICES}
+# Services that run the project's code (all but postgres and redis) and the official images
 IMAGE_SERVICES = {ONE_SHOT, *AIRFLOW_SERVICES, *SPARK_SERVICES}
-# Where the sources read and every Spark process and Airflow task must see the same files
+OFFICIAL_IMAGES = {"postgres": "postgres:15", BROKER: "redis:7"}
+# The services the CeleryExecutor's broker connects: the scheduler sends, the workers take
+BROKER_CLIENTS = {"airflow-scheduler", WORKER}
+# Where the sources read and every Spark process and Airflow task must see the same files (the
+# workers run the processing tasks; begin and its triggers read the sources' footers)
 DATA_VOLUME = "txn-data"
 DATA_READERS = {*AIRFLOW_SERVICES, "spark-worker", "spark-connect"}
+# AirflowStack's broker (testing/redis.py binds to loopback): the stack's is the redis service
+TESTED_BROKER = "redis://127.0.0.1:6379/0"
+# How many Celery workers the tested stack runs by default: the worker service's default replicas
+TESTED_WORKERS = inspect.signature(AirflowStack).parameters["celery_workers"].default
 
 # Settings of AirflowStack that the deployment leaves out on purpose, and why. Any other setting
 # of AirflowStack missing from compose.yaml fails test_airflow_settings_match_the_tested_stack.
@@ -66,13 +83,27 @@ LEFT_TO_DEFAULTS = {
     "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "shortened for test speed",
     "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "shortened for test speed",
     "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO is Airflow's default",
+    "AIRFLOW__CORE__HOSTNAME_CALLABLE": "a test device: the tests' Celery workers share one "
+    "machine and each needs a hostname of its own; a container has one, Airflow's default finds it",
 }
-# Settings whose value must be the tested one
+# Settings whose value must be the tested one (worker concurrency: .env.example's default)
 SAME_VALUE = (
     "AIRFLOW__CORE__EXECUTOR",
     "AIRFLOW__CORE__LOAD_EXAMPLES",
     "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION",
+    "AIRFLOW__CELERY__WORKER_CONCURRENCY",
+    "AIRFLOW__CELERY__WORKER_PREFETCH_MULTIPLIER",
 )
+# Options of AirflowStack.component_argv that the services' commands leave out or add, and why.
+# Any other difference fails test_airflow_commands_are_the_tested_stacks.
+COMMAND_DIFFERENCES = {
+    "--host": "the api-server listens on the container's network, not on loopback only",
+    "--celery-hostname": "the tests' workers share one machine, so each gets a name; each "
+    "container has its own hostname, and the healthcheck pings Celery's default celery@<hostname>",
+    "--skip-serve-logs": "the tests' workers share one machine (and one log-server port); here "
+    "each worker serves its running tasks' logs on 8793 to the api-server, finished ones are on "
+    "the shared logs volume",
+}
 
 # A subset of the Compose specification's keys (compose-spec's JSON schema): a key outside it is
 # most likely a typo that Compose would reject, or worse, that YAML hides (``depend_on``).
@@ -189,7 +220,8 @@ def spark_confs(cmd: list[str]) -> dict[str, str]:
 
 
 def airflow_env(services: dict[str, dict[str, Any]]) -> dict[str, str]:
-    return dict(services["airflow-scheduler"]["environment"])
+    """The Airflow environment where the tasks run (every Airflow service has the same)."""
+    return dict(services[WORKER]["environment"])
 
 
 def connection(services: dict[str, dict[str, Any]], conn_id: str) -> dict[str, Any]:
@@ -205,6 +237,25 @@ def volume_mounts(service: dict[str, Any]) -> dict[str, str]:
         source, target = spec.split(":")[:2]
         mounts[target] = source
     return mounts
+
+
+def cli_options(argv: list[str]) -> dict[str, str | None]:
+    """``--name`` -> its value (None for a flag) in an argument list."""
+    return {
+        arg: nxt if nxt is not None and not nxt.startswith("-") else None
+        for arg, nxt in itertools.zip_longest(argv, argv[1:])
+        if arg.startswith("-")
+    }
+
+
+def positional(argv: list[str]) -> list[str]:
+    """The subcommand words of an argument list, up to its first option."""
+    return list(itertools.takewhile(lambda arg: not arg.startswith("-"), argv))
+
+
+def redis_port(services: dict[str, dict[str, Any]]) -> int:
+    cmd = command(services[BROKER])
+    return int(option(cmd, "--port")) if "--port" in cmd else 6379  # redis-server's default
 
 
 def published_ports(service: dict[str, Any]) -> Iterator[tuple[str, int, int]]:
@@ -232,7 +283,7 @@ def test_compose_has_only_known_keys(raw):
 
 def test_every_service_is_there(services):
     assert EXPECTED_SERVICES <= set(services)
-    assert set(AIRFLOW_SERVICES.values()) == set(COMPONENTS)
+    assert set(AIRFLOW_SERVICES.values()) == set(_tested_stack(celery_workers=1).components)
 
 
 def test_services_run_the_project_image(services):
@@ -243,7 +294,9 @@ def test_services_run_the_project_image(services):
         assert (ROOT / build["dockerfile"]).resolve() == DOCKERFILE, name
         images.add(services[name]["image"])
     assert len(images) == 1, f"one image for every service, found {images}"
-    assert services["postgres"]["image"] == "postgres:15"
+    for name, image in OFFICIAL_IMAGES.items():
+        assert services[name]["image"] == image, name
+        assert "build" not in services[name], name
 
 
 def test_airflow_services_share_one_configuration(services):
@@ -279,6 +332,28 @@ def test_healthchecks_probe_what_the_service_serves(services):
     grpc_port = spark_confs(command(connect))["spark.connect.grpc.binding.port"]
     assert connect["healthcheck"]["test"][-1].endswith(f"/dev/tcp/127.0.0.1/{grpc_port}")
     assert "pg_isready" in services["postgres"]["healthcheck"]["test"][-1]
+    # redis-cli pings the default port unless told another (-p)
+    ping = services[BROKER]["healthcheck"]["test"]
+    assert ping[0] == "CMD" and ping[1:2] == ["redis-cli"] and ping[-1] == "ping"
+    assert (int(option(ping, "-p")) if "-p" in ping else 6379) == redis_port(services)
+
+
+def test_worker_healthcheck_pings_this_worker(services):
+    """As Airflow's own docker-compose.yaml: ``celery inspect ping`` on Airflow's Celery app, to
+    this container's node, which is Celery's default ``celery@<hostname>``."""
+    from celery import Celery
+
+    worker = services[WORKER]
+    test = worker["healthcheck"]["test"]
+    assert test[0] == "CMD-SHELL" and len(test) == 2, "the shell expands $HOSTNAME"
+    argv = shlex.split(test[1])
+    assert argv[:2] == ["celery", "--app"]
+    module, _, attr = argv[2].rpartition(".")
+    assert isinstance(getattr(importlib.import_module(module), attr), Celery), argv[2]
+    assert argv[3:] == ["inspect", "ping", "-d", "celery@${HOSTNAME}"]
+    # the node name stays Celery's default, which the ping names
+    assert not {"-H", "--celery-hostname"} & set(command(worker))
+    assert "hostname" not in worker
 
 
 def test_airflow_healthchecks_are_valid_cli_calls(services):
@@ -306,10 +381,13 @@ def test_dependencies(services):
         assert deps["postgres"] == {"condition": "service_healthy"}, name
         assert deps[ONE_SHOT] == {"condition": "service_completed_successfully"}, name
     assert services[ONE_SHOT]["depends_on"] == {"postgres": {"condition": "service_healthy"}}
-    # tasks use the execution API and Spark Connect; triggers the execution API
-    scheduler = services["airflow-scheduler"]["depends_on"]
-    assert scheduler["airflow-api-server"]["condition"] == "service_healthy"
-    assert scheduler["spark-connect"]["condition"] == "service_healthy"
+    # the executor's broker: the scheduler sends tasks to it, the workers take them
+    for name in BROKER_CLIENTS:
+        assert services[name]["depends_on"][BROKER] == {"condition": "service_healthy"}, name
+    # tasks (on the workers) use the execution API and Spark Connect; triggers the execution API
+    worker = services[WORKER]["depends_on"]
+    assert worker["airflow-api-server"]["condition"] == "service_healthy"
+    assert worker["spark-connect"]["condition"] == "service_healthy"
     assert services["airflow-triggerer"]["depends_on"]["airflow-api-server"] == {
         "condition": "service_healthy"
     }
@@ -337,28 +415,62 @@ def test_dependencies(services):
 # -- Airflow: the same commands and settings as the tested stack ---------------------------------
 
 
-def test_airflow_commands_are_the_tested_stacks(services):
-    from airflow.cli import cli_parser
-
-    parser = cli_parser.get_parser()
-    for name, subcommand in AIRFLOW_SERVICES.items():
-        cmd = command(services[name])
-        assert cmd[:2] == ["airflow", subcommand], name
-        parser.parse_args(cmd[1:])
-    # AirflowStack.start: `airflow db migrate`, then the password file, then the components
-    script = command(services[ONE_SHOT])
-    assert script[:2] == ["bash", "-c"]
-    assert "set -euo pipefail" in script[2], "a failed step must fail the init"
-    assert re.search(r"^airflow db migrate$", script[2], re.M)
-    assert "SIMPLE_AUTH_MANAGER_PASSWORDS_FILE" in script[2]
+def _tested_stack(**kwargs: Any) -> AirflowStack:
+    """The tested stack with its Celery broker, on the api-server's port of compose.yaml."""
+    return AirflowStack(
+        Path("/airflow"),
+        "postgresql+psycopg2://u:p@db:5432/meta",
+        Path("/dags"),
+        port=8080,
+        celery_broker=TESTED_BROKER,
+        **kwargs,
+    )
 
 
 def _tested_stack_env() -> dict[str, str]:
     with mock.patch.dict(os.environ, {}, clear=True):
-        stack = AirflowStack(
-            Path("/airflow"), "postgresql+psycopg2://u:p@db:5432/meta", Path("/dags"), port=8080
-        )
-        return {k: v for k, v in stack.env().items() if k.startswith("AIRFLOW")}
+        env = _tested_stack().env()
+    return {k: v for k, v in env.items() if k.startswith("AIRFLOW")}
+
+
+def test_airflow_commands_are_the_tested_stacks(services):
+    from airflow.cli import cli_parser
+
+    parser = cli_parser.get_parser()
+    stack = _tested_stack(celery_workers=1)
+    differences = set()
+    for name, component in AIRFLOW_SERVICES.items():
+        cmd = command(services[name])
+        tested = stack.component_argv(component)
+        assert cmd[0] == "airflow", name
+        assert positional(cmd[1:]) == positional(tested), name
+        ours, theirs = cli_options(cmd[1:]), cli_options(tested)
+        differences |= ours.keys() ^ theirs.keys()
+        for opt in ours.keys() & theirs.keys():
+            assert ours[opt] == theirs[opt], f"{name}: {opt}"
+        parser.parse_args(cmd[1:])  # exits (fails the test) if Airflow's CLI rejects it
+    assert differences == set(COMMAND_DIFFERENCES), "see COMMAND_DIFFERENCES"
+    assert command(services[WORKER])[:3] == ["airflow", "celery", "worker"]
+
+
+def test_init_runs_what_the_tested_stack_runs_before_its_components(services):
+    from airflow_txn_provider.timetables import main as timetables_main
+
+    # AirflowStack.start: `airflow db migrate`, the runs re-dated, the password file
+    script = command(services[ONE_SHOT])
+    assert script[:2] == ["bash", "-c"]
+    assert "set -euo pipefail" in script[2], "a failed step must fail the init"
+    lines = script[2].splitlines()
+    migrate = lines.index("airflow db migrate")
+    migrate_runs = lines.index("python -m airflow_txn_provider.timetables migrate-runs")
+    assert migrate < migrate_runs, "the runs are re-dated in a migrated schema"
+    start = inspect.getsource(AirflowStack.start)
+    assert start.index('"db", "migrate"') < start.index('"airflow_txn_provider.timetables"')
+    assert '"-m", "airflow_txn_provider.timetables", "migrate-runs"' in start
+    with pytest.raises(SystemExit) as parsed:  # the module's CLI has that command
+        timetables_main(["migrate-runs", "--help"])
+    assert parsed.value.code == 0
+    assert "SIMPLE_AUTH_MANAGER_PASSWORDS_FILE" in script[2]
 
 
 def test_airflow_settings_match_the_tested_stack(services):
@@ -369,12 +481,47 @@ def test_airflow_settings_match_the_tested_stack(services):
     assert set(LEFT_TO_DEFAULTS) - {"AIRFLOW_HOME"} <= set(tested), "stale LEFT_TO_DEFAULTS"
     for key in SAME_VALUE:
         assert env[key] == tested[key], key
-    assert env["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
+    assert env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
     # the same fields in the api connection, and the same role for its user
     tested_api = json.loads(tested["AIRFLOW_CONN_AIRFLOW_API_DEFAULT"])
     assert set(tested_api) <= set(connection(services, "airflow_api_default"))
     role = tested["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"].split(":")[1]
     assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"].split(":")[1] == role
+
+
+def test_celery_broker_and_results_match_the_tested_stack(services):
+    env, tested = airflow_env(services), _tested_stack_env()
+    # the broker: AirflowStack's URL, on the redis service instead of loopback
+    broker = urlsplit(env["AIRFLOW__CELERY__BROKER_URL"])
+    tested_broker = urlsplit(tested["AIRFLOW__CELERY__BROKER_URL"])
+    assert tested_broker.hostname == urlsplit(TESTED_BROKER).hostname == "127.0.0.1"
+    assert broker.hostname == BROKER
+    assert (broker.scheme, broker.path) == (tested_broker.scheme, tested_broker.path)
+    assert broker.port == tested_broker.port == redis_port(services)
+
+    # results: in the metadata database, with the driver AirflowStack gives it
+    def results(e: dict[str, str]) -> Any:
+        backend = e["AIRFLOW__CELERY__RESULT_BACKEND"]
+        assert backend.startswith("db+"), backend
+        return make_url(backend.removeprefix("db+"))
+
+    driver = results(tested).drivername
+    assert results(tested) == make_url(tested["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"]).set(
+        drivername=driver
+    )
+    metadata = make_url(env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"])
+    assert results(env) == metadata.set(drivername=driver)
+
+
+def test_redis_is_reached_inside_the_stack_only(services):
+    redis = services[BROKER]
+    assert "ports" not in redis, "the broker has no password: never publish its port"
+    assert not {"network_mode", "networks"} & set(redis)
+    # in memory only, as compose.yaml says (and testing/redis.py runs it): no volume to keep
+    cmd = command(redis)
+    assert cmd[0] == "redis-server"
+    assert option(cmd, "--save") == "" and option(cmd, "--appendonly") == "no"
+    assert not redis.get("volumes")
 
 
 def test_metadata_database_urls(services):
@@ -404,7 +551,7 @@ def test_secrets_are_required_variables_not_values(raw):
         for key, value in (service.get("environment") or {}).items():
             if secret.search(key):
                 assert re.fullmatch(r"\$\{[A-Z0-9_]+:\?[^}]+\}", value), f"{name}: {key}={value}"
-    env = raw["services"]["airflow-scheduler"]["environment"]
+    env = raw["services"][WORKER]["environment"]
     for key in ("AIRFLOW_CONN_TXN_LOG_DEFAULT", "AIRFLOW_CONN_AIRFLOW_API_DEFAULT"):
         assert re.search(r'"password": "\$\{[A-Z0-9_]+:\?[^}]+\}"', env[key]), key
     with pytest.raises(MissingVariable):  # and Compose refuses to start without them
@@ -483,12 +630,28 @@ def test_spark_connect_driver_is_reachable_by_executors(services):
     ]
 
 
-def test_spark_workers_scale(services, raw):
-    worker = services["spark-worker"]
+@pytest.mark.parametrize(
+    ("name", "replicas", "argv"),
+    [
+        (
+            "spark-worker",
+            "${SPARK_WORKERS:-1}",
+            ["spark-class", "org.apache.spark.deploy.worker.Worker"],
+        ),
+        # as many as the tested stack runs by default
+        (
+            WORKER,
+            f"${{AIRFLOW_WORKERS:-{TESTED_WORKERS}}}",
+            ["airflow", "celery", "worker"],
+        ),
+    ],
+)
+def test_workers_scale(services, raw, name, replicas, argv):
+    worker = services[name]
     assert "ports" not in worker, "a published port would stop a second replica from starting"
     assert "hostname" not in worker and "container_name" not in worker
-    assert raw["services"]["spark-worker"]["deploy"]["replicas"] == "${SPARK_WORKERS:-1}"
-    assert command(worker)[:2] == ["spark-class", "org.apache.spark.deploy.worker.Worker"]
+    assert raw["services"][name]["deploy"]["replicas"] == replicas
+    assert command(worker)[: len(argv)] == argv
 
 
 def test_published_ports(services):
