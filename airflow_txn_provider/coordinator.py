@@ -514,6 +514,56 @@ def validate_max_pending(max_pending: int) -> int:
     return max_pending
 
 
+# -- retention ---------------------------------------------------------------------------------
+
+DEFAULT_KEEP_TXIDS = 1000
+"""Committed txids whose rows (current record and attempt history) the log keeps, by default."""
+PRUNE_BATCH = 500
+"""At most this many txids are pruned by one call: a commit never stalls on a large backlog
+(a log upgraded after a million txids catches up over a few thousand commits)."""
+PRUNE_EVERY = 16
+"""Pruning waits until this many txids are due: one DELETE per 16 commits, not one per commit."""
+
+
+def validate_keep_txids(keep_txids: int) -> int:
+    if isinstance(keep_txids, bool) or not isinstance(keep_txids, int) or keep_txids < 1:
+        raise ValueError(f"keep_txids must be an int >= 1, got {keep_txids!r}")
+    return keep_txids
+
+
+def retention_horizon(last_committed: int, keep_txids: int) -> int:
+    """The newest txid retention may prune: every txid up to it is committed and older than the
+    newest ``keep_txids`` committed ones (0: none).
+
+    What the rules read is never below it: the last committed txid (its metadata is where the next
+    txid's batch starts; ``keep_txids >= 1`` keeps it), the txids in flight (all above it) and a
+    failed txid's attempt history (failed txids are in flight). Older txids are committed for good:
+    a begin, commit or failure naming one answers from ``last_committed`` alone.
+    """
+    validate_keep_txids(keep_txids)
+    return max(0, last_committed - keep_txids)
+
+
+def prune_range(
+    last_committed: int,
+    keep_txids: int,
+    pruned_through: int,
+    *,
+    batch: int = PRUNE_BATCH,
+    every: int = 1,
+) -> range:
+    """Txids whose rows may be deleted now: those after ``pruned_through`` (pruned already) up to
+    :func:`retention_horizon`, at most ``batch`` of them, oldest first; none until at least
+    ``every`` are due. Idempotent: once pruned, ``pruned_through`` moves and they are not asked
+    for again."""
+    if batch < 1 or every < 1:
+        raise ValueError(f"batch and every must be >= 1, got {batch}, {every}")
+    horizon = retention_horizon(last_committed, keep_txids)
+    if horizon - pruned_through < every:
+        return range(0)
+    return range(pruned_through + 1, min(horizon, pruned_through + batch) + 1)
+
+
 __all__: Sequence[str] = (
     "BeginAction",
     "BeginPlan",
@@ -534,6 +584,9 @@ __all__: Sequence[str] = (
     "plan_failure",
     "plan_processed",
     "plan_recovery",
+    "prune_range",
+    "retention_horizon",
+    "validate_keep_txids",
     "validate_max_pending",
 )
 

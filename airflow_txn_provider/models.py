@@ -10,6 +10,12 @@ describe it for queries. The tables:
 * ``txn_attempt``: one row per attempt of a txid, the history a user reads to see every replay.
 * ``txn_state_registry``: which pipeline owns which state table, and how it was declared.
 * ``txn_pipeline_dag``: which Airflow DAGs run which pipeline.
+* ``txn_map_summary``: per map state, its key count and value sum, kept by each commit (the
+  Transactions page reads them instead of scanning the state).
+
+Retention (migration 0007): ``txn_pipeline.keep_txids`` of the newest committed txids keep their
+rows in ``txn_transaction`` and ``txn_attempt``; the commit deletes older ones, a bounded batch at a
+time, and adds them to the pipeline's ``pruned_*`` totals.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from sqlalchemy import (
     ForeignKeyConstraint,
     Integer,
     MetaData,
+    Numeric,
     String,
     Text,
     func,
@@ -58,11 +65,20 @@ class PipelineRow(Base):
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     declaration: Mapped[str | None] = mapped_column(Text, nullable=True)
     """Fingerprint of the declaration last registered (see ``TransactionLog.ensure_pipeline``)."""
+    keep_txids: Mapped[int] = mapped_column(Integer, default=1000, server_default="1000")
+    """Retention: how many of the newest committed txids keep their rows (see migration 0007)."""
+    pruned_txids: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    """Txids whose rows retention deleted (all committed), and their attempts, failed ones too."""
+    pruned_attempts: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    pruned_failed_attempts: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    pruned_through_txid: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    """Every txid up to this one was pruned."""
 
     __table_args__ = (
         CheckConstraint("source_kind IN ('transactional', 'opaque')", name="source_kind"),
         CheckConstraint("max_pending >= 1", name="max_pending"),
         CheckConstraint("last_committed_txid >= 0", name="last_committed_txid"),
+        CheckConstraint("keep_txids >= 1", name="keep_txids"),
     )
 
 
@@ -159,4 +175,22 @@ class StateRegistryRow(Base):
 
     __table_args__ = (
         CheckConstraint("kind IN ('non_transactional', 'transactional', 'opaque')", name="kind"),
+    )
+
+
+class MapSummaryRow(Base):
+    """A map state's key count and value sum, updated by each commit with the deltas it applied
+    (:meth:`~airflow_txn_provider.state.MapState.apply`), in the commit's transaction."""
+
+    __tablename__ = "txn_map_summary"
+
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    keys: Mapped[int] = mapped_column(BigInteger)
+    total: Mapped[Any] = mapped_column(Numeric)
+    txid: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    """The txid whose commit updated it last."""
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+    __table_args__ = (
+        ForeignKeyConstraint(["name"], ["txn_state_registry.name"], ondelete="CASCADE"),
     )

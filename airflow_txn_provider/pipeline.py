@@ -21,7 +21,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from airflow_txn_provider.coordinator import validate_max_pending
+from airflow_txn_provider.coordinator import (
+    DEFAULT_KEEP_TXIDS,
+    validate_keep_txids,
+    validate_max_pending,
+)
 from airflow_txn_provider.spark.sources import SparkSource
 from airflow_txn_provider.state import MapState
 
@@ -43,6 +47,12 @@ class TxnPipeline:
     :param lease_timeout: seconds after which a processing attempt whose process stopped renewing
         its lease (killed, out of memory, a lost worker) is failed and replayed. A live job renews
         it every ``lease_timeout / 5`` seconds, however long it runs.
+    :param keep_txids: retention: how many of the newest committed txids keep their history,
+        in the transaction log (each txid's record and attempts; older ones are deleted by the
+        commits and counted in the pipeline's pruned totals) and in Airflow (older txids' DAG
+        runs, with their task instances and XComs, are deleted through the REST API). Default
+        1000; at least ``max_pending`` is sensible, and at least the 200 txids the Transactions
+        page lists. See "Retention" in ``docs/airflow.md``.
     """
 
     name: str
@@ -58,10 +68,12 @@ class TxnPipeline:
     airflow_api_conn_id: str = "airflow_api_default"
     poll_interval: float = 1.0
     lease_timeout: float = 30.0
+    keep_txids: int = DEFAULT_KEEP_TXIDS
     spark_conf: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         validate_max_pending(self.max_pending)
+        validate_keep_txids(self.keep_txids)
         if not self.lease_timeout > 0:
             raise ValueError(f"lease_timeout must be > 0 seconds, got {self.lease_timeout!r}")
         if self.max_attempts < 1:

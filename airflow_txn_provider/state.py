@@ -294,6 +294,7 @@ class MapState:
                 pipeline=self.pipeline,
             )
         kind = StateKind(self.kind)
+        existed = conn.execute(text("SELECT to_regclass(:t)"), {"t": self._qtable}).scalar()
         if self.keys:
             key_ddl = [f"{quote_ident(c)} {t} NOT NULL" for c, t in self.keys.items()]
         else:
@@ -310,6 +311,8 @@ class MapState:
                 f"WITH (fillfactor = {int(self.fillfactor)})"
             )
         )
+        if self.keys:
+            self._create_summary(conn, fresh=existed is None)
         stage_cols = [
             # txid, attempt and job come from SET LOCAL settings: a COPY carries keys and delta.
             "txid bigint NOT NULL DEFAULT current_setting('txn.stage_txid')::bigint",
@@ -347,6 +350,49 @@ class MapState:
                         "CHECK (delta NOT IN ('NaN', 'Infinity', '-Infinity')) NOT VALID"
                     )
                 )
+
+    @property
+    def value_index(self) -> str:
+        """Index of the state table on ``(value DESC, keys…)``: the top keys in O(k)."""
+        return f"txn_top_{self.name}"
+
+    def _create_summary(self, conn: Connection, *, fresh: bool) -> None:
+        """The value index, and the summary row (keys, sum) each commit keeps (see :meth:`apply`).
+
+        A table created just now starts a summary of its own (one left by a dropped table of the
+        same name is stale); an existing one without a summary (created by an earlier version)
+        gets one on its next commit."""
+        if fresh:
+            conn.execute(text("DELETE FROM txn_map_summary WHERE name = :n"), {"n": self.name})
+        index = conn.execute(text("SELECT to_regclass(:i)"), {"i": quote_ident(self.value_index)})
+        if index.scalar() is None:  # only when missing: CREATE INDEX locks out commits
+            conn.execute(
+                text(
+                    f"CREATE INDEX IF NOT EXISTS {quote_ident(self.value_index)} ON {self._qtable} "
+                    f"(value DESC, {', '.join(self.quoted_keys)})"
+                )
+            )
+
+    def summary(self, conn: Connection) -> tuple[int, Any] | None:
+        """``(keys, sum of values)`` as the commits kept them, or ``None`` if no commit kept them
+        yet (a state created by an earlier version, not committed to since). One row read."""
+        row = conn.execute(
+            text("SELECT keys, total FROM txn_map_summary WHERE name = :n"), {"n": self.name}
+        ).one_or_none()
+        return None if row is None else (int(row.keys), row.total)
+
+    def top(self, conn: Connection, k: int) -> list[tuple[Any, ...]]:
+        """The ``k`` keys with the largest values, ``(keys…, value)``, largest first (ties by
+        key): an index scan of ``k`` rows (see :attr:`value_index`)."""
+        columns = ", ".join(self.quoted_keys)
+        rows = conn.execute(
+            text(
+                f"SELECT {columns}, value FROM {self._qtable} WHERE value IS NOT NULL "
+                f"ORDER BY value DESC, {columns} LIMIT :n"
+            ),
+            {"n": k},
+        )
+        return [tuple(r) for r in rows]
 
     def _has_column(self, conn: Connection, column: str) -> bool:
         found = conn.execute(
@@ -512,6 +558,22 @@ class MapState:
         group_by = f"GROUP BY {staged_keys}" if self.keys else "HAVING count(*) > 0"
         vt = self.value_type
         rows = '"txn:rows"'  # no key column can be named so (keys are [a-z_][a-z0-9_]*)
+        # A map's key count and value sum move by this batch's deltas, in this statement: the
+        # CTE "before" reads the batch's keys as they were (one snapshot), "upsert" as they are.
+        summary_cte, summarised = "", "true"
+        returned = "".join(f"s.{k}, " for k in self.quoted_keys)
+        before_join = f"JOIN upsert u USING ({key_list})" if self.keys else "WHERE false"
+        if self.keys:
+            summary_cte = """, summary AS (
+                UPDATE txn_map_summary SET
+                    keys = keys + (SELECT count(*) FROM upsert) - (SELECT count(*) FROM before),
+                    total = total + (SELECT coalesce(sum(value), 0) FROM upsert)
+                                  - (SELECT coalesce(sum(value), 0) FROM before),
+                    txid = :txid, updated_at = now()
+                WHERE name = :name
+                RETURNING 1
+            )"""
+            summarised = "EXISTS (SELECT 1 FROM summary)"
 
         def comb(a: str, b: str) -> str:
             return combine.format(a=a, b=b)
@@ -554,17 +616,22 @@ class MapState:
                 INSERT INTO {self._qtable} AS s ({insert_cols})
                 SELECT {insert_vals} FROM batch ORDER BY {key_list}
                 ON CONFLICT ({key_list}) DO UPDATE SET {set_clause} {guard}
-                RETURNING 1
+                RETURNING {returned}s.value
+            ), before AS (
+                -- the statement's snapshot: the written keys' values before this commit (a key
+                -- the guard skipped is in neither side)
+                SELECT s.value FROM {self._qtable} s {before_join}
             ), cleanup AS (
                 DELETE FROM {self._qstage} WHERE txid <= :txid
-            )
+            ){summary_cte}
             SELECT (SELECT count(*) FROM batch) AS keys,
                    (SELECT count(*) FROM upsert) AS written,
-                   (SELECT coalesce(sum({rows}), 0) FROM batch) AS staged
+                   (SELECT coalesce(sum({rows}), 0) FROM batch) AS staged,
+                   {summarised} AS summarised
         """
         # Aggregating and sorting a large batch in memory instead of spilling to disk (default 4MB).
         conn.execute(text("SELECT set_config('work_mem', '256MB', true)"))
-        row = conn.execute(text(sql), {"txid": txid, "attempt": attempt}).one()
+        row = conn.execute(text(sql), {"txid": txid, "attempt": attempt, "name": self.name}).one()
         if expected_rows is not None and int(row.staged) != expected_rows:
             raise StagedOutputMismatchError(
                 f"state {self.name!r}: {row.staged} staged rows found, the attempt recorded "
@@ -581,6 +648,16 @@ class MapState:
                 pipeline=self.pipeline,
                 txid=txid,
                 attempt=attempt,
+            )
+        if not row.summarised:  # no summary yet (a state of an earlier version): count once
+            conn.execute(
+                text(
+                    "INSERT INTO txn_map_summary (name, keys, total, txid) "
+                    f"SELECT :name, count(*), coalesce(sum(value), 0), :txid FROM {self._qtable} "
+                    "ON CONFLICT (name) DO UPDATE SET keys = EXCLUDED.keys, "
+                    "total = EXCLUDED.total, txid = EXCLUDED.txid, updated_at = now()"
+                ),
+                {"name": self.name, "txid": txid},
             )
         return ApplyResult(staged_rows=int(row.staged), keys=int(row.keys))
 

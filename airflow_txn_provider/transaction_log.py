@@ -11,6 +11,10 @@ Every transition is one explicit database transaction:
   result.
 * ``commit`` runs the caller's ``apply`` (the state update) on the same connection, so the state
   change and the "committed" mark are one database transaction: both happen or neither.
+* **retention**: a commit also deletes the rows of txids older than the newest ``keep_txids``
+  committed ones (a bounded batch, under the pipeline's lock it holds anyway) and adds them to the
+  pipeline's ``pruned_*`` totals (:meth:`TransactionLog.retention`). Nothing a rule reads is pruned
+  (:func:`~airflow_txn_provider.coordinator.retention_horizon`).
 * a processing attempt holds a **lease** (``renew_lease``) while its process is alive; once it runs
   out, ``expire_lease`` fails the attempt (with the cascade) so the txid replays: an attempt whose
   process died is never left in flight. Leases are judged by the database's clock, and again
@@ -30,7 +34,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from sqlalchemy import Table, create_engine, func, insert, literal, select, update
+from sqlalchemy import Table, create_engine, func, insert, literal, select, text, update
 from sqlalchemy import cast as sa_cast
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -38,6 +42,9 @@ from sqlalchemy.engine import make_url
 
 from airflow_txn_provider import __version__, schema
 from airflow_txn_provider.coordinator import (
+    DEFAULT_KEEP_TXIDS,
+    PRUNE_BATCH,
+    PRUNE_EVERY,
     BeginAction,
     BeginPlan,
     CommitAction,
@@ -59,6 +66,8 @@ from airflow_txn_provider.coordinator import (
     plan_failure,
     plan_processed,
     plan_recovery,
+    prune_range,
+    validate_keep_txids,
     validate_max_pending,
 )
 from airflow_txn_provider.exceptions import (
@@ -112,6 +121,7 @@ def declaration_fingerprint(
     max_pending: int,
     dag_id: str | None,
     states: Sequence[DeclaredState],
+    keep_txids: int = DEFAULT_KEEP_TXIDS,
 ) -> str:
     """A digest of everything registration writes, and of this library's version (a new version
     may add to the state tables' DDL): equal digests, nothing to register again."""
@@ -120,6 +130,7 @@ def declaration_fingerprint(
         "schema": schema.HEAD_REVISION,
         "source_kind": SourceKind(source_kind).value,
         "max_pending": max_pending,
+        "keep_txids": keep_txids,
         "dag_id": dag_id,
         "states": [[s.name, dict(s.definition())] for s in states],
     }
@@ -163,6 +174,20 @@ class CommitResult:
     """False when the txid had committed already (an idempotent no-op)."""
     committed_attempt: int
     details: Mapping[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class RetentionInfo:
+    """A pipeline's retention setting and what it pruned so far (every pruned txid committed)."""
+
+    pipeline: str
+    keep_txids: int
+    pruned_txids: int
+    pruned_attempts: int
+    pruned_failed_attempts: int
+    """Attempts of pruned txids that had failed (each was replayed before its txid committed)."""
+    pruned_through_txid: int
+    """Every txid up to this one was pruned (0: none)."""
 
 
 @dataclass(frozen=True)
@@ -278,19 +303,30 @@ class TransactionLog:
         source_kind: SourceKind | str,
         max_pending: int,
         dag_id: str | None = None,
+        keep_txids: int | None = None,
     ) -> None:
-        """Create the pipeline, or check an existing one (its ``max_pending`` may change).
+        """Create the pipeline, or check an existing one (its ``max_pending`` and ``keep_txids``
+        may change).
 
         :param dag_id: the Airflow DAG that runs it, recorded for the Transactions page.
+        :param keep_txids: retention: how many of the newest committed txids keep their rows
+            (``None``: leave it as it is; a new pipeline gets ``DEFAULT_KEEP_TXIDS``).
         """
         if not name or len(name) > 250:
             raise ValueError(f"pipeline name must have 1 to 250 characters, got {name!r}")
         kind = SourceKind(source_kind)
         validate_max_pending(max_pending)
+        if keep_txids is not None:
+            validate_keep_txids(keep_txids)
         with self.engine.begin() as conn:
             conn.execute(
                 pg_insert(P)
-                .values(name=name, source_kind=kind.value, max_pending=max_pending)
+                .values(
+                    name=name,
+                    source_kind=kind.value,
+                    max_pending=max_pending,
+                    keep_txids=keep_txids or DEFAULT_KEEP_TXIDS,
+                )
                 .on_conflict_do_nothing(index_elements=["name"])
             )
             row = conn.execute(select(P).where(P.c.name == name).with_for_update()).one()
@@ -316,6 +352,18 @@ class TransactionLog:
                     row.max_pending,
                     max_pending,
                 )
+            if keep_txids is not None and row.keep_txids != keep_txids:
+                conn.execute(
+                    update(P)
+                    .where(P.c.name == name)
+                    .values(keep_txids=keep_txids, updated_at=func.now())
+                )
+                log.info(
+                    "pipeline=%s keep_txids changed from %s to %s",
+                    name,
+                    row.keep_txids,
+                    keep_txids,
+                )
 
     def ensure_pipeline(
         self,
@@ -325,15 +373,20 @@ class TransactionLog:
         max_pending: int,
         dag_id: str | None = None,
         states: Sequence[DeclaredState] = (),
+        keep_txids: int = DEFAULT_KEEP_TXIDS,
     ) -> bool:
         """Register the pipeline and create its states, unless the log holds this very
         declaration already: then it is one read, with no lock and no DDL (every begin calls it,
         each no-data poll included). Returns whether it registered."""
-        declaration = declaration_fingerprint(source_kind, max_pending, dag_id, states)
+        declaration = declaration_fingerprint(source_kind, max_pending, dag_id, states, keep_txids)
         if self._declaration(name) == declaration:
             return False
         self.register_pipeline(
-            name, source_kind=source_kind, max_pending=max_pending, dag_id=dag_id
+            name,
+            source_kind=source_kind,
+            max_pending=max_pending,
+            dag_id=dag_id,
+            keep_txids=keep_txids,
         )
         for state in states:
             state.create(self.engine)
@@ -691,9 +744,13 @@ class TransactionLog:
                 view = self._view(conn, pipeline, lock=True)
                 action = plan_commit(view, txid, attempt)
                 if action is CommitAction.ALREADY_COMMITTED:
-                    committed_attempt = conn.execute(
-                        select(T.c.attempt).where(T.c.pipeline == pipeline, T.c.txid == txid)
-                    ).scalar_one()
+                    # 0 once retention pruned the txid's record: committed, attempt forgotten.
+                    committed_attempt = (
+                        conn.execute(
+                            select(T.c.attempt).where(T.c.pipeline == pipeline, T.c.txid == txid)
+                        ).scalar_one_or_none()
+                        or 0
+                    )
                     log.info(
                         "pipeline=%s txid=%s attempt=%s already committed (attempt %s): no-op",
                         pipeline,
@@ -728,11 +785,18 @@ class TransactionLog:
                 )
                 spent = {"commit": time.monotonic() - started}  # lock wait and apply
                 conn.execute(_add_timings(pipeline, txid, attempt, spent))
-                conn.execute(
+                kept = conn.execute(
                     update(P)
                     .where(P.c.name == pipeline)
                     .values(last_committed_txid=txid, updated_at=func.now())
+                    .returning(P.c.keep_txids, P.c.pruned_through_txid)
+                ).one()
+                # Retention, under the lock this commit holds: a bounded batch, now and then.
+                due = prune_range(
+                    txid, kept.keep_txids, kept.pruned_through_txid, every=PRUNE_EVERY
                 )
+                if due:
+                    self._prune_locked(conn, pipeline, due)
         except _ApplyFailed as failed:
             error = failed.__cause__
             self.fail(pipeline, txid, attempt, error=f"commit failed: {error}")
@@ -740,6 +804,84 @@ class TransactionLog:
             raise error from None
         log.info("pipeline=%s txid=%s attempt=%s committed", pipeline, txid, attempt)
         return CommitResult(pipeline, txid, attempt, True, attempt, details)
+
+    # -- retention -------------------------------------------------------------------------------
+
+    @retry_transient
+    def prune(self, pipeline: str, *, batch: int = PRUNE_BATCH) -> int:
+        """Delete the rows of up to ``batch`` txids that retention lets go (what each commit does
+        now and then, by itself); returns how many txids were pruned. Takes the pipeline's lock:
+        safe beside commits, and idempotent."""
+        with self.engine.begin() as conn:
+            row = conn.execute(
+                select(P.c.last_committed_txid, P.c.keep_txids, P.c.pruned_through_txid)
+                .where(P.c.name == pipeline)
+                .with_for_update()
+            ).one_or_none()
+            if row is None:
+                raise UnknownPipelineError("pipeline is not registered", pipeline=pipeline)
+            due = prune_range(
+                int(row.last_committed_txid),
+                int(row.keep_txids),
+                int(row.pruned_through_txid),
+                batch=batch,
+            )
+            return self._prune_locked(conn, pipeline, due) if due else 0
+
+    @staticmethod
+    def _prune_locked(conn: Connection, pipeline: str, due: range) -> int:
+        """Delete the rows of committed txids ``due`` (holding the pipeline's lock) and add them
+        to the pipeline's totals, in one statement. Only committed rows at or below the last
+        committed txid go: an in-flight txid is never touched, whatever ``due`` says."""
+        result = conn.execute(
+            text(
+                """
+                WITH doomed AS (
+                    SELECT t.txid FROM txn_transaction t JOIN txn_pipeline p ON p.name = t.pipeline
+                    WHERE t.pipeline = :p AND t.txid BETWEEN :lo AND :hi
+                      AND t.txid < p.last_committed_txid AND t.status = 'committed'
+                ), attempts AS (
+                    DELETE FROM txn_attempt a USING doomed d
+                    WHERE a.pipeline = :p AND a.txid = d.txid
+                    RETURNING a.status
+                ), txids AS (
+                    DELETE FROM txn_transaction t USING doomed d
+                    WHERE t.pipeline = :p AND t.txid = d.txid
+                    RETURNING t.txid
+                )
+                UPDATE txn_pipeline SET
+                    pruned_txids = pruned_txids + (SELECT count(*) FROM txids),
+                    pruned_attempts = pruned_attempts + (SELECT count(*) FROM attempts),
+                    pruned_failed_attempts = pruned_failed_attempts
+                        + (SELECT count(*) FROM attempts WHERE status = 'failed'),
+                    pruned_through_txid = GREATEST(pruned_through_txid, :hi)
+                WHERE name = :p
+                RETURNING (SELECT count(*) FROM txids) AS txids
+                """
+            ),
+            {"p": pipeline, "lo": due.start, "hi": due.stop - 1},
+        ).one()
+        pruned = int(result.txids)
+        log.info(
+            "pipeline=%s retention pruned %s txid(s) %s..%s", pipeline, pruned, due.start, due[-1]
+        )
+        return pruned
+
+    @retry_transient
+    def retention(self, pipeline: str) -> RetentionInfo:
+        """The pipeline's ``keep_txids`` and the totals of what retention pruned."""
+        with self.engine.connect() as conn:
+            row = conn.execute(select(P).where(P.c.name == pipeline)).one_or_none()
+        if row is None:
+            raise UnknownPipelineError("pipeline is not registered", pipeline=pipeline)
+        return RetentionInfo(
+            pipeline=pipeline,
+            keep_txids=int(row.keep_txids),
+            pruned_txids=int(row.pruned_txids),
+            pruned_attempts=int(row.pruned_attempts),
+            pruned_failed_attempts=int(row.pruned_failed_attempts),
+            pruned_through_txid=int(row.pruned_through_txid),
+        )
 
     # -- failure ---------------------------------------------------------------------------------
 
@@ -1053,6 +1195,7 @@ __all__ = [
     "AttemptInfo",
     "CommitResult",
     "Emission",
+    "RetentionInfo",
     "TransactionInfo",
     "TransactionLog",
     "engine_from_url",

@@ -1,7 +1,8 @@
 """Airflow hook: Airflow's own REST API (``/api/v2``), used to restart a txid's run.
 
 Tasks cannot touch Airflow's database (Airflow 3), so the failure sensor restarts runs the way the
-UI does: ``POST /api/v2/dags/{dag_id}/clearTaskInstances`` with a JWT from ``POST /auth/token``.
+UI does: ``POST /api/v2/dags/{dag_id}/clearTaskInstances`` with a JWT from ``POST /auth/token``;
+retention deletes the runs of old txids with ``DELETE /api/v2/dags/{dag_id}/dagRuns/{run_id}``.
 Credentials come from an Airflow connection and never appear in a log line or an error.
 """
 
@@ -132,6 +133,57 @@ class AirflowApiHook(BaseHook):
             params={"update_mask": "note"},
             json={"note": note[:1000]},
         )
+
+    def finished_runs_through(self, dag_id: str, through: datetime, *, limit: int) -> list[str]:
+        """Ids of the oldest finished (success or failed) scheduled runs of ``dag_id`` whose
+        logical date is at most ``through``, oldest first, at most ``limit``."""
+        found = self.request(
+            "GET",
+            f"/api/v2/dags/{quote(dag_id)}/dagRuns",
+            params={
+                "logical_date_lte": through.isoformat(),
+                "state": ["success", "failed"],
+                "run_type": ["scheduled"],
+                "order_by": "logical_date",
+                "limit": limit,
+            },
+        )
+        return [str(run["dag_run_id"]) for run in (found or {}).get("dag_runs", [])]
+
+    def delete_dag_run(self, dag_id: str, run_id: str) -> bool:
+        """Delete one run (Airflow deletes its task instances and XComs with it). Returns False
+        if it was gone already (404): deleting twice is harmless. A running run is refused (409,
+        raised): only finished runs are deleted."""
+        path = f"/api/v2/dags/{quote(dag_id)}/dagRuns/{quote(run_id)}"
+        for renew in (False, True):
+            response = self._send("DELETE", path, token=self._get_token(renew=renew))
+            if response.status_code != 401:
+                break
+        if response.status_code == 404:
+            return False
+        if response.status_code >= 400:
+            raise RequeueError(
+                f"DELETE {path} answered {response.status_code}: {response.text[:500]}"
+            )
+        return True
+
+    def prune_txid_runs(self, dag_id: str, through_txid: int, *, limit: int = 50) -> list[str]:
+        """Retention: delete up to ``limit`` finished runs of txids up to ``through_txid``, oldest
+        first (one list request, one delete per run); returns the run ids deleted."""
+        from airflow_txn_provider.timetables import txid_from_run_id, txid_logical_date
+
+        if through_txid < 1:
+            return []
+        deleted = []
+        for run_id in self.finished_runs_through(
+            dag_id, txid_logical_date(through_txid), limit=limit
+        ):
+            txid = txid_from_run_id(run_id)
+            if txid is None or txid > through_txid:  # not a txid run, or a newer one: kept
+                continue
+            if self.delete_dag_run(dag_id, run_id):
+                deleted.append(run_id)
+        return deleted
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
         """One API call with a bearer token (fetched once, renewed on 401); returns the JSON."""

@@ -127,6 +127,7 @@ class _TxnOperator(BaseOperator):
             max_pending=p.max_pending,
             dag_id=self.dag_id,
             states=p.states,
+            keep_txids=p.keep_txids,
         )
         emission = log.begin(
             p.name,
@@ -219,6 +220,7 @@ class TxnProcessOperator(_TxnOperator):
             raise AirflowFailException(f"{type(err).__name__}: {err}") from err
         if self.finish and result.get("status") == "processed":
             result["committed"] = commit_ready(self.txn_log(), self.pipeline, self.log)
+            prune_airflow_runs(self.pipeline, self.dag_id, result["committed"], self.log)
         return result
 
     def _process(self, context: Context, claim: dict[str, Any]) -> dict[str, Any]:
@@ -279,7 +281,8 @@ class TxnRecordProcessedOperator(_TxnOperator):
         action = record_processed(
             self.txn_log(), self.pipeline.name, claim["txid"], claim["attempt"]
         )
-        commit_ready(self.txn_log(), self.pipeline, self.log)
+        committed = commit_ready(self.txn_log(), self.pipeline, self.log)
+        prune_airflow_runs(self.pipeline, self.dag_id, committed, self.log)
         return action
 
 
@@ -337,10 +340,12 @@ class TxnCommitOperator(_TxnOperator):
             self.log.info("%s committed already", where)
             return {"applied": False, "also_committed": []}
         result = commit_registered(log, p.name, txid, attempt)
+        also = commit_ready(log, p, self.log)
+        prune_airflow_runs(p, self.dag_id, [txid, *also] if result.applied else also, self.log)
         return {
             "applied": result.applied,
             "committed_attempt": result.committed_attempt,
-            "also_committed": commit_ready(log, p, self.log),
+            "also_committed": also,
         }
 
 
@@ -364,6 +369,58 @@ def commit_ready(log: TransactionLog, pipeline: TxnPipeline, logger: Any) -> lis
         logger.info("txid %s attempt %s committed", rec.txid, rec.attempt)
         done.append(rec.txid)
     return done
+
+
+RUN_PRUNE_BATCH = 50
+"""At most this many old DAG runs are deleted by one commit task (one request each)."""
+RUN_PRUNE_TIMEOUT = 10.0
+"""Seconds the run pruning waits for the api-server: it is best effort, the commit is done."""
+
+
+def prune_airflow_runs(
+    pipeline: TxnPipeline, dag_id: str, committed: Sequence[int], logger: Any
+) -> list[str]:
+    """Retention on Airflow's side: after a task committed ``committed``, delete the finished DAG
+    runs (with their task instances and XComs) of txids older than the newest
+    ``pipeline.keep_txids`` committed ones, through the REST API, at most ``RUN_PRUNE_BATCH``.
+    Only every ``PRUNE_EVERY`` txids (one list request and a few deletes, not a request per
+    commit). Best effort: never raises (a commit must never fail for it); a failure is a warning
+    and the next prune deletes what this one left. The timetable derives the next run from the
+    newest run only, so deleting old runs never makes Airflow create them again."""
+    from airflow_txn_provider.coordinator import PRUNE_EVERY, retention_horizon
+
+    if not any(t % PRUNE_EVERY == 0 for t in committed):
+        return []
+    through = retention_horizon(max(committed), pipeline.keep_txids)
+    if through < 1:
+        return []
+    try:
+        from airflow_txn_provider.hooks.airflow_api import AirflowApiHook
+
+        hook = AirflowApiHook(
+            pipeline.airflow_api_conn_id,
+            timeout=RUN_PRUNE_TIMEOUT,
+            outage_timeout=RUN_PRUNE_TIMEOUT,
+        )
+        deleted = hook.prune_txid_runs(dag_id, through, limit=RUN_PRUNE_BATCH)
+    except Exception as err:
+        logger.warning(
+            "pipeline=%s: retention could not delete DAG runs of txids up to %s (retried at a "
+            "later commit): %s",
+            pipeline.name,
+            through,
+            err,
+        )
+        return []
+    if deleted:
+        logger.info(
+            "pipeline=%s retention deleted %d DAG run(s): %s … %s",
+            pipeline.name,
+            len(deleted),
+            deleted[0],
+            deleted[-1],
+        )
+    return deleted
 
 
 def _last_error(log: TransactionLog, pipeline: str, txid: int) -> str:

@@ -201,6 +201,31 @@ def pipeline_summary(view: PipelineView) -> dict[str, Any]:
     }
 
 
+def retention_summary(
+    keep_txids: int,
+    pruned_txids: int,
+    pruned_attempts: int,
+    pruned_failed_attempts: int,
+    pruned_through_txid: int,
+) -> dict[str, Any]:
+    """What retention keeps and what it summarised: the newest ``keep_txids`` committed txids
+    keep their record and attempts; older ones are only counted (all of them committed)."""
+    text = f"newest {keep_txids} committed kept"
+    if pruned_txids:
+        text += (
+            f" · txids 1..{pruned_through_txid} pruned: {pruned_txids} txids, "
+            f"{pruned_attempts} attempts ({pruned_failed_attempts} failed)"
+        )
+    return {
+        "keep_txids": keep_txids,
+        "pruned_txids": pruned_txids,
+        "pruned_attempts": pruned_attempts,
+        "pruned_failed_attempts": pruned_failed_attempts,
+        "pruned_through_txid": pruned_through_txid,
+        "text": text,
+    }
+
+
 def broken_pipeline(name: str, error: str) -> dict[str, Any]:
     """Index line of a pipeline whose log could not be read (e.g. a corrupt log): say why."""
     return {"name": name, "error": error}

@@ -158,24 +158,39 @@ def pipeline_payload(
         "txids": model.txid_rows(txs, now),
         "chart": model.chart_series(txs, now),
         "states": state_summaries(txn_log.engine, pipeline, summary["last_committed"]),
+        "retention": _retention(txn_log, pipeline),
         "now": model.iso(now),
     }
+
+
+def _retention(txn_log: TransactionLog, pipeline: str) -> dict[str, Any]:
+    r = txn_log.retention(pipeline)
+    return model.retention_summary(
+        r.keep_txids,
+        r.pruned_txids,
+        r.pruned_attempts,
+        r.pruned_failed_attempts,
+        r.pruned_through_txid,
+    )
 
 
 def txid_payload(
     txn_log: TransactionLog, pipeline: str, txid: int, now: datetime
 ) -> dict[str, Any]:
     """One txid: its current record and every attempt. A txid whose run exists but that has not
-    begun yet (no data, or waiting for its turn) has no record: ``current`` is ``None``."""
+    begun yet (no data, or waiting for its turn) has no record: ``current`` is ``None``; so has a
+    txid whose record retention pruned (``pruned``: committed long ago)."""
     last_committed = txn_log.last_committed(pipeline)  # UnknownPipelineError: a 404
     current = txn_log.transaction(pipeline, txid)
     attempts = txn_log.attempts(pipeline, txid) if current is not None else []
+    pruned = current is None and txid <= txn_log.retention(pipeline).pruned_through_txid
     return {
         "pipeline": pipeline,
         "txid": txid,
         "run_id": txid_run_id(txid),
         "last_committed": last_committed,
         "current": model.txid_row(current, now) if current is not None else None,
+        "pruned": pruned,
         "attempts": model.attempt_rows(attempts, now),
         "now": model.iso(now),
     }
@@ -192,9 +207,10 @@ def state_summaries(
 ) -> list[dict[str, Any]]:
     """The committed value of every state of ``pipeline``; a state that cannot be read says why.
 
-    A map state is summarised in SQL (count, sum, top keys): it may hold millions of keys, and the
-    page asks every few seconds. Only a commit changes a state, so with ``last_committed`` given
-    the summaries are computed once per commit, not once per request.
+    A map state may hold millions of keys, and the page asks every few seconds: its key count and
+    sum are those each commit keeps up to date (one row), its top keys come from an index (``k``
+    rows), so nothing scans the table. Only a commit changes a state, so with ``last_committed``
+    given the summaries are read once per commit, not once per request.
     """
     key = (engine.url.render_as_string(hide_password=True), pipeline)
     cached = _SUMMARY_CACHE.get(key)
@@ -221,21 +237,18 @@ def _read_state_summaries(engine: Engine, pipeline: str) -> list[dict[str, Any]]
 
 
 def _state_summary(conn: Any, state: MapState) -> dict[str, Any]:
+    """One state's numbers, bounded whatever its size: the key count and sum each commit keeps
+    (:meth:`MapState.summary`, one row) and the top keys by the value index (``k`` rows). A state
+    no commit summarised yet (created by an earlier version) is counted once, in SQL."""
     from airflow_txn_provider.state import GlobalState, quote_ident
 
     kind = str(state.kind)
     if isinstance(state, GlobalState):
         return model.global_state_summary(state.name, kind, state.value(conn))
-    # Quoted: a key column may be a reserved word (user, order, offset).
-    columns = ", ".join(state.quoted_keys)
-    table = quote_ident(state.table)
-    totals = conn.execute(text(f"SELECT count(*) AS n, sum(value) AS total FROM {table}"))
-    n, total = totals.one()
-    top = conn.execute(
-        text(
-            f"SELECT {columns}, value FROM {table} WHERE value IS NOT NULL "
-            f"ORDER BY value DESC, {columns} LIMIT :n"
-        ),
-        {"n": model.TOP_KEYS},
-    ).all()
+    found = state.summary(conn)
+    if found is None:
+        table = quote_ident(state.table)
+        found = conn.execute(text(f"SELECT count(*), sum(value) FROM {table}")).one()
+    n, total = found
+    top = state.top(conn, model.TOP_KEYS)
     return model.map_state_summary(state.name, kind, list(state.keys), n, total, top)

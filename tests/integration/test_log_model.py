@@ -102,16 +102,29 @@ class TxnLogMachine(RuleBasedStateMachine):
 
     # -- setup -------------------------------------------------------------------------------
 
-    @initialize(max_pending=st.integers(1, 4), opaque=st.booleans())
-    def setup(self, max_pending, opaque):
+    @initialize(
+        max_pending=st.integers(1, 4), opaque=st.booleans(), keep=st.sampled_from([1, 2, 1000])
+    )
+    def setup(self, max_pending, opaque, keep):
         self.max_pending = max_pending
         self.opaque = opaque
         self.source = ModelOpaque() if opaque else ModelTransactional()
         self.source.machine = self
         self.log.register_pipeline(
-            self.pipeline, source_kind=self.source.kind, max_pending=max_pending
+            self.pipeline, source_kind=self.source.kind, max_pending=max_pending, keep_txids=keep
         )
+        self.keep = keep
         self.ready = True
+
+    @precondition(lambda self: self.ready)
+    @rule(batch=st.integers(1, 5))
+    def prune(self, batch):
+        """Retention between any two steps: the rules must never miss what it deleted."""
+        pruned = self.log.prune(self.pipeline, batch=batch)
+        kept = {t.txid for t in self.log.transactions(self.pipeline)}
+        assert {t for t in self.txs if t >= self.last_committed and t >= 1} <= kept
+        if pruned:
+            event(f"pruned {pruned}")
 
     # -- source ------------------------------------------------------------------------------
 

@@ -107,7 +107,8 @@
       h("div", { class: "card" }, h("div", { class: "k" }, "lag"), lag),
       card("newest txid", p.newest_txid),
       card("commits / min (5 min)", data.chart.rate_per_min),
-      card(`txids by status · ${p.source_kind} source · max pending ${p.max_pending}`, counts(p.counts), "wide"));
+      card(`txids by status · ${p.source_kind} source · max pending ${p.max_pending}`, counts(p.counts), "wide"),
+      ...(data.retention ? [card("retention", data.retention.text, "wide")] : []));
     lastChart = data.chart;
     drawChart(document.getElementById("chart"), data.chart);
     renderStates(data.states);
@@ -149,7 +150,11 @@
   function renderRun(data) {
     const c = data.current;
     const current = document.getElementById("current");
-    if (c === null) {
+    if (c === null && data.pruned) {
+      current.replaceChildren(h("p", { class: "notice" },
+        `txid ${data.txid} committed; its record and attempts were pruned by retention ` +
+        `(the log keeps the newest committed txids; the last committed txid is ${data.last_committed}).`));
+    } else if (c === null) {
       current.replaceChildren(h("p", { class: "notice" },
         `txid ${data.txid} has not begun yet: its run waits for new data or for its turn ` +
         `(the last committed txid is ${data.last_committed}).`));
