@@ -9,6 +9,8 @@
 # make bench-peer : this project on Airflow vs Spark Structured Streaming foreachBatch, same data
 # make bench-read : where one batch's Spark time goes: this project's read vs plain scans
 # make bench-preload: a task process's first Spark Connect call, fresh vs forked from a warm parent
+# make bench-begin: a txid's begin in a fresh process after 10, 1 000 and 100 000 source files
+# make bench-retention: log table sizes and the page's state read over 10k txids, with/without retention
 # make chaos : the seeded chaos suite (faults caused for real; both tiers print their tables)
 
 PYTHON ?= python3
@@ -18,7 +20,7 @@ STAMP  := $(VENV)/.installed-stamp
 PYSPARK_VERSION := 4.3.0
 PYTEST_ARGS ?=
 
-.PHONY: demo demo-stop demo-core install system-deps test test-unit test-integration lint chaos chaos-fast chaos-airflow bench-core bench-spark bench-airflow bench-peer bench-read bench-preload clean
+.PHONY: demo demo-stop demo-core install system-deps test test-unit test-integration lint chaos chaos-fast chaos-airflow bench-core bench-spark bench-airflow bench-peer bench-read bench-preload bench-begin bench-retention clean
 
 install: $(STAMP)
 
@@ -92,6 +94,12 @@ bench-read: install
 
 bench-preload: install
 	$(PY) benchmarks/bench_preload.py
+
+bench-begin: install
+	$(PY) benchmarks/bench_begin.py
+
+bench-retention: install
+	$(PY) benchmarks/bench_retention.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis var

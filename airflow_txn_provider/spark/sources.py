@@ -29,6 +29,8 @@ import logging
 import operator
 import os
 import re
+import stat
+import time
 from abc import abstractmethod
 from collections.abc import Mapping
 from pathlib import Path
@@ -41,6 +43,17 @@ from airflow_txn_provider.sources import (
     Source,
     TransactionalSource,
     next_offset_ranges,
+)
+from airflow_txn_provider.spark.file_index import (
+    INDEX_MARGIN_NS,
+    DiscoveryIndex,
+    ParquetPartition,
+    ParquetPartitionIndex,
+    StaleIndexError,
+    parquet_index_folder,
+    prefetched,
+    prune_parquet_indexes,
+    take_prefetched,
 )
 
 if TYPE_CHECKING:
@@ -152,7 +165,9 @@ class PartitionedParquetSource(TransactionalSource, SparkSource):
     its metadata is ``{p: [start, end)}``, so its batch holds ``end - start`` records of ``p``; a
     batch that reads another number fails its txid
     (:class:`~airflow_txn_provider.exceptions.IncompleteBatchError`). Appends must only add
-    offsets above the existing ones: the batch of a txid is then the same on every replay. The
+    offsets above the existing ones, as new files: a file is immutable once complete (it may be
+    deleted; rewriting one in place is not supported, ``docs/sources.md``), so the batch of a
+    txid is the same on every replay. The
     partition column is the directory's value as a string, exactly (``p=01`` is ``"01"``).
 
     New offsets are found from Parquet footers (the column's max statistic), not by reading data.
@@ -162,6 +177,10 @@ class PartitionedParquetSource(TransactionalSource, SparkSource):
     :param partition_column: name of the partition column (directory ``<name>=<value>``).
     :param offset_column: name of the offset column.
     :param required_columns: columns that must not be null; a null is a malformed record.
+    :param index_dir: folder of the discovery index (per partition: its highest offset, its
+        folders as last listed, each file's offset range; so a begin in a new process lists only
+        changed folders and reads only new files' footers); ``None``: a private folder under
+        the system temp dir (:func:`default_index_dir`).
     """
 
     path: str
@@ -169,6 +188,7 @@ class PartitionedParquetSource(TransactionalSource, SparkSource):
     partition_column: str = "p"
     offset_column: str = "offset"
     required_columns: tuple[str, ...] = ()
+    index_dir: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "path", os.fspath(self.path))
@@ -180,30 +200,81 @@ class PartitionedParquetSource(TransactionalSource, SparkSource):
 
     def partitions(self) -> dict[str, Path]:
         """Partition value -> directory, for the partitions present now."""
-        root = Path(self.path)
         prefix = f"{self.partition_column}="
         try:
-            entries = list(root.iterdir())
+            with os.scandir(self.path) as it:
+                entries = [e for e in it if e.name.startswith(prefix) and e.is_dir()]
         except OSError as err:
             raise OSError(f"Parquet dataset {self.path} cannot be listed: {err}") from err
-        return {
-            unquote(d.name[len(prefix) :]): d
-            for d in entries
-            if d.name.startswith(prefix) and d.is_dir()
-        }
+        return {unquote(e.name[len(prefix) :]): Path(e.path) for e in entries}
 
     def latest_offsets(self) -> dict[str, int]:
-        """For each partition, one past its highest offset (from footer statistics; a file's are
-        read once per process, until its size or modification time changes)."""
-        return {p: _max_offset(d, self.offset_column) + 1 for p, d in self.partitions().items()}
+        """For each partition, one past its highest offset, from footer statistics.
+
+        Files are immutable once complete (new data is new files; a file may be deleted), so the
+        discovery index (``index_dir``) keeps, per partition, its highest offset and each file's
+        offset range: a partition folder unchanged since it was listed is not listed again; a
+        changed one is listed by name, and only new names are looked at (``stat``, footer). The
+        files holding the newest offsets are looked at on every call (a rewrite in place of one
+        of them is seen; of an older file, not: ``docs/sources.md``)."""
+        return self._latest(None)
+
+    def _latest(self, stamps: dict[str, tuple[int, int]] | None) -> dict[str, int]:
+        if stamps is not None:
+            root = os.stat(self.path)
+            stamps[self.path] = (root.st_ino, root.st_mtime_ns)
+        found = self._discover(self.partitions(), complete=True, stamps=stamps)
+        return {p: part.end for p, part in found.items()}
+
+    def _discover(
+        self,
+        partitions: Mapping[str, Path],
+        *,
+        complete: bool,
+        stamps: dict[str, tuple[int, int]] | None = None,
+        table: bool = False,
+    ) -> dict[str, ParquetPartition]:
+        """Each partition's discovery state, brought up to date (and saved when it changed).
+        ``complete``: ``partitions`` are all there are (the others' indexes are deleted);
+        ``stamps``: filled with every folder looked at (``(inode, mtime_ns)``); ``table``: with
+        each file's offset range loaded (the Spark side)."""
+        folder = parquet_index_folder(self.index_dir, self.path, self.offset_column)
+        found: dict[str, ParquetPartition] = {}
+        for p, directory in partitions.items():
+            index = ParquetPartitionIndex(folder, directory.name, self.path, self.offset_column)
+            part = index.load(table=table)
+            try:
+                changed = part.refresh(str(directory), self.offset_column, stamps)
+            except StaleIndexError:  # replaced by another process meanwhile: start from it
+                part = index.load(table=True)
+                changed = part.refresh(str(directory), self.offset_column, stamps)
+            if changed:
+                index.save(part)
+            found[p] = part
+        if complete:
+            prune_parquet_indexes(folder, {d.name for d in partitions.values()})
+        return found
+
+    def _prefetch_key(self) -> tuple[str, ...]:
+        return (os.path.realpath(self.path), self.partition_column, self.offset_column)
 
     def prefetch(self) -> None:
-        self.latest_offsets()  # reads new files' footers into the cache, outside the lock
+        """The begin's one pass over the dataset, outside the lock: the step under the lock
+        (:meth:`initialize_transaction`, in the same process) reuses its answer while no folder
+        it looked at has changed since (one ``stat`` per folder)."""
+        key = self._prefetch_key()
+        prefetched.pop(key, None)
+        stamps: dict[str, tuple[int, int]] = {}
+        latest = self._latest(stamps)
+        prefetched[key] = (time.monotonic(), stamps, latest)
 
     def initialize_transaction(self, txid: int, prev_metadata: Metadata | None) -> Metadata | None:
+        latest = take_prefetched(self._prefetch_key())
+        if latest is None:
+            latest = self.latest_offsets()
         return next_offset_ranges(
             prev_metadata,
-            self.latest_offsets(),
+            latest,
             max_per_partition=self.max_per_partition,
             txid=txid,
         )
@@ -294,13 +365,15 @@ class PartitionedParquetSource(TransactionalSource, SparkSource):
         check then reports what is missing)."""
         directory = f"{base}/{self.partition_column}={partition}"
         try:
-            files = [
-                str(file)
-                for file, (low, high) in _offset_ranges(Path(directory), self.offset_column)
-                if low < end and high >= start
-            ]
+            found = self._discover({partition: Path(directory)}, complete=False, table=True)
+            ranges = found[partition].ranges()
         except OSError:
             return [directory]
+        files = [
+            f"{directory}/{rel}"
+            for rel, (low, high) in sorted(ranges.items(), key=lambda item: item[0].split("/"))
+            if low < end and high >= start
+        ]
         return files or [directory]
 
     def records(self, batch: DataFrame) -> DataFrame:
@@ -350,45 +423,6 @@ class PartitionedParquetSource(TransactionalSource, SparkSource):
         return _local_path(location)
 
 
-def _max_offset(directory: Path, column: str) -> int:
-    return max((high for _, (_, high) in _offset_ranges(directory, column)), default=-1)
-
-
-def _offset_ranges(directory: Path, column: str) -> list[tuple[Path, tuple[int, int]]]:
-    """Each Parquet file under ``directory`` with its lowest and highest ``column`` value."""
-    found = []
-    for file in sorted(directory.rglob("*.parquet")):
-        if any(part.startswith((".", "_")) for part in file.relative_to(directory).parts):
-            continue  # Spark's and Hadoop's hidden files (_SUCCESS, .crc, _temporary)
-        stat = file.stat()
-        found.append((file, _file_offsets(str(file), stat.st_mtime_ns, stat.st_size, column)))
-    return found
-
-
-@functools.lru_cache(maxsize=65_536)
-def _file_offsets(file: str, mtime_ns: int, size: int, column: str) -> tuple[int, int]:
-    """The lowest and highest ``column`` value of one Parquet file (``(-1, -1)`` if it has none),
-    from its footer's statistics; cached by the file's modification time and size, so a file is
-    read again only once rewritten."""
-    import pyarrow.parquet as pq
-
-    meta = pq.ParquetFile(file).metadata
-    names = meta.schema.names
-    if column not in names:
-        raise ValueError(f"{file} has no column {column!r} (columns: {names})")
-    index = names.index(column)
-    lows, highs = [], []
-    for g in range(meta.num_row_groups):
-        stats = meta.row_group(g).column(index).statistics
-        if stats is None or not stats.has_min_max:  # no statistics: read just this column
-            values = pq.read_table(file, columns=[column]).column(0).to_pylist()
-            present = [int(v) for v in values if v is not None]
-            return (min(present), max(present)) if present else (-1, -1)
-        lows.append(int(stats.min))
-        highs.append(int(stats.max))
-    return (min(lows), max(highs)) if lows else (-1, -1)
-
-
 # -- opaque: a landing directory of numbered JSON-lines files -----------------------------------
 
 _SEQ_FILE = re.compile(r"^(\d+)\.jsonl$")
@@ -400,8 +434,10 @@ class LandingDirectorySource(OpaqueSource, SparkSource):
     """A landing folder ``<path>/<partition>/<seq>.jsonl`` of numbered JSON-lines files.
 
     Writers add files with increasing sequence numbers per partition, each written whole (write to
-    a temporary name, then rename). A txid takes at most ``max_files_per_partition`` new files of
-    every partition; its metadata is ``{partition: [first_seq, end_seq)}``.
+    a temporary name, then rename). Numbered consecutively (``0, 1, 2, …``), a begin looks up
+    the next numbers instead of listing the partition (:meth:`latest_offsets_after`). A txid
+    takes at most ``max_files_per_partition`` new files of every partition; its metadata is
+    ``{partition: [first_seq, end_seq)}``.
 
     A partition folder that is missing or unreadable right now (an unmounted share, a producer
     offline) is left out of the batch and continues later from where it stopped. Replays can
@@ -411,11 +447,15 @@ class LandingDirectorySource(OpaqueSource, SparkSource):
     :param schema: Spark DDL of a record, e.g. ``"line STRING"``. A line that is not a JSON
         object of this schema is a malformed record.
     :param max_files_per_partition: batch size cap per partition, in files.
+    :param index_dir: folder of the discovery index (the newest file of each partition whose
+        folder has not changed since it was listed); ``None``: a private folder under the
+        system temp dir (:func:`default_index_dir`).
     """
 
     path: str
     schema: str = "line STRING"
     max_files_per_partition: int = 10
+    index_dir: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "path", os.fspath(self.path))
@@ -458,12 +498,81 @@ class LandingDirectorySource(OpaqueSource, SparkSource):
         return latest
 
     def initialize_transaction(self, txid: int, prev_metadata: Metadata | None) -> Metadata | None:
+        starts = {str(p): int(r[1]) for p, r in dict(prev_metadata or {}).items()}
         return next_offset_ranges(
             prev_metadata,
-            self.latest_offsets(),
+            self.latest_offsets_after(starts),
             max_per_partition=self.max_files_per_partition,
             txid=txid,
         )
+
+    def latest_offsets_after(self, starts: Mapping[str, int]) -> dict[str, int]:
+        """:meth:`latest_offsets` as far as the next batch needs it, without listing a
+        partition that has new files: files are numbered consecutively, so from where the
+        previous batch ended (``starts``, 0 for a partition it did not name) the files
+        ``start``, ``start + 1``, … are looked up one by one, up to ``max_files_per_partition``
+        (the batch takes no more). A partition without a file at its next number (no new file,
+        a gap in the numbering, a renumbered producer, an empty folder) is listed, as
+        :meth:`latest_offsets` does, unless its folder is unchanged since an earlier listing
+        (the index says what that listing found). Missing or unreadable folders are skipped."""
+        index = DiscoveryIndex(self.index_dir, "landing", self.path)
+        entries = index.load()
+        kept: dict[str, Any] = {}
+        latest = {}
+        for entry in sorted(os.scandir(self.path), key=lambda e: e.name):
+            if entry.name.startswith((".", "_")) or not entry.is_dir():
+                continue
+            start = int(starts.get(entry.name, 0))
+            try:
+                found = self._probe(entry.path, start)
+                if found:
+                    latest[entry.name] = start + found
+                    continue
+                newest = self._newest(entry.name, entries.get(entry.name), kept)
+            except OSError as err:
+                log.warning("landing partition %s unavailable, skipped: %s", entry.path, err)
+                continue
+            if newest >= 0:
+                latest[entry.name] = newest + 1
+        if kept != entries:
+            index.save(kept)
+        return latest
+
+    def _probe(self, folder: str, start: int) -> int:
+        """How many files ``start``, ``start + 1``, … are there (at most the batch cap)."""
+        with os.scandir(folder):
+            pass  # the folder must be listable, as for a listing (the batch's read lists it)
+        count = 0
+        while count < self.max_files_per_partition:
+            try:
+                st = os.stat(os.path.join(folder, f"{start + count}.jsonl"))
+            except FileNotFoundError:
+                break
+            if not stat.S_ISREG(st.st_mode):
+                break
+            count += 1
+        return count
+
+    def _newest(self, partition: str, known: Any, kept: dict[str, Any]) -> int:
+        """The partition's highest file number (-1: none), from the index while its folder is
+        unchanged since a listing that began well after the folder's last change, else listed."""
+        folder_mtime = os.stat(os.path.join(self.path, partition)).st_mtime_ns
+        if (
+            type(known) is list
+            and len(known) == 3
+            and all(type(v) is int for v in known)
+            and known[0] == folder_mtime
+            and known[0] < known[1] - INDEX_MARGIN_NS
+        ):
+            kept[partition] = known
+            return int(known[2])
+        listed_at = time.time_ns()
+        newest = max(self.files(partition), default=-1)
+        # A folder changed just before the listing may have changed again within the same
+        # timestamp tick, unseen: such a listing is used now, never kept.
+        if folder_mtime < listed_at - INDEX_MARGIN_NS:
+            kept[partition] = [folder_mtime, listed_at, newest]
+        return newest
 
     # Spark side ---------------------------------------------------------------------------------
 

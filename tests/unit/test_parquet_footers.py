@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_txn_provider.spark import sources
+from airflow_txn_provider.spark import file_index
 from airflow_txn_provider.spark.sources import PartitionedParquetSource
 
 
@@ -29,7 +29,7 @@ def footers_read(monkeypatch):
         opened.append(os.path.basename(str(file)))
         return real(file, *args, **kwargs)
 
-    sources._file_offsets.cache_clear()
+    file_index.file_offsets.cache_clear()
     monkeypatch.setattr(pq, "ParquetFile", counting)
     return opened
 

@@ -1,0 +1,270 @@
+"""What a txid's begin costs as the source's history grows: 10, 1 000 and 100 000 files.
+
+Run with ``make bench-begin``. For ``PartitionedParquetSource`` and ``LandingDirectorySource``,
+a dataset of each history size (``--partitions`` partitions, files spread round-robin, a few
+small records each) is generated once and kept under ``--cache`` (the system temp dir by
+default). Then, for each dataset:
+
+* a first begin (the previous txid's, untimed in the table's p50/p95 but printed as "first")
+  runs in a fresh process against an empty temp dir (``TMPDIR``), so no on-disk cache exists;
+* ``--repeat`` times: ``--new-files`` files land in every partition, then a fresh Python process
+  (no in-process cache warm; ``pyarrow.parquet`` imported before the clock starts, as a task
+  process has its imports done) runs the begin path exactly as a task process does:
+  ``source.prefetch()`` then ``source.initialize_transaction(txid, prev_metadata)``, with the
+  previous txid's metadata. Its result is checked against the batch expected;
+* then the idle poll ("no new data"): once the folders are more than 2 s old (the discovery
+  index trusts only listings made well after a folder's last change), one untimed begin, then
+  ``--repeat`` timed begins in fresh processes with nothing new (each must return ``None``).
+
+Printed: p50 and p95 (nearest rank) begin seconds per history size, side by side, and the ratio
+of the largest history's p50 to the smallest's (the goal is flat: 1x), for begins that find new
+files and for idle polls ("no new data" rows). The files added by a run
+are deleted at the start of the next run, so the cached datasets keep their size.
+
+Usage: python benchmarks/bench_begin.py [--sizes 10,1000,100000] [--repeat 7] [--new-files 2]
+       [--partitions 4] [--seed 11] [--cache DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROWS_PER_FILE = 5
+SEED = 11
+
+CHILD = """
+import json, sys, time
+import pyarrow.parquet  # a task process has its imports done: only the begin is timed
+from airflow_txn_provider.spark.sources import source_from_spec
+args = json.loads(sys.argv[1])
+source = source_from_spec(args["spec"])
+started = time.perf_counter()
+source.prefetch()
+metadata = source.initialize_transaction(args["txid"], args["prev"])
+took = time.perf_counter() - started
+print(json.dumps({"seconds": took, "metadata": metadata}))
+"""
+
+
+# -- datasets ---------------------------------------------------------------------------------
+
+
+def _spread(files: int, partitions: int) -> list[int]:
+    """Files per partition, round-robin."""
+    return [files // partitions + (1 if i < files % partitions else 0) for i in range(partitions)]
+
+
+def _parquet_file(path: Path, first_offset: int, rng: random.Random) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    offsets = pa.array(range(first_offset, first_offset + ROWS_PER_FILE), pa.int64())
+    lines = pa.array([f"w{rng.randrange(1000)} w{rng.randrange(1000)}" for _ in offsets])
+    pq.write_table(pa.table({"offset": offsets, "line": lines}), path)
+
+
+def _landing_file(path: Path, rng: random.Random) -> None:
+    text = "".join(
+        json.dumps({"line": f"w{rng.randrange(1000)} w{rng.randrange(1000)}"}) + "\n"
+        for _ in range(ROWS_PER_FILE)
+    )
+    tmp = path.with_name(f".{path.name}.tmp")  # written whole, then renamed, as producers must
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def dataset(cache: Path, kind: str, files: int, partitions: int, seed: int) -> Path:
+    """The cached dataset ``kind`` with ``files`` history files (generated on first use)."""
+    root = cache / f"{kind}-{files}-p{partitions}-s{seed}"
+    if (root / "_complete.json").exists():
+        return root
+    shutil.rmtree(root, ignore_errors=True)
+    started = time.perf_counter()
+    rng = random.Random(f"{seed}/{kind}/{files}")
+    for i, count in enumerate(_spread(files, partitions)):
+        if kind == "parquet":
+            folder = root / f"p={i}"
+            folder.mkdir(parents=True)
+            for k in range(count):
+                _parquet_file(folder / f"part-{k:06d}.parquet", k * ROWS_PER_FILE, rng)
+        else:
+            folder = root / f"p{i}"
+            folder.mkdir(parents=True)
+            for k in range(count):
+                _landing_file(folder / f"{k}.jsonl", rng)
+    (root / "_complete.json").write_text(json.dumps({"files": files}))
+    took = time.perf_counter() - started
+    print(f"  generated {root} ({files} files) in {took:.1f} s", flush=True)
+    return root
+
+
+def reset(root: Path, kind: str, files: int, partitions: int) -> None:
+    """Delete the files a previous run added (the dataset is back to ``files`` files)."""
+    for i, count in enumerate(_spread(files, partitions)):
+        if kind == "parquet":
+            for extra in (root / f"p={i}").glob("new-*.parquet"):
+                extra.unlink()
+        else:
+            for extra in (root / f"p{i}").iterdir():
+                match = re.fullmatch(r"(\d+)\.jsonl", extra.name)
+                if match and int(match.group(1)) >= count:
+                    extra.unlink()
+
+
+# -- one begin in a fresh process ---------------------------------------------------------------
+
+
+def begin_in_fresh_process(spec: dict[str, Any], txid: int, prev: Any, tmpdir: str) -> Any:
+    env = dict(os.environ, TMPDIR=tmpdir)
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, json.dumps({"spec": spec, "txid": txid, "prev": prev})],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"begin failed:\n{out.stderr}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def p95(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[max(math.ceil(0.95 * len(ordered)) - 1, 0)]
+
+
+def measure(
+    cache: Path, kind: str, files: int, args: argparse.Namespace
+) -> tuple[float, list[float], list[float]]:
+    """(first begin's seconds, steady begins' seconds, idle polls' seconds) for one dataset."""
+    from airflow_txn_provider.spark.sources import LandingDirectorySource, PartitionedParquetSource
+
+    root = dataset(cache, kind, files, args.partitions, args.seed)
+    reset(root, kind, files, args.partitions)
+    counts = _spread(files, args.partitions)
+    rng = random.Random(f"{args.seed}/new/{kind}/{files}")
+    if kind == "parquet":
+        source: Any = PartitionedParquetSource(str(root), max_per_partition=1_000_000)
+        names = [f"{i}" for i in range(args.partitions)]
+        ends = {p: n * ROWS_PER_FILE for p, n in zip(names, counts, strict=True)}
+    else:
+        source = LandingDirectorySource(str(root), max_files_per_partition=10)
+        names = [f"p{i}" for i in range(args.partitions)]
+        ends = {p: n for p, n in zip(names, counts, strict=True)}
+    ends = {p: end for p, end in ends.items() if end > 0}
+    spec = source.to_spec()
+    # The previous txid ended at the end of the history: its begin warms what a begin keeps.
+    prev: Any = {p: [max(end - 1, 0), end] for p, end in ends.items()}
+    seconds: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="bench-begin-tmp-") as tmpdir:
+        first = begin_in_fresh_process(spec, 1, prev, tmpdir)  # nothing new yet
+        if first["metadata"] is not None:
+            raise AssertionError(f"{kind} {files}: first begin {first['metadata']}, not None")
+        added = 0
+        for txid in range(2, args.repeat + 2):
+            expected = {}
+            for i, p in enumerate(names):
+                end = ends.get(p, 0)
+                for _ in range(args.new_files):
+                    if kind == "parquet":
+                        name = f"new-{added:06d}.parquet"
+                        _parquet_file(root / f"p={i}" / name, end, rng)
+                        end += ROWS_PER_FILE
+                    else:
+                        _landing_file(root / p / f"{end}.jsonl", rng)
+                        end += 1
+                    added += 1
+                expected[p] = [ends.get(p, 0), end]
+            result = begin_in_fresh_process(spec, txid, prev, tmpdir)
+            if result["metadata"] != expected:
+                raise AssertionError(
+                    f"{kind} {files} txid {txid}: {result['metadata']} != {expected}"
+                )
+            seconds.append(result["seconds"])
+            prev = expected
+            ends = {p: r[1] for p, r in expected.items()}
+        time.sleep(2.2)  # the folders' last change is now old enough for a listing to be kept
+        idle: list[float] = []
+        for txid in range(args.repeat + 2, 2 * args.repeat + 3):
+            result = begin_in_fresh_process(spec, txid, prev, tmpdir)
+            if result["metadata"] is not None:
+                raise AssertionError(f"{kind} {files} idle: {result['metadata']}, not None")
+            if txid > args.repeat + 2:  # the first lists the folders once more, untimed
+                idle.append(result["seconds"])
+    reset(root, kind, files, args.partitions)
+    return first["seconds"], seconds, idle
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="10,1000,100000", help="history sizes, in files")
+    parser.add_argument("--repeat", type=int, default=7, help="timed begins per dataset")
+    parser.add_argument("--new-files", type=int, default=2, help="files landed per partition")
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=SEED)
+    parser.add_argument("--kinds", default="parquet,landing")
+    parser.add_argument(
+        "--cache",
+        type=Path,
+        default=Path(tempfile.gettempdir()) / "airflow-txn-bench-begin",
+        help="where generated datasets are kept between runs",
+    )
+    args = parser.parse_args(argv)
+    sizes = [int(s) for s in args.sizes.split(",")]
+    kinds = args.kinds.split(",")
+    print(
+        f"bench-begin: seed {args.seed}, sizes {sizes}, {args.partitions} partitions, "
+        f"{args.new_files} new files per partition per txid, {args.repeat} begins each, "
+        f"datasets in {args.cache}",
+        flush=True,
+    )
+    args.cache.mkdir(parents=True, exist_ok=True)
+    results: dict[tuple[str, int], tuple[float, list[float], list[float]]] = {}
+    for kind in kinds:
+        for files in sizes:
+            results[kind, files] = measure(args.cache, kind, files, args)
+            first, values, idle = results[kind, files]
+            print(
+                f"  {kind} {files} files: first {first * 1000:.1f} ms, "
+                f"p50 {statistics.median(values) * 1000:.1f} ms, "
+                f"idle p50 {statistics.median(idle) * 1000:.1f} ms",
+                flush=True,
+            )
+
+    labels = {"parquet": "PartitionedParquetSource", "landing": "LandingDirectorySource"}
+    header = " | ".join(f"{n} files p50 / p95" for n in sizes)
+    print(
+        f"\n| begin, ms (fresh process) | {header} | first begin at {sizes[-1]} | "
+        f"p50 {sizes[-1]}/{sizes[0]} |"
+    )
+    print("|---|" + "---|" * (len(sizes) + 2))
+    for column, suffix in ((1, ""), (2, " (no new data)")):
+        for kind in kinds:
+            cells = []
+            for files in sizes:
+                values = results[kind, files][column]
+                cells.append(f"{statistics.median(values) * 1000:.1f} / {p95(values) * 1000:.1f}")
+            small = statistics.median(results[kind, sizes[0]][column])
+            large = statistics.median(results[kind, sizes[-1]][column])
+            first = f"{results[kind, sizes[-1]][0] * 1000:.1f}" if column == 1 else "-"
+            print(
+                f"| {labels[kind]}{suffix} | {' | '.join(cells)} | {first} | {large / small:.1f}x |"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
