@@ -29,6 +29,7 @@ pipeline = TxnPipeline(
     max_attempts=int(os.environ.get("TXN_TEST_MAX_ATTEMPTS", "2")),
     poll_interval=float(os.environ.get("TXN_TEST_POLL", "0.5")),
     lease_timeout=float(os.environ.get("TXN_TEST_LEASE_TIMEOUT", "30")),
+    keep_txids=int(os.environ.get("TXN_TEST_KEEP_TXIDS", "1000")),
 )
 
 dag = build_dag(pipeline)

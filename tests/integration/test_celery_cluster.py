@@ -7,6 +7,10 @@ for both Airflow's metadata and the transaction log. Txids process on both Celer
 executors of both Spark workers; one Celery worker is SIGKILLed, with its task processes, while
 it runs a txid's job and stays down. The other worker must carry the pipeline to the end: every
 txid commits, in txid order, and the state equals word counts computed in plain Python.
+
+Retention runs too (``keep_txids`` 2): the 16th commit deletes the DAG runs of txids up to 14
+through the real REST API, the 18th prunes the log's rows of txids up to 16 (both act once 16
+txids are due: coordinator.PRUNE_EVERY).
 """
 
 from __future__ import annotations
@@ -29,14 +33,16 @@ from airflow_txn_provider.testing.airflow import (
 )
 from airflow_txn_provider.testing.redis import RedisServer
 from airflow_txn_provider.testing.spark import SparkConnectServer, StandaloneCluster
+from airflow_txn_provider.timetables import txid_run_id
 from airflow_txn_provider.transaction_log import TransactionLog
 from tests.conftest import new_database, wait_until
 from tests.spark_data import parquet_dataset, random_lines, word_counts
 
 DAGS = Path(__file__).resolve().parents[1] / "dags"
 PIPELINE = "celery_words"
-TXIDS = 12
-BATCH = 15
+TXIDS = 18
+KEEP = 2
+BATCH = 12
 SEED = 2026
 WORKERS = (CELERY_WORKER.format(1), CELERY_WORKER.format(2))
 _PID = re.compile(r"pid (\d+)\)")
@@ -66,6 +72,7 @@ def cluster(postgres, db_url, tmp_path):
             "TXN_TEST_MAX_PENDING": "4",
             "TXN_TEST_MAX_ATTEMPTS": "3",
             "TXN_TEST_LEASE_TIMEOUT": "10",
+            "TXN_TEST_KEEP_TXIDS": str(KEEP),
             **txn_log_connection_env("txn_log_default", db_url),
             "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": connect.url,
         }
@@ -125,32 +132,40 @@ def test_celery_workers_and_a_standalone_cluster_survive_a_killed_worker(cluster
     killed_at = time.monotonic()
     print(f"SIGKILLed {worker} while it processed txid {txid}")
 
-    wait_until(lambda: log.last_committed(PIPELINE) == TXIDS, 420, "every txid to commit", airflow)
-    print(f"healed: txid {TXIDS} committed {time.monotonic() - killed_at:.0f} s after the kill")
-    infos = log.transactions(PIPELINE)
-    assert [i.txid for i in infos] == list(range(1, TXIDS + 1))
-    assert all(i.status.value == "committed" for i in infos)
-    committed_at = [i.committed_at for i in infos]
-    assert committed_at == sorted(committed_at), "commits out of txid order"
-    # the killed attempt was replaced by a new one (the lease ran out), not committed
+    # the survivor processes the killed txid again (its attempt's lease ran out)
+    wait_until(lambda: log.last_committed(PIPELINE) >= txid, 300, "the killed txid", airflow)
+    print(f"txid {txid} committed {time.monotonic() - killed_at:.0f} s after the kill")
+    alive = next(w for w in WORKERS if w != worker)
     attempts = log.attempts(PIPELINE, txid)
     assert len(attempts) >= 2 and attempts[0].status.value == "failed", attempts
-    # every line counted exactly once
-    state = MapState(PIPELINE, f"{PIPELINE}_counts", "transactional", keys={"word": "text"})
-    with log.engine.connect() as conn:
-        got = {k[0]: v for k, v in state.items(conn).items()}
-    assert got == dict(word_counts(lines))
-
-    # the survivor processed the killed txid again
-    alive = next(w for w in WORKERS if w != worker)
-    from airflow_txn_provider.timetables import txid_run_id
-
     final = [
         ti["hostname"]
         for ti in api.task_instances(PIPELINE, txid_run_id(txid))
         if ti["task_id"].startswith("process")
     ]
     assert final == [alive], final
+
+    wait_until(lambda: log.last_committed(PIPELINE) == TXIDS, 420, "every txid to commit", airflow)
+    print(f"healed: txid {TXIDS} committed {time.monotonic() - killed_at:.0f} s after the kill")
+    # retention kept the newest KEEP txids' rows; the older ones are counted, not listed
+    infos = log.transactions(PIPELINE)
+    assert [i.txid for i in infos] == [17, 18], infos
+    assert all(i.status.value == "committed" for i in infos)
+    committed_at = [i.committed_at for i in infos]
+    assert committed_at == sorted(committed_at), "commits out of txid order"
+    kept = log.retention(PIPELINE)
+    assert (kept.pruned_txids, kept.pruned_through_txid) == (16, 16)
+    # every line counted exactly once
+    state = MapState(PIPELINE, f"{PIPELINE}_counts", "transactional", keys={"word": "text"})
+    with log.engine.connect() as conn:
+        got = {k[0]: v for k, v in state.items(conn).items()}
+    assert got == dict(word_counts(lines))
+
+    # ... and so did Airflow: the older txids' runs were deleted through the REST API
+    # (runs 11-14 may still have been finishing at that commit: those wait for the next prune)
+    remaining = {r["dag_run_id"] for r in api.runs(PIPELINE)}
+    assert {txid_run_id(t) for t in range(15, TXIDS + 1)} <= remaining, remaining
+    assert not {txid_run_id(t) for t in range(1, 11)} & remaining, remaining
     # Spark ran tasks on executors of both standalone workers
     app = httpx.get(f"{connect.ui_url}/api/v1/applications", timeout=10).json()[0]["id"]
     executors = httpx.get(
