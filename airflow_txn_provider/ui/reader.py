@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -200,6 +201,13 @@ def txid_payload(
 
 
 _SUMMARY_CACHE: dict[tuple[str, str], tuple[int, list[dict[str, Any]]]] = {}
+TOP_KEYS_EXACT_UP_TO = 100_000
+TOP_KEYS_REFRESH_S = 30.0
+"""A map state's top keys are a scan of its table (a value index would slow every commit): up to
+``TOP_KEYS_EXACT_UP_TO`` keys (tens of ms) they are read again after each commit, above it at most
+every ``TOP_KEYS_REFRESH_S`` seconds, however often commits come. Count and sum are exact at
+every commit."""
+_TOP_CACHE: dict[tuple[str, str], tuple[float, list[tuple[Any, ...]]]] = {}
 
 
 def state_summaries(
@@ -208,9 +216,10 @@ def state_summaries(
     """The committed value of every state of ``pipeline``; a state that cannot be read says why.
 
     A map state may hold millions of keys, and the page asks every few seconds: its key count and
-    sum are those each commit keeps up to date (one row), its top keys come from an index (``k``
-    rows), so nothing scans the table. Only a commit changes a state, so with ``last_committed``
-    given the summaries are read once per commit, not once per request.
+    sum are those each commit keeps up to date (one row), and its top keys, a scan of the table,
+    are read at most every ``TOP_KEYS_REFRESH_S`` seconds once it is large. Only a commit changes
+    a state, so with ``last_committed`` given the summaries are read once per commit, not once per
+    request.
     """
     key = (engine.url.render_as_string(hide_password=True), pipeline)
     cached = _SUMMARY_CACHE.get(key)
@@ -226,20 +235,21 @@ def _read_state_summaries(engine: Engine, pipeline: str) -> list[dict[str, Any]]
     from airflow_txn_provider.state import load_states
 
     summaries = []
+    url = engine.url.render_as_string(hide_password=True)
     for state in load_states(engine, pipeline).values():
         try:
             with engine.connect() as conn:
-                summaries.append(_state_summary(conn, state))
+                summaries.append(_state_summary(conn, state, url))
         except SQLAlchemyError as err:
             detail = str(getattr(err, "orig", None) or err).strip().splitlines()[0]
             summaries.append(model.state_error(state.name, detail))
     return summaries
 
 
-def _state_summary(conn: Any, state: MapState) -> dict[str, Any]:
-    """One state's numbers, bounded whatever its size: the key count and sum each commit keeps
-    (:meth:`MapState.summary`, one row) and the top keys by the value index (``k`` rows). A state
-    no commit summarised yet (created by an earlier version) is counted once, in SQL."""
+def _state_summary(conn: Any, state: MapState, url: str = "") -> dict[str, Any]:
+    """One state's numbers: the key count and sum each commit keeps (:meth:`MapState.summary`,
+    one row) and the top keys (see ``TOP_KEYS_EXACT_UP_TO``). A state no commit summarised
+    yet (created by an earlier version) is counted once, in SQL."""
     from airflow_txn_provider.state import GlobalState, quote_ident
 
     kind = str(state.kind)
@@ -250,5 +260,11 @@ def _state_summary(conn: Any, state: MapState) -> dict[str, Any]:
         table = quote_ident(state.table)
         found = conn.execute(text(f"SELECT count(*), sum(value) FROM {table}")).one()
     n, total = found
-    top = state.top(conn, model.TOP_KEYS)
+    key, now = (url, state.table), time.monotonic()
+    cached = _TOP_CACHE.get(key)
+    if n > TOP_KEYS_EXACT_UP_TO and cached is not None and now - cached[0] < TOP_KEYS_REFRESH_S:
+        top = cached[1]
+    else:
+        top = state.top(conn, model.TOP_KEYS)
+        _TOP_CACHE[key] = (now, top)
     return model.map_state_summary(state.name, kind, list(state.keys), n, total, top)

@@ -242,23 +242,30 @@ def test_a_state_without_a_summary_gets_one_at_its_next_commit(engine):
     assert (s["keys"], s["sum"], s["top"][0]) == (3, 17, {"key": "2", "value": 8})
 
 
-def test_the_top_keys_are_read_through_the_value_index(engine):
-    counts = MapState("idx", "idx_counts", "transactional", keys={"k": "bigint"}).create(engine)
-    with engine.begin() as conn:
-        conn.execute(
-            text(
-                f"INSERT INTO {counts.table} (k, value, txid) "
-                "SELECT g, g % 1000, 1 FROM generate_series(1, 20000) g"
-            )
-        )
-        conn.execute(text(f"ANALYZE {counts.table}"))
-        plan = "\n".join(
-            r[0]
-            for r in conn.execute(
-                text(
-                    f"EXPLAIN SELECT k, value FROM {counts.table} WHERE value IS NOT NULL "
-                    "ORDER BY value DESC, k LIMIT 10"
-                )
-            )
-        )
-    assert counts.value_index in plan and "Seq Scan" not in plan, plan
+def test_the_top_keys_of_a_large_state_are_not_scanned_at_every_commit(engine, monkeypatch):
+    """Count and sum follow every commit; the top keys of a state past TOP_KEYS_EXACT_UP_TO keys
+    (a scan of the table) are read at most every TOP_KEYS_REFRESH_S seconds."""
+    monkeypatch.setattr(reader, "TOP_KEYS_EXACT_UP_TO", 100)
+    counts = MapState("big", "big_counts", "transactional", keys={"k": "bigint"}).create(engine)
+    scans = []
+    real_top = MapState.top
+    monkeypatch.setattr(MapState, "top", lambda self, c, k: scans.append(1) or real_top(self, c, k))
+    clock = [1000.0]
+    monkeypatch.setattr(reader.time, "monotonic", lambda: clock[0])
+
+    def commit(txid, rows):
+        with engine.begin() as conn:
+            counts.stage(conn, txid, 1, rows)
+            counts.apply(conn, txid, 1)
+        return reader.state_summaries(engine, "big", txid)[0]
+
+    s = commit(1, [(k, k % 7) for k in range(500)])
+    assert (s["keys"], len(scans)) == (500, 1)
+    s = commit(2, [(1000, 50)])  # a new top key, 10 s later: count and sum follow, top keys wait
+    clock[0] += 10
+    s = commit(3, [(1001, 1)])
+    assert (s["keys"], s["sum"]) == (502, sum(k % 7 for k in range(500)) + 51)
+    assert len(scans) == 1 and s["top"][0]["value"] == 6
+    clock[0] += reader.TOP_KEYS_REFRESH_S
+    s = commit(4, [(1002, 1)])
+    assert len(scans) == 2 and s["top"][0] == {"key": "1000", "value": 50}
