@@ -11,7 +11,8 @@ grows as a real one does. At each checkpoint it prints:
 * rows and ``pg_total_relation_size`` of ``txn_transaction`` and ``txn_attempt``;
 * the median commit time of the last segment (retention runs inside the commit);
 * the state summary the page shows (key count, sum, top 10), read as the page reads it now
-  (the summary row the commits keep + the value index: ``page ms``) and as it was read before
+  (the summary row the commits keep + the top keys, a scan up to 100 000 keys and at most every
+  30 s above: ``page ms``) and as it was read before
   (``count(*)``/``sum`` over the whole table: ``scan ms``), both the median of 5 reads.
 
 Usage: python benchmarks/bench_retention.py [--txids 10000] [--points 1000 5000 10000]
