@@ -340,29 +340,20 @@ class TransactionLog:
                 conn.execute(
                     pg_insert(D).values(pipeline=name, dag_id=dag_id).on_conflict_do_nothing()
                 )
-            if row.max_pending != max_pending:
+            for setting, value in (("max_pending", max_pending), ("keep_txids", keep_txids)):
+                if value is None or getattr(row, setting) == value:
+                    continue
                 conn.execute(
                     update(P)
                     .where(P.c.name == name)
-                    .values(max_pending=max_pending, updated_at=func.now())
+                    .values({setting: value, "updated_at": func.now()})
                 )
                 log.info(
-                    "pipeline=%s max_pending changed from %s to %s",
+                    "pipeline=%s %s changed from %s to %s",
                     name,
-                    row.max_pending,
-                    max_pending,
-                )
-            if keep_txids is not None and row.keep_txids != keep_txids:
-                conn.execute(
-                    update(P)
-                    .where(P.c.name == name)
-                    .values(keep_txids=keep_txids, updated_at=func.now())
-                )
-                log.info(
-                    "pipeline=%s keep_txids changed from %s to %s",
-                    name,
-                    row.keep_txids,
-                    keep_txids,
+                    setting,
+                    getattr(row, setting),
+                    value,
                 )
 
     def ensure_pipeline(

@@ -77,6 +77,23 @@ _INDEX_VERSION = 1
 loaded_indexes: dict[str, tuple[tuple[int, int, int], dict[str, Any]]] = {}
 
 
+def write_whole(folder: str, file: str, data: bytes) -> os.stat_result:
+    """Replace ``file`` (in ``folder``, created private) by ``data`` at once: written to a
+    temporary file beside it, then ``os.replace``d, so a reader or a racing writer sees one whole
+    version or the other. Returns the new file's stat."""
+    os.makedirs(folder, mode=0o700, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, file)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return os.stat(file)
+
+
 def default_index_dir() -> str:
     """Where sources keep their discovery indexes unless told: a private folder of the user's
     under the system temp dir (``$TMPDIR`` or ``/tmp``)."""
@@ -126,17 +143,8 @@ class DiscoveryIndex:
     def save(self, entries: dict[str, Any]) -> None:
         """Replace the index (best effort: a begin never fails because of its index)."""
         try:
-            os.makedirs(self.folder, mode=0o700, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".json", dir=self.folder)
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    json.dump({"ident": self.ident, "entries": entries}, f, separators=(",", ":"))
-                os.replace(tmp, self.file)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
-            st = os.stat(self.file)
+            body = json.dumps({"ident": self.ident, "entries": entries}, separators=(",", ":"))
+            st = write_whole(self.folder, self.file, body.encode("utf-8"))
             loaded_indexes[self.file] = ((st.st_ino, st.st_size, st.st_mtime_ns), entries)
         except OSError as err:
             log.debug("discovery index %s not written: %s", self.file, err)
@@ -531,17 +539,7 @@ class ParquetPartitionIndex:
             lines = [json.dumps(head, separators=(",", ":")), *names, *spans]
             text = "\n".join(lines) + "\n"
             os.makedirs(os.path.dirname(self.folder), mode=0o700, exist_ok=True)  # private
-            os.makedirs(self.folder, mode=0o700, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".idx", dir=self.folder)
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(text.encode("utf-8", "surrogateescape"))
-                os.replace(tmp, self.file)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-                raise
-            st = os.stat(self.file)
+            st = write_whole(self.folder, self.file, text.encode("utf-8", "surrogateescape"))
             saved = part.copy()
             loaded_partitions[self.file] = ((st.st_ino, st.st_size, st.st_mtime_ns), saved)
         except (OSError, UnicodeError, StaleIndexError, CorruptIndexError) as err:
