@@ -38,6 +38,8 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from airflow_txn_provider.coordinator import DEFAULT_KEEP_TXIDS
+
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
     "uq": "uq_%(table_name)s_%(column_0_name)s",
@@ -65,7 +67,9 @@ class PipelineRow(Base):
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     declaration: Mapped[str | None] = mapped_column(Text, nullable=True)
     """Fingerprint of the declaration last registered (see ``TransactionLog.ensure_pipeline``)."""
-    keep_txids: Mapped[int] = mapped_column(Integer, default=1000, server_default="1000")
+    keep_txids: Mapped[int] = mapped_column(
+        Integer, default=DEFAULT_KEEP_TXIDS, server_default=str(DEFAULT_KEEP_TXIDS)
+    )
     """Retention: how many of the newest committed txids keep their rows (see migration 0007)."""
     pruned_txids: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     """Txids whose rows retention deleted (all committed), and their attempts, failed ones too."""

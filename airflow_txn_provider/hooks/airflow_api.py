@@ -155,16 +155,10 @@ class AirflowApiHook(BaseHook):
         if it was gone already (404): deleting twice is harmless. A running run is refused (409,
         raised): only finished runs are deleted."""
         path = f"/api/v2/dags/{quote(dag_id)}/dagRuns/{quote(run_id)}"
-        for renew in (False, True):
-            response = self._send("DELETE", path, token=self._get_token(renew=renew))
-            if response.status_code != 401:
-                break
+        response = self._authorized("DELETE", path)
         if response.status_code == 404:
             return False
-        if response.status_code >= 400:
-            raise RequeueError(
-                f"DELETE {path} answered {response.status_code}: {response.text[:500]}"
-            )
+        _raise_for_status("DELETE", path, response)
         return True
 
     def prune_txid_runs(self, dag_id: str, through_txid: int, *, limit: int = 50) -> list[str]:
@@ -187,17 +181,19 @@ class AirflowApiHook(BaseHook):
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
         """One API call with a bearer token (fetched once, renewed on 401); returns the JSON."""
+        response = self._authorized(method, path, **kwargs)
+        _raise_for_status(method, path, response)
+        return response.json() if response.content else None
+
+    # -- plumbing ----------------------------------------------------------------------------------
+
+    def _authorized(self, method: str, path: str, **kwargs: Any) -> Any:
+        """The response to one call with a bearer token, renewed once on a 401."""
         for renew in (False, True):
             response = self._send(method, path, token=self._get_token(renew=renew), **kwargs)
             if response.status_code != 401:
                 break
-        if response.status_code >= 400:
-            raise RequeueError(
-                f"{method} {path} answered {response.status_code}: {response.text[:500]}"
-            )
-        return response.json() if response.content else None
-
-    # -- plumbing ----------------------------------------------------------------------------------
+        return response
 
     def _get_token(self, *, renew: bool = False) -> str:
         if self._token is None or renew:
@@ -273,3 +269,10 @@ class AirflowApiHook(BaseHook):
         except Exception as err:  # report, don't raise: this backs the UI's "Test" button
             return False, str(err)
         return True, "Token granted"
+
+
+def _raise_for_status(method: str, path: str, response: Any) -> None:
+    if response.status_code >= 400:
+        raise RequeueError(
+            f"{method} {path} answered {response.status_code}: {response.text[:500]}"
+        )
