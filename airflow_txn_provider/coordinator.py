@@ -30,6 +30,7 @@ from airflow_txn_provider.exceptions import (
     CorruptLogError,
     NotBegunError,
     NotProcessedError,
+    LakeTableOutOfSyncError,
     OutOfOrderCommitError,
     StaleAttemptError,
 )
@@ -398,6 +399,35 @@ def plan_commit(view: PipelineView, txid: int, attempt: int) -> CommitAction:
     return CommitAction.APPLY
 
 
+class SinkAction(enum.StrEnum):
+    ADD = "add"
+    """The lake table does not hold this txid yet: add the attempt's output in one table commit."""
+    ALREADY_IN_TABLE = "already_in_table"
+    """The table holds this txid already (a commit that crashed after the table commit, before
+    the log's): complete the log's commit without adding anything twice."""
+
+
+def plan_sink_commit(
+    table_txid: int, txid: int, *, pipeline: str, attempt: int, sink: str
+) -> SinkAction:
+    """Whether the commit of ``(txid, attempt)`` adds to a lake table whose newest commit by this
+    pipeline recorded ``table_txid`` (0: none). Commits are ordered by the log, so a table ahead
+    of the txid being committed was written by something else (another log, a restored table):
+    adding would break exactly-once, so it is refused."""
+    if table_txid == txid:
+        return SinkAction.ALREADY_IN_TABLE
+    if table_txid > txid:
+        raise LakeTableOutOfSyncError(
+            f"lake sink {sink!r}: the table already holds txid {table_txid} of this pipeline, "
+            f"ahead of the txid being committed; was the table written by another transaction "
+            "log, or the log reset?",
+            pipeline=pipeline,
+            txid=txid,
+            attempt=attempt,
+        )
+    return SinkAction.ADD
+
+
 def _attempt_is_dead(rec: TxRecord, attempt: int) -> bool:
     """``attempt`` of the txid can never commit: another attempt replaced it, or it was failed."""
     return attempt != rec.attempt or rec.status is TxStatus.FAILED
@@ -570,6 +600,7 @@ __all__: Sequence[str] = (
     "CommitAction",
     "PipelineView",
     "ProcessedAction",
+    "SinkAction",
     "SourceKind",
     "TxRecord",
     "TxStatus",
@@ -584,6 +615,7 @@ __all__: Sequence[str] = (
     "plan_failure",
     "plan_processed",
     "plan_recovery",
+    "plan_sink_commit",
     "prune_range",
     "retention_horizon",
     "validate_keep_txids",

@@ -197,3 +197,21 @@ class IncompleteBatchError(SourceError):
 class OffsetsWentBackError(SourceError):
     """A source reports a partition's newest offset below where the previous batch ended (the
     partition was rewritten or renumbered). Clamping would stall, then skip records."""
+
+
+class LakeSinkError(TxnError):
+    """A lake sink (Delta Lake, Apache Iceberg) cannot stage or commit a txid's output."""
+
+
+class LakeSchemaMismatchError(LakeSinkError):
+    """The batch's columns do not match the lake table's schema (a missing, extra or retyped
+    column). Refused before the table commit, so the table never holds a mixed schema."""
+
+
+class LakeTableOutOfSyncError(LakeSinkError):
+    """The lake table holds a later txid of this pipeline than the one being committed: it was
+    written by another transaction log, or the log was reset."""
+
+
+class TxidNotReadableError(LakeSinkError):
+    """A read "as of txid N" names a txid the table never held (N below its first commit)."""

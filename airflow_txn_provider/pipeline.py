@@ -20,12 +20,14 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from airflow_txn_provider.coordinator import (
     DEFAULT_KEEP_TXIDS,
     validate_keep_txids,
     validate_max_pending,
 )
+from airflow_txn_provider.sinks.base import LakeSink
 from airflow_txn_provider.spark.sources import SparkSource
 from airflow_txn_provider.state import MapState
 
@@ -53,6 +55,10 @@ class TxnPipeline:
         runs, with their task instances and XComs, are deleted through the REST API). Default
         1000; at least ``max_pending`` is sensible, and at least the 200 txids the Transactions
         page lists. See "Retention" in ``docs/airflow.md``.
+    :param sinks: lake tables the txids commit into (:class:`~airflow_txn_provider.sinks.
+        DeltaSink`, :class:`~airflow_txn_provider.sinks.IcebergSink`), each exactly once, in
+        txid order; each commit also updates the sink's Airflow Asset (``assets``). A pipeline
+        with sinks has one processing job. See ``docs/lake.md``.
     """
 
     name: str
@@ -70,6 +76,7 @@ class TxnPipeline:
     lease_timeout: float = 30.0
     keep_txids: int = DEFAULT_KEEP_TXIDS
     spark_conf: dict[str, str] = field(default_factory=dict)
+    sinks: Sequence[LakeSink] = ()
 
     def __post_init__(self) -> None:
         validate_max_pending(self.max_pending)
@@ -98,3 +105,25 @@ class TxnPipeline:
                     f"not {self.name!r}"
                 )
         object.__setattr__(self, "states", tuple(self.states))
+        object.__setattr__(self, "sinks", tuple(self.sinks))
+        names = [s.name for s in self.states] + [s.name for s in self.sinks]
+        if len(set(names)) != len(names):
+            raise ValueError(f"state and sink names must differ (they name outputs): {names}")
+        if self.sinks:
+            if len(self.jobs) != 1:
+                raise ValueError(
+                    f"pipeline {self.name!r}: lake sinks need exactly one processing job, got "
+                    f"{len(self.jobs)}"
+                )
+            self.sinks[0].txid_dir(self.name, 1)  # refuses a name unfit for a directory
+
+    @property
+    def assets(self) -> list[Any]:
+        """One Airflow Asset per lake sink, updated by every committed txid (its extra carries
+        ``pipeline``, ``txid`` and the table ``version``)."""
+        from airflow.sdk import Asset
+
+        return [
+            Asset(name=f"txn:{self.name}:{sink.name}", uri=sink.uri, group="txn")
+            for sink in self.sinks
+        ]

@@ -41,6 +41,7 @@ from __future__ import annotations
 import csv
 import enum
 import io
+import logging
 import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -62,7 +63,10 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Connection, Engine
 
     from airflow_txn_provider.coordinator import TxRecord
+    from airflow_txn_provider.sinks.base import LakeSink
     from airflow_txn_provider.transaction_log import CommitResult, TransactionLog
+
+_log = logging.getLogger(__name__)
 
 
 class StateKind(enum.StrEnum):
@@ -864,10 +868,20 @@ def stage_states(
 
 
 def commit_states(
-    log: TransactionLog, pipeline: str, txid: int, attempt: int, states: Sequence[MapState]
+    log: TransactionLog,
+    pipeline: str,
+    txid: int,
+    attempt: int,
+    states: Sequence[MapState],
+    sinks: Sequence[LakeSink] = (),
 ) -> CommitResult:
     """Commit ``(txid, attempt)``: apply every state and mark the txid committed in ONE database
     transaction (the log's commit), checking each state's staged count against the recorded output.
+
+    Lake sinks (:mod:`airflow_txn_provider.sinks`) commit last, inside that transaction: after
+    their table commits only the log's own updates remain, and a commit retried after a crash
+    there finds its txid in the table and adds nothing twice. Their staging leftovers are
+    cleaned up once the log has committed.
     """
     for state in states:
         if state.pipeline != pipeline:
@@ -888,10 +902,28 @@ def commit_states(
                 txid=txid,
                 attempt=attempt,
             )
+    from airflow_txn_provider.sinks.base import StagedFiles
+
+    log_url = log.engine.url.render_as_string(hide_password=False)
+    tables = {sink: sink.open(log_url) for sink in sinks}
+    staged: dict[LakeSink, StagedFiles | None] = {}
 
     def apply(conn: Connection, record: TxRecord) -> dict[str, Any]:
+        from airflow_txn_provider.transaction_log import annotate_output
+
         recorded = dict(record.output or {})
-        result = {}
+        unknown = sorted(
+            k for k in recorded if k.startswith("lake:") and k not in {s.output_key for s in sinks}
+        )
+        if unknown:  # committing without them would mark the txid committed, its files lost
+            raise StateDefinitionError(
+                f"the txid staged output for lake sink(s) {unknown} that this commit was not "
+                "given (pass the pipeline's sinks)",
+                pipeline=pipeline,
+                txid=txid,
+                attempt=attempt,
+            )
+        result: dict[str, Any] = {}
         # Derived states read the committed values as they are before this txid: first.
         for state in states:
             if isinstance(state, BucketCountState):
@@ -900,9 +932,25 @@ def commit_states(
             expected = recorded.get(state.output_key)
             applied = state.apply(conn, txid, attempt, expected_rows=expected)
             result[state.name] = {"staged_rows": applied.staged_rows, "keys": applied.keys}
+        patch = {}
+        for sink in sinks:
+            files = recorded.get(sink.output_key)
+            staged[sink] = StagedFiles.from_json(files) if files else None
+            done = sink.commit(tables[sink], pipeline, txid, attempt, staged[sink])
+            result[sink.output_key] = done.to_json()
+            patch[sink.output_key] = {**(files or {}), "commit": done.to_json()}
+        if patch:
+            annotate_output(conn, pipeline, txid, attempt, patch)
         return result
 
-    return log.commit(pipeline, txid, attempt, apply)
+    result = log.commit(pipeline, txid, attempt, apply)
+    if result.applied:
+        for sink, files in staged.items():
+            try:
+                sink.cleanup(pipeline, txid, files)
+            except Exception as err:  # garbage left behind is not data lost: never fail a commit
+                _log.warning("pipeline=%s txid=%s sink=%s cleanup: %s", pipeline, txid, sink.name, err)
+    return result
 
 
 def _json(value: Any) -> str:
@@ -911,10 +959,17 @@ def _json(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
-def commit_registered(log: TransactionLog, pipeline: str, txid: int, attempt: int) -> CommitResult:
-    """Commit ``(txid, attempt)`` applying every state registered for ``pipeline``."""
+def commit_registered(
+    log: TransactionLog,
+    pipeline: str,
+    txid: int,
+    attempt: int,
+    sinks: Sequence[LakeSink] = (),
+) -> CommitResult:
+    """Commit ``(txid, attempt)`` applying every state registered for ``pipeline`` and committing
+    into its lake ``sinks``."""
     states = list(load_states(log.engine, pipeline).values())
-    return commit_states(log, pipeline, txid, attempt, states)
+    return commit_states(log, pipeline, txid, attempt, states, sinks)
 
 
 def record_processed(log: TransactionLog, pipeline: str, txid: int, attempt: int) -> str:

@@ -1143,6 +1143,24 @@ def _add_timings(pipeline: str, txid: int, attempt: int, timings: Mapping[str, f
     )
 
 
+def annotate_output(
+    conn: Connection, pipeline: str, txid: int, attempt: int, patch: Mapping[str, Any]
+) -> None:
+    """Merge ``patch`` into the recorded output of ``(txid, attempt)`` (its record and its attempt
+    row), inside the caller's transaction: e.g. the lake table version a commit produced."""
+    value = cast_jsonb(patch)
+    conn.execute(
+        update(T)
+        .where(T.c.pipeline == pipeline, T.c.txid == txid)
+        .values(output=func.coalesce(T.c.output, cast_jsonb({})).op("||")(value))
+    )
+    conn.execute(
+        update(A)
+        .where(A.c.pipeline == pipeline, A.c.txid == txid, A.c.attempt == attempt)
+        .values(output=func.coalesce(A.c.output, cast_jsonb({})).op("||")(value))
+    )
+
+
 def cast_jsonb(value: Mapping[str, Any]) -> Any:
     return sa_cast(literal(json.dumps(value)), JSONB)
 

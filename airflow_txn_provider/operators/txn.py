@@ -230,7 +230,9 @@ class TxnProcessOperator(_TxnOperator):
         from airflow_txn_provider.testing.failure_injection import maybe_inject_failure
 
         p = self.pipeline
-        job = BatchJob(p.name, claim["txid"], claim["attempt"], p.source, finish=self.finish)
+        job = BatchJob(
+            p.name, claim["txid"], claim["attempt"], p.source, finish=self.finish, sinks=p.sinks
+        )
         hook = TxnLogHook(txn_log_conn_id=p.txn_log_conn_id)
         log = hook.get_log()
         ti = context["ti"]
@@ -303,6 +305,9 @@ class TxnCommitOperator(_TxnOperator):
     def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("trigger_rule", "none_skipped")
         super().__init__(**kwargs)
+        if self.pipeline.sinks and not self.outlets:
+            # An Asset event per committed txid: downstream DAGs schedule on committed data only.
+            self.outlets = self.pipeline.assets
 
     def execute(self, context: Context) -> dict[str, Any]:
         return self._commit_or_wait(context)
@@ -338,15 +343,33 @@ class TxnCommitOperator(_TxnOperator):
             )
         if gate is GateState.COMMITTED:
             self.log.info("%s committed already", where)
+            self._announce(context, log, txid)
             return {"applied": False, "also_committed": []}
-        result = commit_registered(log, p.name, txid, attempt)
+        result = commit_registered(log, p.name, txid, attempt, p.sinks)
         also = commit_ready(log, p, self.log)
         prune_airflow_runs(p, self.dag_id, [txid, *also] if result.applied else also, self.log)
+        self._announce(context, log, txid)
         return {
             "applied": result.applied,
             "committed_attempt": result.committed_attempt,
             "also_committed": also,
         }
+
+
+    def _announce(self, context: Context, log: TransactionLog, txid: int) -> None:
+        """The extra of the Asset event this task's success emits: which txid, which version."""
+        if not self.pipeline.sinks:
+            return
+        info = log.transaction(self.pipeline.name, txid)
+        output = (info.output if info is not None else None) or {}
+        for sink, asset in zip(self.pipeline.sinks, self.pipeline.assets):
+            commit = (output.get(sink.output_key) or {}).get("commit") or {}
+            context["outlet_events"][asset].extra = {
+                "pipeline": self.pipeline.name,
+                "txid": txid,
+                "version": commit.get("version"),
+                "rows": commit.get("rows", 0),
+            }
 
 
 def commit_ready(log: TransactionLog, pipeline: TxnPipeline, logger: Any) -> list[int]:
@@ -362,7 +385,7 @@ def commit_ready(log: TransactionLog, pipeline: TxnPipeline, logger: Any) -> lis
             rec = committable(log.view(pipeline.name))
             if rec is None:
                 break
-            commit_registered(log, pipeline.name, rec.txid, rec.attempt)
+            commit_registered(log, pipeline.name, rec.txid, rec.attempt, pipeline.sinks)
         except Exception as err:  # its own run commits it (or reports why it cannot)
             logger.warning("committing what is ready stopped: %s", err)
             break

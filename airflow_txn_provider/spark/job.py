@@ -40,6 +40,7 @@ from airflow_txn_provider.exceptions import (
     StateDefinitionError,
     TxnError,
 )
+from airflow_txn_provider.sinks.base import LakeSink, StagedFiles, sink_from_spec
 from airflow_txn_provider.spark.sources import LOCATION, RECORD, SparkSource, source_from_spec
 from airflow_txn_provider.state import MapState, load_states
 from airflow_txn_provider.transaction_log import TransactionLog
@@ -69,6 +70,8 @@ class BatchJob:
     :param finish: record the processed output when staging is done (the default). ``False`` when
         several jobs process parts of one txid; the last step then calls
         :func:`airflow_txn_provider.state.record_processed`.
+    :param sinks: the pipeline's lake sinks (:mod:`airflow_txn_provider.sinks`): outputs that
+        Spark's executors write as Parquet files, recorded with the attempt's output.
     """
 
     pipeline: str
@@ -76,12 +79,14 @@ class BatchJob:
     attempt: int
     source: SparkSource
     finish: bool = True
+    sinks: tuple[LakeSink, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.pipeline:
             raise ValueError("pipeline must not be empty")
         if self.txid < 1 or self.attempt < 1:
             raise ValueError(f"txid and attempt must be >= 1, got {self.txid}, {self.attempt}")
+        object.__setattr__(self, "sinks", tuple(self.sinks))
 
     @property
     def app_name(self) -> str:
@@ -98,6 +103,8 @@ class BatchJob:
             "--source",
             json.dumps(self.source.to_spec(), sort_keys=True),
         ]
+        if self.sinks:
+            args += ["--sinks", json.dumps([s.to_spec() for s in self.sinks], sort_keys=True)]
         return args if self.finish else [*args, "--no-finish"]
 
     @classmethod
@@ -113,10 +120,12 @@ class BatchJob:
         parser.add_argument("--attempt", required=True, type=int)
         parser.add_argument("--source", required=True, help="JSON from SparkSource.to_spec()")
         parser.add_argument("--no-finish", dest="finish", action="store_false")
+        parser.add_argument("--sinks", default="[]", help="JSON list of LakeSink.to_spec()")
         ns = parser.parse_args(list(argv))
         try:
             source = source_from_spec(ns.source)
-            return cls(ns.pipeline, ns.txid, ns.attempt, source, ns.finish)
+            sinks = tuple(sink_from_spec(spec) for spec in json.loads(ns.sinks))
+            return cls(ns.pipeline, ns.txid, ns.attempt, source, ns.finish, sinks)
         except (ValueError, TypeError) as err:
             parser.error(str(err))
             raise  # unreachable: parser.error exits
@@ -169,7 +178,7 @@ def process_batch(
         spent["start"] = max(0.0, time.time() - info.begun_at.timestamp() - sum(spent.values()))
     computing = time.monotonic()
     try:
-        tables = _compute(spark, txlog, job, info.metadata, transform)
+        tables, staged = _compute(spark, txlog, job, info.metadata, transform)
     except TxnError as err:
         txlog.fail(job.pipeline, job.txid, job.attempt, error=str(err))
         raise
@@ -188,18 +197,23 @@ def process_batch(
     # Several jobs of one txid may stage into the same state: each replaces only its own rows.
     name = job_name(transform)
 
-    def stage(conn: Any) -> dict[str, int]:
+    def stage(conn: Any) -> dict[str, Any]:
         staging = time.monotonic()
         for state, table in tables.items():
             counts[state.output_key] = state.stage_arrow(
                 conn, job.txid, job.attempt, table, job=name
             )
+        output: dict[str, Any] = dict(counts)
+        for sink, files in staged.items():  # written by the executors already: listed here
+            counts[sink.output_key] = files.rows
+            output[sink.output_key] = files.to_json()
         if job.finish:  # every state gets a count, zero included: the commit checks each one
             for state in load_states(conn, job.pipeline).values():
                 if state.derived_from is None:
                     counts.setdefault(state.output_key, 0)
+                    output.setdefault(state.output_key, 0)
         spent["staging"] = time.monotonic() - staging
-        return dict(counts)
+        return output
 
     if job.finish:
         action = txlog.stage_output(job.pipeline, job.txid, job.attempt, stage, timings=spent)
@@ -232,8 +246,9 @@ def _compute(
     job: BatchJob,
     metadata: Any,
     transform: Transform,
-) -> dict[MapState, pa.Table]:
-    """Run the Spark side: read, check, transform, collect. Takes no lock in Postgres."""
+) -> tuple[dict[MapState, pa.Table], dict[LakeSink, StagedFiles]]:
+    """Run the Spark side: read, check, transform, collect the states' partial results, and
+    write the lake sinks' output from the executors. Takes no lock in Postgres."""
     states = load_states(txlog.engine, job.pipeline)
     batch = job.source.read_batch(spark, metadata)
     malformed = job.source.malformed_records(batch)
@@ -252,8 +267,23 @@ def _compute(
     if observation is None:
         _refuse_mismatch(job, job.source.batch_mismatch(batch, metadata))
     results = transform(job.source.records(observed))
-    by_state = _results_by_state(results, states, job)
+    by_state, by_sink = _results_by_output(results, states, job)
     tables = {state: frame.toArrow() for state, frame in by_state.items()}
+    staged = {}
+    if by_sink:
+        from airflow_txn_provider.sinks.staging import stage_frame
+
+        log_url = txlog.engine.url.render_as_string(hide_password=False)
+        for sink, frame in by_sink.items():
+            staged[sink] = stage_frame(
+                spark,
+                frame,
+                sink,
+                pipeline=job.pipeline,
+                txid=job.txid,
+                attempt=job.attempt,
+                log_url=log_url,
+            )
     if observation is not None:
         from pyspark.errors import PySparkAssertionError
 
@@ -265,7 +295,7 @@ def _compute(
             _refuse_mismatch(job, job.source.counts_mismatch(counts, metadata))
         else:  # the transform never read the batch it was given: count in a pass of their own
             _refuse_mismatch(job, job.source.batch_mismatch(batch, metadata))
-    return tables
+    return tables, staged
 
 
 def _observe_counts(
@@ -295,31 +325,43 @@ def _refuse_mismatch(job: BatchJob, mismatch: str | None) -> None:
         )
 
 
-def _results_by_state(
+def _results_by_output(
     results: Any, all_states: Mapping[str, MapState], job: BatchJob
-) -> dict[MapState, DataFrame]:
+) -> tuple[dict[MapState, DataFrame], dict[LakeSink, DataFrame]]:
+    """The transform's DataFrames by the state or lake sink they are for."""
     # Derived states (bucket counts) are computed at commit time: a job never stages them.
-    states = {name: s for name, s in all_states.items() if s.derived_from is None}
+    outputs: dict[str, MapState | LakeSink] = {
+        name: s for name, s in all_states.items() if s.derived_from is None
+    }
+    outputs.update({sink.name: sink for sink in job.sinks})
     if not isinstance(results, Mapping):
-        if len(states) != 1:
+        if len(outputs) != 1:
             raise StateDefinitionError(
-                f"the transform returned one DataFrame but pipeline has states {sorted(states)}: "
-                "return {state name: DataFrame}",
+                f"the transform returned one DataFrame but pipeline has outputs {sorted(outputs)}: "
+                "return {output name: DataFrame}",
                 pipeline=job.pipeline,
                 txid=job.txid,
                 attempt=job.attempt,
             )
-        return {next(iter(states.values())): results}
-    unknown = sorted(set(results) - set(states))
+        results = {next(iter(outputs)): results}
+    unknown = sorted(set(results) - set(outputs))
     if unknown:
         raise StateDefinitionError(
-            f"the transform returned results for unknown state(s) {unknown}; pipeline has "
-            f"{sorted(states)}",
+            f"the transform returned results for unknown output(s) {unknown}; pipeline has "
+            f"{sorted(outputs)}",
             pipeline=job.pipeline,
             txid=job.txid,
             attempt=job.attempt,
         )
-    return {states[name]: frame for name, frame in results.items()}
+    by_state: dict[MapState, DataFrame] = {}
+    by_sink: dict[LakeSink, DataFrame] = {}
+    for name, frame in results.items():
+        target = outputs[name]
+        if isinstance(target, LakeSink):
+            by_sink[target] = frame
+        else:
+            by_state[target] = frame
+    return by_state, by_sink
 
 
 def _first_line(err: BaseException) -> str:

@@ -1,0 +1,449 @@
+"""What every lake sink shares: the declaration, the staged files of an attempt, the schema check,
+the ordered exactly-once commit, reads "as of txid N", and cleanup.
+
+The protocol, for one txid (docs/lake.md has the picture):
+
+1. **Stage** (the processing job, :mod:`airflow_txn_provider.sinks.staging`): Spark's executors
+   write the attempt's output as Parquet into its own directory,
+   ``<staging root>/<pipeline>/<txid>/a<attempt>-<run>/``; the job lists the files it wrote (names,
+   sizes, row counts from the footers) and records that list with the attempt's output in the
+   log, fenced by the attempt like every staged output.
+2. **Commit** (:meth:`LakeSink.commit`, the last step of the log's commit, under its pipeline
+   lock): the table's own record says which txid of this pipeline it holds. The coordinator's
+   :func:`~airflow_txn_provider.coordinator.plan_sink_commit` decides: add exactly the recorded
+   files (or merge them by key) in ONE table commit that records ``(pipeline, txid)`` (a Delta app
+   transaction, an Iceberg snapshot property), or, if the table holds the txid already (a commit
+   that crashed between the table commit and the log's), add nothing and let the log complete.
+3. **Clean up** (:meth:`LakeSink.cleanup`, after the log's commit): every other directory of
+   the txid (failed attempts, duplicate runs, merged-away files) is deleted.
+
+Nothing here imports Spark; a sink's table library (``deltalake``, ``pyiceberg``) is imported
+only when a table is opened.
+"""
+
+from __future__ import annotations
+
+import abc
+import json
+import logging
+import posixpath
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from airflow_txn_provider.coordinator import SinkAction, plan_sink_commit
+from airflow_txn_provider.exceptions import LakeSchemaMismatchError, LakeSinkError
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    import pyarrow.fs as pafs
+
+log = logging.getLogger(__name__)
+
+MODES = ("append", "merge")
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
+_PIPELINE_DIR = re.compile(r"^[A-Za-z0-9_.\-]{1,200}$")
+
+
+@dataclass(frozen=True)
+class StagedFiles:
+    """What one attempt staged for one sink, as recorded with its output in the log.
+
+    :param directory: the attempt's own directory (a path or URI).
+    :param files: ``(file name within directory, size in bytes, rows)`` of each Parquet file.
+    :param schema: the files' columns, as Arrow's schema serialised (for the commit's check).
+    """
+
+    directory: str
+    files: tuple[tuple[str, int, int], ...]
+    schema: str = ""
+
+    @property
+    def rows(self) -> int:
+        return sum(rows for _, _, rows in self.files)
+
+    def paths(self) -> list[str]:
+        return [posixpath.join(self.directory, name) for name, _, _ in self.files]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "directory": self.directory,
+            "files": [list(f) for f in self.files],
+            "rows": self.rows,
+            "schema": self.schema,
+        }
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> StagedFiles:
+        return cls(
+            str(value["directory"]),
+            tuple((str(n), int(s), int(r)) for n, s, r in value["files"]),
+            str(value.get("schema", "")),
+        )
+
+    def arrow_schema(self) -> pa.Schema | None:
+        if not self.schema:
+            return None
+        import pyarrow as pa
+
+        return pa.ipc.read_schema(pa.py_buffer(bytes.fromhex(self.schema)))
+
+
+def schema_to_hex(schema: pa.Schema) -> str:
+    return bytes(schema.remove_metadata().serialize()).hex()
+
+
+@dataclass(frozen=True)
+class SinkCommit:
+    """What :meth:`LakeSink.commit` did for one txid: ``action`` (``add``, ``already_in_table``,
+    or ``empty``: no rows, no table commit), the table ``version`` that holds the txid (Delta's
+    version, Iceberg's snapshot id; ``None`` when empty) and the rows added."""
+
+    sink: str
+    action: str
+    version: int | None
+    rows: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"action": self.action, "version": self.version, "rows": self.rows}
+
+
+@dataclass(frozen=True)
+class LakeSink(abc.ABC):
+    """A lake table a pipeline's txids commit into, in txid order, each exactly once.
+
+    :param name: the output's name: the key the transform returns its DataFrame under (or the
+        pipeline's only output), and part of the staged output's key in the log (``lake:<name>``).
+    :param mode: ``append`` (each txid's rows are added) or ``merge`` (each txid's rows replace
+        the table's rows with the same ``keys`` and insert the rest; a batch must hold one row
+        per key).
+    :param keys: the merge keys (``merge`` mode only).
+    :param txid_column: if set, a column of that name holding the txid is added to every row,
+        so readers can tell which transaction wrote a row.
+    """
+
+    kind: ClassVar[str] = ""
+
+    name: str
+    mode: str = "append"
+    keys: Sequence[str] = ()
+    txid_column: str | None = None
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise ValueError(f"sink name must be an identifier of at most 63 chars, got {self.name!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"sink {self.name!r}: mode must be one of {MODES}, got {self.mode!r}")
+        object.__setattr__(self, "keys", tuple(self.keys))
+        if self.mode == "merge" and not self.keys:
+            raise ValueError(f"sink {self.name!r}: merge mode needs the key columns (keys=...)")
+        if self.mode == "append" and self.keys:
+            raise ValueError(f"sink {self.name!r}: keys apply to merge mode only")
+        if self.txid_column is not None and not _NAME.match(self.txid_column):
+            raise ValueError(f"sink {self.name!r}: bad txid_column {self.txid_column!r}")
+
+    # -- names -------------------------------------------------------------------------------
+
+    @property
+    def output_key(self) -> str:
+        """Key of this sink's :class:`StagedFiles` in a txid's recorded output."""
+        return f"lake:{self.name}"
+
+    @property
+    @abc.abstractmethod
+    def staging_root(self) -> str:
+        """Where attempts stage their files (under the table's own location, so a format's
+        cleanup of unreferenced files, Delta's VACUUM or Iceberg's orphan removal, is a
+        backstop for ours)."""
+
+    @property
+    @abc.abstractmethod
+    def uri(self) -> str:
+        """The table's URI: names the Airflow Asset its commits update."""
+
+    def stage_dir(self, pipeline: str, txid: int, attempt: int, run: str) -> str:
+        """The directory of one run of ``(txid, attempt)``: a retried task writes a new one, so
+        a late duplicate can never overwrite files another run recorded."""
+        return posixpath.join(self.txid_dir(pipeline, txid), f"a{attempt}-{run}")
+
+    def txid_dir(self, pipeline: str, txid: int) -> str:
+        if not _PIPELINE_DIR.match(pipeline):
+            raise ValueError(
+                f"pipeline {pipeline!r}: a lake sink needs a pipeline name of letters, digits, "
+                "'_', '.' and '-' (it names the staging directory)"
+            )
+        return posixpath.join(self.staging_root, pipeline, f"{txid:020d}")
+
+    def to_spec(self) -> dict[str, Any]:
+        spec = {"kind": self.kind, "name": self.name, "mode": self.mode, "keys": list(self.keys)}
+        return {**spec, "txid_column": self.txid_column, **self._spec()}
+
+    @abc.abstractmethod
+    def _spec(self) -> dict[str, Any]: ...
+
+    # -- the table ---------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def open(self, log_url: str | None = None) -> LakeTable:
+        """A handle on the table (``log_url``: the transaction log's, for a catalog kept in it)."""
+
+    # -- the protocol ------------------------------------------------------------------------
+
+    def commit(
+        self,
+        table: LakeTable,
+        pipeline: str,
+        txid: int,
+        attempt: int,
+        staged: StagedFiles | None,
+    ) -> SinkCommit:
+        """Add ``staged`` to the table in one commit recording ``(pipeline, txid)``, unless the
+        table holds that txid already. Raises :class:`LakeSchemaMismatchError` (nothing added)
+        when the files' columns differ from the table's."""
+        action = plan_sink_commit(
+            table.committed_txid(pipeline), txid, pipeline=pipeline, attempt=attempt, sink=self.name
+        )
+        if action is SinkAction.ALREADY_IN_TABLE:
+            version = table.version_of(pipeline, txid)
+            log.info(
+                "pipeline=%s txid=%s attempt=%s sink=%s: the table holds this txid already "
+                "(version %s): nothing added twice",
+                pipeline,
+                txid,
+                attempt,
+                self.name,
+                version,
+            )
+            return SinkCommit(self.name, action.value, version)
+        if staged is None or staged.rows == 0:
+            return SinkCommit(self.name, "empty", None)
+        schema = staged.arrow_schema()
+        if schema is None:
+            schema = _footer_schema(staged.paths()[0])
+        current = table.schema()
+        if current is not None:
+            check_schema(current, schema, sink=self.name, pipeline=pipeline, txid=txid, attempt=attempt)
+        files = [(p, size, rows) for p, (_, size, rows) in zip(staged.paths(), staged.files) if rows]
+        version = table.add(
+            files,
+            schema,
+            pipeline=pipeline,
+            txid=txid,
+            attempt=attempt,
+            merge_keys=self.keys if self.mode == "merge" else (),
+        )
+        log.info(
+            "pipeline=%s txid=%s attempt=%s sink=%s: %s %s rows in %s files, table version %s",
+            pipeline,
+            txid,
+            attempt,
+            self.name,
+            "merged" if self.mode == "merge" else "added",
+            staged.rows,
+            len(files),
+            version,
+        )
+        return SinkCommit(self.name, action.value, version, staged.rows)
+
+    def cleanup(self, pipeline: str, txid: int, committed: StagedFiles | None) -> int:
+        """Delete the txid's staging directories that the table does not reference: every one in
+        merge mode (the merge rewrote the rows), all but the committed one in append mode.
+        Best effort (a leftover is garbage, never data); returns how many were deleted."""
+        keep = committed.directory if committed is not None and self.mode == "append" else None
+        fs, root = _filesystem(self.txid_dir(pipeline, txid))
+        import pyarrow.fs as pafs
+
+        try:
+            infos = fs.get_file_info(pafs.FileSelector(root, allow_not_found=True))
+        except OSError as err:
+            log.warning("sink=%s: could not list %s for cleanup: %s", self.name, root, err)
+            return 0
+        removed = 0
+        for info in infos:
+            if info.type != pafs.FileType.Directory or posixpath.basename(info.path) == (
+                posixpath.basename(keep) if keep else None
+            ):
+                continue
+            try:
+                fs.delete_dir(info.path)
+                removed += 1
+            except OSError as err:
+                log.warning("sink=%s: could not delete %s: %s", self.name, info.path, err)
+        return removed
+
+    def read_as_of(self, pipeline: str, txid: int, *, log_url: str | None = None) -> pa.Table:
+        """The table as it was when ``txid`` of ``pipeline`` committed (the newest table version
+        holding a txid <= ``txid``). Raises :class:`~airflow_txn_provider.exceptions.
+        TxidNotReadableError` when no version does."""
+        table = self.open(log_url)
+        return table.read(table.version_as_of(pipeline, txid))
+
+
+class LakeTable(abc.ABC):
+    """One open lake table: the few operations the protocol needs of a format."""
+
+    @abc.abstractmethod
+    def committed_txid(self, pipeline: str) -> int:
+        """The newest txid of ``pipeline`` the table holds (0: none, or no table yet)."""
+
+    @abc.abstractmethod
+    def schema(self) -> pa.Schema | None:
+        """The table's columns (``None``: the table does not exist yet)."""
+
+    @abc.abstractmethod
+    def add(
+        self,
+        files: Sequence[tuple[str, int, int]],
+        schema: pa.Schema,
+        *,
+        pipeline: str,
+        txid: int,
+        attempt: int,
+        merge_keys: Sequence[str],
+    ) -> int:
+        """Add (or merge by ``merge_keys``) ``files`` in ONE table commit that records
+        ``(pipeline, txid)``, creating the table with ``schema`` if missing; return the version."""
+
+    @abc.abstractmethod
+    def versions(self, pipeline: str) -> list[tuple[int, int]]:
+        """``(txid, version)`` of every table commit made by ``pipeline``, oldest first."""
+
+    @abc.abstractmethod
+    def read(self, version: int) -> pa.Table:
+        """The table's rows at ``version``."""
+
+    def version_of(self, pipeline: str, txid: int) -> int | None:
+        return next((v for t, v in reversed(self.versions(pipeline)) if t == txid), None)
+
+    def version_as_of(self, pipeline: str, txid: int) -> int:
+        from airflow_txn_provider.exceptions import TxidNotReadableError
+
+        found = [v for t, v in self.versions(pipeline) if t <= txid]
+        if not found:
+            raise TxidNotReadableError(
+                f"the table holds no commit of txid <= {txid} by this pipeline",
+                pipeline=pipeline,
+                txid=txid,
+            )
+        return found[-1]
+
+
+# -- schema --------------------------------------------------------------------------------------
+
+
+def _canonical(t: pa.DataType) -> str:
+    """A column type as both formats and Spark agree on it (string flavours are one type)."""
+    import pyarrow as pa
+
+    if pa.types.is_dictionary(t):
+        return _canonical(t.value_type)
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
+        return "string"
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
+        return "binary"
+    if pa.types.is_timestamp(t):
+        return "timestamp with time zone" if t.tz else "timestamp"
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t):
+        return f"list<{_canonical(t.value_type)}>"
+    if pa.types.is_struct(t):
+        inner = ", ".join(f"{t.field(i).name}: {_canonical(t.field(i).type)}" for i in range(t.num_fields))
+        return f"struct<{inner}>"
+    if pa.types.is_map(t):
+        return f"map<{_canonical(t.key_type)}, {_canonical(t.item_type)}>"
+    return str(t)
+
+
+def schema_problems(table: pa.Schema, batch: pa.Schema) -> list[str]:
+    """How the batch's columns differ from the table's (order aside); empty when they match."""
+    have = {f.name: _canonical(f.type) for f in batch}
+    want = {f.name: _canonical(f.type) for f in table}
+    problems = [f"missing column {c!r} ({want[c]})" for c in want if c not in have]
+    problems += [f"extra column {c!r} ({have[c]})" for c in have if c not in want]
+    problems += [
+        f"column {c!r} is {have[c]}, the table has {want[c]}"
+        for c in want
+        if c in have and have[c] != want[c]
+    ]
+    return problems
+
+
+def check_schema(
+    table: pa.Schema, batch: pa.Schema, *, sink: str, pipeline: str, txid: int, attempt: int
+) -> None:
+    problems = schema_problems(table, batch)
+    if problems:
+        raise LakeSchemaMismatchError(
+            f"lake sink {sink!r}: the batch does not match the table's schema: "
+            + "; ".join(problems),
+            pipeline=pipeline,
+            txid=txid,
+            attempt=attempt,
+        )
+
+
+# -- files ---------------------------------------------------------------------------------------
+
+
+def _filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
+    import pyarrow.fs as pafs
+
+    if "://" not in uri and not uri.startswith("/"):
+        raise LakeSinkError(f"lake paths must be absolute or URIs, got {uri!r}")
+    return pafs.FileSystem.from_uri(uri)
+
+
+def _footer_schema(path: str) -> pa.Schema:
+    import pyarrow.parquet as pq
+
+    fs, p = _filesystem(path)
+    return pq.read_schema(p, filesystem=fs)
+
+
+def list_staged(directory: str) -> StagedFiles:
+    """The Parquet files a finished Spark write left in ``directory``: names, sizes and row
+    counts (read from each file's footer), and their schema. A write without ``_SUCCESS`` did
+    not finish: refused."""
+    import pyarrow.fs as pafs
+    import pyarrow.parquet as pq
+
+    fs, root = _filesystem(directory)
+    infos = fs.get_file_info(pafs.FileSelector(root))
+    names = {posixpath.basename(i.path): i for i in infos if i.type == pafs.FileType.File}
+    if "_SUCCESS" not in names:
+        raise LakeSinkError(f"the write into {directory} did not finish (no _SUCCESS)")
+    files, schema = [], None
+    for name in sorted(names):
+        if not name.endswith(".parquet") or name.startswith((".", "_")):
+            continue
+        meta = pq.read_metadata(names[name].path, filesystem=fs)
+        if schema is None:
+            schema = meta.schema.to_arrow_schema()
+        files.append((name, int(names[name].size), int(meta.num_rows)))
+    return StagedFiles(directory, tuple(files), schema_to_hex(schema) if schema is not None else "")
+
+
+def sink_from_spec(spec: Mapping[str, Any] | str) -> LakeSink:
+    """The sink described by :meth:`LakeSink.to_spec` (a dict or its JSON)."""
+    from airflow_txn_provider.sinks.delta import DeltaSink
+    from airflow_txn_provider.sinks.iceberg import IcebergSink
+
+    value = dict(json.loads(spec) if isinstance(spec, str) else spec)
+    kinds: dict[str, type[LakeSink]] = {"delta": DeltaSink, "iceberg": IcebergSink}
+    kind = value.pop("kind", None)
+    if kind not in kinds:
+        raise ValueError(f"unknown lake sink kind {kind!r}; known: {sorted(kinds)}")
+    return kinds[kind](**value)
+
+
+__all__ = [
+    "MODES",
+    "LakeSink",
+    "LakeTable",
+    "SinkCommit",
+    "StagedFiles",
+    "check_schema",
+    "list_staged",
+    "schema_problems",
+    "sink_from_spec",
+]

@@ -1,0 +1,173 @@
+"""A Delta Lake table as a lake sink, through ``deltalake`` (delta-rs): no JVM, no Maven.
+
+A txid's table commit is one Delta commit whose ``txn`` action is the app transaction
+``(appId = pipeline, version = txid)``, Delta's own idempotent-writer record
+(``DeltaTable.transaction_version(pipeline)`` reads it back), with the pipeline, txid and attempt
+also in the commit's ``commitInfo`` (``history()``), which is how "as of txid N" finds versions.
+
+Append mode adds the staged files as they are (``add`` actions with paths relative to the table
+root: they are staged under it, in ``txn/``). Merge mode streams them through ``merge``, which
+rewrites the matched files in the committing process.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from airflow_txn_provider.sinks.base import LakeSink, LakeTable
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+HISTORY_LIMIT = 10_000
+"""Commits of the table's history read when looking a txid's version up (newest first)."""
+
+
+@dataclass(frozen=True)
+class DeltaSink(LakeSink):
+    """A Delta table at ``table_uri`` (an absolute path, or a URI delta-rs and Spark both read
+    with credentials from the environment). Created with the first batch's schema if missing.
+
+    Staged files live in ``<table_uri>/txn/<pipeline>/…``: committed ones are referenced there
+    by the Delta log; the others are deleted by the commit's cleanup (and VACUUM would).
+    """
+
+    kind: ClassVar[str] = "delta"
+
+    table_uri: str = ""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        uri = self.table_uri.rstrip("/")
+        if not uri or ("://" not in uri and not uri.startswith("/")):
+            raise ValueError(
+                f"sink {self.name!r}: table_uri must be an absolute path or a URI, got "
+                f"{self.table_uri!r}"
+            )
+        object.__setattr__(self, "table_uri", uri)
+
+    @property
+    def staging_root(self) -> str:
+        return posixpath.join(self.table_uri, "txn")
+
+    @property
+    def uri(self) -> str:
+        return self.table_uri if "://" in self.table_uri else f"file://{self.table_uri}"
+
+    def _spec(self) -> dict[str, Any]:
+        return {"table_uri": self.table_uri}
+
+    def open(self, log_url: str | None = None) -> DeltaLakeTable:
+        return DeltaLakeTable(self.table_uri)
+
+
+class DeltaLakeTable(LakeTable):
+    def __init__(self, uri: str) -> None:
+        self.uri = uri
+
+    def _table(self, version: int | None = None) -> Any:
+        """The table as it is now (a fresh handle: delta-rs does not refresh one after its own
+        commits), or ``None`` if it does not exist."""
+        from deltalake import DeltaTable
+
+        if not DeltaTable.is_deltatable(self.uri):
+            return None
+        return DeltaTable(self.uri) if version is None else DeltaTable(self.uri, version=version)
+
+    def committed_txid(self, pipeline: str) -> int:
+        dt = self._table()
+        return 0 if dt is None else int(dt.transaction_version(pipeline) or 0)
+
+    def schema(self) -> pa.Schema | None:
+        import pyarrow as pa
+
+        dt = self._table()
+        return None if dt is None else pa.schema(dt.schema().to_arrow())
+
+    def add(
+        self,
+        files: Sequence[tuple[str, int, int]],
+        schema: pa.Schema,
+        *,
+        pipeline: str,
+        txid: int,
+        attempt: int,
+        merge_keys: Sequence[str],
+    ) -> int:
+        from deltalake import DeltaTable
+        from deltalake.transaction import AddAction, CommitProperties, Transaction
+
+        dt = self._table()
+        if dt is None:
+            dt = DeltaTable.create(self.uri, schema=schema, mode="ignore")
+        properties = CommitProperties(
+            app_transactions=[Transaction(app_id=pipeline, version=txid)],
+            custom_metadata={
+                "txn.pipeline": pipeline,
+                "txn.txid": str(txid),
+                "txn.attempt": str(attempt),
+            },
+        )
+        if merge_keys:
+            import pyarrow.dataset as ds
+
+            source = ds.dataset([p for p, _, _ in files], format="parquet").scanner().to_reader()
+            predicate = " AND ".join(f't."{k}" = s."{k}"' for k in merge_keys)
+            (
+                dt.merge(
+                    source,
+                    predicate,
+                    source_alias="s",
+                    target_alias="t",
+                    commit_properties=properties,
+                )
+                .when_matched_update_all()
+                .when_not_matched_insert_all()
+                .execute()
+            )
+        else:
+            now_ms = int(time.time() * 1000)
+            actions = [
+                AddAction(
+                    path=self._relative(path),
+                    size=size,
+                    partition_values={},
+                    modification_time=now_ms,
+                    data_change=True,
+                    stats=json.dumps({"numRecords": rows}),
+                )
+                for path, size, rows in files
+            ]
+            dt.create_write_transaction(
+                actions, mode="append", schema=dt.schema(), commit_properties=properties
+            )
+        version = self.version_of(pipeline, txid)
+        assert version is not None, "a Delta commit that recorded no version"
+        return version
+
+    def _relative(self, path: str) -> str:
+        # Delta resolves add paths against the table root; absolute paths break its readers.
+        root = self.uri.rstrip("/") + "/"
+        if not path.startswith(root):
+            raise ValueError(f"staged file {path} is not under the table root {root}")
+        return path[len(root) :]
+
+    def versions(self, pipeline: str) -> list[tuple[int, int]]:
+        dt = self._table()
+        if dt is None:
+            return []
+        found = []
+        for commit in dt.history(HISTORY_LIMIT):
+            if commit.get("txn.pipeline") == pipeline and "txn.txid" in commit:
+                found.append((int(commit["txn.txid"]), int(commit["version"])))
+        return sorted(found)
+
+    def read(self, version: int) -> pa.Table:
+        dt = self._table(version)
+        assert dt is not None
+        return dt.to_pyarrow_table()

@@ -1,0 +1,186 @@
+"""An Apache Iceberg table as a lake sink, through ``pyiceberg`` and its SQL catalog.
+
+The catalog lives in Postgres, by default in the transaction log's own database (pyiceberg
+creates its ``iceberg_tables`` and ``iceberg_namespace_properties`` tables there). A txid's table
+commit is one Iceberg transaction: the staged files added (``add_files``; merge mode: ``upsert``)
+with ``txn.pipeline``, ``txn.txid`` and ``txn.attempt`` in the snapshot summary, and the table
+property ``txn.<pipeline>.txid`` set to the txid, atomically with the data.
+
+Tables this sink creates have ``commit.retry.num-retries = 0``: pyiceberg retries a failed
+catalog commit by itself, and a retry of a commit whose answer was lost would add the files
+twice. Our own retry sees the txid in the table instead.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from airflow_txn_provider.sinks.base import LakeSink, LakeTable
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+TXID_PROPERTY = "txn.{pipeline}.txid"
+
+
+@dataclass(frozen=True)
+class IcebergSink(LakeSink):
+    """The Iceberg table ``table`` (``namespace.name``) of a SQL catalog.
+
+    :param table: ``namespace.name``.
+    :param warehouse: where the catalog puts tables it creates (an absolute path or URI); the
+        table lives in ``<warehouse>/<namespace>.db/<name>``.
+    :param catalog_uri: the catalog's SQLAlchemy URL; ``None`` (the default): the transaction
+        log's database. A URL with a password travels with the job's arguments: prefer the
+        default, or a password from ``~/.pgpass``.
+    :param catalog_name: the catalog's name (rows of several catalogs can share its tables).
+    """
+
+    kind: ClassVar[str] = "iceberg"
+
+    table: str = ""
+    warehouse: str = ""
+    catalog_uri: str | None = None
+    catalog_name: str = "txn"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.table.count(".") != 1 or not all(self.table.split(".")):
+            raise ValueError(f"sink {self.name!r}: table must be 'namespace.name', got {self.table!r}")
+        wh = self.warehouse.rstrip("/")
+        if not wh or ("://" not in wh and not wh.startswith("/")):
+            raise ValueError(
+                f"sink {self.name!r}: warehouse must be an absolute path or a URI, got "
+                f"{self.warehouse!r}"
+            )
+        object.__setattr__(self, "warehouse", wh)
+
+    @property
+    def location(self) -> str:
+        namespace, name = self.table.split(".")
+        return posixpath.join(self.warehouse, f"{namespace}.db", name)
+
+    @property
+    def staging_root(self) -> str:
+        return posixpath.join(self.location, "data", "txn")
+
+    @property
+    def uri(self) -> str:
+        return f"iceberg://{self.catalog_name}/{self.table.replace('.', '/')}"
+
+    def _spec(self) -> dict[str, Any]:
+        return {
+            "table": self.table,
+            "warehouse": self.warehouse,
+            "catalog_uri": self.catalog_uri,
+            "catalog_name": self.catalog_name,
+        }
+
+    def open(self, log_url: str | None = None) -> IcebergLakeTable:
+        uri = self.catalog_uri or log_url
+        if not uri:
+            raise ValueError(
+                f"sink {self.name!r}: no catalog_uri, and no transaction log URL to default to"
+            )
+        return IcebergLakeTable(self, uri)
+
+
+_catalogs: dict[tuple[str, str, str], Any] = {}
+
+
+def _catalog(name: str, uri: str, warehouse: str) -> Any:
+    """One catalog (and so one connection pool) per process and catalog."""
+    key = (name, uri, warehouse)
+    if key not in _catalogs:
+        from pyiceberg.catalog.sql import SqlCatalog
+
+        _catalogs[key] = SqlCatalog(name, uri=uri, warehouse=warehouse, pool_pre_ping="true")
+    return _catalogs[key]
+
+
+class IcebergLakeTable(LakeTable):
+    def __init__(self, sink: IcebergSink, catalog_uri: str) -> None:
+        self.sink = sink
+        self.catalog = _catalog(sink.catalog_name, catalog_uri, sink.warehouse)
+        self.identifier = tuple(sink.table.split("."))
+
+    def _table(self) -> Any:
+        from pyiceberg.exceptions import NoSuchTableError
+
+        try:
+            return self.catalog.load_table(self.identifier)
+        except NoSuchTableError:
+            return None
+
+    def committed_txid(self, pipeline: str) -> int:
+        table = self._table()
+        if table is None:
+            return 0
+        return int(table.properties.get(TXID_PROPERTY.format(pipeline=pipeline), 0))
+
+    def schema(self) -> pa.Schema | None:
+        table = self._table()
+        return None if table is None else table.schema().as_arrow()
+
+    def add(
+        self,
+        files: Sequence[tuple[str, int, int]],
+        schema: pa.Schema,
+        *,
+        pipeline: str,
+        txid: int,
+        attempt: int,
+        merge_keys: Sequence[str],
+    ) -> int:
+        table = self._table()
+        if table is None:
+            self.catalog.create_namespace_if_not_exists(self.identifier[0])
+            table = self.catalog.create_table_if_not_exists(
+                self.identifier,
+                schema=schema,
+                location=self.sink.location,
+                properties={"commit.retry.num-retries": "0"},
+            )
+        summary = {"txn.pipeline": pipeline, "txn.txid": str(txid), "txn.attempt": str(attempt)}
+        paths = [p for p, _, _ in files]
+        with table.transaction() as tx:
+            if merge_keys:
+                import pyarrow.parquet as pq
+
+                tx.upsert(
+                    pq.read_table(paths, schema=table.schema().as_arrow()),
+                    join_cols=list(merge_keys),
+                    snapshot_properties=summary,
+                )
+            else:
+                tx.add_files(paths, snapshot_properties=summary, check_duplicate_files=False)
+            tx.set_properties({TXID_PROPERTY.format(pipeline=pipeline): str(txid)})
+        version = self.version_of(pipeline, txid)
+        assert version is not None, "an Iceberg commit that recorded no snapshot"
+        return version
+
+    def versions(self, pipeline: str) -> list[tuple[int, int]]:
+        from pyiceberg.table.snapshots import ancestors_of
+
+        table = self._table()
+        if table is None or table.current_snapshot() is None:
+            return []
+        found = []
+        for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
+            props = snapshot.summary.additional_properties if snapshot.summary else {}
+            if props.get("txn.pipeline") == pipeline and "txn.txid" in props:
+                found.append((int(props["txn.txid"]), int(snapshot.snapshot_id)))
+        # Newest first from ancestors_of; an upsert may write two snapshots for one txid: the
+        # newer (complete) one must win, so keep the first seen per txid.
+        newest: dict[int, int] = {}
+        for txid, snapshot_id in found:
+            newest.setdefault(txid, snapshot_id)
+        return sorted(newest.items())
+
+    def read(self, version: int) -> pa.Table:
+        table = self._table()
+        assert table is not None
+        return table.scan(snapshot_id=version).to_arrow()
