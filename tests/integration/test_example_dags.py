@@ -22,6 +22,8 @@ from tests.conftest import load_dag_file, set_txn_log_connection
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"
 EXAMPLES = sorted(p.name for p in DAGS.glob("*.py"))
+DOWNSTREAM = {"example_txn_lake_downstream"}
+"""Example DAGs that are not transaction pipelines (they run on a pipeline's Asset events)."""
 
 
 @pytest.fixture
@@ -64,6 +66,8 @@ def test_every_example_imports_with_a_docstring(airflow_db):
     for dag in bag.dags.values():
         assert "example" in dag.tags
         assert dag.doc_md and len(dag.doc_md.strip().splitlines()) > 5, dag.dag_id
+        if dag.dag_id in DOWNSTREAM:
+            continue
         assert {"commit", "watch_failures"} <= set(dag.task_ids)
         assert any(t.startswith("process_") for t in dag.task_ids)
 
@@ -140,3 +144,97 @@ def test_opaque_example_stays_exact_when_a_partition_is_lost_during_a_replay(
     ]
     counts = {k[0]: v for k, v in _committed(log, name, f"{name}_counts").items()}
     assert counts == dict(Counter(w for line in read for w in line.split()))
+
+
+def _asset_events(name: str) -> list[dict]:
+    from airflow.models.asset import AssetEvent, AssetModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        rows = session.execute(
+            select(AssetEvent.extra)
+            .join(AssetModel, AssetModel.id == AssetEvent.asset_id)
+            .where(AssetModel.name == name)
+            .order_by(AssetEvent.id)
+        ).all()
+    return [dict(r.extra or {}) for r in rows]
+
+
+def test_delta_example_appends_each_txid_once_and_feeds_the_downstream_dag(
+    airflow_db, example_env
+):
+    import pyarrow.compute as pc
+
+    log = example_env
+    module = load_dag_file(DAGS / "example_txn_delta_words.py")
+    name, sink = module.NAME, module.SINK
+    for txid in (1, 2, 3):
+        _run(module.dag, txid)
+    _run(module.dag, 2)  # a rerun of a committed txid adds nothing
+    txids = log.transactions(name)
+    assert [t.status.value for t in txids] == ["committed"] * 3
+    table = sink.open()
+    assert table.committed_txid(name) == 3
+    rows = table.read(table.version_as_of(name, 3))
+    words_per_line = module.pipeline.source.words_per_line
+    for t in txids:  # each txid's rows: exactly its batch's words, each word once
+        mine = rows.filter(pc.equal(rows["txid"], t.txid)).to_pylist()
+        assert sum(r["delta"] for r in mine) == words_per_line * _lines([t.metadata])
+        assert len({r["word"] for r in mine}) == len(mine)
+    versions = dict(table.versions(name))
+    for t in txids:  # the version each txid committed as is in its record (the page shows it)
+        assert t.output[sink.output_key]["commit"]["version"] == versions[t.txid]
+    # One Asset event per committed txid, naming it and its table version.
+    events = _asset_events(f"txn:{name}:word_counts")
+    assert sorted(e["txid"] for e in events) == [1, 2, 3]
+    assert all(e["version"] == versions[e["txid"]] and e["pipeline"] == name for e in events)
+
+    downstream = load_dag_file(DAGS / "example_txn_lake_downstream.py")
+    run = downstream.dag.test()
+    assert run.state == "success"
+    summary = _xcom(run, "summarize")
+    assert summary["txid"] == 3 and summary["rows"] == rows.num_rows
+    assert summary["words"] == words_per_line * _lines([t.metadata for t in txids])
+
+
+def _xcom(run, task_id: str):
+    from airflow.models.xcom import XComModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        value = session.execute(
+            select(XComModel.value).where(
+                XComModel.dag_id == run.dag_id,
+                XComModel.run_id == run.run_id,
+                XComModel.task_id == task_id,
+                XComModel.key == "return_value",
+            )
+        ).scalar_one()
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def test_iceberg_example_merges_the_newest_count_of_each_word(airflow_db, example_env, tmp_path):
+    log = example_env
+    module = load_dag_file(DAGS / "example_txn_iceberg_words.py")
+    name, sink = module.NAME, module.SINK
+    for txid in (1, 2, 3):
+        _run(module.dag, txid)
+    txids = log.transactions(name)
+    assert [t.status.value for t in txids] == ["committed"] * 3
+    expected: dict[str, tuple[int, int]] = {}
+    for t in txids:  # plain Python: the newest txid a word appeared in, and its count there
+        lines = [
+            json.loads(line)["line"]
+            for partition, (start, end) in t.metadata.items()
+            for seq in range(start, end)
+            for line in landing_lines(partition, seq)
+        ]
+        for word, n in Counter(w for line in lines for w in line.split()).items():
+            expected[word] = (t.txid, n)
+    table = sink.open(str(log.engine.url.render_as_string(hide_password=False)))
+    assert table.committed_txid(name) == 3
+    rows = table.read(table.version_as_of(name, 3)).to_pylist()
+    assert len(rows) == len(expected)
+    assert {r["word"]: (r["txid"], r["delta"]) for r in rows} == expected
