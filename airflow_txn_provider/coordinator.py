@@ -28,9 +28,9 @@ from typing import Any
 from airflow_txn_provider.exceptions import (
     ConflictingOutputError,
     CorruptLogError,
+    LakeTableOutOfSyncError,
     NotBegunError,
     NotProcessedError,
-    LakeTableOutOfSyncError,
     OutOfOrderCommitError,
     StaleAttemptError,
 )

@@ -949,7 +949,9 @@ def commit_states(
             try:
                 sink.cleanup(pipeline, txid, files)
             except Exception as err:  # garbage left behind is not data lost: never fail a commit
-                _log.warning("pipeline=%s txid=%s sink=%s cleanup: %s", pipeline, txid, sink.name, err)
+                _log.warning(
+                    "pipeline=%s txid=%s sink=%s cleanup: %s", pipeline, txid, sink.name, err
+                )
     return result
 
 

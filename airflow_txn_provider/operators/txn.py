@@ -231,7 +231,12 @@ class TxnProcessOperator(_TxnOperator):
 
         p = self.pipeline
         job = BatchJob(
-            p.name, claim["txid"], claim["attempt"], p.source, finish=self.finish, sinks=p.sinks
+            p.name,
+            claim["txid"],
+            claim["attempt"],
+            p.source,
+            finish=self.finish,
+            sinks=tuple(p.sinks),
         )
         hook = TxnLogHook(txn_log_conn_id=p.txn_log_conn_id)
         log = hook.get_log()
@@ -355,14 +360,13 @@ class TxnCommitOperator(_TxnOperator):
             "also_committed": also,
         }
 
-
     def _announce(self, context: Context, log: TransactionLog, txid: int) -> None:
         """The extra of the Asset event this task's success emits: which txid, which version."""
         if not self.pipeline.sinks:
             return
         info = log.transaction(self.pipeline.name, txid)
         output = (info.output if info is not None else None) or {}
-        for sink, asset in zip(self.pipeline.sinks, self.pipeline.assets):
+        for sink, asset in zip(self.pipeline.sinks, self.pipeline.assets, strict=True):
             commit = (output.get(sink.output_key) or {}).get("commit") or {}
             context["outlet_events"][asset].extra = {
                 "pipeline": self.pipeline.name,

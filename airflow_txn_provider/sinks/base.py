@@ -132,7 +132,9 @@ class LakeSink(abc.ABC):
 
     def __post_init__(self) -> None:
         if not _NAME.match(self.name):
-            raise ValueError(f"sink name must be an identifier of at most 63 chars, got {self.name!r}")
+            raise ValueError(
+                f"sink name must be an identifier of at most 63 chars, got {self.name!r}"
+            )
         if self.mode not in MODES:
             raise ValueError(f"sink {self.name!r}: mode must be one of {MODES}, got {self.mode!r}")
         object.__setattr__(self, "keys", tuple(self.keys))
@@ -223,8 +225,14 @@ class LakeSink(abc.ABC):
             schema = _footer_schema(staged.paths()[0])
         current = table.schema()
         if current is not None:
-            check_schema(current, schema, sink=self.name, pipeline=pipeline, txid=txid, attempt=attempt)
-        files = [(p, size, rows) for p, (_, size, rows) in zip(staged.paths(), staged.files) if rows]
+            check_schema(
+                current, schema, sink=self.name, pipeline=pipeline, txid=txid, attempt=attempt
+            )
+        files = [
+            (p, size, rows)
+            for p, (_, size, rows) in zip(staged.paths(), staged.files, strict=True)
+            if rows
+        ]
         version = table.add(
             files,
             schema,
@@ -347,7 +355,9 @@ def _canonical(t: pa.DataType) -> str:
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t):
         return f"list<{_canonical(t.value_type)}>"
     if pa.types.is_struct(t):
-        inner = ", ".join(f"{t.field(i).name}: {_canonical(t.field(i).type)}" for i in range(t.num_fields))
+        inner = ", ".join(
+            f"{t.field(i).name}: {_canonical(t.field(i).type)}" for i in range(t.num_fields)
+        )
         return f"struct<{inner}>"
     if pa.types.is_map(t):
         return f"map<{_canonical(t.key_type)}, {_canonical(t.item_type)}>"

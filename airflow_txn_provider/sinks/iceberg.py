@@ -49,7 +49,9 @@ class IcebergSink(LakeSink):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.table.count(".") != 1 or not all(self.table.split(".")):
-            raise ValueError(f"sink {self.name!r}: table must be 'namespace.name', got {self.table!r}")
+            raise ValueError(
+                f"sink {self.name!r}: table must be 'namespace.name', got {self.table!r}"
+            )
         wh = self.warehouse.rstrip("/")
         if not wh or ("://" not in wh and not wh.startswith("/")):
             raise ValueError(

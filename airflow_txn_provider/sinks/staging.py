@@ -43,5 +43,7 @@ def stage_frame(
     if schema is not None:
         current = sink.open(log_url).schema()
         if current is not None:
-            check_schema(current, schema, sink=sink.name, pipeline=pipeline, txid=txid, attempt=attempt)
+            check_schema(
+                current, schema, sink=sink.name, pipeline=pipeline, txid=txid, attempt=attempt
+            )
     return staged

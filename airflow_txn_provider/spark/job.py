@@ -221,8 +221,8 @@ def process_batch(
     else:
         # Several jobs: each job's timings under its own name.
         mine = {f"{name.split(':')[0]}.{k}": v for k, v in spent.items()}
-        staged = txlog.stage(job.pipeline, job.txid, job.attempt, stage, timings=mine)
-        status = "staged" if staged else "stale"
+        done = txlog.stage(job.pipeline, job.txid, job.attempt, stage, timings=mine)
+        status = "staged" if done else "stale"
     outcome = ProcessOutcome(job, status, counts, time.monotonic() - started)
     log.info("%s: %s in %.2fs, staged %s", job.app_name, status, outcome.seconds, counts)
     return outcome

@@ -272,6 +272,7 @@ def txid_row(tx: TransactionInfo, now: datetime) -> dict[str, Any]:
         "metadata": tx.metadata,
         "metadata_json": compact_json(tx.metadata),
         "output": tx.output,
+        "lake": lake_text(tx.output),
         "begun_at": iso(tx.begun_at),
         "processed_at": iso(tx.processed_at),
         "committed_at": iso(tx.committed_at),
@@ -283,6 +284,22 @@ def txid_row(tx: TransactionInfo, now: datetime) -> dict[str, Any]:
         "failed_by": tx.failed_by,
         "failed_by_earlier": failed_by_earlier(tx.txid, tx.failed_by),
     }
+
+
+def lake_text(output: Mapping[str, Any] | None) -> str:
+    """The lake tables a txid wrote (``lake:<sink>`` entries of its output): the table version
+    it committed as (Delta's version, Iceberg's snapshot id), or its rows while only staged."""
+    parts = []
+    for key, value in sorted((output or {}).items()):
+        if not key.startswith("lake:") or not isinstance(value, Mapping):
+            continue
+        name, commit = key.removeprefix("lake:"), value.get("commit")
+        if isinstance(commit, Mapping):
+            version = commit.get("version")
+            parts.append(f"{name} v{version}" if version is not None else f"{name}: no rows")
+        else:
+            parts.append(f"{name}: {value.get('rows', 0)} rows staged")
+    return ", ".join(parts)
 
 
 def failed_by_earlier(txid: int, failed_by: int | None) -> int | None:

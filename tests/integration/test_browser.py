@@ -73,12 +73,13 @@ def _txid_rows(page) -> dict[int, dict[str, str]]:
     rows = {}
     for row in page.locator("#txids tr").all():
         cells = [c.inner_text().strip() for c in row.locator("td").all()]
-        if len(cells) == 8:
+        if len(cells) == 9:
             rows[int(cells[0])] = {
                 "attempt": cells[1],
                 "status": cells[2],
                 "metadata": cells[3],
-                "error": cells[6],
+                "lake": cells[6],
+                "error": cells[7],
             }
     return rows
 

@@ -161,9 +161,7 @@ def _asset_events(name: str) -> list[dict]:
     return [dict(r.extra or {}) for r in rows]
 
 
-def test_delta_example_appends_each_txid_once_and_feeds_the_downstream_dag(
-    airflow_db, example_env
-):
+def test_delta_example_appends_each_txid_once_and_feeds_the_downstream_dag(airflow_db, example_env):
     import pyarrow.compute as pc
 
     log = example_env

@@ -61,9 +61,7 @@ def _expected(data, emissions):
 
 
 @pytest.mark.parametrize("kind", ["delta", "iceberg"])
-def test_txids_commit_in_order_exactly_once_and_read_as_of(
-    kind, txlog, db_url, tmp_path, runner
-):
+def test_txids_commit_in_order_exactly_once_and_read_as_of(kind, txlog, db_url, tmp_path, runner):
     data, source = _source(tmp_path)
     sink = _sink(kind, tmp_path, txid_column="txid")
     txlog.register_pipeline("lake", source_kind="transactional", max_pending=4)
@@ -78,7 +76,9 @@ def test_txids_commit_in_order_exactly_once_and_read_as_of(
     assert _table_rows(sink, db_url, "lake") == _expected(data, emissions)
     # As of txid 2: exactly the first two txids' rows.
     assert _table_rows(sink, db_url, "lake", 2) == _expected(data, emissions[:2])
-    assert sink.read_as_of("lake", 1, log_url=db_url).num_rows == len(_expected(data, emissions[:1]))
+    assert sink.read_as_of("lake", 1, log_url=db_url).num_rows == len(
+        _expected(data, emissions[:1])
+    )
     with pytest.raises(TxidNotReadableError):
         sink.read_as_of("lake", 0, log_url=db_url)
     table = sink.open(db_url)
@@ -86,7 +86,7 @@ def test_txids_commit_in_order_exactly_once_and_read_as_of(
     versions = table.versions("lake")
     assert [t for t, _ in versions] == [1, 2, 3]
     # Each txid's record carries its table version (the Transactions page shows it).
-    for e, (_, version) in zip(emissions, versions):
+    for e, (_, version) in zip(emissions, versions, strict=True):
         commit = txlog.transaction("lake", e.txid).output[sink.output_key]["commit"]
         assert commit["version"] == version and commit["action"] == "add"
     # A rerun of a committed txid adds nothing.

@@ -166,6 +166,17 @@ class TestTxidRows:
         waiting = model.txid_row(tx(4, DONE, begun=50, processed=70), self.NOW)
         assert (waiting["commit_wait_s"], waiting["commit_wait_running"]) == (30.0, True)
 
+    def test_lake_tables_show_the_version_each_txid_committed_as(self):
+        staged = {"directory": "/t/txn/p/1/a1-x", "files": [["part-0.parquet", 10, 7]], "rows": 7}
+        output = {
+            "staged:counts": 3,
+            "lake:events": {**staged, "commit": {"action": "add", "version": 12, "rows": 7}},
+            "lake:latest": {**staged, "commit": {"action": "empty", "version": None}},
+            "lake:later": staged,
+        }
+        assert model.lake_text(output) == ("events v12, later: 7 rows staged, latest: no rows")
+        assert model.lake_text(None) == "" and model.lake_text({"staged:x": 1}) == ""
+
     def test_a_failed_txid_keeps_its_durations_but_does_not_run(self):
         row = model.txid_row(tx(4, FAIL, begun=50, error="boom", failed_by=4), self.NOW)
         assert (row["processing_s"], row["processing_running"]) == (None, False)

@@ -121,9 +121,10 @@
         duration(t.processing_s, t.processing_running)),
       h("td", { class: "num", title: `processed ${fmtTime(t.processed_at, data.now)}, committed ${fmtTime(t.committed_at, data.now)}` },
         duration(t.commit_wait_s, t.commit_wait_running)),
+      h("td", { class: "meta" }, t.lake || ""),
       h("td", {}, error(t.last_error, t.txid, t.failed_by)),
       h("td", {}, airflowRun(p.name, t.run_id))));
-    document.getElementById("txids").replaceChildren(...(rows.length ? rows : [empty(8, "No txid has begun yet.")]));
+    document.getElementById("txids").replaceChildren(...(rows.length ? rows : [empty(9, "No txid has begun yet.")]));
   }
 
   function renderStates(states) {

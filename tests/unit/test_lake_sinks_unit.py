@@ -1,0 +1,148 @@
+"""The lake sinks' pure parts: the commit rule, the schema check, declarations and specs."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from airflow_txn_provider.coordinator import SinkAction, plan_sink_commit
+from airflow_txn_provider.exceptions import LakeSchemaMismatchError, LakeTableOutOfSyncError
+from airflow_txn_provider.pipeline import TxnPipeline
+from airflow_txn_provider.sinks import DeltaSink, IcebergSink, StagedFiles, sink_from_spec
+from airflow_txn_provider.sinks.base import check_schema, schema_problems, schema_to_hex
+from airflow_txn_provider.spark.job import BatchJob
+from airflow_txn_provider.spark.sources import GeneratedTextSource
+
+WHERE = {"pipeline": "p", "attempt": 2, "sink": "s"}
+
+
+class TestPlanSinkCommit:
+    def test_a_table_behind_the_txid_gets_the_files(self):
+        assert plan_sink_commit(0, 1, **WHERE) is SinkAction.ADD
+        assert plan_sink_commit(4, 5, **WHERE) is SinkAction.ADD
+        # Txids without rows make no table commit: the table may be several txids behind.
+        assert plan_sink_commit(2, 9, **WHERE) is SinkAction.ADD
+
+    def test_a_table_holding_the_txid_gets_nothing_twice(self):
+        assert plan_sink_commit(5, 5, **WHERE) is SinkAction.ALREADY_IN_TABLE
+
+    def test_a_table_ahead_of_the_log_is_refused_naming_the_txid(self):
+        with pytest.raises(LakeTableOutOfSyncError) as err:
+            plan_sink_commit(9, 5, **WHERE)
+        assert "pipeline=p txid=5 attempt=2" in str(err.value)
+        assert "already holds txid 9" in str(err.value)
+
+
+class TestSchemaCheck:
+    TABLE = pa.schema(
+        [("word", pa.string()), ("delta", pa.int64()), ("at", pa.timestamp("us", tz="UTC"))]
+    )
+
+    def test_string_flavours_and_column_order_do_not_matter(self):
+        batch = pa.schema(
+            [
+                ("at", pa.timestamp("us", tz="UTC")),
+                ("delta", pa.int64()),
+                ("word", pa.large_string()),
+            ]
+        )
+        assert schema_problems(self.TABLE, batch) == []
+
+    def test_missing_extra_and_retyped_columns_are_each_named(self):
+        batch = pa.schema([("word", pa.string()), ("delta", pa.int32()), ("txid", pa.int64())])
+        problems = schema_problems(self.TABLE, batch)
+        assert problems == [
+            "missing column 'at' (timestamp with time zone)",
+            "extra column 'txid' (int64)",
+            "column 'delta' is int32, the table has int64",
+        ]
+        with pytest.raises(LakeSchemaMismatchError, match="pipeline=p txid=3 attempt=1"):
+            check_schema(self.TABLE, batch, sink="s", pipeline="p", txid=3, attempt=1)
+
+    def test_a_timestamp_without_zone_is_not_one_with(self):
+        batch = pa.schema(
+            [("word", pa.string()), ("delta", pa.int64()), ("at", pa.timestamp("us"))]
+        )
+        assert schema_problems(self.TABLE, batch) == [
+            "column 'at' is timestamp, the table has timestamp with time zone"
+        ]
+
+
+class TestDeclarations:
+    def test_specs_round_trip(self):
+        sinks = [
+            DeltaSink("events", table_uri="/lake/events/", txid_column="txid"),
+            DeltaSink("latest", table_uri="s3://bucket/t", mode="merge", keys=["k"]),
+            IcebergSink("ice", table="ns.t", warehouse="/wh", catalog_name="c"),
+        ]
+        for sink in sinks:
+            assert sink_from_spec(sink.to_spec()) == sink
+        assert sinks[0].table_uri == "/lake/events"  # trailing slash dropped
+        job = BatchJob("p", 1, 1, GeneratedTextSource(), sinks=tuple(sinks))
+        assert BatchJob.from_args(job.to_args()) == job
+
+    @pytest.mark.parametrize(
+        ("kwargs", "message"),
+        [
+            ({"table_uri": "relative/path"}, "absolute path or a URI"),
+            ({"table_uri": "/t", "mode": "upsert"}, "mode must be one of"),
+            ({"table_uri": "/t", "mode": "merge"}, "merge mode needs the key columns"),
+            ({"table_uri": "/t", "keys": ["k"]}, "keys apply to merge mode only"),
+            ({"table_uri": "/t", "txid_column": "bad name"}, "bad txid_column"),
+        ],
+    )
+    def test_bad_delta_declarations_are_refused(self, kwargs, message):
+        with pytest.raises(ValueError, match=message):
+            DeltaSink("s", **kwargs)
+
+    def test_bad_iceberg_declarations_are_refused(self):
+        with pytest.raises(ValueError, match=r"namespace\.name"):
+            IcebergSink("s", table="t", warehouse="/wh")
+        with pytest.raises(ValueError, match="warehouse"):
+            IcebergSink("s", table="ns.t", warehouse="wh")
+
+    def test_staging_is_per_pipeline_txid_attempt_and_run_under_the_table(self):
+        sink = DeltaSink("s", table_uri="/lake/t")
+        assert (
+            sink.stage_dir("words", 42, 3, "r1") == "/lake/t/txn/words/00000000000000000042/a3-r1"
+        )
+        ice = IcebergSink("s", table="ns.t", warehouse="/wh")
+        assert ice.staging_root == "/wh/ns.db/t/data/txn"
+        assert ice.uri == "iceberg://txn/ns/t" and sink.uri == "file:///lake/t"
+        with pytest.raises(ValueError, match="staging directory"):
+            sink.txid_dir("no/slashes", 1)
+
+    def test_staged_files_keep_their_schema_and_rows(self):
+        schema = pa.schema([("word", pa.string())])
+        staged = StagedFiles(
+            "/d", (("a.parquet", 10, 3), ("b.parquet", 12, 4)), schema_to_hex(schema)
+        )
+        again = StagedFiles.from_json(staged.to_json())
+        assert again == staged and again.rows == 7
+        assert again.arrow_schema() == schema
+        assert again.paths() == ["/d/a.parquet", "/d/b.parquet"]
+
+
+class TestPipelineWithSinks:
+    def _pipeline(self, **kw):
+        return TxnPipeline(
+            name=kw.pop("name", "p"),
+            source=GeneratedTextSource(),
+            jobs=kw.pop("jobs", ["spark_jobs/word_count.py"]),
+            states=[],
+            **kw,
+        )
+
+    def test_one_asset_per_sink(self):
+        p = self._pipeline(sinks=[DeltaSink("events", table_uri="/lake/e")])
+        (asset,) = p.assets
+        assert asset.name == "txn:p:events" and asset.uri == "file:///lake/e"
+
+    def test_several_jobs_and_clashing_names_are_refused(self):
+        sink = DeltaSink("events", table_uri="/lake/e")
+        with pytest.raises(ValueError, match="exactly one processing job"):
+            self._pipeline(sinks=[sink], jobs=["a.py", "b.py"])
+        with pytest.raises(ValueError, match="names must differ"):
+            self._pipeline(sinks=[sink, DeltaSink("events", table_uri="/lake/f")])
+        with pytest.raises(ValueError, match="staging directory"):
+            self._pipeline(name="has space", sinks=[sink])
