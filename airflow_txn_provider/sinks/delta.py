@@ -146,8 +146,20 @@ class DeltaLakeTable(LakeTable):
             dt.create_write_transaction(
                 actions, mode="append", schema=dt.schema(), commit_properties=properties
             )
+        return self._newest_version_of(pipeline, txid)
+
+    def _newest_version_of(self, pipeline: str, txid: int) -> int:
+        # Our commit is the newest unless another writer committed since: look at a few commits
+        # back, not the whole history (history() reads one log file per commit).
+        dt = self._table()
+        for commit in dt.history(16):
+            if commit.get("txn.pipeline") == pipeline and commit.get("txn.txid") == str(txid):
+                return int(commit["version"])
         version = self.version_of(pipeline, txid)
-        assert version is not None, "a Delta commit that recorded no version"
+        if version is None:
+            raise RuntimeError(
+                f"Delta table {self.uri}: the commit of txid {txid} is not in its log"
+            )
         return version
 
     def _relative(self, path: str) -> str:

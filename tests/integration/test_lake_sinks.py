@@ -200,3 +200,24 @@ def test_a_table_ahead_of_the_log_is_refused(txlog, db_url, tmp_path, runner):
     assert txlog.transaction("ahead", 1).status is TxStatus.FAILED
     assert sink.open(db_url).read(table.version_as_of("ahead", 7)).num_rows == rows
     assert pc.sum(sink.open(db_url).read(table.version_as_of("ahead", 7))["delta"]).as_py() > 0
+
+
+@pytest.mark.parametrize("kind", ["delta", "iceberg"])
+def test_a_replay_after_a_crashed_commit_keeps_the_files_the_table_references(
+    kind, txlog, db_url, tmp_path, runner
+):
+    data, source = _source(tmp_path, seed=25)
+    sink = _sink(kind, tmp_path, txid_column="txid")
+    txlog.register_pipeline("replayed", source_kind="transactional", max_pending=4)
+    first = txlog.begin_next("replayed", source)
+    runner.run(BatchJob("replayed", 1, first.attempt, source, sinks=(sink,)), txlog)
+    staged = StagedFiles.from_json(txlog.transaction("replayed", 1).output[sink.output_key])
+    sink.commit(sink.open(db_url), "replayed", 1, first.attempt, staged)  # then the commit died
+    txlog.fail("replayed", 1, first.attempt, error="commit task lost")  # and the txid replays
+    second = txlog.begin("replayed", 1, source)
+    runner.run(BatchJob("replayed", 1, second.attempt, source, sinks=(sink,)), txlog)
+    result = commit_registered(txlog, "replayed", 1, second.attempt, [sink])
+    assert result.details[sink.output_key]["action"] == "already_in_table"
+    # The first attempt's files, which the table references, are still there and read back.
+    assert all(Path(p).exists() for p in staged.paths())
+    assert _table_rows(sink, db_url, "replayed") == _expected(data, [first])
