@@ -221,3 +221,24 @@ def test_a_replay_after_a_crashed_commit_keeps_the_files_the_table_references(
     # The first attempt's files, which the table references, are still there and read back.
     assert all(Path(p).exists() for p in staged.paths())
     assert _table_rows(sink, db_url, "replayed") == _expected(data, [first])
+
+
+def test_spark_submit_jobs_stage_for_the_sink_too(txlog, db_url, tmp_path, monkeypatch):
+    from airflow_txn_provider.spark.submit import SparkSubmitRunner
+
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_LOCAL2", "spark://local%5B2%5D?deploy-mode=client")
+    data, source = _source(tmp_path, seed=31)
+    sink = _sink("iceberg", tmp_path, txid_column="txid")  # the catalog from the job's log URL
+    txlog.register_pipeline("submitted", source_kind="transactional", max_pending=4)
+    runner = SparkSubmitRunner(
+        WORD_COUNT,
+        log_url=db_url,
+        conn_id="spark_local2",
+        conf={"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"},
+    )
+    emissions = [txlog.begin_next("submitted", source) for _ in range(2)]
+    for e in emissions:
+        runner.run(BatchJob("submitted", e.txid, e.attempt, source, sinks=(sink,)))
+    for e in emissions:
+        commit_registered(txlog, "submitted", e.txid, e.attempt, [sink])
+    assert _table_rows(sink, db_url, "submitted") == _expected(data, emissions)
