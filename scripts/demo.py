@@ -34,7 +34,13 @@ from sqlalchemy import create_engine, text
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN_EXAMPLE = "example_txn_words"
-EXAMPLES = ("example_txn_words", "example_txn_global_count", "example_txn_opaque_words")
+EXAMPLES = (
+    "example_txn_words",
+    "example_txn_global_count",
+    "example_txn_opaque_words",
+    "example_txn_delta_words",
+    "example_txn_iceberg_words",
+)
 STATE_FILE = "demo.json"
 
 log = logging.getLogger("demo")
