@@ -946,7 +946,7 @@ def commit_states(
     result = log.commit(pipeline, txid, attempt, apply)
     if result.applied:
         for sink, files in staged.items():
-            if result.details[sink.output_key]["action"] == "already_in_table":
+            if (result.details or {})[sink.output_key]["action"] == "already_in_table":
                 # The table holds files of whichever attempt's commit got that far, maybe not
                 # this one's: deleting by this attempt's record could delete what it references.
                 continue

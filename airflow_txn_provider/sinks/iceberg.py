@@ -106,8 +106,14 @@ def _catalog(name: str, uri: str, warehouse: str) -> Any:
 class IcebergLakeTable(LakeTable):
     def __init__(self, sink: IcebergSink, catalog_uri: str) -> None:
         self.sink = sink
-        self.catalog = _catalog(sink.catalog_name, catalog_uri, sink.warehouse)
+        self.catalog_uri = catalog_uri
         self.identifier = tuple(sink.table.split("."))
+
+    @property
+    def catalog(self) -> Any:
+        # Opened on first use, not here: inside the log's commit, whose retry waits out a
+        # Postgres restart (the catalog connects at once to create its tables).
+        return _catalog(self.sink.catalog_name, self.catalog_uri, self.sink.warehouse)
 
     def _table(self) -> Any:
         from pyiceberg.exceptions import NoSuchTableError

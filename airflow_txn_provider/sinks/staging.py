@@ -9,6 +9,7 @@ from __future__ import annotations
 import uuid
 from typing import TYPE_CHECKING
 
+from airflow_txn_provider.retries import DEFAULT_OUTAGE_TIMEOUT, retrying
 from airflow_txn_provider.sinks.base import LakeSink, StagedFiles, check_schema, list_staged
 
 if TYPE_CHECKING:
@@ -41,7 +42,10 @@ def stage_frame(
     staged = list_staged(directory)
     schema = staged.arrow_schema()
     if schema is not None:
-        current = sink.open(log_url).schema()
+        # The catalog may be the log's Postgres: wait out a restart as the log's calls do.
+        for retry in retrying(DEFAULT_OUTAGE_TIMEOUT, f"lake sink {sink.name!r}"):
+            with retry:
+                current = sink.open(log_url).schema()
         if current is not None:
             check_schema(
                 current, schema, sink=sink.name, pipeline=pipeline, txid=txid, attempt=attempt
