@@ -85,10 +85,4 @@ def get_provider_info() -> dict[str, Any]:
                 },
             }
         },
-        "plugins": [
-            {
-                "name": "airflow_txn_provider",
-                "plugin-class": "airflow_txn_provider.plugins.TxnProviderPlugin",
-            }
-        ],
     }

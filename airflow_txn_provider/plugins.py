@@ -1,4 +1,7 @@
-"""The provider's Airflow plugin, loaded through the ``airflow.plugins`` entry point.
+"""The provider's Airflow plugin, registered once: by the ``airflow.plugins`` entry point, which
+Airflow always loads. (A provider's ``plugins`` info is loaded only with
+``[core] lazy_discover_providers = False``, and then in addition: Airflow reported the second
+registration as a plugin import error, "already registered, skipping".)
 
 * The txid timetable: DAGs using it must be able to deserialise it in the scheduler and the
   api-server.
