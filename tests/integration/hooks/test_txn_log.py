@@ -89,6 +89,17 @@ def test_connection_types_and_plugin_are_registered(tmp_path: Path):
     assert types["airflow_api"] == "airflow_txn_provider.hooks.airflow_api.AirflowApiHook"
     plugins = _airflow(["plugins", "-o", "json"], env)
     assert "TxidTimetable" in plugins.stdout, plugins.stdout[-2000:]
+    # Registered once, also when providers are discovered eagerly (which loads the plugins that
+    # providers declare as well as the entry points')
+    eager = {**env, "AIRFLOW__CORE__LAZY_DISCOVER_PROVIDERS": "False"}
+    code = (
+        "from airflow import plugins_manager as m; "
+        "p, e = m._get_plugins(); print([x.name for x in p], e)"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], env=eager, cwd=tmp_path, capture_output=True, text=True
+    )
+    assert loaded.stdout.strip().endswith("['airflow_txn_provider'] {}"), loaded.stdout
 
 
 def test_broken_connection_is_a_clear_error_not_a_broken_airflow(tmp_path: Path, monkeypatch):
