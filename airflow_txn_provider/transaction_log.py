@@ -1081,7 +1081,7 @@ class TransactionLog:
     @retry_transient
     def history(self, pipeline: str, txid: int) -> tuple[TxRecord, ...]:
         """Every attempt of ``txid`` as the coordinator's records, oldest first: what the failure
-        sensor's rules (:func:`~airflow_txn_provider.coordinator.respond_to_failure`) read."""
+        sensor's rules (:func:`~airflow_txn_provider.waiting.respond_to_failure`) read."""
         return tuple(
             TxRecord(
                 txid=int(r.txid),

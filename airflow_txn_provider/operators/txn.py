@@ -18,11 +18,12 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from airflow_txn_provider.coordinator import BeginAction, GateState
+from airflow_txn_provider.coordinator import BeginAction
 from airflow_txn_provider.hooks.txn_log import TxnLogHook
 from airflow_txn_provider.timetables import txid_from_run_id
 from airflow_txn_provider.transaction_log import CLAIM_TIMEOUT
 from airflow_txn_provider.triggers.txn_log import TxnLogTrigger, WaitFor
+from airflow_txn_provider.waiting import GateState
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -323,8 +324,8 @@ class TxnCommitOperator(_TxnOperator):
         return self._commit_or_wait(context)
 
     def _commit_or_wait(self, context: Context) -> dict[str, Any]:
-        from airflow_txn_provider.coordinator import commit_gate
         from airflow_txn_provider.state import commit_registered
+        from airflow_txn_provider.waiting import commit_gate
 
         p = self.pipeline
         claim = claimed(context, self.claim_task_id)
@@ -457,7 +458,7 @@ def _last_error(log: TransactionLog, pipeline: str, txid: int) -> str:
 
 def _why_waiting(log: TransactionLog, pipeline: TxnPipeline, txid: int) -> str:
     """Which txid this one waits for, and why: what the UI and a person reading the log need."""
-    from airflow_txn_provider.coordinator import blocked_by
+    from airflow_txn_provider.waiting import blocked_by
 
     view = log.view(pipeline.name)
     blocker = blocked_by(view, txid)

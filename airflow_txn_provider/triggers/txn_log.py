@@ -26,16 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 
-from airflow_txn_provider.coordinator import (
-    PipelineView,
-    TxStatus,
-    awaits_requeue,
-    commit_gate,
-    lease_expired,
-    may_begin_now,
-    txid_outcome,
-)
+from airflow_txn_provider.coordinator import PipelineView, TxStatus, lease_expired
 from airflow_txn_provider.retries import DEFAULT_OUTAGE_TIMEOUT, is_transient
+from airflow_txn_provider.waiting import awaits_requeue, commit_gate, may_begin_now, txid_outcome
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine

@@ -9,23 +9,20 @@ from dataclasses import replace
 import pytest
 from airflow.triggers.base import TaskSuccessEvent, TriggerEvent
 
-from airflow_txn_provider.coordinator import (
-    FailureResponse,
-    PipelineView,
-    TxRecord,
-    first_watched_attempt,
-    known_failed_attempt,
-    own_failures,
-    plan_failure,
-    requeue_set,
-    respond_to_failure,
-)
+from airflow_txn_provider.coordinator import FailureResponse, PipelineView, TxRecord, plan_failure
 from airflow_txn_provider.testing.failure_injection import InjectedFailureRule as Rule
 from airflow_txn_provider.testing.failure_injection import (
     injected_failure,
     parse_failure_injection,
 )
 from airflow_txn_provider.triggers.txn_log import TxnLogTrigger, WaitFor
+from airflow_txn_provider.waiting import (
+    first_watched_attempt,
+    known_failed_attempt,
+    own_failures,
+    requeue_set,
+    respond_to_failure,
+)
 from tests.unit.test_coordinator import DONE, FAIL, PROC, view
 
 
@@ -212,7 +209,7 @@ def test_without_end_task_on_commit_the_task_resumes(monkeypatch):
 
 
 def test_blocked_by_names_the_oldest_failed_txid_before():
-    from airflow_txn_provider.coordinator import blocked_by
+    from airflow_txn_provider.waiting import blocked_by
 
     v = failed(view((3, 1, DONE), (4, 1, PROC), (5, 1, PROC), (6, 1, PROC), last=2), 4)
     assert blocked_by(v, 6).txid == 4 and blocked_by(v, 4) is None

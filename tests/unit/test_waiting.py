@@ -8,15 +8,15 @@ import importlib
 
 import pytest
 
-from airflow_txn_provider.coordinator import (
+from airflow_txn_provider.coordinator import TxStatus
+from airflow_txn_provider.triggers.txn_log import TxnLogTrigger, WaitFor, evaluate
+from airflow_txn_provider.waiting import (
     GateState,
-    TxStatus,
     commit_gate,
     may_begin_now,
     should_retry,
     txid_outcome,
 )
-from airflow_txn_provider.triggers.txn_log import TxnLogTrigger, WaitFor, evaluate
 from tests.unit.test_coordinator import DONE, FAIL, PROC, view
 
 
@@ -156,7 +156,7 @@ def test_evaluate_wakes_a_watch_whose_requeue_never_came():
 
 
 def test_awaits_requeue():
-    from airflow_txn_provider.coordinator import awaits_requeue
+    from airflow_txn_provider.waiting import awaits_requeue
 
     v = view((1, 2, PROC), (2, 1, FAIL), (3, 1, FAIL))
     assert awaits_requeue(v, 2, 1)
