@@ -23,7 +23,7 @@ from airflow_txn_provider.waiting import (
     requeue_set,
     respond_to_failure,
 )
-from tests.unit.test_coordinator import DONE, FAIL, PROC, view
+from tests.unit.builders import DONE, FAIL, PROC, view
 
 
 def failed(v: PipelineView, txid: int) -> PipelineView:

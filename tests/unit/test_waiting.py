@@ -17,7 +17,7 @@ from airflow_txn_provider.waiting import (
     should_retry,
     txid_outcome,
 )
-from tests.unit.test_coordinator import DONE, FAIL, PROC, view
+from tests.unit.builders import DONE, FAIL, PROC, view
 
 
 @pytest.mark.parametrize(
@@ -131,7 +131,7 @@ def test_trigger_wakes_when_previous_txid_commits(txlog, db_url, monkeypatch):
 
 
 def test_evaluate_wakes_the_failure_sensor_when_the_lease_runs_out():
-    from tests.unit.test_coordinator import NOW, leased
+    from tests.unit.builders import NOW, leased
 
     alive = leased(((1, 1, DONE, None), (2, 3, PROC, 5)))
     gone = leased(((1, 1, DONE, None), (2, 3, PROC, -1)))
