@@ -15,21 +15,39 @@ of the run started):
 * ``restart_log_postgres``: stop the log's Postgres with an immediate shutdown (a crash), keep it
   down for a seeded 1-8 s, start it again (crash recovery; UNLOGGED staging tables come back
   empty).
+* ``kill_committer`` (with a lake sink only): the driver's next commit after the moment runs in a
+  child process (:mod:`chaos.committer`) that stops once the lake table's commit has returned,
+  inside the log's open transaction; the driver SIGKILLs its process group there. The table
+  holds the txid, the log does not: the driver's next commit of the txid must find it in the
+  table and add nothing twice.
+
+**Lake sinks** (``--sink delta|iceberg``): the word count also goes into a lake table, Delta
+(``deltalake``, under the run's folder) or Iceberg (``pyiceberg``; its SQL catalog in the log's
+Postgres, which ``restart_log_postgres`` crashes too; the warehouse under the suite's folder),
+append mode with a ``txid`` column: the workers' Spark executors stage Parquet files per attempt,
+each commit (``commit_registered(..., sinks)``) adds them in one table commit recording the txid.
+Runs then draw from all three faults.
 
 After each run, the checks: every txid committed within ``BOUND`` seconds, commits strictly
 increasing (txid and time), nothing left in flight, the committed batches tile the source (no gap,
 no overlap, up to its end), and the state equals the word counts of the source computed in plain
 Python. A state count above the truth is a doubled record, below it a lost one (records are word
-occurrences, the state's unit).
+occurrences, the state's unit). With a lake sink, also the table: for every committed txid, the
+table's rows of that txid are its batch's word counts computed in plain Python (a ``(txid,
+word)`` row missing is its count lost, one there twice its count doubled; both add to the run's
+lost and doubled, with the state's), the table's committed txid is the log's last, it holds one
+commit per txid 1..N (each the version the log recorded for the txid), and reading it as of each
+txid gives exactly the rows of txids 1..txid.
 
 **Time to recover** (of one fault): from the moment the fault was injected to the moment every
 txid that was in flight (begun, not committed) at that moment had committed; 0 when none was. A
 run with several faults reports the longest. It includes the normal processing of those txids.
 
-Usage: ``python chaos/fast.py --runs 200 --seed 2026 [--txids 4] [--faults a,b]``. Every run
-prints its own seed; ``--seed <run seed> --runs 1`` (with the same ``--txids`` and ``--faults``)
-replays that run's plan: the first run of a suite uses the master seed itself. The plan (data,
-window, faults, moments) is replayed exactly; the interleaving of processes is the machine's.
+Usage: ``python chaos/fast.py --runs 200 --seed 2026 [--txids 4] [--faults a,b] [--sink delta]``.
+Every run prints its own seed; ``--seed <run seed> --runs 1`` (with the same ``--txids``,
+``--faults`` and ``--sink``) replays that run's plan: the first run of a suite uses the master
+seed itself. The plan (data, window, faults, moments) is replayed exactly; the interleaving of
+processes is the machine's.
 Exits 1 if a run did not recover, lost or doubled a record.
 """
 
@@ -41,6 +59,7 @@ import json
 import logging
 import os
 import random
+import select
 import shutil
 import signal
 import statistics
@@ -66,19 +85,34 @@ from airflow_txn_provider.coordinator import (  # noqa: E402
     committable,
 )
 from airflow_txn_provider.exceptions import StagedOutputMismatchError, TxnError  # noqa: E402
+from airflow_txn_provider.sinks import DeltaSink, IcebergSink, LakeSink  # noqa: E402
 from airflow_txn_provider.spark.job import LOG_URL_ENV  # noqa: E402
 from airflow_txn_provider.spark.sources import PartitionedParquetSource  # noqa: E402
 from airflow_txn_provider.state import MapState, commit_registered  # noqa: E402
 from airflow_txn_provider.testing.postgres import EmbeddedPostgres  # noqa: E402
-from airflow_txn_provider.transaction_log import TransactionLog  # noqa: E402
+from airflow_txn_provider.transaction_log import TransactionInfo, TransactionLog  # noqa: E402
+from chaos.committer import TABLE_COMMITTED  # noqa: E402
 from chaos.report import FaultResult, print_table  # noqa: E402
-from tests.spark_data import parquet_dataset, random_lines, word_counts  # noqa: E402
+from tests.spark_data import (  # noqa: E402
+    lines_in_ranges,
+    parquet_dataset,
+    random_lines,
+    word_counts,
+)
 
 log = logging.getLogger("chaos.fast")
 
 KILL = "kill_processing"
 RESTART_LOG = "restart_log_postgres"
+KILL_COMMITTER = "kill_committer"
 FAULTS = (KILL, RESTART_LOG)
+"""The faults of a run without a lake sink."""
+SINK_FAULTS = (KILL, RESTART_LOG, KILL_COMMITTER)
+"""The faults of a run with a lake sink (``kill_committer`` needs a table commit to stop after)."""
+SINKS = ("none", "delta", "iceberg")
+SINK_NAME = "words"
+"""The lake sink's name (the key its output is recorded under: ``lake:words``)."""
+ICEBERG_NAMESPACE = "chaos"
 
 LEASE = 3.0
 """Seconds a worker's lease lasts after each renewal (renewed every LEASE / 5 s)."""
@@ -91,6 +125,8 @@ BOUND = 120.0
 """A run that has not committed every txid this many seconds after it started did not recover."""
 OUTAGE_TIMEOUT = 60.0
 """Seconds every log call (driver and workers) waits out a database that is down."""
+COMMITTER_TIMEOUT = OUTAGE_TIMEOUT + 60.0
+"""Seconds the driver waits for a ``kill_committer`` child to reach the table commit."""
 LINES_PER_TXID = 100
 """Lines of each partition in one txid's batch."""
 PARTITIONS = ("0", "1")
@@ -147,9 +183,16 @@ def plan_run(seed: int, txids: int, kinds: Sequence[str]) -> RunPlan:
                     kind, spawn, round(rng.uniform(0.0, 2.0), 2), round(rng.uniform(*DOWN_FOR), 1)
                 )
             )
-        else:
+        else:  # kill_processing and kill_committer
             faults.append(FaultPlan(kind, spawn, round(rng.uniform(0.2, 2.5), 2)))
     return RunPlan(seed, txids, max_pending, tuple(faults))
+
+
+def faults_for(sink: str) -> tuple[str, ...]:
+    """The faults runs draw from by default: ``kill_committer`` only with a lake sink."""
+    if sink not in SINKS:
+        raise ValueError(f"unknown sink {sink!r}; known: {list(SINKS)}")
+    return FAULTS if sink == "none" else SINK_FAULTS
 
 
 def run_seeds(master: int, runs: int) -> list[int]:
@@ -175,6 +218,25 @@ class Infra:
     spark_url: str
     workdir: Path
     txlog: TransactionLog
+    sink: str = "none"
+    """``none``, ``delta`` or ``iceberg``: the lake sink every run's pipeline also writes."""
+
+
+def make_sink(kind: str, run_dir: Path, workdir: Path, table: str) -> LakeSink | None:
+    """The run's lake sink: a Delta table in the run's folder, or the Iceberg table
+    ``chaos.<table>`` (catalog: the log's database; warehouse: the suite's folder)."""
+    if kind == "none":
+        return None
+    if kind == "delta":
+        return DeltaSink(SINK_NAME, table_uri=str(run_dir / "lake" / table), txid_column="txid")
+    if kind == "iceberg":
+        return IcebergSink(
+            SINK_NAME,
+            table=f"{ICEBERG_NAMESPACE}.{table}",
+            warehouse=str(workdir / "warehouse"),
+            txid_column="txid",
+        )
+    raise ValueError(f"unknown sink {kind!r}; known: {list(SINKS)}")
 
 
 @dataclass
@@ -207,12 +269,10 @@ class ChaosRun:
         self.txlog = infra.txlog
         self.dir = infra.workdir / f"run-{index:03d}-{plan.seed}"
         self.pipeline = f"chaos-{index:03d}-{plan.seed}"
-        self.state = MapState(
-            self.pipeline,
-            f"chaos_{index:03d}_{plan.seed % 16**8:08x}",
-            "transactional",
-            keys={"word": "text"},
-        )
+        name = f"chaos_{index:03d}_{plan.seed % 16**8:08x}"
+        self.state = MapState(self.pipeline, name, "transactional", keys={"word": "text"})
+        self.sink = make_sink(infra.sink, self.dir, infra.workdir, name)
+        self.sinks: tuple[LakeSink, ...] = () if self.sink is None else (self.sink,)
         self.lines = {
             p: random_lines(plan.seed * len(PARTITIONS) + i, plan.txids * LINES_PER_TXID)
             for i, p in enumerate(PARTITIONS)
@@ -233,6 +293,9 @@ class ChaosRun:
         self.events: Counter[str] = Counter()
         self.exits: Counter[int] = Counter()
         self.started = 0.0
+        self.commit_children = 0
+        self.killed_commits: set[int] = set()
+        """Txids whose committer was killed after its table commit."""
 
     # -- the driver ---------------------------------------------------------------------------
 
@@ -277,7 +340,8 @@ class ChaosRun:
         rec = committable(view)
         while rec is not None:
             try:
-                commit_registered(txlog, pipeline, rec.txid, rec.attempt)
+                if not self._commit(rec.txid, rec.attempt):
+                    break  # its committer was killed: the next round commits it again
             except StagedOutputMismatchError:  # staged rows lost in a crash: the txid replays
                 self.events["commit refused: staged rows lost"] += 1
                 break
@@ -309,16 +373,25 @@ class ChaosRun:
             elif emission.action in (BeginAction.WAIT_PREVIOUS, BeginAction.WAIT_WINDOW):
                 break
 
+    def _commit(self, txid: int, attempt: int) -> bool:
+        """Commit ``(txid, attempt)`` in this process, or, when a ``kill_committer`` fault is
+        due, in a child process killed between the table commit and the log's. Whether the txid
+        committed."""
+        due = self._due_committer_fault()
+        if due is not None:
+            return self._commit_and_kill(txid, attempt, due)
+        result = commit_registered(self.txlog, self.pipeline, txid, attempt, self.sinks)
+        for sink in self.sinks:
+            action = (result.details or {}).get(sink.output_key, {}).get("action")
+            if action == "already_in_table":
+                self.events["commit found its txid in the table"] += 1
+        return True
+
     def _spawn(self, txid: int, attempt: int) -> None:
         assert self.source is not None
         self.spawned += 1
         out = open(self.dir / f"worker-{self.spawned:02d}-txid{txid}-a{attempt}.log", "wb")
-        env = {
-            **os.environ,
-            LOG_URL_ENV: self.infra.pg.url,
-            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-            "SPARK_LOCAL_IP": "127.0.0.1",
-        }
+        env = self._child_env()
         argv = [
             sys.executable,
             "-m",
@@ -338,6 +411,8 @@ class ChaosRun:
             "--outage-timeout",
             str(OUTAGE_TIMEOUT),
         ]
+        if self.sink is not None:
+            argv += ["--sink", json.dumps(self.sink.to_spec()), "--state", self.state.name]
         popen = subprocess.Popen(
             argv,
             cwd=ROOT,
@@ -377,6 +452,8 @@ class ChaosRun:
             started = self.spawn_times.get(target)
             if started is None or now < started + fault.delay:
                 continue
+            if fault.kind == KILL_COMMITTER:
+                continue  # fires at the driver's next commit (see _commit)
             if fault.kind == RESTART_LOG:
                 if self.restarting is not None and self.restarting.is_alive():
                     continue  # one outage at a time: fire when the server is back
@@ -393,6 +470,105 @@ class ChaosRun:
                 self._fire(fault, f"SIGKILL worker txid {victim.txid} attempt {victim.attempt}")
                 _kill_group(victim.popen.pid)
                 self.pending.remove(entry)
+
+    def _due_committer_fault(self) -> list[Any] | None:
+        """The pending ``kill_committer`` entry whose moment has come, if any."""
+        now = time.monotonic()
+        for entry in self.pending:
+            fault, target = entry
+            started = self.spawn_times.get(target)
+            if (
+                fault.kind == KILL_COMMITTER
+                and started is not None
+                and now >= started + fault.delay
+            ):
+                return entry
+        return None
+
+    def _commit_and_kill(self, txid: int, attempt: int, entry: list[Any]) -> bool:
+        """Commit in a :mod:`chaos.committer` child; SIGKILL it once its table commit returned.
+        Whether the txid committed (only if the child never reached a table commit)."""
+        assert self.sink is not None
+        fault: FaultPlan = entry[0]
+        self.commit_children += 1
+        err = open(
+            self.dir / f"committer-{self.commit_children:02d}-txid{txid}-a{attempt}.log", "wb"
+        )
+        argv = [
+            sys.executable,
+            "-m",
+            "chaos.committer",
+            "--pipeline",
+            self.pipeline,
+            "--txid",
+            str(txid),
+            "--attempt",
+            str(attempt),
+            "--sink",
+            json.dumps(self.sink.to_spec()),
+            "--outage-timeout",
+            str(OUTAGE_TIMEOUT),
+        ]
+        popen = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            env=self._child_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            start_new_session=True,
+        )
+        assert popen.stdout is not None
+        message: dict[str, Any] = {}
+        deadline = time.monotonic() + COMMITTER_TIMEOUT
+        try:
+            while time.monotonic() < deadline:
+                ready, _, _ = select.select([popen.stdout], [], [], 0.2)
+                if not ready:
+                    self._inject_due_faults()  # a log outage may be due while it commits
+                    continue
+                line = popen.stdout.readline()
+                if not line:
+                    break  # it exited
+                try:
+                    message = json.loads(line)
+                except ValueError:
+                    continue  # not its report: a library's print
+                if TABLE_COMMITTED in message or "committed" in message:
+                    break
+            if TABLE_COMMITTED in message:
+                done = message[TABLE_COMMITTED]
+                self._fire(
+                    fault,
+                    f"SIGKILL committer of txid {txid} attempt {attempt} after its table commit "
+                    f"({done.get('action')}, version {done.get('version')}), before the log's",
+                )
+                _kill_group(popen.pid)
+                self.pending.remove(entry)
+                self.killed_commits.add(txid)
+                return False
+            if "committed" not in message:  # stuck past the deadline, or exited without a report
+                _kill_group(popen.pid)
+            rc = popen.wait()
+            if rc == 0 and "committed" in message:  # e.g. the txid had committed already
+                self.events["kill_committer: commit without a table commit"] += 1
+                return True  # the fault stays pending: the next commit
+            self.events[f"kill_committer: committer exited {rc}"] += 1
+            return False
+        finally:
+            if popen.poll() is None:
+                _kill_group(popen.pid)
+            popen.wait()
+            popen.stdout.close()
+            err.close()
+
+    def _child_env(self) -> dict[str, str]:
+        return {
+            **os.environ,
+            LOG_URL_ENV: self.infra.pg.url,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+            "SPARK_LOCAL_IP": "127.0.0.1",
+        }
 
     def _working(self) -> list[Worker]:
         """Live workers, those of a current processing attempt only if there are any (a worker
@@ -463,6 +639,12 @@ class ChaosRun:
             got = {key[0]: int(value) for key, value in self.state.items(conn).items()}
         lost = sum(max(n - got.get(w, 0), 0) for w, n in truth.items())
         doubled = sum(max(n - truth.get(w, 0), 0) for w, n in got.items())
+        lake: dict[str, object] = {}
+        if self.sink is not None:
+            lake = self._check_lake(committed, problems)
+            lake["state_lost"], lake["state_doubled"] = lost, doubled
+            lost += int(lake["lost"])  # type: ignore[call-overload]
+            doubled += int(lake["doubled"])  # type: ignore[call-overload]
         recovered = not problems
         ttr = None
         if recovered:
@@ -478,6 +660,7 @@ class ChaosRun:
                 plan.describe(),
                 *(f"{f.what} (in flight {list(f.in_flight)})" for f in self.fired),
                 *problems,
+                *([f"lake {lake}"] if lake else []),
                 f"events {dict(self.events)}",
                 f"worker exits {dict(self.exits)}",
             ]
@@ -490,8 +673,103 @@ class ChaosRun:
             lost,
             doubled,
             detail,
-            extra={"seconds": time.monotonic() - self.started, "events": dict(self.events)},
+            extra={
+                "seconds": time.monotonic() - self.started,
+                "events": dict(self.events),
+                **({"lake": lake} if lake else {}),
+            },
         )
+
+    def _check_lake(
+        self, committed: Sequence[TransactionInfo], problems: list[str]
+    ) -> dict[str, object]:
+        """The lake table against the log and the plain-Python word counts of each committed
+        txid's batch. Appends what is wrong to ``problems``; returns the figures (``lost`` and
+        ``doubled`` in word occurrences, as the state's)."""
+        sink = self.sink
+        assert sink is not None
+        last = committed[-1].txid if committed else 0
+        truth = {
+            (info.txid, word): n
+            for info in committed
+            for word, n in word_counts(lines_in_ranges(self.lines, info.metadata)).items()
+        }
+        figures: dict[str, object] = {"lost": sum(truth.values()), "doubled": 0}
+        try:
+            table = sink.open(self.infra.pg.url)
+            table_txid = table.committed_txid(self.pipeline)
+            versions = table.versions(self.pipeline)
+            newest = table.read(versions[-1][1]) if versions else None
+        except Exception as err:  # no table, or files it references are gone: all lost
+            problems.append(f"lake table unreadable: {type(err).__name__}: {err}")
+            return figures
+        if table_txid != last:
+            problems.append(f"lake table holds txid {table_txid}, the log committed {last}")
+        if [t for t, _ in versions] != list(range(1, last + 1)):
+            problems.append(f"lake table commits of txids {[t for t, _ in versions]}")
+        version_of = dict(versions)
+        recorded = {  # what the log's commit recorded of the table commit, by txid
+            info.txid: ((info.output or {}).get(sink.output_key) or {}).get("commit") or {}
+            for info in committed
+        }
+        for txid, commit in recorded.items():  # the version the log recorded is the table's
+            if commit.get("version") != version_of.get(txid):
+                problems.append(
+                    f"txid {txid}: the log recorded table version {commit.get('version')}, "
+                    f"the table has {version_of.get(txid)}"
+                )
+        for txid in sorted(self.killed_commits & set(recorded)):  # found in the table on retry
+            if recorded[txid].get("action") != "already_in_table":
+                problems.append(
+                    f"txid {txid}: its committer was killed after the table commit, yet the log's "
+                    f"commit did {recorded[txid].get('action')!r}"
+                )
+        rows = [] if newest is None else newest.to_pylist()
+        got: dict[tuple[int, str], list[int]] = {}
+        for row in rows:
+            got.setdefault((row["txid"], row["word"]), []).append(int(row["delta"]))
+        lost = sum(max(n - sum(got.get(key, [])), 0) for key, n in truth.items())
+        doubled = sum(max(sum(deltas) - truth.get(key, 0), 0) for key, deltas in got.items())
+        missing = sum(1 for key in truth if key not in got)
+        twice = sum(1 for deltas in got.values() if len(deltas) > 1)
+        stray = sorted({t for t, _ in got} - set(range(1, last + 1)), key=str)
+        if stray:
+            problems.append(f"lake rows of txids {stray} the log did not commit")
+        everything = Counter((row["txid"], row["word"], row["delta"]) for row in rows)
+        for txid, version in versions:  # "as of txid": exactly the rows of txids 1..txid
+            try:
+                as_of = Counter(
+                    (r["txid"], r["word"], r["delta"]) for r in table.read(version).to_pylist()
+                )
+            except Exception as err:
+                problems.append(f"lake table as of txid {txid} unreadable: {err}")
+                continue
+            expected = Counter({k: n for k, n in everything.items() if k[0] <= txid})
+            if as_of != expected:
+                problems.append(f"lake table as of txid {txid} is not the rows of txids 1..{txid}")
+        figures.update(
+            lost=lost,
+            doubled=doubled,
+            rows=len(rows),
+            pairs_missing=missing,
+            pairs_twice=twice,
+            table_txid=table_txid,
+            staging_leftovers=self._staging_leftovers(committed),
+        )
+        return figures
+
+    def _staging_leftovers(self, committed: Sequence[TransactionInfo]) -> int:
+        """Staging directories of committed txids besides the one the table holds (garbage, not
+        data: killed workers' Spark jobs may still write after the commit's cleanup)."""
+        sink = self.sink
+        assert sink is not None
+        count = 0
+        for info in committed:
+            kept = ((info.output or {}).get(sink.output_key) or {}).get("directory")
+            root = Path(sink.txid_dir(self.pipeline, info.txid))
+            if root.is_dir():
+                count += sum(1 for d in root.iterdir() if d.is_dir() and str(d) != kept)
+        return count
 
     def execute(self) -> FaultResult:
         self.setup()
@@ -519,7 +797,8 @@ def run_suite(
     seed: int,
     *,
     txids: int = 4,
-    faults: Sequence[str] = FAULTS,
+    faults: Sequence[str] | None = None,
+    sink: str = "none",
     spark_url: str | None = None,
     workdir: Path | None = None,
     progress: Callable[[str], None] = print,
@@ -529,7 +808,9 @@ def run_suite(
 
     :param seed: the master seed; run ``i``'s seed is ``run_seeds(seed, runs)[i]``.
     :param txids: txids per run.
-    :param faults: the fault kinds runs draw from.
+    :param faults: the fault kinds runs draw from (``None``: :func:`faults_for` the sink).
+    :param sink: ``none``, ``delta`` or ``iceberg``: the lake sink every run's pipeline also
+        writes, and checks.
     :param spark_url: a running Spark Connect server (``sc://127.0.0.1:PORT``); one is started
         (``local[2]``) if ``None``.
     :param workdir: where data sets, worker logs and the servers live; a temporary folder if
@@ -539,23 +820,25 @@ def run_suite(
         environment, e.g. the library's code changing under a long suite, fails every run after
         it, two minutes each); the results so far are returned. ``0``: never stop.
     """
-    unknown = sorted(set(faults) - set(FAULTS))
+    known = faults_for(sink)
+    faults = known if faults is None else tuple(faults)
+    unknown = sorted(set(faults) - set(known))
     if unknown or not faults:
-        raise ValueError(f"unknown faults {unknown}; known: {list(FAULTS)}")
+        raise ValueError(f"unknown faults {unknown} with sink {sink!r}; known: {list(known)}")
     own_workdir = workdir is None
     workdir = Path(workdir or tempfile.mkdtemp(prefix="txn-chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)
     os.chmod(workdir, 0o755)  # the log's Postgres runs as user postgres
     seeds = run_seeds(seed, runs)
     progress(
-        f"chaos fast tier: master seed {seed}, {runs} runs, {txids} txids each, faults "
-        f"{','.join(faults)}; logs in {workdir}"
+        f"chaos fast tier: master seed {seed}, {runs} runs, {txids} txids each, sink {sink}, "
+        f"faults {','.join(faults)}; logs in {workdir}"
     )
     results: list[FaultResult] = []
     handler = _log_to(workdir / "chaos.log")
     with _servers(workdir, spark_url) as (pg, url):
         txlog = TransactionLog.from_url(pg.url, outage_timeout=OUTAGE_TIMEOUT)
-        infra = Infra(pg, url, workdir, txlog)
+        infra = Infra(pg, url, workdir, txlog, sink)
         progress(f"Spark Connect warm-up: {warm_up(url, workdir):.1f} s")
         for index, run_seed in enumerate(seeds):
             plan = plan_run(run_seed, txids, faults)
@@ -575,7 +858,8 @@ def run_suite(
             )
             progress(
                 f"[{index + 1:>3}/{runs}] seed {run_seed} {plan.describe()} -> {outcome}, "
-                f"lost {result.records_lost}, doubled {result.records_doubled} "
+                f"lost {result.records_lost}, doubled {result.records_doubled}"
+                f"{_lake_summary(result)} "
                 f"({time.monotonic() - started:.1f} s){'' if result.ok else '  FAILED'}"
             )
             streak = len(results) - max((i + 1 for i, r in enumerate(results) if r.ok), default=0)
@@ -588,6 +872,19 @@ def run_suite(
     if own_workdir and all(r.ok for r in results):
         shutil.rmtree(workdir, ignore_errors=True)
     return results
+
+
+def _lake_summary(result: FaultResult) -> str:
+    """`` (table: N rows to txid T, lost L, doubled D)``: the lake check's own figures."""
+    lake = result.extra.get("lake")
+    if not isinstance(lake, dict):
+        return ""
+    if "rows" not in lake:
+        return " (table unreadable)"
+    return (
+        f" (table: {lake['rows']} rows to txid {lake['table_txid']}, lost {lake['lost']}, "
+        f"doubled {lake['doubled']})"
+    )
 
 
 def warm_up(spark_url: str, workdir: Path) -> float:
@@ -653,6 +950,7 @@ def _log_to(path: Path) -> logging.Handler:
     root.setLevel(logging.INFO)
     logging.getLogger("alembic").setLevel(logging.WARNING)
     logging.getLogger("py4j").setLevel(logging.WARNING)
+    logging.getLogger("pyiceberg.io").setLevel(logging.WARNING)  # "Defaulting to PyArrow FileIO"
     return handler
 
 
@@ -682,13 +980,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None, help="master seed (random if omitted)")
     parser.add_argument("--txids", type=int, default=4, help="txids per run (>= 3)")
     parser.add_argument(
-        "--faults", default=",".join(FAULTS), help=f"comma-separated, from {','.join(FAULTS)}"
+        "--faults",
+        default=None,
+        help=f"comma-separated, from {','.join(SINK_FAULTS)} ({KILL_COMMITTER} needs a sink); "
+        "default: all of them the sink allows",
+    )
+    parser.add_argument(
+        "--sink",
+        choices=SINKS,
+        default="none",
+        help="also write the word count into a lake table, and check it (default: none)",
     )
     parser.add_argument("--spark-url", default=None, help="use this Spark Connect server")
     parser.add_argument("--workdir", type=Path, default=None, help="keep everything here")
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().getrandbits(32)
-    faults = [f for f in args.faults.split(",") if f]
+    faults = None if args.faults is None else [f for f in args.faults.split(",") if f]
     _quiet_console()
     started = time.monotonic()
     results = run_suite(
@@ -696,6 +1003,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         seed,
         txids=args.txids,
         faults=faults,
+        sink=args.sink,
         spark_url=args.spark_url,
         workdir=args.workdir,
         progress=lambda line: print(line, flush=True),
@@ -705,7 +1013,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print_table(
         results,
         title=f"Fast chaos tier: {len(results)} runs, master seed {seed}, {args.txids} txids per "
-        f"run, wall time {wall / 60:.1f} min ({summary_seconds(results)})",
+        f"run, sink {args.sink}, wall time {wall / 60:.1f} min ({summary_seconds(results)})",
     )
     return 0 if all(r.ok for r in results) else 1
 

@@ -1,12 +1,17 @@
 """A processing worker of the fast chaos tier: one process per attempt, as an Airflow task is.
 
-``python -m chaos.worker --pipeline P --txid T --attempt A --source JSON --spark-url sc://…``
-(the log's URL in ``$TXN_LOG_URL``) processes one attempt on Spark Connect under a
-:class:`~airflow_txn_provider.lease.LeaseKeeper`, exactly as the Spark Connect path of the
-processing operator does: a new remote session,
+``python -m chaos.worker --pipeline P --txid T --attempt A --source JSON --spark-url sc://…
+[--sink JSON --state NAME]`` (the log's URL in ``$TXN_LOG_URL``) processes one attempt on Spark
+Connect under a :class:`~airflow_txn_provider.lease.LeaseKeeper`, exactly as the Spark Connect
+path of the processing operator does: a new remote session,
 :func:`~airflow_txn_provider.spark.job.process_batch` (read, transform, stage fenced by the
 attempt, mark processed), the session stopped. If the attempt
 is failed meanwhile, the keeper interrupts the session's Spark work.
+
+With ``--sink`` (a :meth:`~airflow_txn_provider.sinks.LakeSink.to_spec`), the job also writes
+the word count into that lake sink: the executors stage it as Parquet in the attempt's own
+directory, recorded with the attempt's output (``BatchJob(..., sinks=(sink,))``); ``--state``
+names the map state that gets the same word count, as before.
 
 It does not go through :class:`~airflow_txn_provider.spark.submit.SparkConnectRunner` only
 because importing ``spark.submit`` imports Airflow (its ``TxnSparkSubmitHook`` base class), which
@@ -24,12 +29,13 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from airflow_txn_provider.exceptions import TxnError
 from airflow_txn_provider.lease import LeaseKeeper, holder_name
+from airflow_txn_provider.sinks import LakeSink, sink_from_spec
 from airflow_txn_provider.spark.job import (
     CONNECT_MODE_ENV,
     LOG_URL_ENV,
@@ -42,7 +48,7 @@ from airflow_txn_provider.spark.sources import source_from_spec
 from airflow_txn_provider.transaction_log import TransactionLog
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 log = logging.getLogger("chaos.worker")
 
@@ -86,6 +92,18 @@ def load_transform(path: Path = WORD_COUNT) -> Transform:
     return module.transform  # type: ignore[no-any-return]
 
 
+def to_state_and_sink(transform: Transform, state: str, sink: str) -> Transform:
+    """``transform``'s one DataFrame for two outputs: the map state ``state`` and the lake sink
+    ``sink`` (a pipeline with several outputs returns ``{output name: DataFrame}``)."""
+
+    def both(batch: DataFrame) -> dict[str, DataFrame]:
+        counts = transform(batch)
+        assert not isinstance(counts, Mapping), "a transform of one output"
+        return {state: counts, sink: counts}
+
+    return both
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pipeline", required=True)
@@ -95,6 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--spark-url", required=True, help="sc://127.0.0.1:PORT")
     parser.add_argument("--lease", type=float, default=3.0, help="lease timeout, seconds")
     parser.add_argument("--outage-timeout", type=float, default=60.0)
+    parser.add_argument("--sink", default=None, help="JSON from LakeSink.to_spec()")
+    parser.add_argument("--state", default=None, help="with --sink: the map state's name")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -104,9 +124,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not url:
         print(f"error: ${LOG_URL_ENV} is not set", file=sys.stderr)
         return 2
-    job = BatchJob(args.pipeline, args.txid, args.attempt, source_from_spec(args.source))
+    transform = load_transform()
+    sinks: tuple[LakeSink, ...] = ()
+    if args.sink is not None:
+        if args.state is None:
+            parser.error("--sink needs --state")
+        sink = sink_from_spec(args.sink)
+        sinks = (sink,)
+        transform = to_state_and_sink(transform, args.state, sink.name)
+    job = BatchJob(
+        args.pipeline, args.txid, args.attempt, source_from_spec(args.source), sinks=sinks
+    )
     txlog = TransactionLog.from_url(url, migrate=False, outage_timeout=args.outage_timeout)
-    runner = _ConnectRun(load_transform(), args.spark_url)
+    runner = _ConnectRun(transform, args.spark_url)
     holder = holder_name(f"chaos worker txid {job.txid} attempt {job.attempt}")
     try:
         with LeaseKeeper(
