@@ -3,7 +3,6 @@ that watches for them (evaluation with plain views, serialisation round trip, a 
 
 from __future__ import annotations
 
-import asyncio
 import importlib
 
 import pytest
@@ -89,45 +88,6 @@ def test_trigger_serialize_round_trip():
     again = getattr(importlib.import_module(module), name)(**kwargs)
     assert again.serialize() == (path, kwargs)
     assert kwargs["wait_for"] == "commit_gate" and kwargs["txid"] == 7
-
-
-@pytest.mark.integration
-def test_trigger_wakes_when_previous_txid_commits(txlog, db_url, monkeypatch):
-    """A real poll through the async driver: the gate of txid 2 opens once txid 1 commits."""
-    from airflow_txn_provider.sources import TransactionalSource
-    from tests.conftest import set_txn_log_connection
-
-    class Numbers(TransactionalSource):
-        def initialize_transaction(self, txid, prev):
-            return {"n": txid}
-
-    set_txn_log_connection(monkeypatch, "txn_trigger", db_url)
-    txlog.register_pipeline("gate", source_kind="transactional", max_pending=3)
-    for _ in range(2):
-        assert txlog.begin_next("gate", Numbers()).emitted
-    txlog.mark_processed("gate", 1, 1, {"n": 1})
-    txlog.mark_processed("gate", 2, 1, {"n": 2})
-    trigger = TxnLogTrigger(
-        txn_log_conn_id="txn_trigger",
-        pipeline="gate",
-        txid=2,
-        attempt=1,
-        wait_for=WaitFor.COMMIT_GATE,
-        poll_interval=0.05,
-    )
-
-    async def scenario():
-        events = trigger.run()
-        waiting = asyncio.ensure_future(events.__anext__())
-        await asyncio.sleep(0.5)
-        assert not waiting.done(), "the gate opened before txid 1 committed"
-        await asyncio.to_thread(txlog.commit, "gate", 1, 1)
-        event = await asyncio.wait_for(waiting, 10)
-        await events.aclose()
-        return event
-
-    event = asyncio.run(scenario())
-    assert event.payload == {"state": "open", "txid": 2}
 
 
 def test_evaluate_wakes_the_failure_sensor_when_the_lease_runs_out():

@@ -23,7 +23,7 @@ from tests.spark_data import (
     write_landing_file,
 )
 
-JOBS = Path(__file__).resolve().parents[2] / "spark_jobs"
+JOBS = Path(__file__).resolve().parents[3] / "spark_jobs"
 word_count = load_job_module(JOBS / "word_count.py")
 global_count = load_job_module(JOBS / "global_count.py")
 
