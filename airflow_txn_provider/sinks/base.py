@@ -395,6 +395,19 @@ def check_schema(
 # -- files ---------------------------------------------------------------------------------------
 
 
+def require(module: str, extra: str) -> None:
+    """Import ``module`` (a format's library, an optional dependency) or say how to install it."""
+    import importlib
+
+    try:
+        importlib.import_module(module)
+    except ImportError as err:
+        raise LakeSinkError(
+            f"this lake sink needs the {module!r} package: "
+            f"pip install 'airflow-txn-provider[{extra}]'"
+        ) from err
+
+
 def _filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     import pyarrow.fs as pafs
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from airflow_txn_provider.sinks.base import LakeSink, LakeTable
+from airflow_txn_provider.sinks.base import LakeSink, LakeTable, require
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -63,6 +63,7 @@ class DeltaSink(LakeSink):
         return {"table_uri": self.table_uri}
 
     def open(self, log_url: str | None = None) -> DeltaLakeTable:
+        require("deltalake", "delta")
         return DeltaLakeTable(self.table_uri)
 
 

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from airflow_txn_provider.sinks.base import LakeSink, LakeTable
+from airflow_txn_provider.sinks.base import LakeSink, LakeTable, require
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -87,6 +87,7 @@ class IcebergSink(LakeSink):
             raise ValueError(
                 f"sink {self.name!r}: no catalog_uri, and no transaction log URL to default to"
             )
+        require("pyiceberg", "iceberg")
         return IcebergLakeTable(self, uri)
 
 

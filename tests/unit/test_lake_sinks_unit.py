@@ -146,3 +146,13 @@ class TestPipelineWithSinks:
             self._pipeline(sinks=[sink, DeltaSink("events", table_uri="/lake/f")])
         with pytest.raises(ValueError, match="staging directory"):
             self._pipeline(name="has space", sinks=[sink])
+
+
+def test_a_missing_format_library_says_which_extra_to_install(monkeypatch):
+    import sys
+
+    from airflow_txn_provider.exceptions import LakeSinkError
+
+    monkeypatch.setitem(sys.modules, "deltalake", None)  # as if not installed
+    with pytest.raises(LakeSinkError, match=r"airflow-txn-provider\[delta\]"):
+        DeltaSink("s", table_uri="/lake/t").open()
