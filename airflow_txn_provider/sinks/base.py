@@ -233,6 +233,14 @@ class LakeSink(abc.ABC):
             for p, (_, size, rows) in zip(staged.paths(), staged.files, strict=True)
             if rows
         ]
+        missing = _missing([p for p, _, _ in files])
+        if missing:  # a Delta add would reference them anyway, and its readers fail
+            raise LakeSinkError(
+                f"lake sink {self.name!r}: staged files are gone: {missing[:3]}; replay the txid",
+                pipeline=pipeline,
+                txid=txid,
+                attempt=attempt,
+            )
         version = table.add(
             files,
             schema,
@@ -414,6 +422,16 @@ def _filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     if "://" not in uri and not uri.startswith("/"):
         raise LakeSinkError(f"lake paths must be absolute or URIs, got {uri!r}")
     return pafs.FileSystem.from_uri(uri)
+
+
+def _missing(paths: Sequence[str]) -> list[str]:
+    import pyarrow.fs as pafs
+
+    if not paths:
+        return []
+    fs, _ = _filesystem(paths[0])
+    infos = fs.get_file_info([_filesystem(p)[1] for p in paths])
+    return [p for p, info in zip(paths, infos, strict=True) if info.type != pafs.FileType.File]
 
 
 def _footer_schema(path: str) -> pa.Schema:

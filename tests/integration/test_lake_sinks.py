@@ -14,6 +14,7 @@ import pytest
 from airflow_txn_provider.coordinator import TxStatus
 from airflow_txn_provider.exceptions import (
     LakeSchemaMismatchError,
+    LakeSinkError,
     LakeTableOutOfSyncError,
     ProcessingError,
     TxidNotReadableError,
@@ -242,3 +243,23 @@ def test_spark_submit_jobs_stage_for_the_sink_too(txlog, db_url, tmp_path, monke
     for e in emissions:
         commit_registered(txlog, "submitted", e.txid, e.attempt, [sink])
     assert _table_rows(sink, db_url, "submitted") == _expected(data, emissions)
+
+
+def test_staged_files_that_are_gone_fail_the_commit_and_the_txid_replays(
+    txlog, db_url, tmp_path, runner
+):
+    data, source = _source(tmp_path, seed=41)
+    sink = _sink("delta", tmp_path, txid_column="txid")
+    txlog.register_pipeline("gone", source_kind="transactional", max_pending=4)
+    first = txlog.begin_next("gone", source)
+    runner.run(BatchJob("gone", 1, first.attempt, source, sinks=(sink,)), txlog)
+    staged = StagedFiles.from_json(txlog.transaction("gone", 1).output[sink.output_key])
+    Path(staged.paths()[0]).unlink()  # e.g. a VACUUM with zero retention
+    with pytest.raises(LakeSinkError, match="staged files are gone"):
+        commit_registered(txlog, "gone", 1, first.attempt, [sink])
+    assert txlog.transaction("gone", 1).status is TxStatus.FAILED
+    assert sink.open().committed_txid("gone") == 0
+    second = txlog.begin("gone", 1, source)
+    runner.run(BatchJob("gone", 1, second.attempt, source, sinks=(sink,)), txlog)
+    commit_registered(txlog, "gone", 1, second.attempt, [sink])
+    assert _table_rows(sink, db_url, "gone") == _expected(data, [second])
