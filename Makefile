@@ -11,6 +11,7 @@
 # make bench-preload: a task process's first Spark Connect call, fresh vs forked from a warm parent
 # make bench-begin: a txid's begin in a fresh process after 10, 1 000 and 100 000 source files
 # make bench-retention: log table sizes and the page's state read over 10k txids, with/without retention
+# make bench-lake : rows/s into a Delta / Iceberg table vs Spark writing the same Parquet directly
 # make chaos : the seeded chaos suite (faults caused for real; both tiers print their tables)
 # make chaos-lake: the fast chaos tier on lake-sink pipelines (a Delta table, then an Iceberg table)
 
@@ -21,7 +22,7 @@ STAMP  := $(VENV)/.installed-stamp
 PYSPARK_VERSION := 4.3.0
 PYTEST_ARGS ?=
 
-.PHONY: demo demo-stop demo-core install system-deps test test-unit test-integration lint chaos chaos-fast chaos-airflow chaos-lake bench-core bench-spark bench-airflow bench-peer bench-read bench-preload bench-begin bench-retention clean
+.PHONY: demo demo-stop demo-core install system-deps test test-unit test-integration lint chaos chaos-fast chaos-airflow chaos-lake bench-core bench-spark bench-airflow bench-peer bench-read bench-preload bench-begin bench-retention bench-lake clean
 
 install: $(STAMP)
 
@@ -107,6 +108,9 @@ bench-begin: install
 
 bench-retention: install
 	$(PY) benchmarks/bench_retention.py
+
+bench-lake: install
+	$(PY) benchmarks/bench_lake.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis var
