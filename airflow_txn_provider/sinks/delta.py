@@ -68,17 +68,25 @@ class DeltaSink(LakeSink):
 
 
 class DeltaLakeTable(LakeTable):
+    """One commit's (or one reader's) handle: the Delta log is read once when the table is first
+    looked at, and again only after this handle committed (delta-rs does not refresh a handle
+    after its own commits)."""
+
     def __init__(self, uri: str) -> None:
         self.uri = uri
+        self._current: Any = None
 
     def _table(self, version: int | None = None) -> Any:
-        """The table as it is now (a fresh handle: delta-rs does not refresh one after its own
-        commits), or ``None`` if it does not exist."""
+        """The table as it is (or at ``version``), or ``None`` if it does not exist."""
         from deltalake import DeltaTable
 
-        if not DeltaTable.is_deltatable(self.uri):
-            return None
-        return DeltaTable(self.uri) if version is None else DeltaTable(self.uri, version=version)
+        if version is not None:
+            return DeltaTable(self.uri, version=version)
+        if self._current is None:
+            if not DeltaTable.is_deltatable(self.uri):
+                return None
+            self._current = DeltaTable(self.uri)
+        return self._current
 
     def committed_txid(self, pipeline: str) -> int:
         dt = self._table()
@@ -106,6 +114,7 @@ class DeltaLakeTable(LakeTable):
         dt = self._table()
         if dt is None:
             dt = DeltaTable.create(self.uri, schema=schema, mode="ignore")
+        self._current = None  # whatever happens next, the handle is out of date
         properties = CommitProperties(
             app_transactions=[Transaction(app_id=pipeline, version=txid)],
             custom_metadata={
