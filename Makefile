@@ -13,7 +13,7 @@
 # make bench-retention: log table sizes and the page's state read over 10k txids, with/without retention
 # make bench-lake : rows/s into a Delta / Iceberg table vs Spark writing the same Parquet directly
 # make chaos : the seeded chaos suite (faults caused for real; both tiers print their tables)
-# make chaos-lake: the fast chaos tier on lake-sink pipelines (a Delta table, then an Iceberg table)
+# make chaos-lake: both chaos tiers on lake-sink pipelines (a Delta table, then an Iceberg table)
 
 PYTHON ?= python3
 VENV   := .venv
@@ -70,7 +70,8 @@ lint: install
 # chaos-fast: no Airflow, 200 seeded runs. chaos-airflow: every fault on a real Airflow, CHAOS_REPEAT
 # runs each. chaos-lake: the fast tier with the word count also committed into a lake table (20
 # runs on Delta, 20 on Iceberg; adds the fault of a committer killed between the table's commit
-# and the log's); not part of `make chaos`.
+# and the log's), then every fault of the Airflow tier once with a Delta, then an Iceberg table;
+# not part of `make chaos`.
 SEED ?= 2026
 CHAOS_REPEAT ?= 2
 chaos: chaos-fast chaos-airflow
@@ -84,6 +85,8 @@ chaos-airflow: install
 chaos-lake: install
 	$(PY) chaos/fast.py --runs 20 --seed $(SEED) --sink delta
 	$(PY) chaos/fast.py --runs 20 --seed $(SEED) --sink iceberg
+	$(PY) chaos/on_airflow.py --seed $(SEED) --sink delta
+	$(PY) chaos/on_airflow.py --seed $(SEED) --sink iceberg
 
 bench-core: install
 	$(PY) benchmarks/bench_core.py

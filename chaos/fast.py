@@ -69,7 +69,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -683,93 +683,17 @@ class ChaosRun:
     def _check_lake(
         self, committed: Sequence[TransactionInfo], problems: list[str]
     ) -> dict[str, object]:
-        """The lake table against the log and the plain-Python word counts of each committed
-        txid's batch. Appends what is wrong to ``problems``; returns the figures (``lost`` and
-        ``doubled`` in word occurrences, as the state's)."""
-        sink = self.sink
-        assert sink is not None
-        last = committed[-1].txid if committed else 0
-        truth = {
-            (info.txid, word): n
-            for info in committed
-            for word, n in word_counts(lines_in_ranges(self.lines, info.metadata)).items()
-        }
-        figures: dict[str, object] = {"lost": sum(truth.values()), "doubled": 0}
-        try:
-            table = sink.open(self.infra.pg.url)
-            table_txid = table.committed_txid(self.pipeline)
-            versions = table.versions(self.pipeline)
-            newest = table.read(versions[-1][1]) if versions else None
-        except Exception as err:  # no table, or files it references are gone: all lost
-            problems.append(f"lake table unreadable: {type(err).__name__}: {err}")
-            return figures
-        if table_txid != last:
-            problems.append(f"lake table holds txid {table_txid}, the log committed {last}")
-        if [t for t, _ in versions] != list(range(1, last + 1)):
-            problems.append(f"lake table commits of txids {[t for t, _ in versions]}")
-        version_of = dict(versions)
-        recorded = {  # what the log's commit recorded of the table commit, by txid
-            info.txid: ((info.output or {}).get(sink.output_key) or {}).get("commit") or {}
-            for info in committed
-        }
-        for txid, commit in recorded.items():  # the version the log recorded is the table's
-            if commit.get("version") != version_of.get(txid):
-                problems.append(
-                    f"txid {txid}: the log recorded table version {commit.get('version')}, "
-                    f"the table has {version_of.get(txid)}"
-                )
-        for txid in sorted(self.killed_commits & set(recorded)):  # found in the table on retry
-            if recorded[txid].get("action") != "already_in_table":
-                problems.append(
-                    f"txid {txid}: its committer was killed after the table commit, yet the log's "
-                    f"commit did {recorded[txid].get('action')!r}"
-                )
-        rows = [] if newest is None else newest.to_pylist()
-        got: dict[tuple[int, str], list[int]] = {}
-        for row in rows:
-            got.setdefault((row["txid"], row["word"]), []).append(int(row["delta"]))
-        lost = sum(max(n - sum(got.get(key, [])), 0) for key, n in truth.items())
-        doubled = sum(max(sum(deltas) - truth.get(key, 0), 0) for key, deltas in got.items())
-        missing = sum(1 for key in truth if key not in got)
-        twice = sum(1 for deltas in got.values() if len(deltas) > 1)
-        stray = sorted({t for t, _ in got} - set(range(1, last + 1)), key=str)
-        if stray:
-            problems.append(f"lake rows of txids {stray} the log did not commit")
-        everything = Counter((row["txid"], row["word"], row["delta"]) for row in rows)
-        for txid, version in versions:  # "as of txid": exactly the rows of txids 1..txid
-            try:
-                as_of = Counter(
-                    (r["txid"], r["word"], r["delta"]) for r in table.read(version).to_pylist()
-                )
-            except Exception as err:
-                problems.append(f"lake table as of txid {txid} unreadable: {err}")
-                continue
-            expected = Counter({k: n for k, n in everything.items() if k[0] <= txid})
-            if as_of != expected:
-                problems.append(f"lake table as of txid {txid} is not the rows of txids 1..{txid}")
-        figures.update(
-            lost=lost,
-            doubled=doubled,
-            rows=len(rows),
-            pairs_missing=missing,
-            pairs_twice=twice,
-            table_txid=table_txid,
-            staging_leftovers=self._staging_leftovers(committed),
+        """The run's lake table checked by :func:`check_lake_table`."""
+        assert self.sink is not None
+        return check_lake_table(
+            self.sink,
+            self.infra.pg.url,
+            self.pipeline,
+            self.lines,
+            committed,
+            problems,
+            killed_commits=self.killed_commits,
         )
-        return figures
-
-    def _staging_leftovers(self, committed: Sequence[TransactionInfo]) -> int:
-        """Staging directories of committed txids besides the one the table holds (garbage, not
-        data: killed workers' Spark jobs may still write after the commit's cleanup)."""
-        sink = self.sink
-        assert sink is not None
-        count = 0
-        for info in committed:
-            kept = ((info.output or {}).get(sink.output_key) or {}).get("directory")
-            root = Path(sink.txid_dir(self.pipeline, info.txid))
-            if root.is_dir():
-                count += sum(1 for d in root.iterdir() if d.is_dir() and str(d) != kept)
-        return count
 
     def execute(self) -> FaultResult:
         self.setup()
@@ -780,6 +704,115 @@ class ChaosRun:
             if self.restarting is not None:
                 self.restarting.join()
         return self.check()
+
+
+def check_lake_table(
+    sink: LakeSink,
+    log_url: str,
+    pipeline: str,
+    lines: Mapping[str, Sequence[str]],
+    committed: Sequence[TransactionInfo],
+    problems: list[str],
+    *,
+    killed_commits: Collection[int] = (),
+) -> dict[str, object]:
+    """A word-count pipeline's lake table against its log and the plain-Python word counts of
+    each committed txid's batch: shared by the fast tier and the Airflow tier.
+
+    :param sink: the pipeline's sink (its rows ``(word, delta, txid)``).
+    :param log_url: the log's URL (an Iceberg sink's catalog defaults to the log's database).
+    :param lines: the source's lines by partition; a committed txid's batch is
+        ``lines_in_ranges(lines, metadata)``.
+    :param committed: the pipeline's committed txids, in txid order.
+    :param problems: what is wrong is appended here.
+    :param killed_commits: txids whose committer was killed after the table commit: their log
+        commit must have found the txid in the table (``already_in_table``).
+
+    Returns the figures (``lost`` and ``doubled`` in word occurrences, as the state's; ``rows``,
+    ``table_txid``, ``pairs_missing``, ``pairs_twice``, ``staging_leftovers``). An unreadable
+    table counts every committed occurrence lost.
+    """
+    last = committed[-1].txid if committed else 0
+    truth = {
+        (info.txid, word): n
+        for info in committed
+        for word, n in word_counts(lines_in_ranges(lines, info.metadata)).items()
+    }
+    figures: dict[str, object] = {"lost": sum(truth.values()), "doubled": 0}
+    try:
+        table = sink.open(log_url)
+        table_txid = table.committed_txid(pipeline)
+        versions = table.versions(pipeline)
+        newest = table.read(versions[-1][1]) if versions else None
+    except Exception as err:  # no table, or files it references are gone: all lost
+        problems.append(f"lake table unreadable: {type(err).__name__}: {err}")
+        return figures
+    if table_txid != last:
+        problems.append(f"lake table holds txid {table_txid}, the log committed {last}")
+    if [t for t, _ in versions] != list(range(1, last + 1)):
+        problems.append(f"lake table commits of txids {[t for t, _ in versions]}")
+    version_of = dict(versions)
+    recorded = {  # what the log's commit recorded of the table commit, by txid
+        info.txid: ((info.output or {}).get(sink.output_key) or {}).get("commit") or {}
+        for info in committed
+    }
+    for txid, commit in recorded.items():  # the version the log recorded is the table's
+        if commit.get("version") != version_of.get(txid):
+            problems.append(
+                f"txid {txid}: the log recorded table version {commit.get('version')}, "
+                f"the table has {version_of.get(txid)}"
+            )
+    for txid in sorted(set(killed_commits) & set(recorded)):  # found in the table on retry
+        if recorded[txid].get("action") != "already_in_table":
+            problems.append(
+                f"txid {txid}: its committer was killed after the table commit, yet the log's "
+                f"commit did {recorded[txid].get('action')!r}"
+            )
+    rows = [] if newest is None else newest.to_pylist()
+    got: dict[tuple[int, str], list[int]] = {}
+    for row in rows:
+        got.setdefault((row["txid"], row["word"]), []).append(int(row["delta"]))
+    lost = sum(max(n - sum(got.get(key, [])), 0) for key, n in truth.items())
+    doubled = sum(max(sum(deltas) - truth.get(key, 0), 0) for key, deltas in got.items())
+    missing = sum(1 for key in truth if key not in got)
+    twice = sum(1 for deltas in got.values() if len(deltas) > 1)
+    stray = sorted({t for t, _ in got} - set(range(1, last + 1)), key=str)
+    if stray:
+        problems.append(f"lake rows of txids {stray} the log did not commit")
+    everything = Counter((row["txid"], row["word"], row["delta"]) for row in rows)
+    for txid, version in versions:  # "as of txid": exactly the rows of txids 1..txid
+        try:
+            as_of = Counter(
+                (r["txid"], r["word"], r["delta"]) for r in table.read(version).to_pylist()
+            )
+        except Exception as err:
+            problems.append(f"lake table as of txid {txid} unreadable: {err}")
+            continue
+        expected = Counter({k: n for k, n in everything.items() if k[0] <= txid})
+        if as_of != expected:
+            problems.append(f"lake table as of txid {txid} is not the rows of txids 1..{txid}")
+    figures.update(
+        lost=lost,
+        doubled=doubled,
+        rows=len(rows),
+        pairs_missing=missing,
+        pairs_twice=twice,
+        table_txid=table_txid,
+        staging_leftovers=staging_leftovers(sink, pipeline, committed),
+    )
+    return figures
+
+
+def staging_leftovers(sink: LakeSink, pipeline: str, committed: Sequence[TransactionInfo]) -> int:
+    """Staging directories of committed txids besides the one the table holds (garbage, not
+    data: killed workers' Spark jobs may still write after the commit's cleanup)."""
+    count = 0
+    for info in committed:
+        kept = ((info.output or {}).get(sink.output_key) or {}).get("directory")
+        root = Path(sink.txid_dir(pipeline, info.txid))
+        if root.is_dir():
+            count += sum(1 for d in root.iterdir() if d.is_dir() and str(d) != kept)
+    return count
 
 
 def _kill_group(pgid: int) -> None:
@@ -859,7 +892,7 @@ def run_suite(
             progress(
                 f"[{index + 1:>3}/{runs}] seed {run_seed} {plan.describe()} -> {outcome}, "
                 f"lost {result.records_lost}, doubled {result.records_doubled}"
-                f"{_lake_summary(result)} "
+                f"{lake_summary(result)} "
                 f"({time.monotonic() - started:.1f} s){'' if result.ok else '  FAILED'}"
             )
             streak = len(results) - max((i + 1 for i, r in enumerate(results) if r.ok), default=0)
@@ -874,7 +907,7 @@ def run_suite(
     return results
 
 
-def _lake_summary(result: FaultResult) -> str:
+def lake_summary(result: FaultResult) -> str:
     """`` (table: N rows to txid T, lost L, doubled D)``: the lake check's own figures."""
     lake = result.extra.get("lake")
     if not isinstance(lake, dict):

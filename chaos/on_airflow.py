@@ -13,7 +13,23 @@ the state equals word counts computed in plain Python from the data.
 Time to recover: from the fault to the commit of the last txid that was in flight at the fault
 (that txid's ``committed_at``, the log's clock, which is this machine's).
 
+**Lake sinks** (``--sink delta|iceberg``; ``none``, the default, runs as before): every run's
+pipeline also writes its word count into a lake table of its own, append mode with a ``txid``
+column: a Delta table under the suite's folder, or the Iceberg table ``chaos.<run>`` (its SQL
+catalog in the log's database, which ``restart_log_postgres`` crashes too; the warehouse under
+the suite's folder). The processing task's Spark Connect job stages the rows as Parquet, the
+commit adds them in one table commit recording the txid. The same faults, at the same moments
+(same seeds); after each run the table is checked too, with the fast tier's
+:func:`chaos.fast.check_lake_table`: each committed txid's ``(txid, word, count)`` rows exactly
+once and equal to the plain-Python counts of its batch (missing occurrences add to the run's
+lost, extra ones to its doubled, with the state's), the table's committed txid is the log's last,
+its commits are txids 1..N (each the version the log recorded), reading it as of each txid gives
+exactly the rows of txids 1..txid. A fault given as ``fault@delta`` (or ``@iceberg``) runs with
+that sink whatever ``--sink`` says: one deployment may mix runs with and without a table.
+
     python chaos/on_airflow.py --seed 7 --faults kill_processing,kill_scheduler --repeat 2
+    python chaos/on_airflow.py --seed 2026 --sink iceberg
+    python chaos/on_airflow.py --seed 2026 --faults kill_processing,kill_processing@delta
 """
 
 from __future__ import annotations
@@ -33,13 +49,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: the repository's packages
     sys.path.insert(0, str(ROOT))
 
 from chaos.report import FaultResult, print_table  # noqa: E402
+
+if TYPE_CHECKING:
+    from airflow_txn_provider.sinks import LakeSink
 
 TXIDS = 8
 BATCH = 20
@@ -59,6 +78,10 @@ FAULTS = (
     "duplicate_task",
 )
 """Every fault the suite knows, in the order the table lists them."""
+SINKS = ("none", "delta", "iceberg")
+"""``--sink``: the lake table every run's pipeline also writes (``none``: only the map state)."""
+RUN_PREFIX = {"none": "chaos", "delta": "delta", "iceberg": "ice"}
+"""A run's pipeline is ``<prefix>_<fault>_<round>``, by its sink."""
 
 _PID = re.compile(r"pid (\d+)\)")
 
@@ -84,27 +107,91 @@ class Plan:
     seed: int
     name: str
     data: dict[str, list[str]]
+    sink: str = "none"
+    """The lake table the run's pipeline also writes: ``none``, ``delta`` or ``iceberg``."""
+    label: str = ""
+    """The run's row in the table: the fault, ``fault@sink`` when asked for so."""
 
 
-def plan_runs(faults: Sequence[str], seed: int, repeat: int = 1) -> list[Plan]:
-    """Runs to make: each fault ``repeat`` times, each with a seed drawn from ``seed``."""
+def plan_runs(faults: Sequence[str], seed: int, repeat: int = 1, sink: str = "none") -> list[Plan]:
+    """Runs to make: each fault ``repeat`` times, each with a seed drawn from ``seed``.
+
+    Each run's pipeline also writes a lake table of kind ``sink``; a fault given as
+    ``fault@delta`` or ``fault@iceberg`` has that sink whatever ``sink`` says (one suite may
+    mix runs with and without a table), and is its own row of the table. The seeds do not
+    depend on the sinks."""
+    from airflow_txn_provider.state import MapState
     from tests.spark_data import random_lines
 
+    if sink not in SINKS:
+        raise ValueError(f"unknown sink {sink!r}; known: {', '.join(SINKS)}")
     rng = random.Random(seed)
     plans = []
     for round_ in range(repeat):
-        for fault in faults:
+        for entry in faults:
+            fault, _, own = entry.partition("@")
             if fault not in FAULTS:
                 raise ValueError(f"unknown fault {fault!r}; known: {', '.join(FAULTS)}")
+            if own and own not in SINKS:
+                raise ValueError(f"unknown sink {own!r} in {entry!r}; known: {', '.join(SINKS)}")
+            kind = own or sink
             run_seed = rng.randrange(1 << 30)
             data = {p: random_lines(run_seed + i, TXIDS * BATCH) for i, p in enumerate("01")}
-            name = f"chaos_{fault}_{round_}"
-            plans.append(Plan(fault, run_seed, name, data))
+            # One name per fault, round and sink (a state's name has at most 40 characters).
+            name = f"{RUN_PREFIX[kind]}_{fault}_{round_}"
+            plan = Plan(fault, run_seed, name, data, kind, entry)
+            MapState(name, state_name(plan))  # a name the DAG can use, or ValueError now
+            plans.append(plan)
     return plans
 
 
+def lake_sink(workdir: Path, plan: Plan) -> LakeSink | None:
+    """The run's lake sink (the fast tier's :func:`chaos.fast.make_sink`): the Delta table
+    ``<workdir>/runs/<run>/lake/<run>``, or the Iceberg table ``chaos.<run>`` in the log's
+    database, its warehouse ``<workdir>/warehouse``; ``None`` without a sink."""
+    from chaos.fast import make_sink
+
+    return make_sink(plan.sink, workdir / "runs" / plan.name, workdir, plan.name)
+
+
+def state_name(plan: Plan) -> str:
+    """The run's map state (``chaos/dags/chaos_words.py`` names it so)."""
+    return f"{plan.name}_counts"
+
+
+def job_path(workdir: Path, plan: Plan) -> Path:
+    """The run's job file: ``spark_jobs/word_count.py``, or with a lake sink :func:`lake_job`'s."""
+    if plan.sink == "none":
+        return ROOT / "spark_jobs" / "word_count.py"
+    return workdir / "jobs" / plan.name / "word_count.py"
+
+
+def lake_job(workdir: Path, plan: Plan, sink: LakeSink) -> Path:
+    """Write the run's job file with a lake sink: ``spark_jobs/word_count.py``'s word count
+    returned for both outputs, ``{<state>: counts, <sink>: counts}`` (one DataFrame serves one
+    output only). Its stem stays ``word_count``: the task ids are the ones without a sink."""
+    path = job_path(workdir, plan)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        f'''"""Written by chaos/on_airflow.py: the word count of spark_jobs/word_count.py for two
+outputs, the map state {state_name(plan)!r} and the lake sink {sink.name!r}."""
+
+from airflow_txn_provider.spark.submit import load_job_module
+
+_word_count = load_job_module({str(ROOT / "spark_jobs" / "word_count.py")!r})
+
+
+def transform(batch):
+    counts = _word_count.transform(batch)
+    return {{{state_name(plan)!r}: counts, {sink.name!r}: counts}}
+'''
+    )
+    return path
+
+
 def start(plans: Sequence[Plan], workdir: Path) -> Deployment:
-    """Start the deployment with one DAG per planned run (all paused)."""
+    """Start the deployment with one DAG per planned run (all paused); a run with a lake sink
+    writes its own table."""
     from sqlalchemy import create_engine, text
 
     from airflow_txn_provider.testing.airflow import AirflowStack, txn_log_connection_env
@@ -112,30 +199,47 @@ def start(plans: Sequence[Plan], workdir: Path) -> Deployment:
     from airflow_txn_provider.testing.spark import SparkConnectServer
     from tests.spark_data import parquet_dataset
 
-    # Durable: a crash of either server keeps every commit it acknowledged.
-    log_pg = EmbeddedPostgres(workdir / "log-pg", durable=True).start()
-    meta_pg = EmbeddedPostgres(workdir / "meta-pg", durable=True).start()
-    admin = create_engine(meta_pg.url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text("CREATE DATABASE airflow"))
-    admin.dispose()
-    meta_url = meta_pg.url.rsplit("/", 1)[0] + "/airflow"
-    connect = SparkConnectServer(workdir=workdir / "connect").start()
-    runs = []
-    for plan in plans:
-        data = parquet_dataset(workdir / "data" / plan.name, plan.data)
-        runs.append({"name": plan.name, "data": str(data), "batch": BATCH})
-    env = {
-        "TXN_CHAOS_RUNS": json.dumps(runs),
-        **txn_log_connection_env("txn_log_default", log_pg.url),
-        "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": connect.url,
-    }
-    stack = AirflowStack(workdir / "airflow", meta_url, ROOT / "chaos" / "dags", env=env)
-    stack.start()
-    deployment = Deployment(log_pg, meta_pg, connect, stack, log_pg.url, workdir)
-    api = deployment.api()
-    for plan in plans:
-        api.wait_for_dag(plan.name)
+    started: list[Any] = []  # stopped again if the deployment does not come up
+    try:
+        # Durable: a crash of either server keeps every commit it acknowledged.
+        log_pg = EmbeddedPostgres(workdir / "log-pg", durable=True).start()
+        started.append(log_pg)
+        meta_pg = EmbeddedPostgres(workdir / "meta-pg", durable=True).start()
+        started.append(meta_pg)
+        admin = create_engine(meta_pg.url, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(text("CREATE DATABASE airflow"))
+        admin.dispose()
+        meta_url = meta_pg.url.rsplit("/", 1)[0] + "/airflow"
+        connect = SparkConnectServer(workdir=workdir / "connect").start()
+        started.append(connect)
+        runs = []
+        for plan in plans:
+            data = parquet_dataset(workdir / "data" / plan.name, plan.data)
+            run: dict[str, Any] = {"name": plan.name, "data": str(data), "batch": BATCH}
+            table = lake_sink(workdir, plan)
+            if table is not None:
+                run.update(sink=table.to_spec(), job=str(lake_job(workdir, plan, table)))
+            runs.append(run)
+        env = {
+            "TXN_CHAOS_RUNS": json.dumps(runs),
+            **txn_log_connection_env("txn_log_default", log_pg.url),
+            "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": connect.url,
+        }
+        stack = AirflowStack(workdir / "airflow", meta_url, ROOT / "chaos" / "dags", env=env)
+        started.append(stack)
+        stack.start()
+        deployment = Deployment(log_pg, meta_pg, connect, stack, log_pg.url, workdir)
+        api = deployment.api()
+        for plan in plans:
+            api.wait_for_dag(plan.name)
+    except BaseException:
+        for thing in reversed(started):
+            try:
+                thing.stop()
+            except Exception as err:  # stop the rest all the same
+                print(f"stopping {type(thing).__name__} failed: {err}", flush=True)
+        raise
     return deployment
 
 
@@ -240,10 +344,9 @@ def _process_again(d: Deployment, plan: Plan, txid: int, attempt: int, log: Any)
     from airflow_txn_provider.spark.submit import SparkConnectRunner
 
     source = PartitionedParquetSource(str(d.workdir / "data" / plan.name), max_per_partition=BATCH)
-    job = BatchJob(plan.name, txid, attempt, source)
-    outcome = SparkConnectRunner(str(ROOT / "spark_jobs" / "word_count.py"), url=d.connect.url).run(
-        job, log
-    )
+    sink = lake_sink(d.workdir, plan)  # with a sink, a second staging of the attempt's files
+    job = BatchJob(plan.name, txid, attempt, source, sinks=() if sink is None else (sink,))
+    outcome = SparkConnectRunner(str(job_path(d.workdir, plan)), url=d.connect.url).run(job, log)
     return outcome.status
 
 
@@ -255,6 +358,7 @@ def run_one(deployment: Deployment, plan: Plan) -> FaultResult:
     truth."""
     from airflow_txn_provider.state import MapState
     from airflow_txn_provider.transaction_log import TransactionLog
+    from chaos.fast import check_lake_table
     from tests.spark_data import word_counts
 
     rng = random.Random(plan.seed)
@@ -304,11 +408,18 @@ def run_one(deployment: Deployment, plan: Plan) -> FaultResult:
     truth = word_counts(
         line for lines in plan.data.values() for line in lines[: BATCH * len(committed)]
     )
-    state = MapState(plan.name, f"{plan.name}_counts", keys={"word": "text"})
+    state = MapState(plan.name, state_name(plan), keys={"word": "text"})
     with log.engine.connect() as conn:
         got = Counter({k[0]: v for k, v in state.items(conn).items()})
     lost = sum((truth - got).values())
     doubled = sum((got - truth).values())
+    lake: dict[str, object] = {}
+    sink = lake_sink(deployment.workdir, plan)
+    if sink is not None:  # the table against the log and the word counts of each txid's batch
+        lake = check_lake_table(sink, deployment.log_url, plan.name, plan.data, committed, problems)
+        lake["state_lost"], lake["state_doubled"] = lost, doubled
+        lost += int(lake["lost"])  # type: ignore[call-overload]
+        doubled += int(lake["doubled"])  # type: ignore[call-overload]
     seconds = None
     if recovered and not problems:
         last = max((i.committed_at for i in committed if i.txid in in_flight), default=None)
@@ -316,13 +427,16 @@ def run_one(deployment: Deployment, plan: Plan) -> FaultResult:
     replays = sum(len(log.attempts(plan.name, t)) - 1 for t in range(1, TXIDS + 1))
     log.engine.dispose()
     return FaultResult(
-        fault=plan.fault,
+        fault=plan.label or plan.fault,
         seed=plan.seed,
         recovered=recovered and not problems,
         seconds_to_recover=seconds,
         records_lost=lost,
         records_doubled=doubled,
-        detail="; ".join([detail, *problems, f"{replays} replays"]),
+        detail="; ".join(
+            [detail, *problems, f"{replays} replays", *([f"lake {lake}"] if lake else [])]
+        ),
+        extra={"lake": lake} if lake else {},
     )
 
 
@@ -358,11 +472,27 @@ def _first_failure(log: Any, pipeline: str) -> datetime | None:
 
 
 def run_suite(
-    faults: Sequence[str], seed: int, *, repeat: int = 1, workdir: Path | None = None
+    faults: Sequence[str],
+    seed: int,
+    *,
+    repeat: int = 1,
+    workdir: Path | None = None,
+    sink: str = "none",
 ) -> list[FaultResult]:
-    """Plan, start one deployment, run every plan in order, stop; print one line per run."""
-    plans = plan_runs(faults, seed, repeat)
-    print(f"chaos on Airflow: seed {seed}, faults {','.join(faults)}, repeat {repeat}", flush=True)
+    """Plan, start one deployment, run every plan in order, stop; print one line per run.
+
+    :param sink: ``none``, ``delta`` or ``iceberg``: the lake table every run's pipeline also
+        writes, and the checks verify (a fault given as ``fault@delta`` has its own; see
+        :func:`plan_runs`). The plans (data, faults, moments) do not depend on it.
+    """
+    from chaos.fast import lake_summary
+
+    plans = plan_runs(faults, seed, repeat, sink)
+    print(
+        f"chaos on Airflow: seed {seed}, faults {','.join(faults)}, repeat {repeat}"
+        + ("" if sink == "none" else f", sink {sink}"),
+        flush=True,
+    )
     owned = workdir is None
     workdir = Path(workdir or tempfile.mkdtemp(prefix="txn-chaos-airflow-"))
     os.chmod(workdir, 0o755)  # the Postgres servers run as user postgres
@@ -375,8 +505,9 @@ def run_suite(
             results.append(result)
             took = result.seconds_to_recover
             print(
-                f"  {plan.fault:<26} seed {plan.seed:<10} {'ok ' if result.ok else 'FAIL'} "
-                f"recovered in {'-' if took is None else f'{took:.1f}'} s "
+                f"  {plan.label:<26} seed {plan.seed:<10} {'ok ' if result.ok else 'FAIL'} "
+                f"recovered in {'-' if took is None else f'{took:.1f}'} s"
+                f"{lake_summary(result)} "
                 f"(run {time.monotonic() - started:.0f} s): {result.detail}",
                 flush=True,
             )
@@ -392,15 +523,28 @@ def run_suite(
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=None, help="master seed (default: random)")
-    parser.add_argument("--faults", default=",".join(FAULTS))
+    parser.add_argument(
+        "--faults",
+        default=",".join(FAULTS),
+        help="comma-separated; fault@delta or fault@iceberg: that run with its own lake sink",
+    )
     parser.add_argument("--repeat", type=int, default=1, help="runs of each fault")
+    parser.add_argument(
+        "--sink",
+        choices=SINKS,
+        default="none",
+        help="also write the word count into a lake table, and check it (default: none)",
+    )
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
-    results = run_suite(args.faults.split(","), seed, repeat=args.repeat)
-    print_table(results)
+    results = run_suite(args.faults.split(","), seed, repeat=args.repeat, sink=args.sink)
+    title = None
+    if args.sink != "none":
+        title = f"chaos on Airflow, sink {args.sink} (seed {seed}): the state's and the table's"
+    print_table(results, title=title)
     print(
         f"replay with: python chaos/on_airflow.py --seed {seed} --faults {args.faults} "
-        f"--repeat {args.repeat}"
+        f"--repeat {args.repeat}" + ("" if args.sink == "none" else f" --sink {args.sink}")
     )
     return 0 if all(r.ok for r in results) else 1
 

@@ -5,7 +5,10 @@ dag-processor, triggerer, api-server, two durable Postgres servers, Spark Connec
 task SIGKILLed mid-job, a herd of cascades (three txids fail, each re-queueing max_pending runs),
 the log's Postgres crashed for ~20 s, and the scheduler SIGKILLed with its task processes. Each
 must heal with nobody touching anything, commit every txid in order, and leave a state equal to
-word counts computed in plain Python.
+word counts computed in plain Python. One more run kills a processing task of a pipeline that
+also writes a Delta table (``kill_processing@delta``): the table must hold each committed txid's
+word counts exactly once, as of the log's last txid (``make chaos-lake`` runs every fault on
+Delta and on Iceberg).
 """
 
 from __future__ import annotations
@@ -14,7 +17,13 @@ from chaos.on_airflow import run_suite
 from chaos.report import print_table
 
 SEED = 2026
-FAULTS = ["kill_processing", "cascade_herd", "restart_log_postgres", "kill_scheduler"]
+FAULTS = [
+    "kill_processing",
+    "cascade_herd",
+    "restart_log_postgres",
+    "kill_scheduler",
+    "kill_processing@delta",  # appended: the four runs above keep their seeds
+]
 
 
 def test_a_real_airflow_heals_from_each_fault():
