@@ -1143,6 +1143,22 @@ def _add_timings(pipeline: str, txid: int, attempt: int, timings: Mapping[str, f
     )
 
 
+def recorded_output(
+    conn: Connection, pipeline: str, txid: int, attempt: int
+) -> Mapping[str, Any] | None:
+    """The output ``(txid, attempt)`` recorded already (``None``: not processed, or another
+    attempt is current), read in the caller's transaction."""
+    row = conn.execute(
+        select(T.c.output).where(
+            T.c.pipeline == pipeline,
+            T.c.txid == txid,
+            T.c.attempt == attempt,
+            T.c.status == TxStatus.PROCESSED.value,
+        )
+    ).one_or_none()
+    return None if row is None else dict(row.output or {})
+
+
 def annotate_output(
     conn: Connection, pipeline: str, txid: int, attempt: int, patch: Mapping[str, Any]
 ) -> None:

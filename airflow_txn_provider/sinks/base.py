@@ -82,6 +82,14 @@ class StagedFiles:
             str(value.get("schema", "")),
         )
 
+    def discard(self) -> None:
+        """Delete the directory (best effort: a leftover is garbage, never data)."""
+        try:
+            fs, path = _filesystem(self.directory)
+            fs.delete_dir(path)
+        except OSError as err:
+            log.warning("could not delete %s: %s", self.directory, err)
+
     def arrow_schema(self) -> pa.Schema | None:
         if not self.schema:
             return None

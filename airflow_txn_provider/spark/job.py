@@ -43,7 +43,7 @@ from airflow_txn_provider.exceptions import (
 from airflow_txn_provider.sinks.base import LakeSink, StagedFiles, sink_from_spec
 from airflow_txn_provider.spark.sources import LOCATION, RECORD, SparkSource, source_from_spec
 from airflow_txn_provider.state import MapState, load_states
-from airflow_txn_provider.transaction_log import TransactionLog
+from airflow_txn_provider.transaction_log import TransactionLog, recorded_output
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -204,9 +204,12 @@ def process_batch(
                 conn, job.txid, job.attempt, table, job=name
             )
         output: dict[str, Any] = dict(counts)
+        # A duplicate run of an attempt whose output is recorded keeps the recorded files (a
+        # transactional replay's rows are the same): its own are discarded below.
+        earlier = recorded_output(conn, job.pipeline, job.txid, job.attempt) if staged else None
         for sink, files in staged.items():  # written by the executors already: listed here
             counts[sink.output_key] = files.rows
-            output[sink.output_key] = files.to_json()
+            output[sink.output_key] = (earlier or {}).get(sink.output_key) or files.to_json()
         if job.finish:  # every state gets a count, zero included: the commit checks each one
             for state in load_states(conn, job.pipeline).values():
                 if state.derived_from is None:
@@ -223,9 +226,23 @@ def process_batch(
         mine = {f"{name.split(':')[0]}.{k}": v for k, v in spent.items()}
         done = txlog.stage(job.pipeline, job.txid, job.attempt, stage, timings=mine)
         status = "staged" if done else "stale"
+    if staged:
+        _discard_unrecorded(txlog, job, staged)
     outcome = ProcessOutcome(job, status, counts, time.monotonic() - started)
     log.info("%s: %s in %.2fs, staged %s", job.app_name, status, outcome.seconds, counts)
     return outcome
+
+
+def _discard_unrecorded(
+    txlog: TransactionLog, job: BatchJob, staged: Mapping[LakeSink, StagedFiles]
+) -> None:
+    """Delete what this run staged for the lake sinks unless the log recorded it (a stale
+    attempt, a duplicate run): garbage now, and the txid's commit may have cleaned up already."""
+    info = txlog.transaction(job.pipeline, job.txid)
+    output = (info.output if info is not None and info.attempt == job.attempt else None) or {}
+    for sink, files in staged.items():
+        if (output.get(sink.output_key) or {}).get("directory") != files.directory:
+            files.discard()
 
 
 def job_name(transform: Callable[..., Any]) -> str:

@@ -263,3 +263,26 @@ def test_staged_files_that_are_gone_fail_the_commit_and_the_txid_replays(
     runner.run(BatchJob("gone", 1, second.attempt, source, sinks=(sink,)), txlog)
     commit_registered(txlog, "gone", 1, second.attempt, [sink])
     assert _table_rows(sink, db_url, "gone") == _expected(data, [second])
+
+
+def test_a_duplicate_run_of_an_attempt_keeps_the_recorded_files_and_discards_its_own(
+    txlog, db_url, tmp_path, runner, monkeypatch
+):
+    import airflow_txn_provider.spark.job as job_module
+
+    data, source = _source(tmp_path, seed=45)
+    sink = _sink("delta", tmp_path, txid_column="txid")
+    txlog.register_pipeline("dup", source_kind="transactional", max_pending=4)
+    e = txlog.begin_next("dup", source)
+    job = BatchJob("dup", 1, e.attempt, source, sinks=(sink,))
+    assert runner.run(job, txlog).status == "processed"
+    recorded = txlog.transaction("dup", 1).output[sink.output_key]["directory"]
+    # A second run of the same attempt that started before the first recorded its output (a
+    # retried task whose first try was still running): it writes its own files...
+    monkeypatch.setattr(job_module, "attempt_may_stage", lambda *a, **k: True)
+    assert runner.run(job, txlog).status == "processed"  # ...the log calls it a duplicate
+    assert txlog.transaction("dup", 1).output[sink.output_key]["directory"] == recorded
+    txid_dir = Path(sink.txid_dir("dup", 1))
+    assert [p.name for p in txid_dir.iterdir()] == [Path(recorded).name]  # its own: discarded
+    commit_registered(txlog, "dup", 1, e.attempt, [sink])
+    assert _table_rows(sink, db_url, "dup") == _expected(data, [e])
