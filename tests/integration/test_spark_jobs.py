@@ -326,7 +326,7 @@ def test_process_batch_refuses_unknown_state(txlog, tmp_path, spark):
     _words_pipeline(txlog, "unknown_state")
     e = txlog.begin_next("unknown_state", source)
     wc = load_job_module(WORD_COUNT)
-    with pytest.raises(Exception, match=r"unknown state\(s\) \['nope'\]"):
+    with pytest.raises(Exception, match=r"unknown output\(s\) \['nope'\]"):
         process_batch(
             spark,
             txlog,
