@@ -902,7 +902,7 @@ def commit_states(
                 txid=txid,
                 attempt=attempt,
             )
-    from airflow_txn_provider.sinks.base import StagedFiles
+    from airflow_txn_provider.sinks.base import OUTPUT_PREFIX, StagedFiles
 
     log_url = log.engine.url.render_as_string(hide_password=False)
     tables = {sink: sink.open(log_url) for sink in sinks}
@@ -912,9 +912,8 @@ def commit_states(
         from airflow_txn_provider.transaction_log import annotate_output
 
         recorded = dict(record.output or {})
-        unknown = sorted(
-            k for k in recorded if k.startswith("lake:") and k not in {s.output_key for s in sinks}
-        )
+        given = {sink.output_key for sink in sinks}
+        unknown = sorted(k for k in recorded if k.startswith(OUTPUT_PREFIX) and k not in given)
         if unknown:  # committing without them would mark the txid committed, its files lost
             raise StateDefinitionError(
                 f"the txid staged output for lake sink(s) {unknown} that this commit was not "

@@ -42,6 +42,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MODES = ("append", "merge")
+OUTPUT_PREFIX = "lake:"
+"""A txid's recorded output holds each sink's staged files under ``lake:<sink name>``."""
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
 _PIPELINE_DIR = re.compile(r"^[A-Za-z0-9_.\-]{1,200}$")
 
@@ -158,7 +160,7 @@ class LakeSink(abc.ABC):
     @property
     def output_key(self) -> str:
         """Key of this sink's :class:`StagedFiles` in a txid's recorded output."""
-        return f"lake:{self.name}"
+        return f"{OUTPUT_PREFIX}{self.name}"
 
     @property
     @abc.abstractmethod

@@ -20,6 +20,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from airflow_txn_provider.coordinator import PipelineView, TxRecord, TxStatus
+from airflow_txn_provider.sinks.base import OUTPUT_PREFIX
 from airflow_txn_provider.timetables import txid_run_id
 
 if TYPE_CHECKING:
@@ -291,9 +292,9 @@ def lake_text(output: Mapping[str, Any] | None) -> str:
     it committed as (Delta's version, Iceberg's snapshot id), or its rows while only staged."""
     parts = []
     for key, value in sorted((output or {}).items()):
-        if not key.startswith("lake:") or not isinstance(value, Mapping):
+        if not key.startswith(OUTPUT_PREFIX) or not isinstance(value, Mapping):
             continue
-        name, commit = key.removeprefix("lake:"), value.get("commit")
+        name, commit = key.removeprefix(OUTPUT_PREFIX), value.get("commit")
         if isinstance(commit, Mapping):
             version = commit.get("version")
             parts.append(f"{name} v{version}" if version is not None else f"{name}: no rows")
