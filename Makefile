@@ -61,8 +61,8 @@ test-integration: install
 	$(PY) -m pytest -m integration $(PYTEST_ARGS)
 
 lint: install
-	$(VENV)/bin/ruff check airflow_txn_provider spark_jobs tests benchmarks dags scripts chaos
-	$(VENV)/bin/ruff format --check airflow_txn_provider spark_jobs tests benchmarks dags scripts chaos
+	$(VENV)/bin/ruff check airflow_txn_provider txn_testing spark_jobs tests benchmarks dags scripts chaos
+	$(VENV)/bin/ruff format --check airflow_txn_provider txn_testing spark_jobs tests benchmarks dags scripts chaos
 	$(VENV)/bin/mypy
 
 # The chaos suite: both tiers, each printing a table of faults x recovery x lost x doubled and every

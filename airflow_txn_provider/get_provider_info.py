@@ -22,6 +22,7 @@ def get_provider_info() -> dict[str, Any]:
                 "integration-name": "Transactional Spark batches",
                 "python-modules": [
                     "airflow_txn_provider.hooks.txn_log",
+                    "airflow_txn_provider.hooks.spark_submit",
                     "airflow_txn_provider.hooks.airflow_api",
                 ],
             }
@@ -44,10 +45,25 @@ def get_provider_info() -> dict[str, Any]:
                 "python-modules": ["airflow_txn_provider.triggers.txn_log"],
             }
         ],
+        # TxnSparkSubmitHook (hooks.spark_submit) has none of its own: it reads the Spark
+        # provider's "spark" connections, and a type is registered by one provider only.
         "connection-types": [
             {
                 "hook-class-name": "airflow_txn_provider.hooks.txn_log.TxnLogHook",
+                "hook-name": "Transaction log (Postgres)",
                 "connection-type": "txn_log",
+                # Read without importing the hook (TxnLogHook.get_ui_field_behaviour, in the
+                # provider info's kebab-case keys)
+                "ui-field-behaviour": {
+                    "hidden-fields": [],
+                    "relabeling": {"schema": "Database"},
+                    "placeholders": {
+                        "host": "127.0.0.1",
+                        "port": "5432",
+                        "schema": "postgres",
+                        "extra": '{"sslmode": "prefer"}',
+                    },
+                },
             },
             {
                 "hook-class-name": "airflow_txn_provider.hooks.airflow_api.AirflowApiHook",

@@ -33,14 +33,14 @@ from pathlib import Path
 
 from sqlalchemy import create_engine, text
 
-from airflow_txn_provider.testing.airflow import AirflowStack, txn_log_connection_env
-from airflow_txn_provider.testing.postgres import EmbeddedPostgres
-from airflow_txn_provider.testing.spark import SparkConnectServer
 from airflow_txn_provider.transaction_log import TransactionLog
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from tests.spark_data import parquet_dataset, random_lines  # noqa: E402
+from txn_testing.airflow import AirflowStack, txn_log_connection_env  # noqa: E402
+from txn_testing.postgres import EmbeddedPostgres  # noqa: E402
+from txn_testing.spark import SparkConnectServer  # noqa: E402
 
 SPARK_CORES = 2  # the Connect server runs local[2]
 

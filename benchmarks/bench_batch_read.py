@@ -39,11 +39,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from airflow_txn_provider.spark.sources import PartitionedParquetSource
-from airflow_txn_provider.testing.spark import SparkConnectServer, keep_classic_mode
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from spark_jobs.word_count import transform  # noqa: E402
+from txn_testing.spark import SparkConnectServer, keep_classic_mode  # noqa: E402
 
 PARTITIONS = 4
 SEED = 7

@@ -20,13 +20,17 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from sqlalchemy import text
 
 from airflow_txn_provider.sources import TransactionalSource
 from airflow_txn_provider.state import MapState, StateKind
-from airflow_txn_provider.testing.postgres import EmbeddedPostgres
 from airflow_txn_provider.transaction_log import TransactionLog
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script: the repository's txn_testing
+from txn_testing.postgres import EmbeddedPostgres  # noqa: E402
 
 
 class Sequential(TransactionalSource):

@@ -25,7 +25,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from airflow_txn_provider.testing.spark import SparkConnectServer
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script: the repository's txn_testing
+from txn_testing.spark import SparkConnectServer  # noqa: E402
 
 FIRST_CALL = """
 import time

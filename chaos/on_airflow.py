@@ -194,10 +194,10 @@ def start(plans: Sequence[Plan], workdir: Path) -> Deployment:
     writes its own table."""
     from sqlalchemy import create_engine, text
 
-    from airflow_txn_provider.testing.airflow import AirflowStack, txn_log_connection_env
-    from airflow_txn_provider.testing.postgres import EmbeddedPostgres
-    from airflow_txn_provider.testing.spark import SparkConnectServer
     from tests.spark_data import parquet_dataset
+    from txn_testing.airflow import AirflowStack, txn_log_connection_env
+    from txn_testing.postgres import EmbeddedPostgres
+    from txn_testing.spark import SparkConnectServer
 
     started: list[Any] = []  # stopped again if the deployment does not come up
     try:

@@ -13,10 +13,12 @@ the word count into that lake sink: the executors stage it as Parquet in the att
 directory, recorded with the attempt's output (``BatchJob(..., sinks=(sink,))``); ``--state``
 names the map state that gets the same word count, as before.
 
-It does not go through :class:`~airflow_txn_provider.spark.submit.SparkConnectRunner` only
-because importing ``spark.submit`` imports Airflow (its ``TxnSparkSubmitHook`` base class), which
-costs ~1.1 s of CPU per process here, a third of a worker's life; :class:`_ConnectRun` below is
-that class's ``run``/``kill`` without the import.
+It does not go through :class:`~airflow_txn_provider.spark.submit.SparkConnectRunner` because
+importing ``spark.submit`` used to import Airflow (``TxnSparkSubmitHook``'s base class), which
+costs ~1.1 s of CPU per process here, a third of a worker's life. It no longer does: the hook is in
+``airflow_txn_provider.hooks.spark_submit``, imported only when a job is submitted.
+:class:`_ConnectRun` below is still that class's ``run``/``kill`` without its wait for an
+unreachable server (``connect_timeout``, with backoff) and its first probing query.
 
 Exit codes: 0 processed (or the attempt was stale: nothing to do), 1 processing failed (the log
 has the reason), 2 bad arguments.

@@ -24,10 +24,10 @@ version each txid committed as.
 from __future__ import annotations
 
 from airflow_txn_provider.dag_builder import build_dag
-from airflow_txn_provider.examples import examples_data_dir, spark_job
 from airflow_txn_provider.pipeline import TxnPipeline
 from airflow_txn_provider.sinks import DeltaSink
 from airflow_txn_provider.spark.sources import GeneratedTextSource
+from txn_examples import examples_data_dir, spark_job
 
 NAME = "example_txn_delta_words"
 SINK = DeltaSink(

@@ -13,7 +13,7 @@ from typing import Any
 
 from airflow.sdk import DAG, Asset, task
 
-from airflow_txn_provider.examples import examples_data_dir
+from txn_examples import examples_data_dir
 
 UPSTREAM = "example_txn_delta_words"
 ASSET = f"txn:{UPSTREAM}:word_counts"

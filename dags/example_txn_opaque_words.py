@@ -3,7 +3,7 @@
 Storm's opaque transactional spout. The source is a landing folder with one sub-folder per
 partition of numbered JSON-lines files
 (:class:`~airflow_txn_provider.spark.sources.LandingDirectorySource`); here a simulated producer
-lands files as batches are chosen (:class:`~airflow_txn_provider.examples.SimulatedLandingSource`,
+lands files as batches are chosen (:class:`~txn_examples.SimulatedLandingSource`,
 3 partitions, 30 files a minute each, in ``opaque_landing`` under ``$TXN_EXAMPLES_DATA``, by
 default ``$AIRFLOW_HOME/txn_examples``).
 
@@ -15,7 +15,7 @@ to a word is re-applied on top of ``prev_value``, so every line still counts exa
 **Try it.** Set the Variable ``txn_inject_failure__example_txn_opaque_words`` to the next txid with
 a delay (e.g. ``8@20``), and while txid 8 is processing take a partition offline::
 
-    python -m airflow_txn_provider.examples offline <examples data>/opaque_landing p1
+    python <dags folder>/txn_examples.py offline <examples data>/opaque_landing p1
 
 Txid 8's replay reads p0 and p2 only (compare its attempts' metadata on the Transactions page).
 Bring p1 back (``… online …``): a later txid reads the files it missed, and the committed counts
@@ -25,9 +25,9 @@ equal a count of every landed line.
 from __future__ import annotations
 
 from airflow_txn_provider.dag_builder import build_dag
-from airflow_txn_provider.examples import SimulatedLandingSource, examples_data_dir, spark_job
 from airflow_txn_provider.pipeline import TxnPipeline
 from airflow_txn_provider.state import MapState
+from txn_examples import SimulatedLandingSource, examples_data_dir, spark_job
 
 NAME = "example_txn_opaque_words"
 

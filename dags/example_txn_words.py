@@ -23,10 +23,10 @@ The **Transactions** page shows attempts, errors and the two states.
 from __future__ import annotations
 
 from airflow_txn_provider.dag_builder import build_dag
-from airflow_txn_provider.examples import spark_job
 from airflow_txn_provider.pipeline import TxnPipeline
 from airflow_txn_provider.spark.sources import GeneratedTextSource
 from airflow_txn_provider.state import BucketCountState, MapState
+from txn_examples import spark_job
 
 NAME = "example_txn_words"
 

@@ -33,6 +33,8 @@ from typing import Any
 from sqlalchemy import create_engine, text
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script: the repository's txn_testing (servers)
+    sys.path.insert(0, str(ROOT))
 MAIN_EXAMPLE = "example_txn_words"
 EXAMPLES = (
     "example_txn_words",
@@ -124,14 +126,14 @@ def _ensure_databases(admin_url: str, names: Sequence[str]) -> None:
 
 def up(args: argparse.Namespace) -> int:
     from airflow_txn_provider.exceptions import UnknownPipelineError
-    from airflow_txn_provider.testing.airflow import (
+    from airflow_txn_provider.transaction_log import TransactionLog
+    from txn_testing.airflow import (
         ADMIN_USER,
         AirflowStack,
         txn_log_connection_env,
     )
-    from airflow_txn_provider.testing.postgres import EmbeddedPostgres
-    from airflow_txn_provider.testing.spark import SparkConnectServer
-    from airflow_txn_provider.transaction_log import TransactionLog
+    from txn_testing.postgres import EmbeddedPostgres
+    from txn_testing.spark import SparkConnectServer
 
     home: Path = args.home.resolve()
     home.mkdir(parents=True, exist_ok=True)
@@ -270,7 +272,7 @@ def stop_leftovers(home: Path) -> None:
     ):
         time.sleep(0.5)
     if (home / "pg" / "postmaster.pid").exists():
-        from airflow_txn_provider.testing.postgres import EmbeddedPostgres
+        from txn_testing.postgres import EmbeddedPostgres
 
         EmbeddedPostgres(datadir=home / "pg").stop()
     for pid in demo_processes(home):

@@ -1,7 +1,7 @@
 """Shared fixtures: a throwaway Postgres server started once per test session.
 
 The server runs from the Debian PostgreSQL binaries on 127.0.0.1 (see
-airflow_txn_provider.testing.postgres). Each test that needs a database gets a fresh one, cloned
+txn_testing.postgres). Each test that needs a database gets a fresh one, cloned
 from a template that already holds the migrated transaction-log schema.
 """
 
@@ -21,13 +21,13 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine
 
 from airflow_txn_provider import schema
-from airflow_txn_provider.testing.postgres import EmbeddedPostgres
 from airflow_txn_provider.transaction_log import TransactionLog
+from txn_testing.postgres import EmbeddedPostgres
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from airflow_txn_provider.testing.spark import SparkConnectServer
+    from txn_testing.spark import SparkConnectServer
 
 # Airflow reads its home at import: keep it (and its airflow.cfg) out of ~/airflow. Spark binds
 # 127.0.0.1 only: no test traffic leaves loopback.
@@ -116,7 +116,7 @@ def spark() -> Iterator[SparkSession]:
 @pytest.fixture(scope="session")
 def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkConnectServer]:
     """A Spark Connect server (local[2]) from the pip package, shared by the session."""
-    from airflow_txn_provider.testing.spark import SparkConnectServer
+    from txn_testing.spark import SparkConnectServer
 
     with SparkConnectServer(workdir=tmp_path_factory.mktemp("connect")) as server:
         yield server
@@ -126,7 +126,7 @@ def set_txn_log_connection(
     monkeypatch: pytest.MonkeyPatch, conn_id: str, url: str, **extra: str
 ) -> None:
     """Expose the database at ``url`` as Airflow connection ``conn_id`` of type ``txn_log``."""
-    from airflow_txn_provider.testing.airflow import txn_log_connection_env
+    from txn_testing.airflow import txn_log_connection_env
 
     for key, value in txn_log_connection_env(conn_id, url, **extra).items():
         monkeypatch.setenv(key, value)

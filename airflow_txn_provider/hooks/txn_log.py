@@ -5,15 +5,23 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk import BaseHook
-from sqlalchemy.engine import URL, make_url
+from airflow.providers.postgres.hooks.postgres import PostgresHook
+from sqlalchemy.engine import make_url
 
 from airflow_txn_provider.exceptions import TxnConfigError
-from airflow_txn_provider.transaction_log import TransactionLog, engine_from_url
+from airflow_txn_provider.transaction_log import DRIVER, TransactionLog, engine_from_url
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import Engine
+    from airflow.sdk import Connection
+    from sqlalchemy.engine import URL, Engine
 
+SYNC_DRIVER = f"postgresql+{DRIVER}"
+"""The log's driver: psycopg2 (it stages with ``COPY``), not PostgresHook's default psycopg 3."""
+ASYNC_DRIVER = "postgresql+psycopg"
+"""psycopg 3, for the triggers' async engines."""
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 5432
+DEFAULT_DATABASE = "postgres"
 
 _ENGINES: dict[str, Engine] = {}
 """One engine (and connection pool) per log URL and process: a task opens the log several times
@@ -22,23 +30,42 @@ _ENGINES: dict[str, Engine] = {}
 os.register_at_fork(after_in_child=_ENGINES.clear)
 
 
-class TxnLogHook(BaseHook):
+class TxnLogHook(PostgresHook):
     """Opens the Postgres transaction log described by an Airflow connection.
 
-    The connection (type ``txn_log``) holds host, port, login, password and, in *schema*, the
-    database name. Extra keys are passed as libpq parameters (e.g. ``{"sslmode": "require"}``);
+    A :class:`~airflow.providers.postgres.hooks.postgres.PostgresHook` on its own connection type
+    (``txn_log``): host, port, login, password and, in *schema*, the database name, with the
+    defaults ``127.0.0.1``, ``5432`` and ``postgres``. Extra keys are passed as libpq parameters
+    (e.g. ``{"sslmode": "require"}``), except the options PostgresHook reserves for itself
+    (``iam``, ``cursor``, ``sqlalchemy_query``, …: see ``PostgresHook.ignored_extra_options``);
     ``{"sqlalchemy_url": "..."}`` in extra overrides everything else.
 
+    The log is reached through :meth:`get_log` / :meth:`get_engine`: one engine per URL and
+    process, with the psycopg2 driver. PostgresHook's own DB-API methods (``get_conn``, ``run``,
+    ``get_records``, …) are inherited as they are: they connect from the connection's fields with
+    psycopg 3, and ignore ``extra.sqlalchemy_url``.
+
     :param txn_log_conn_id: the Airflow connection id (default ``txn_log_default``).
+    :param sqlalchemy_scheme: the SQLAlchemy driver of :attr:`sqlalchemy_url` (default
+        ``postgresql+psycopg2``; the log also accepts ``postgresql+psycopg``).
     """
 
     conn_name_attr = "txn_log_conn_id"
     default_conn_name = "txn_log_default"
     conn_type = "txn_log"
     hook_name = "Transaction log (Postgres)"
+    ignored_extra_options = PostgresHook.ignored_extra_options | {"sqlalchemy_url"}
 
-    def __init__(self, txn_log_conn_id: str = default_conn_name, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    def __init__(
+        self,
+        txn_log_conn_id: str = default_conn_name,
+        *,
+        sqlalchemy_scheme: str = SYNC_DRIVER,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(
+            txn_log_conn_id=txn_log_conn_id, sqlalchemy_scheme=sqlalchemy_scheme, **kwargs
+        )
         self.txn_log_conn_id = txn_log_conn_id
         self._engine: Engine | None = None
 
@@ -48,19 +75,47 @@ class TxnLogHook(BaseHook):
             "hidden_fields": [],
             "relabeling": {"schema": "Database"},
             "placeholders": {
-                "host": "127.0.0.1",
-                "port": "5432",
-                "schema": "postgres",
+                "host": DEFAULT_HOST,
+                "port": str(DEFAULT_PORT),
+                "schema": DEFAULT_DATABASE,
                 "extra": '{"sslmode": "prefer"}',
             },
         }
 
-    def sqlalchemy_url(self) -> URL | str:
+    def _log_connection(self) -> Connection:
+        """The Airflow connection (read once per hook); a missing or unreadable one is a
+        :class:`~airflow_txn_provider.exceptions.TxnConfigError` that says what to set."""
         try:
-            conn = self.get_connection(self.txn_log_conn_id)
+            return self.connection
         except Exception as err:
             raise _connection_error(self.txn_log_conn_id, err) from None
-        return _url(conn)
+
+    def _override_url(self) -> str | None:
+        extra = self._log_connection().extra_dejson or {}
+        return str(extra["sqlalchemy_url"]) if "sqlalchemy_url" in extra else None
+
+    @property
+    def sqlalchemy_url(self) -> URL:
+        """``extra.sqlalchemy_url`` if set, else PostgresHook's URL of the connection with this
+        hook's defaults (host, port, database) and the extra keys as libpq parameters."""
+        override = self._override_url()
+        if override is not None:
+            return make_url(override)
+        url = super().sqlalchemy_url
+        extra = self._log_connection().extra_dejson or {}
+        libpq = {k: str(v) for k, v in extra.items() if k not in self.ignored_extra_options}
+        return url.set(
+            username=url.username or None,
+            password=url.password or None,
+            host=url.host or DEFAULT_HOST,
+            port=url.port or DEFAULT_PORT,
+            database=url.database or DEFAULT_DATABASE,
+        ).update_query_dict(libpq)
+
+    def get_uri(self) -> str:
+        """The URL as text, password included (``extra.sqlalchemy_url`` exactly as given)."""
+        override = self._override_url()
+        return override if override is not None else super().get_uri()
 
     async def async_sqlalchemy_url(self) -> URL:
         """The URL with psycopg 3's async driver, for triggers (connection looked up async)."""
@@ -68,12 +123,13 @@ class TxnLogHook(BaseHook):
             conn = await self.aget_connection(self.txn_log_conn_id)
         except Exception as err:
             raise _connection_error(self.txn_log_conn_id, err) from None
-        return make_url(_url(conn)).set(drivername="postgresql+psycopg")
+        # The same URL as the sync path, from the connection already read: no sync lookup here
+        hook = TxnLogHook(self.txn_log_conn_id, connection=conn)
+        return hook.sqlalchemy_url.set(drivername=ASYNC_DRIVER)
 
     def log_url(self) -> str:
         """The URL as text, password included: for a job's environment, never for a log line."""
-        url = self.sqlalchemy_url()
-        return url if isinstance(url, str) else url.render_as_string(hide_password=False)
+        return self.get_uri()
 
     def get_engine(self) -> Engine:
         """The engine of this connection's log, shared by every hook of the process."""
@@ -85,12 +141,19 @@ class TxnLogHook(BaseHook):
             self._engine = engine
         return self._engine
 
+    def get_sqlalchemy_engine(self, engine_kwargs: dict[str, Any] | None = None) -> Engine:
+        """The shared engine of :meth:`get_engine`; a new one only for given ``engine_kwargs``."""
+        if not engine_kwargs:
+            return self.get_engine()
+        return engine_from_url(self.log_url(), **engine_kwargs)
+
     def get_log(self, *, migrate: bool = True) -> TransactionLog:
         """The transaction log; applies the schema migrations first unless ``migrate=False``
         (checked once per process: see :func:`airflow_txn_provider.schema.ensure`)."""
         return TransactionLog(self.get_engine(), migrate=migrate)
 
-    def test_connection(self) -> tuple[bool, str]:
+    # [override]: common-sql's stub types DbApiHook.test_connection as returning None
+    def test_connection(self) -> tuple[bool, str]:  # type: ignore[override]
         try:
             with self.get_engine().connect() as conn:
                 conn.exec_driver_sql("SELECT 1")
@@ -106,20 +169,4 @@ def _connection_error(conn_id: str, err: Exception) -> TxnConfigError:
         f"({type(err).__name__}: {err}). Create it (type txn_log: host, port, login, password, "
         f"database) in Admin > Connections, or set AIRFLOW_CONN_{conn_id.upper()}="
         "postgresql://user:password@host:5432/database"
-    )
-
-
-def _url(conn: Any) -> URL | str:
-    """SQLAlchemy URL of a ``txn_log`` connection (``extra.sqlalchemy_url`` overrides the rest)."""
-    extra = dict(conn.extra_dejson or {})
-    if "sqlalchemy_url" in extra:
-        return str(extra["sqlalchemy_url"])
-    return URL.create(
-        "postgresql+psycopg2",
-        username=conn.login or None,
-        password=conn.password or None,
-        host=conn.host or "127.0.0.1",
-        port=int(conn.port) if conn.port else 5432,
-        database=conn.schema or "postgres",
-        query={k: str(v) for k, v in extra.items()},
     )

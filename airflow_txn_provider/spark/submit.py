@@ -1,7 +1,8 @@
 """Running a processing job: ``spark-submit`` through the Spark provider, or the Spark Connect path.
 
 * :class:`SparkSubmitRunner` submits a job file in ``spark_jobs/`` with
-  :class:`TxnSparkSubmitHook` (the provider's ``SparkSubmitHook``) and a ``spark`` connection:
+  :class:`~airflow_txn_provider.hooks.spark_submit.TxnSparkSubmitHook` (the provider's
+  ``SparkSubmitHook``, imported when a job is submitted) and a ``spark`` connection:
   ``local[*]`` when the connection does not exist, ``spark://host:7077`` or any other master
   unchanged. One JVM per txid (~9 s here): robust, isolated, the path to a cluster.
 * :class:`SparkConnectRunner` runs the same job's ``transform`` in this process against a
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 
     from pyspark.sql import SparkSession
 
+    from airflow_txn_provider.hooks.spark_submit import TxnSparkSubmitHook
     from airflow_txn_provider.transaction_log import TransactionLog
 
 log = logging.getLogger(__name__)
@@ -110,70 +112,6 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
-def _spark_submit_hook_class() -> type:
-    from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
-
-    return cast(type, SparkSubmitHook)
-
-
-class TxnSparkSubmitHook(_spark_submit_hook_class()):  # type: ignore[misc]
-    """The provider's ``SparkSubmitHook`` with three changes for transaction jobs.
-
-    * A missing connection means ``local[*]``, not the provider's ``yarn`` fallback: a laptop or
-      a CI runner works without configuration; set the connection to go to a cluster.
-    * ``env_vars`` only ever become ``spark-submit``'s process environment, readable by its user
-      alone. The provider turns them into ``--conf spark.yarn.appMasterEnv.*`` /
-      ``spark.kubernetes.driverEnv.*`` settings for a YARN or Kubernetes master: secrets in them
-      would be on a command line (``ps``), in the Spark UI and in YARN. The driver runs in that
-      process (client deploy mode); cluster deploy mode on YARN or Kubernetes is refused unless
-      ``conf`` gives the driver the log another way (a Kubernetes secret reference).
-    * ``spark-submit`` runs in its own process group and :meth:`on_kill` signals the whole group:
-      killing only the ``spark-submit`` JVM (the provider's default) can leave its Python driver
-      and workers running.
-    """
-
-    def __init__(self, *, env_vars: Mapping[str, str] | None = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)  # no env_vars: the provider would put them on the command line
-        self._process_env = dict(env_vars or {})
-        conn = self._connection
-        remote = "yarn" in conn["master"] or "k8s" in conn["master"]
-        if remote and conn["deploy_mode"] == "cluster":
-            given = [k for k in (self._conf or {}) if k.endswith(f".{LOG_URL_ENV}")]
-            if not any(k.startswith("spark.kubernetes.driver.secretKeyRef.") for k in given):
-                raise ValueError(
-                    f"spark connection {self._conn_id!r}: cluster deploy mode on {conn['master']} "
-                    f"runs the driver in the cluster, which then needs ${LOG_URL_ENV} without "
-                    "it going on a command line: use client deploy mode, or (Kubernetes) set "
-                    f"spark.kubernetes.driver.secretKeyRef.{LOG_URL_ENV}=<secret>:<key> in the "
-                    "pipeline's spark_conf"
-                )
-
-    def _resolve_connection(self) -> dict[str, Any]:
-        from airflow.exceptions import AirflowNotFoundException
-
-        try:
-            self.get_connection(self._conn_id)
-        except AirflowNotFoundException:
-            self.log.info("No connection %r: using master %s", self._conn_id, DEFAULT_MASTER)
-            data = super()._resolve_connection()
-            data["master"] = DEFAULT_MASTER
-            return cast(dict[str, Any], data)
-        return cast(dict[str, Any], super()._resolve_connection())
-
-    def submit(self, application: str = "", **kwargs: Any) -> str | None:
-        kwargs.setdefault("start_new_session", True)
-        if self._process_env:
-            kwargs.setdefault("env", self._process_env)
-        return cast("str | None", super().submit(application, **kwargs))
-
-    def on_kill(self) -> None:
-        process = getattr(self, "_submit_sp", None)
-        if process is not None and process.poll() is None:
-            self.log.info("Stopping spark-submit process group %s", process.pid)
-            stop_process_group(process)
-        super().on_kill()
-
-
 class SparkSubmitRunner:
     """Run a job file of ``spark_jobs/`` for one txid with ``spark-submit``.
 
@@ -206,6 +144,8 @@ class SparkSubmitRunner:
         self.hook: TxnSparkSubmitHook | None = None
 
     def make_hook(self, job: BatchJob) -> TxnSparkSubmitHook:
+        from airflow_txn_provider.hooks.spark_submit import TxnSparkSubmitHook
+
         conf = {"spark.pyspark.python": sys.executable, **self.conf}
         return TxnSparkSubmitHook(
             conn_id=self.conn_id,
@@ -224,7 +164,7 @@ class SparkSubmitRunner:
 
     @property
     def master(self) -> str:
-        return str(self.hook._connection["master"]) if self.hook else "?"
+        return self.hook.master if self.hook else "?"
 
     def kill(self) -> None:
         if self.hook is not None:

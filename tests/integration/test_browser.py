@@ -17,16 +17,17 @@ from pathlib import Path
 import pytest
 
 from airflow_txn_provider.exceptions import UnknownPipelineError
-from airflow_txn_provider.testing.airflow import (
+from airflow_txn_provider.transaction_log import TransactionLog
+from tests.browser import chromium_page, login, screenshot, screenshot_on_failure
+from tests.conftest import new_database, wait_until
+from txn_testing.airflow import (
     ADMIN_USER,
     AirflowStack,
     txn_log_connection_env,
 )
-from airflow_txn_provider.transaction_log import TransactionLog
-from tests.browser import chromium_page, login, screenshot, screenshot_on_failure
-from tests.conftest import new_database, wait_until
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "dags" / "example_txn_words.py"
+HELPER = "txn_examples.py"  # the examples' data generators, beside them in dags/
 DAG = "example_txn_words"
 VARIABLE = f"txn_inject_failure__{DAG}"
 WORDS_PER_LINE = 8  # GeneratedTextSource's default, which the example uses
@@ -38,7 +39,8 @@ def stack(postgres, db_url, connect_server, tmp_path):
     meta = new_database(postgres, migrated=False)  # Airflow's metadata database
     dags = tmp_path / "dags"
     dags.mkdir()
-    (dags / EXAMPLE.name).symlink_to(EXAMPLE)  # the example as a user drops it in
+    for name in (EXAMPLE.name, HELPER):  # the example as a user drops it in, with its helper
+        (dags / name).symlink_to(EXAMPLE.with_name(name))
     env = {
         **txn_log_connection_env("txn_log_default", db_url),
         "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": connect_server.url,

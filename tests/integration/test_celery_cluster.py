@@ -25,18 +25,18 @@ import httpx
 import pytest
 
 from airflow_txn_provider.state import MapState
-from airflow_txn_provider.testing.airflow import (
+from airflow_txn_provider.timetables import txid_run_id
+from airflow_txn_provider.transaction_log import TransactionLog
+from tests.conftest import new_database, wait_until
+from tests.spark_data import parquet_dataset, random_lines, word_counts
+from txn_testing.airflow import (
     CELERY_WORKER,
     AirflowStack,
     _descendants,
     txn_log_connection_env,
 )
-from airflow_txn_provider.testing.redis import RedisServer
-from airflow_txn_provider.testing.spark import SparkConnectServer, StandaloneCluster
-from airflow_txn_provider.timetables import txid_run_id
-from airflow_txn_provider.transaction_log import TransactionLog
-from tests.conftest import new_database, wait_until
-from tests.spark_data import parquet_dataset, random_lines, word_counts
+from txn_testing.redis import RedisServer
+from txn_testing.spark import SparkConnectServer, StandaloneCluster
 
 DAGS = Path(__file__).resolve().parents[1] / "dags"
 PIPELINE = "celery_words"

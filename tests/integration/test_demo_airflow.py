@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from airflow_txn_provider.testing.postgres import free_port
+from txn_testing.postgres import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "scripts" / "demo.py"

@@ -7,7 +7,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from airflow_txn_provider.testing.postgres import free_port
+from txn_testing.postgres import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,8 +11,8 @@ import pytest
 from airflow_txn_provider.coordinator import BeginAction, TxStatus
 from airflow_txn_provider.lease import LeaseKeeper, holder_name
 from airflow_txn_provider.sources import TransactionalSource
-from airflow_txn_provider.testing.postgres import EmbeddedPostgres
 from airflow_txn_provider.transaction_log import TransactionLog
+from txn_testing.postgres import EmbeddedPostgres
 
 
 class Tens(TransactionalSource):

@@ -15,7 +15,6 @@ from airflow.timetables.base import DataInterval, TimeRestriction
 from sqlalchemy import create_engine, text
 from sqlalchemy.orm import Session
 
-from airflow_txn_provider.testing.airflow import AirflowStack
 from airflow_txn_provider.timetables import (
     MINUTE_STEP,
     TXID_EPOCH,
@@ -25,6 +24,7 @@ from airflow_txn_provider.timetables import (
     txid_run_id,
 )
 from tests.conftest import new_database
+from txn_testing.airflow import AirflowStack
 
 LEGACY_TXIDS = 70_000  # past 60 001: a minute-grid date collides with a millisecond-grid one
 

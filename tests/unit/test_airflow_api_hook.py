@@ -14,7 +14,7 @@ import pytest
 
 from airflow_txn_provider.exceptions import RequeueError
 from airflow_txn_provider.hooks.airflow_api import AirflowApiHook
-from airflow_txn_provider.testing.postgres import free_port
+from txn_testing.postgres import free_port
 
 
 class Scripted(ThreadingHTTPServer):

@@ -8,7 +8,6 @@ import math
 
 import pytest
 
-from airflow_txn_provider.examples import SimulatedLandingSource
 from airflow_txn_provider.exceptions import OffsetsWentBackError, UnreadableMetadataError
 from airflow_txn_provider.models import Base
 from airflow_txn_provider.pipeline import TxnPipeline
@@ -16,6 +15,7 @@ from airflow_txn_provider.schema import VERSION_TABLE
 from airflow_txn_provider.sources import next_offset_ranges, validate_metadata
 from airflow_txn_provider.spark.sources import GeneratedTextSource, LandingDirectorySource
 from airflow_txn_provider.state import BucketCountState, GlobalState, MapState
+from txn_examples import SimulatedLandingSource
 
 # -- item 5: names -------------------------------------------------------------------------------
 

@@ -3,7 +3,7 @@ so the image is never built and the stack never started here.
 
 What is checked is what would break a deployment silently: a service, healthcheck or dependency
 missing; an Airflow command, setting or connection that differs from what the tested local stack
-(``airflow_txn_provider.testing.airflow.AirflowStack``, with its Celery broker) runs; a broker that
+(``txn_testing.airflow.AirflowStack``, with its Celery broker) runs; a broker that
 is published, or that the executor does not point at; Celery workers that cannot scale or whose
 healthcheck pings another node; a connection that points at no service or that the project's
 hooks cannot read; a volume not declared or not shared where the sources read; a required
@@ -33,7 +33,7 @@ import yaml
 from packaging.specifiers import SpecifierSet
 from sqlalchemy.engine import make_url
 
-from airflow_txn_provider.testing.airflow import CELERY_WORKER, AirflowStack
+from txn_testing.airflow import CELERY_WORKER, AirflowStack
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
@@ -65,7 +65,7 @@ BROKER_CLIENTS = {"airflow-scheduler", WORKER}
 # workers run the processing tasks; begin and its triggers read the sources' footers)
 DATA_VOLUME = "txn-data"
 DATA_READERS = {*AIRFLOW_SERVICES, "spark-worker", "spark-connect"}
-# AirflowStack's broker (testing/redis.py binds to loopback): the stack's is the redis service
+# AirflowStack's broker (txn_testing/redis.py binds to loopback): the stack's is the redis service
 TESTED_BROKER = "redis://127.0.0.1:6379/0"
 # How many Celery workers the tested stack runs by default: the worker service's default replicas
 TESTED_WORKERS = inspect.signature(AirflowStack).parameters["celery_workers"].default
@@ -517,7 +517,7 @@ def test_redis_is_reached_inside_the_stack_only(services):
     redis = services[BROKER]
     assert "ports" not in redis, "the broker has no password: never publish its port"
     assert not {"network_mode", "networks"} & set(redis)
-    # in memory only, as compose.yaml says (and testing/redis.py runs it): no volume to keep
+    # in memory only, as compose.yaml says (and txn_testing/redis.py runs it): no volume to keep
     cmd = command(redis)
     assert cmd[0] == "redis-server"
     assert option(cmd, "--save") == "" and option(cmd, "--appendonly") == "no"
@@ -565,8 +565,8 @@ def _hooks() -> dict[str, type]:
     from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
 
     from airflow_txn_provider.hooks.airflow_api import AirflowApiHook
+    from airflow_txn_provider.hooks.spark_submit import TxnSparkSubmitHook
     from airflow_txn_provider.hooks.txn_log import TxnLogHook
-    from airflow_txn_provider.spark.submit import TxnSparkSubmitHook
 
     return {
         "txn_log": TxnLogHook,
@@ -591,7 +591,7 @@ def test_connections_point_at_the_services(services, monkeypatch):
             monkeypatch.setenv(key, value)
     hooks = _hooks()
 
-    txn = make_url(hooks["txn_log"]().sqlalchemy_url())
+    txn = hooks["txn_log"]().sqlalchemy_url
     pg = services["postgres"]["environment"]
     assert (txn.host, txn.port, txn.database) == ("postgres", 5432, "txn")
     assert (txn.username, txn.password) == (pg["TXN_DB_USER"], pg["TXN_DB_PASSWORD"])
@@ -604,11 +604,11 @@ def test_connections_point_at_the_services(services, monkeypatch):
     assert connect.port == int(spark_confs(connect_cmd)["spark.connect.grpc.binding.port"])
 
     submit = hooks["spark"](conn_id="spark_default")
-    master = submit._connection["master"]
+    master = submit.master
     master_cmd = command(services["spark-master"])
     assert master == f"spark://{option(master_cmd, '--host')}:{option(master_cmd, '--port')}"
     assert urlsplit(master).hostname in services
-    assert submit._connection["deploy_mode"] == "client"  # Python apps: standalone is client-only
+    assert submit.deploy_mode == "client"  # Python apps: standalone is client-only
     assert command(services["spark-worker"])[-1] == master
     assert option(connect_cmd, "--master") == master
 

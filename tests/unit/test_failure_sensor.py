@@ -10,8 +10,8 @@ import pytest
 from airflow.triggers.base import TaskSuccessEvent, TriggerEvent
 
 from airflow_txn_provider.coordinator import FailureResponse, PipelineView, TxRecord, plan_failure
-from airflow_txn_provider.testing.failure_injection import InjectedFailureRule as Rule
-from airflow_txn_provider.testing.failure_injection import (
+from airflow_txn_provider.failure_injection import InjectedFailureRule as Rule
+from airflow_txn_provider.failure_injection import (
     injected_failure,
     parse_failure_injection,
 )

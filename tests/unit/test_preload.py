@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from airflow_txn_provider.preload import TASK_MODULES, forks_task_processes, warm_task_processes
-from airflow_txn_provider.testing.airflow import LOCAL_SETTINGS
+from txn_testing.airflow import LOCAL_SETTINGS
 
 ROOT = Path(__file__).resolve().parents[2]
 

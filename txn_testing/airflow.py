@@ -29,13 +29,15 @@ from typing import Any
 
 import httpx
 
-from airflow_txn_provider.testing.failure_injection import ENABLE_ENV as FAILURE_INJECTION_ENV
-from airflow_txn_provider.testing.postgres import free_port
+from airflow_txn_provider.failure_injection import ENABLE_ENV as FAILURE_INJECTION_ENV
+from txn_testing.postgres import free_port
 
 COMPONENTS = ("scheduler", "dag-processor", "triggerer", "api-server")
 CELERY_WORKER = "celery-worker-{}"
 """Component name (and Airflow hostname) of the ``n``-th Celery worker, from 1."""
 WORKER_HOSTNAME_ENV = "TXN_WORKER_HOSTNAME"
+REPOSITORY = Path(__file__).resolve().parents[1]
+"""The folder that holds this package (it is not installed: see the package's docstring)."""
 
 
 def worker_hostname() -> str:
@@ -82,7 +84,7 @@ def txn_log_connection_env(conn_id: str, url: str, **extra: str) -> dict[str, st
 
 
 LOCAL_SETTINGS = """\
-# Written by airflow_txn_provider.testing.airflow.AirflowStack: the scheduler imports what a
+# Written by txn_testing.airflow.AirflowStack: the scheduler imports what a
 # processing task needs once, and every task process it forks inherits it.
 from airflow_txn_provider.preload import warm_task_processes
 
@@ -99,7 +101,7 @@ class AirflowStack:
     :param env: extra environment (connections, Variables, provider settings).
     :param password: the admin user's password.
     :param failure_injection: let the Variables ``txn_inject_failure__<pipeline>`` fail chosen
-        attempts (:mod:`airflow_txn_provider.testing.failure_injection`); off for benchmarks.
+        attempts (:mod:`airflow_txn_provider.failure_injection`); off for benchmarks.
     :param preload: warm the task processes (:mod:`airflow_txn_provider.preload`) through
         ``$AIRFLOW_HOME/config/airflow_local_settings.py``, as a deployment should.
     :param celery_broker: a Celery broker URL (e.g. :class:`~.redis.RedisServer`'s): run the
@@ -206,6 +208,11 @@ class AirflowStack:
             # worker is free (and is not stranded behind a long job, or on a worker that dies).
             "AIRFLOW__CELERY__WORKER_PREFETCH_MULTIPLIER": "1",
             "AIRFLOW__CORE__HOSTNAME_CALLABLE": f"{__name__}.worker_hostname",
+            # Every component imports that callable, from this package: the repository's, not
+            # installed with the provider, so the components get the repository on their path.
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, [str(REPOSITORY), os.environ.get("PYTHONPATH")])
+            ),
         }
 
     def component_argv(self, name: str) -> list[str]:

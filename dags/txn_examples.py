@@ -1,4 +1,8 @@
-"""Data generators of the example DAGs (``dags/``), so each runs out of the box.
+"""Data generators of the example DAGs of this folder, so each runs out of the box.
+
+A helper module of the examples, not a DAG file (``.airflowignore`` keeps Airflow from parsing it)
+and not part of the provider: copy it with the examples into the dags folder, which Airflow puts
+on ``sys.path``, so ``from txn_examples import ...`` finds it there.
 
 The words and global-count examples read :class:`~airflow_txn_provider.spark.sources.
 GeneratedTextSource`, which needs no data at all. The opaque example reads a landing folder of
@@ -9,8 +13,8 @@ the last batch, into every partition folder that is online.
 Taking a partition offline is renaming its folder so the source skips it (a leading dot), as an
 unmounted share or a crashed producer would::
 
-    python -m airflow_txn_provider.examples offline <landing folder> p1
-    python -m airflow_txn_provider.examples online  <landing folder> p1
+    python dags/txn_examples.py offline <landing folder> p1
+    python dags/txn_examples.py online  <landing folder> p1
 
 Done while a failed txid replays, the replay reads fewer files than its first attempt did: the
 opaque state still commits each line exactly once.
@@ -27,6 +31,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from airflow_txn_provider.sources import Metadata
 from airflow_txn_provider.spark.sources import DEFAULT_VOCABULARY, LandingDirectorySource
@@ -123,6 +128,16 @@ class SimulatedLandingSource(LandingDirectorySource):
     def initialize_transaction(self, txid: int, prev_metadata: Metadata | None) -> Metadata | None:
         self.produce()
         return super().initialize_transaction(txid, prev_metadata)
+
+    def to_spec(self) -> dict[str, Any]:
+        """The spec of the plain :class:`LandingDirectorySource` of the same folder: a job (a
+        ``spark-submit`` driver) only reads the batch, and this module, beside the DAGs, is not
+        importable where the job runs; the producer runs where batches are chosen."""
+        fields = {f.name for f in dataclasses.fields(LandingDirectorySource)}
+        return {
+            "class": f"{LandingDirectorySource.__module__}:{LandingDirectorySource.__qualname__}",
+            "args": {k: v for k, v in dataclasses.asdict(self).items() if k in fields},
+        }
 
 
 def _write_whole(path: Path, text: str) -> None:

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from airflow_txn_provider.testing.postgres import free_port
+from txn_testing.postgres import free_port
 
 
 @dataclass

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from airflow_txn_provider.spark.submit import keep_classic_mode, spark_env, stop_process_group
-from airflow_txn_provider.testing.postgres import free_port
+from txn_testing.postgres import free_port
 
 log = logging.getLogger(__name__)
 
