@@ -58,6 +58,18 @@ class SourceKind(enum.StrEnum):
     """A replay may differ: its metadata is recomputed from where the previous txid ended."""
 
 
+class StateKind(enum.StrEnum):
+    """How a state applies a replayed txid (Trident's map states; the rules are in
+    :mod:`airflow_txn_provider.state.kinds`)."""
+
+    NON_TRANSACTIONAL = "non_transactional"
+    """Adds every batch it is given: exactly once only with the log's commit in one transaction."""
+    TRANSACTIONAL = "transactional"
+    """Stores the txid with the value and skips a txid it applied: for transactional sources."""
+    OPAQUE = "opaque"
+    """Stores the value before the txid too, and re-applies a replay over it: for any source."""
+
+
 class FailureResponse(enum.StrEnum):
     """What the failure sensor of a txid's run did about a failed attempt (the log records it)."""
 
@@ -607,6 +619,7 @@ __all__: Sequence[str] = (
     "ProcessedAction",
     "SinkAction",
     "SourceKind",
+    "StateKind",
     "TxRecord",
     "TxStatus",
     "attempt_is_current",

@@ -20,25 +20,36 @@ time, and adds them to the pipeline's ``pruned_*`` totals.
 
 from __future__ import annotations
 
+import enum
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy import (
     BigInteger,
     CheckConstraint,
     DateTime,
+    Dialect,
     ForeignKeyConstraint,
     Integer,
     MetaData,
     Numeric,
     String,
+    Table,
     Text,
+    TypeDecorator,
     func,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from airflow_txn_provider.coordinator import DEFAULT_KEEP_TXIDS
+from airflow_txn_provider.coordinator import (
+    DEFAULT_KEEP_TXIDS,
+    FailureResponse,
+    SourceKind,
+    StateKind,
+    TxStatus,
+)
+from airflow_txn_provider.exceptions import CorruptLogError
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -48,8 +59,38 @@ NAMING_CONVENTION = {
     "pk": "pk_%(table_name)s",
 }
 
-TX_STATUSES = ("processing", "processed", "committed", "failed")
-SOURCE_KINDS = ("transactional", "opaque")
+
+class StrEnumText(TypeDecorator[enum.StrEnum]):
+    """A ``str`` enum of the coordinator stored as its value in a ``VARCHAR(20)``: queries bind and
+    read the enum, never a retyped literal.
+
+    Not SQLAlchemy's ``Enum``: a value the enum does not know (a CHECK constraint keeps them out,
+    so only a damaged log holds one) must be a :class:`CorruptLogError`, not a ``LookupError``.
+    """
+
+    impl = String(20)
+    cache_ok = True
+
+    def __init__(self, enum_class: type[enum.StrEnum], what: str) -> None:
+        super().__init__()
+        self.enum_class = enum_class
+        self.what = what
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> str | None:
+        return None if value is None else self.enum_class(value).value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> enum.StrEnum | None:
+        if value is None:
+            return None
+        try:
+            return self.enum_class(value)
+        except ValueError:
+            raise CorruptLogError(f"unknown {self.what} {value!r}") from None
+
+
+def one_of(column: str, enum_class: type[enum.StrEnum]) -> str:
+    """A CHECK constraint's text allowing exactly the enum's values."""
+    return f"{column} IN ({', '.join(repr(m.value) for m in enum_class)})"
 
 
 class Base(DeclarativeBase):
@@ -60,7 +101,7 @@ class PipelineRow(Base):
     __tablename__ = "txn_pipeline"
 
     name: Mapped[str] = mapped_column(String(250), primary_key=True)
-    source_kind: Mapped[str] = mapped_column(String(20))
+    source_kind: Mapped[SourceKind] = mapped_column(StrEnumText(SourceKind, "source kind"))
     max_pending: Mapped[int] = mapped_column(Integer)
     last_committed_txid: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
@@ -79,7 +120,7 @@ class PipelineRow(Base):
     """Every txid up to this one was pruned."""
 
     __table_args__ = (
-        CheckConstraint("source_kind IN ('transactional', 'opaque')", name="source_kind"),
+        CheckConstraint(one_of("source_kind", SourceKind), name="source_kind"),
         CheckConstraint("max_pending >= 1", name="max_pending"),
         CheckConstraint("last_committed_txid >= 0", name="last_committed_txid"),
         CheckConstraint("keep_txids >= 1", name="keep_txids"),
@@ -109,7 +150,7 @@ class TransactionRow(Base):
     pipeline: Mapped[str] = mapped_column(String(250), primary_key=True)
     txid: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     attempt: Mapped[int] = mapped_column(Integer)
-    status: Mapped[str] = mapped_column(String(20))
+    status: Mapped[TxStatus] = mapped_column(StrEnumText(TxStatus, "status"))
     batch_metadata: Mapped[Any] = mapped_column("metadata", JSONB, nullable=True)
     output: Mapped[Any] = mapped_column(JSONB, nullable=True)
     """Reference to the current attempt's processed output (e.g. staged row counts per state)."""
@@ -130,9 +171,7 @@ class TransactionRow(Base):
         ForeignKeyConstraint(["pipeline"], ["txn_pipeline.name"], ondelete="CASCADE"),
         CheckConstraint("txid >= 1", name="txid"),
         CheckConstraint("attempt >= 1", name="attempt"),
-        CheckConstraint(
-            "status IN ('processing', 'processed', 'committed', 'failed')", name="status"
-        ),
+        CheckConstraint(one_of("status", TxStatus), name="status"),
     )
 
 
@@ -142,7 +181,7 @@ class AttemptRow(Base):
     pipeline: Mapped[str] = mapped_column(String(250), primary_key=True)
     txid: Mapped[int] = mapped_column(BigInteger, primary_key=True)
     attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
-    status: Mapped[str] = mapped_column(String(20))
+    status: Mapped[TxStatus] = mapped_column(StrEnumText(TxStatus, "status"))
     batch_metadata: Mapped[Any] = mapped_column("metadata", JSONB, nullable=True)
     output: Mapped[Any] = mapped_column(JSONB, nullable=True)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
@@ -152,7 +191,9 @@ class AttemptRow(Base):
     ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     timings: Mapped[Any] = mapped_column(JSONB, nullable=True)
     """Seconds spent per phase (``spark``, ``staging``, ``commit``, ...), as reported."""
-    response: Mapped[str | None] = mapped_column(String(20), nullable=True)
+    response: Mapped[FailureResponse | None] = mapped_column(
+        StrEnumText(FailureResponse, "failure response"), nullable=True
+    )
     """Once failed: what the failure sensor did about it (see migration 0006)."""
 
     __table_args__ = (
@@ -161,10 +202,8 @@ class AttemptRow(Base):
             ["txn_transaction.pipeline", "txn_transaction.txid"],
             ondelete="CASCADE",
         ),
-        CheckConstraint(
-            "status IN ('processing', 'processed', 'committed', 'failed')", name="status"
-        ),
-        CheckConstraint("response IN ('requeue', 'leave_to_origin', 'stop')", name="response"),
+        CheckConstraint(one_of("status", TxStatus), name="status"),
+        CheckConstraint(one_of("response", FailureResponse), name="response"),
     )
 
 
@@ -173,13 +212,11 @@ class StateRegistryRow(Base):
 
     name: Mapped[str] = mapped_column(String(63), primary_key=True)
     pipeline: Mapped[str] = mapped_column(String(250))
-    kind: Mapped[str] = mapped_column(String(20))
+    kind: Mapped[StateKind] = mapped_column(StrEnumText(StateKind, "state kind"))
     definition: Mapped[Any] = mapped_column(JSONB)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
 
-    __table_args__ = (
-        CheckConstraint("kind IN ('non_transactional', 'transactional', 'opaque')", name="kind"),
-    )
+    __table_args__ = (CheckConstraint(one_of("kind", StateKind), name="kind"),)
 
 
 class MapSummaryRow(Base):
@@ -198,3 +235,13 @@ class MapSummaryRow(Base):
     __table_args__ = (
         ForeignKeyConstraint(["name"], ["txn_state_registry.name"], ondelete="CASCADE"),
     )
+
+
+# The tables, for SQLAlchemy Core statements (the log and the states write with Core: explicit
+# locking and RETURNING, no unit of work between a rule's answer and the rows).
+PIPELINES = cast(Table, PipelineRow.__table__)
+PIPELINE_DAGS = cast(Table, PipelineDagRow.__table__)
+TRANSACTIONS = cast(Table, TransactionRow.__table__)
+ATTEMPTS = cast(Table, AttemptRow.__table__)
+STATE_REGISTRY = cast(Table, StateRegistryRow.__table__)
+MAP_SUMMARY = cast(Table, MapSummaryRow.__table__)

@@ -9,8 +9,9 @@ Every transition is one explicit database transaction:
 * ``mark_processed`` and ``stage_output`` lock only the txid's own row, so many txids record their
   processed output in parallel; a commit or failure of that txid waits for the row and sees the
   result.
-* ``commit`` runs the caller's ``apply`` (the state update) on the same connection, so the state
-  change and the "committed" mark are one database transaction: both happen or neither.
+* ``commit`` runs the caller's ``apply`` (the states' and lake sinks' steps of the commit
+  protocol, :mod:`airflow_txn_provider.commit`) on the same connection, so the state change and
+  the "committed" mark are one database transaction: both happen or neither.
 * **retention**: a commit also deletes the rows of txids older than the newest ``keep_txids``
   committed ones (a bounded batch, under the pipeline's lock it holds anyway) and adds them to the
   pipeline's ``pruned_*`` totals (:meth:`TransactionLog.retention`). Nothing a rule reads is pruned
@@ -20,7 +21,9 @@ Every transition is one explicit database transaction:
   process died is never left in flight. Leases are judged by the database's clock, and again
   once the expiry holds the txid's row: a staging that recorded the output meanwhile is not failed.
 
-Every public call waits out a restarting database (:mod:`airflow_txn_provider.retries`).
+A txid's rows are written by one writer (:class:`~airflow_txn_provider.log_rows.TxidRows`), and a
+pipeline is read by one reader (:func:`~airflow_txn_provider.log_rows.load_view`). Every public
+call waits out a restarting database (:mod:`airflow_txn_provider.retries`).
 """
 
 from __future__ import annotations
@@ -32,11 +35,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol
 
-from sqlalchemy import Table, create_engine, func, insert, literal, select, text, update
-from sqlalchemy import cast as sa_cast
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy import create_engine, func, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import make_url
 
@@ -71,14 +72,14 @@ from airflow_txn_provider.coordinator import (
     validate_max_pending,
 )
 from airflow_txn_provider.exceptions import (
-    CorruptLogError,
     LeaseExpiredError,
     PipelineConfigError,
     SourceError,
     TxnError,
     UnknownPipelineError,
 )
-from airflow_txn_provider.models import AttemptRow, PipelineDagRow, PipelineRow, TransactionRow
+from airflow_txn_provider.log_rows import TxidRows, load_view, naming_pipeline
+from airflow_txn_provider.models import ATTEMPTS, PIPELINE_DAGS, PIPELINES, TRANSACTIONS
 from airflow_txn_provider.retries import (
     DEFAULT_OUTAGE_TIMEOUT,
     is_transient,
@@ -88,15 +89,10 @@ from airflow_txn_provider.retries import (
 from airflow_txn_provider.sources import Source, validate_metadata
 
 if TYPE_CHECKING:
-    from sqlalchemy import Update
     from sqlalchemy.engine import Connection, Engine, Row
 
 log = logging.getLogger(__name__)
 
-P = cast(Table, PipelineRow.__table__)
-T = cast(Table, TransactionRow.__table__)
-A = cast(Table, AttemptRow.__table__)
-D = cast(Table, PipelineDagRow.__table__)
 
 CLAIM_TIMEOUT = 120.0
 """Seconds a freshly begun attempt's lease lasts: time for its processing task to start and take
@@ -320,17 +316,19 @@ class TransactionLog:
             validate_keep_txids(keep_txids)
         with self.engine.begin() as conn:
             conn.execute(
-                pg_insert(P)
+                pg_insert(PIPELINES)
                 .values(
                     name=name,
-                    source_kind=kind.value,
+                    source_kind=kind,
                     max_pending=max_pending,
                     keep_txids=keep_txids or DEFAULT_KEEP_TXIDS,
                 )
                 .on_conflict_do_nothing(index_elements=["name"])
             )
-            row = conn.execute(select(P).where(P.c.name == name).with_for_update()).one()
-            if row.source_kind != kind.value:
+            row = conn.execute(
+                select(PIPELINES).where(PIPELINES.c.name == name).with_for_update()
+            ).one()
+            if row.source_kind is not kind:
                 raise PipelineConfigError(
                     f"pipeline was registered with a {row.source_kind} source, now declared "
                     f"{kind.value}; a running pipeline cannot change its replay semantics",
@@ -338,14 +336,16 @@ class TransactionLog:
                 )
             if dag_id:
                 conn.execute(
-                    pg_insert(D).values(pipeline=name, dag_id=dag_id).on_conflict_do_nothing()
+                    pg_insert(PIPELINE_DAGS)
+                    .values(pipeline=name, dag_id=dag_id)
+                    .on_conflict_do_nothing()
                 )
             for setting, value in (("max_pending", max_pending), ("keep_txids", keep_txids)):
                 if value is None or getattr(row, setting) == value:
                     continue
                 conn.execute(
-                    update(P)
-                    .where(P.c.name == name)
+                    update(PIPELINES)
+                    .where(PIPELINES.c.name == name)
                     .values({setting: value, "updated_at": func.now()})
                 )
                 log.info(
@@ -388,26 +388,32 @@ class TransactionLog:
     @retry_transient
     def _declaration(self, name: str) -> str | None:
         with self.engine.connect() as conn:
-            return conn.execute(select(P.c.declaration).where(P.c.name == name)).scalar()
+            return conn.execute(
+                select(PIPELINES.c.declaration).where(PIPELINES.c.name == name)
+            ).scalar()
 
     @retry_transient
     def _set_declaration(self, name: str, declaration: str) -> None:
         with self.engine.begin() as conn:
-            conn.execute(update(P).where(P.c.name == name).values(declaration=declaration))
+            conn.execute(
+                update(PIPELINES).where(PIPELINES.c.name == name).values(declaration=declaration)
+            )
 
     @retry_transient
     def pipelines(self) -> list[str]:
         """Names of every registered pipeline, sorted (one query, no lock). Names only: reading
         a pipeline (``view``) is where a corrupt row is reported, for that pipeline alone."""
         with self.engine.connect() as conn:
-            return list(conn.execute(select(P.c.name).order_by(P.c.name)).scalars())
+            return list(conn.execute(select(PIPELINES.c.name).order_by(PIPELINES.c.name)).scalars())
 
     @retry_transient
     def pipeline_dags(self) -> dict[str, set[str]]:
         """Pipeline -> ids of the Airflow DAGs recorded as running it."""
         found: dict[str, set[str]] = {}
         with self.engine.connect() as conn:
-            for pipeline, dag_id in conn.execute(select(D.c.pipeline, D.c.dag_id)):
+            for pipeline, dag_id in conn.execute(
+                select(PIPELINE_DAGS.c.pipeline, PIPELINE_DAGS.c.dag_id)
+            ):
                 found.setdefault(pipeline, set()).add(dag_id)
         return found
 
@@ -423,7 +429,7 @@ class TransactionLog:
     def last_committed(self, pipeline: str) -> int:
         with self.engine.connect() as conn:
             value = conn.execute(
-                select(P.c.last_committed_txid).where(P.c.name == pipeline)
+                select(PIPELINES.c.last_committed_txid).where(PIPELINES.c.name == pipeline)
             ).scalar_one_or_none()
         if value is None:
             raise UnknownPipelineError("pipeline is not registered", pipeline=pipeline)
@@ -488,9 +494,9 @@ class TransactionLog:
             assert rec is not None
             if rec.status is TxStatus.PROCESSING:  # give its processing time to (re)start
                 conn.execute(
-                    update(T)
-                    .where(T.c.pipeline == view.pipeline, T.c.txid == txid)
-                    .values(lease_expires_at=func.greatest(T.c.lease_expires_at, claim))
+                    update(TRANSACTIONS)
+                    .where(TRANSACTIONS.c.pipeline == view.pipeline, TRANSACTIONS.c.txid == txid)
+                    .values(lease_expires_at=func.greatest(TRANSACTIONS.c.lease_expires_at, claim))
                 )
             log.info(
                 "pipeline=%s txid=%s attempt=%s resumed (%s): it is alive, not re-emitted",
@@ -516,43 +522,8 @@ class TransactionLog:
         metadata = self._metadata_for(view, plan, source)
         if metadata is None:
             return Emission(view.pipeline, txid, plan.action, no_data=True)
-        if plan.action is BeginAction.NEW:
-            conn.execute(
-                insert(T).values(
-                    pipeline=view.pipeline,
-                    txid=txid,
-                    attempt=plan.attempt,
-                    status=TxStatus.PROCESSING.value,
-                    metadata=metadata,
-                    begun_at=func.now(),
-                    lease_expires_at=claim,
-                )
-            )
-        else:
-            conn.execute(
-                update(T)
-                .where(T.c.pipeline == view.pipeline, T.c.txid == txid)
-                .values(
-                    attempt=plan.attempt,
-                    status=TxStatus.PROCESSING.value,
-                    metadata=metadata,
-                    output=None,
-                    failed_by=None,
-                    begun_at=func.now(),
-                    processed_at=None,
-                    lease_expires_at=claim,
-                    lease_holder=None,
-                    updated_at=func.now(),
-                )
-            )
-        conn.execute(
-            insert(A).values(
-                pipeline=view.pipeline,
-                txid=txid,
-                attempt=plan.attempt,
-                status=TxStatus.PROCESSING.value,
-                metadata=metadata,
-            )
+        TxidRows(conn, view.pipeline, txid).emit(
+            plan.attempt, metadata, claim, new=plan.action is BeginAction.NEW
         )
         log.info(
             "pipeline=%s txid=%s attempt=%s emitted (%s)",
@@ -640,7 +611,7 @@ class TransactionLog:
             if attempt_may_stage(record, pipeline=pipeline, txid=txid, attempt=attempt):
                 stage(conn)
                 if timings:
-                    conn.execute(_add_timings(pipeline, txid, attempt, timings))
+                    TxidRows(conn, pipeline, txid).add_timings(attempt, timings)
                 return True
         log.warning(
             "pipeline=%s txid=%s attempt=%s staged nothing: attempt is stale or already processed",
@@ -678,27 +649,10 @@ class TransactionLog:
                 record, pipeline=pipeline, txid=txid, attempt=attempt, output=output_dict
             )
             if action is ProcessedAction.ACCEPT:
-                conn.execute(
-                    update(T)
-                    .where(T.c.pipeline == pipeline, T.c.txid == txid)
-                    .values(
-                        status=TxStatus.PROCESSED.value,
-                        output=output_dict,
-                        processed_at=func.now(),
-                        updated_at=func.now(),
-                    )
-                )
-                conn.execute(
-                    update(A)
-                    .where(A.c.pipeline == pipeline, A.c.txid == txid, A.c.attempt == attempt)
-                    .values(
-                        status=TxStatus.PROCESSED.value,
-                        output=output_dict,
-                        processed_at=func.now(),
-                    )
-                )
+                rows = TxidRows(conn, pipeline, txid)
+                rows.move(attempt, TxStatus.PROCESSED, output=output_dict)
                 if timings:
-                    conn.execute(_add_timings(pipeline, txid, attempt, timings))
+                    rows.add_timings(attempt, timings)
         if action is ProcessedAction.IGNORE_STALE:
             log.warning(
                 "pipeline=%s txid=%s attempt=%s processed report ignored: attempt is stale",
@@ -738,7 +692,9 @@ class TransactionLog:
                     # 0 once retention pruned the txid's record: committed, attempt forgotten.
                     committed_attempt = (
                         conn.execute(
-                            select(T.c.attempt).where(T.c.pipeline == pipeline, T.c.txid == txid)
+                            select(TRANSACTIONS.c.attempt).where(
+                                TRANSACTIONS.c.pipeline == pipeline, TRANSACTIONS.c.txid == txid
+                            )
                         ).scalar_one_or_none()
                         or 0
                     )
@@ -760,27 +716,14 @@ class TransactionLog:
                         if is_transient(err):  # the database went away: retry, don't fail
                             raise
                         raise _ApplyFailed() from err
-                conn.execute(
-                    update(T)
-                    .where(T.c.pipeline == pipeline, T.c.txid == txid)
-                    .values(
-                        status=TxStatus.COMMITTED.value,
-                        committed_at=func.now(),
-                        updated_at=func.now(),
-                    )
-                )
-                conn.execute(
-                    update(A)
-                    .where(A.c.pipeline == pipeline, A.c.txid == txid, A.c.attempt == attempt)
-                    .values(status=TxStatus.COMMITTED.value, ended_at=func.now())
-                )
-                spent = {"commit": time.monotonic() - started}  # lock wait and apply
-                conn.execute(_add_timings(pipeline, txid, attempt, spent))
+                rows = TxidRows(conn, pipeline, txid)
+                rows.move(attempt, TxStatus.COMMITTED)
+                rows.add_timings(attempt, {"commit": time.monotonic() - started})  # lock + apply
                 kept = conn.execute(
-                    update(P)
-                    .where(P.c.name == pipeline)
+                    update(PIPELINES)
+                    .where(PIPELINES.c.name == pipeline)
                     .values(last_committed_txid=txid, updated_at=func.now())
-                    .returning(P.c.keep_txids, P.c.pruned_through_txid)
+                    .returning(PIPELINES.c.keep_txids, PIPELINES.c.pruned_through_txid)
                 ).one()
                 # Retention, under the lock this commit holds: a bounded batch, now and then.
                 due = prune_range(
@@ -805,8 +748,12 @@ class TransactionLog:
         safe beside commits, and idempotent."""
         with self.engine.begin() as conn:
             row = conn.execute(
-                select(P.c.last_committed_txid, P.c.keep_txids, P.c.pruned_through_txid)
-                .where(P.c.name == pipeline)
+                select(
+                    PIPELINES.c.last_committed_txid,
+                    PIPELINES.c.keep_txids,
+                    PIPELINES.c.pruned_through_txid,
+                )
+                .where(PIPELINES.c.name == pipeline)
                 .with_for_update()
             ).one_or_none()
             if row is None:
@@ -862,7 +809,7 @@ class TransactionLog:
     def retention(self, pipeline: str) -> RetentionInfo:
         """The pipeline's ``keep_txids`` and the totals of what retention pruned."""
         with self.engine.connect() as conn:
-            row = conn.execute(select(P).where(P.c.name == pipeline)).one_or_none()
+            row = conn.execute(select(PIPELINES).where(PIPELINES.c.name == pipeline)).one_or_none()
         if row is None:
             raise UnknownPipelineError("pipeline is not registered", pipeline=pipeline)
         return RetentionInfo(
@@ -927,25 +874,8 @@ class TransactionLog:
             rec = view.record(txid)
             assert rec is not None
             message = error if txid == origin else f"failed with txid {origin}: {error}"
-            conn.execute(
-                update(T)
-                .where(T.c.pipeline == view.pipeline, T.c.txid == txid)
-                .values(
-                    status=TxStatus.FAILED.value,
-                    last_error=message,
-                    failed_by=origin,
-                    updated_at=func.now(),
-                )
-            )
-            conn.execute(
-                update(A)
-                .where(A.c.pipeline == view.pipeline, A.c.txid == txid, A.c.attempt == rec.attempt)
-                .values(
-                    status=TxStatus.FAILED.value,
-                    error=message,
-                    failed_by=origin,
-                    ended_at=func.now(),
-                )
+            TxidRows(conn, view.pipeline, txid).move(
+                rec.attempt, TxStatus.FAILED, error=message, failed_by=origin
             )
 
     # -- liveness --------------------------------------------------------------------------------
@@ -965,8 +895,8 @@ class TransactionLog:
             found = lease_renewal(record, attempt)
             if found is LeaseRenewal.RENEWED:
                 conn.execute(
-                    update(T)
-                    .where(T.c.pipeline == pipeline, T.c.txid == txid)
+                    update(TRANSACTIONS)
+                    .where(TRANSACTIONS.c.pipeline == pipeline, TRANSACTIONS.c.txid == txid)
                     .values(
                         lease_expires_at=func.now() + timedelta(seconds=timeout),
                         lease_holder=holder[:500],
@@ -1025,19 +955,19 @@ class TransactionLog:
     ) -> list[TransactionInfo]:
         """Txids of the pipeline above ``since_txid``, oldest first."""
         query = (
-            select(T)
-            .where(T.c.pipeline == pipeline, T.c.txid > since_txid)
-            .order_by(T.c.txid)
+            select(TRANSACTIONS)
+            .where(TRANSACTIONS.c.pipeline == pipeline, TRANSACTIONS.c.txid > since_txid)
+            .order_by(TRANSACTIONS.c.txid)
             .limit(limit)
         )
-        with self.engine.connect() as conn:
+        with self.engine.connect() as conn, naming_pipeline(pipeline):
             rows = conn.execute(query).all()
         return [
             TransactionInfo(
                 pipeline=r.pipeline,
                 txid=r.txid,
                 attempt=r.attempt,
-                status=_status(r.status, pipeline, r.txid, r.attempt),
+                status=r.status,
                 metadata=r.metadata,
                 output=r.output,
                 last_error=r.last_error,
@@ -1064,7 +994,7 @@ class TransactionLog:
                 pipeline=r.pipeline,
                 txid=r.txid,
                 attempt=r.attempt,
-                status=_status(r.status, pipeline, r.txid, r.attempt),
+                status=r.status,
                 metadata=r.metadata,
                 output=r.output,
                 error=r.error,
@@ -1073,7 +1003,7 @@ class TransactionLog:
                 ended_at=r.ended_at,
                 failed_by=r.failed_by,
                 timings=dict(r.timings or {}),
-                response=_response(r.response),
+                response=r.response,
             )
             for r in self._attempt_rows(pipeline, txid)
         ]
@@ -1086,17 +1016,19 @@ class TransactionLog:
             TxRecord(
                 txid=int(r.txid),
                 attempt=int(r.attempt),
-                status=_status(r.status, pipeline, r.txid, r.attempt),
+                status=r.status,
                 failed_by=r.failed_by,
-                response=_response(r.response),
+                response=r.response,
             )
             for r in self._attempt_rows(pipeline, txid)
         )
 
     def _attempt_rows(self, pipeline: str, txid: int) -> Sequence[Row[Any]]:
-        with self.engine.connect() as conn:
+        with self.engine.connect() as conn, naming_pipeline(pipeline):
             return conn.execute(
-                select(A).where(A.c.pipeline == pipeline, A.c.txid == txid).order_by(A.c.attempt)
+                select(ATTEMPTS)
+                .where(ATTEMPTS.c.pipeline == pipeline, ATTEMPTS.c.txid == txid)
+                .order_by(ATTEMPTS.c.attempt)
             ).all()
 
     @retry_transient
@@ -1107,9 +1039,13 @@ class TransactionLog:
         the sensor neither acts twice nor counts the txid's own failures again."""
         with self.engine.begin() as conn:
             conn.execute(
-                update(A)
-                .where(A.c.pipeline == pipeline, A.c.txid == txid, A.c.attempt == attempt)
-                .values(response=response.value)
+                update(ATTEMPTS)
+                .where(
+                    ATTEMPTS.c.pipeline == pipeline,
+                    ATTEMPTS.c.txid == txid,
+                    ATTEMPTS.c.attempt == attempt,
+                )
+                .values(response=response)
             )
 
     # -- loading ---------------------------------------------------------------------------------
@@ -1118,29 +1054,11 @@ class TransactionLog:
         return load_view(conn, pipeline, lock=lock)
 
     def _locked_record(self, conn: Connection, pipeline: str, txid: int) -> TxRecord | None:
-        row = conn.execute(
-            select(T).where(T.c.pipeline == pipeline, T.c.txid == txid).with_for_update()
-        ).one_or_none()
-        if row is None:
-            exists = conn.execute(select(P.c.name).where(P.c.name == pipeline)).one_or_none()
-            if exists is None:
-                raise UnknownPipelineError("pipeline is not registered", pipeline=pipeline)
-            return None
-        return _record(row, pipeline)
+        return TxidRows(conn, pipeline, txid).locked_record()
 
 
 class _ApplyFailed(Exception):
     """Internal: marks an exception raised by the caller's ``apply`` (see ``commit``)."""
-
-
-def _add_timings(pipeline: str, txid: int, attempt: int, timings: Mapping[str, float]) -> Update:
-    """Merge ``timings`` (rounded to ms) into the attempt's, keeping what earlier phases wrote."""
-    rounded = {k: round(float(v), 3) for k, v in timings.items()}
-    return (
-        update(A)
-        .where(A.c.pipeline == pipeline, A.c.txid == txid, A.c.attempt == attempt)
-        .values(timings=func.coalesce(A.c.timings, cast_jsonb({})).op("||")(cast_jsonb(rounded)))
-    )
 
 
 def recorded_output(
@@ -1148,46 +1066,15 @@ def recorded_output(
 ) -> Mapping[str, Any] | None:
     """The output ``(txid, attempt)`` recorded already (``None``: not processed, or another
     attempt is current), read in the caller's transaction."""
-    row = conn.execute(
-        select(T.c.output).where(
-            T.c.pipeline == pipeline,
-            T.c.txid == txid,
-            T.c.attempt == attempt,
-            T.c.status == TxStatus.PROCESSED.value,
-        )
-    ).one_or_none()
-    return None if row is None else dict(row.output or {})
+    return TxidRows(conn, pipeline, txid).recorded_output(attempt)
 
 
 def annotate_output(
     conn: Connection, pipeline: str, txid: int, attempt: int, patch: Mapping[str, Any]
 ) -> None:
-    """Merge ``patch`` into the recorded output of ``(txid, attempt)`` (its record and its attempt
-    row), inside the caller's transaction: e.g. the lake table version a commit produced."""
-    value = cast_jsonb(patch)
-    conn.execute(
-        update(T)
-        .where(T.c.pipeline == pipeline, T.c.txid == txid)
-        .values(output=func.coalesce(T.c.output, cast_jsonb({})).op("||")(value))
-    )
-    conn.execute(
-        update(A)
-        .where(A.c.pipeline == pipeline, A.c.txid == txid, A.c.attempt == attempt)
-        .values(output=func.coalesce(A.c.output, cast_jsonb({})).op("||")(value))
-    )
-
-
-def cast_jsonb(value: Mapping[str, Any]) -> Any:
-    return sa_cast(literal(json.dumps(value)), JSONB)
-
-
-def _status(value: str, pipeline: str, txid: int, attempt: int) -> TxStatus:
-    try:
-        return TxStatus(value)
-    except ValueError:
-        raise CorruptLogError(
-            f"unknown status {value!r}", pipeline=pipeline, txid=txid, attempt=attempt
-        ) from None
+    """Merge ``patch`` into the recorded output of ``(txid, attempt)``, inside the caller's
+    transaction: e.g. the lake table version a commit produced."""
+    TxidRows(conn, pipeline, txid).patch_output(attempt, patch)
 
 
 def _prefetch(source: Source) -> None:
@@ -1199,23 +1086,6 @@ def _prefetch(source: Source) -> None:
         log.debug("%s.prefetch failed (retried under the lock): %s", type(source).__name__, err)
 
 
-def _response(value: str | None) -> FailureResponse | None:
-    return None if value is None else FailureResponse(value)
-
-
-def _record(row: Row[Any], pipeline: str) -> TxRecord:
-    return TxRecord(
-        txid=int(row.txid),
-        attempt=int(row.attempt),
-        status=_status(row.status, pipeline, row.txid, row.attempt),
-        metadata=row.metadata,
-        output=row.output,
-        failed_by=row.failed_by,
-        lease_expires_at=row.lease_expires_at,
-        lease_holder=row.lease_holder,
-    )
-
-
 __all__ = [
     "AttemptInfo",
     "CommitResult",
@@ -1225,50 +1095,3 @@ __all__ = [
     "TransactionLog",
     "engine_from_url",
 ]
-
-
-def load_view(conn: Connection, pipeline: str, *, lock: bool = False) -> PipelineView:
-    """A snapshot of ``pipeline`` (with its row lock when ``lock``); raises on a corrupt log."""
-    # The database's clock comes with the pipeline row: leases are judged by it alone.
-    query = select(P, func.now().label("db_now")).where(P.c.name == pipeline)
-    prow = conn.execute(query.with_for_update(of=P) if lock else query).one_or_none()
-    if prow is None:
-        raise UnknownPipelineError("pipeline is not registered", pipeline=pipeline)
-    last = int(prow.last_committed_txid)
-    rows = list(
-        conn.execute(
-            select(T).where(T.c.pipeline == pipeline, T.c.txid >= max(last, 1)).order_by(T.c.txid)
-        ).all()
-    )
-    last_metadata = None
-    if last > 0:
-        if not rows or rows[0].txid != last:
-            raise CorruptLogError(
-                "the last committed txid has no row in txn_transaction",
-                pipeline=pipeline,
-                txid=last,
-            )
-        head = rows.pop(0)
-        if head.status != TxStatus.COMMITTED.value:
-            raise CorruptLogError(
-                f"the last committed txid has status {head.status!r}",
-                pipeline=pipeline,
-                txid=last,
-                attempt=head.attempt,
-            )
-        last_metadata = head.metadata
-    try:
-        kind = SourceKind(prow.source_kind)
-    except ValueError:
-        raise CorruptLogError(
-            f"unknown source kind {prow.source_kind!r}", pipeline=pipeline
-        ) from None
-    return PipelineView(
-        pipeline=pipeline,
-        source_kind=kind,
-        max_pending=int(prow.max_pending),
-        last_committed=last,
-        last_committed_metadata=last_metadata,
-        in_flight=tuple(_record(r, pipeline) for r in rows),
-        now=prow.db_now,
-    )

@@ -67,14 +67,14 @@ import pyarrow.parquet as pq
 
 from airflow_txn_provider.sinks import DeltaSink, IcebergSink, LakeSink
 from airflow_txn_provider.spark.submit import keep_classic_mode
-from airflow_txn_provider.testing.postgres import EmbeddedPostgres
-from airflow_txn_provider.testing.spark import SparkConnectServer
 from airflow_txn_provider.transaction_log import TransactionLog
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 JOB = ROOT / "spark_jobs" / "line_lengths.py"
 from spark_jobs.line_lengths import transform  # noqa: E402
+from txn_testing.postgres import EmbeddedPostgres  # noqa: E402
+from txn_testing.spark import SparkConnectServer  # noqa: E402
 
 PARTITIONS = 4
 WORDS_PER_LINE = 8
@@ -267,8 +267,8 @@ class LakeSide:
         self.parts: dict[str, list[float]] = defaultdict(list)
 
     def step(self, b: int, *, timed: bool = True) -> None:
+        from airflow_txn_provider.commit import commit_registered
         from airflow_txn_provider.spark.job import BatchJob
-        from airflow_txn_provider.state import commit_registered
 
         run_spent: dict[str, float] = {}
         commit_spent: dict[str, float] = {}

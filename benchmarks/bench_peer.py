@@ -47,14 +47,14 @@ import pyarrow.parquet as pq
 from sqlalchemy import create_engine, text
 
 from airflow_txn_provider.state import MapState
-from airflow_txn_provider.testing.airflow import AirflowStack, txn_log_connection_env
-from airflow_txn_provider.testing.postgres import EmbeddedPostgres
-from airflow_txn_provider.testing.spark import SparkConnectServer
 from airflow_txn_provider.transaction_log import TransactionLog
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from spark_jobs.word_count import transform  # noqa: E402
+from txn_testing.airflow import AirflowStack, txn_log_connection_env  # noqa: E402
+from txn_testing.postgres import EmbeddedPostgres  # noqa: E402
+from txn_testing.spark import SparkConnectServer  # noqa: E402
 
 PARTITIONS = 4
 SEED = 12
@@ -199,10 +199,10 @@ def run_core(
     log: TransactionLog, connect_url: str, name: str, data: Path, rows: int, batches: int
 ) -> dict[str, Any]:
     """Begin, process (Spark Connect), commit, one txid after another, in this process."""
+    from airflow_txn_provider.commit import commit_registered
     from airflow_txn_provider.spark.job import BatchJob
     from airflow_txn_provider.spark.sources import PartitionedParquetSource
     from airflow_txn_provider.spark.submit import SparkConnectRunner
-    from airflow_txn_provider.state import commit_registered
 
     source = PartitionedParquetSource(str(data), max_per_partition=rows // PARTITIONS)
     state = MapState(name, f"{name}_counts", keys={"word": "text"})

@@ -26,14 +26,19 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from sqlalchemy import create_engine, text
 
+from airflow_txn_provider.commit import commit_states
 from airflow_txn_provider.sources import OpaqueSource
-from airflow_txn_provider.state import MapState, commit_states
-from airflow_txn_provider.testing.postgres import EmbeddedPostgres
+from airflow_txn_provider.state import MapState
 from airflow_txn_provider.transaction_log import TransactionLog
 from airflow_txn_provider.ui import reader
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script: the repository's txn_testing
+from txn_testing.postgres import EmbeddedPostgres  # noqa: E402
 
 PIPELINE = "bench_retention"
 

@@ -25,20 +25,23 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from airflow_txn_provider.commit import commit_registered
 from airflow_txn_provider.spark.job import BatchJob, process_batch
 from airflow_txn_provider.spark.sources import PartitionedParquetSource
 from airflow_txn_provider.spark.submit import SparkConnectRunner, SparkSubmitRunner, load_job_module
-from airflow_txn_provider.state import MapState, commit_registered
-from airflow_txn_provider.testing.postgres import EmbeddedPostgres
-from airflow_txn_provider.testing.spark import (
+from airflow_txn_provider.state import MapState
+from airflow_txn_provider.transaction_log import TransactionLog
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script: the repository's txn_testing
+from txn_testing.postgres import EmbeddedPostgres  # noqa: E402
+from txn_testing.spark import (  # noqa: E402
     LOOPBACK,
     SparkConnectServer,
     StandaloneCluster,
     keep_classic_mode,
 )
-from airflow_txn_provider.transaction_log import TransactionLog
 
-ROOT = Path(__file__).resolve().parents[1]
 WORD_COUNT = ROOT / "spark_jobs" / "word_count.py"
 CONF = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4"}
 PARTITIONS = 4

@@ -78,6 +78,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: chaos/ and tests/ are packages of the repository
     sys.path.insert(0, str(ROOT))
 
+from airflow_txn_provider.commit import commit_registered  # noqa: E402
 from airflow_txn_provider.coordinator import (  # noqa: E402
     BeginAction,
     PipelineView,
@@ -88,8 +89,7 @@ from airflow_txn_provider.exceptions import StagedOutputMismatchError, TxnError 
 from airflow_txn_provider.sinks import DeltaSink, IcebergSink, LakeSink  # noqa: E402
 from airflow_txn_provider.spark.job import LOG_URL_ENV  # noqa: E402
 from airflow_txn_provider.spark.sources import PartitionedParquetSource  # noqa: E402
-from airflow_txn_provider.state import MapState, commit_registered  # noqa: E402
-from airflow_txn_provider.testing.postgres import EmbeddedPostgres  # noqa: E402
+from airflow_txn_provider.state import MapState  # noqa: E402
 from airflow_txn_provider.transaction_log import TransactionInfo, TransactionLog  # noqa: E402
 from chaos.committer import TABLE_COMMITTED  # noqa: E402
 from chaos.report import FaultResult, print_table  # noqa: E402
@@ -99,6 +99,7 @@ from tests.spark_data import (  # noqa: E402
     random_lines,
     word_counts,
 )
+from txn_testing.postgres import EmbeddedPostgres  # noqa: E402
 
 log = logging.getLogger("chaos.fast")
 
@@ -957,7 +958,7 @@ class _servers:
         try:
             url = self.spark_url
             if url is None:
-                from airflow_txn_provider.testing.spark import SparkConnectServer
+                from txn_testing.spark import SparkConnectServer
 
                 self.spark = SparkConnectServer(workdir=self.workdir / "connect").start()
                 url = self.spark.url
@@ -992,7 +993,7 @@ def _quiet_console() -> None:
     import Airflow, whose logging setup prints every record to stdout; import them first, with
     Airflow's home out of ``~/airflow``, then drop the console handlers."""
     os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="txn-chaos-airflow-home-"))
-    import airflow_txn_provider.testing.spark  # noqa: F401
+    import txn_testing.spark  # noqa: F401
 
     root = logging.getLogger()
     for handler in list(root.handlers):

@@ -20,10 +20,14 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from airflow_txn_provider.commit import commit_states
 from airflow_txn_provider.sources import TransactionalSource
-from airflow_txn_provider.state import GlobalState, MapState, commit_states, stage_states
-from airflow_txn_provider.testing.postgres import EmbeddedPostgres
+from airflow_txn_provider.state import GlobalState, MapState, stage_states
 from airflow_txn_provider.transaction_log import TransactionLog
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script: the repository's txn_testing
+from txn_testing.postgres import EmbeddedPostgres  # noqa: E402
 
 PIPELINE = "demo_words"
 VOCABULARY = "the cow jumped over moon man went to store four score and seven years ago".split()

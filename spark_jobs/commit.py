@@ -13,9 +13,9 @@ import json
 import os
 import sys
 
+from airflow_txn_provider.commit import commit_registered
 from airflow_txn_provider.exceptions import TxnError
 from airflow_txn_provider.spark.job import LOG_URL_ENV
-from airflow_txn_provider.state import commit_registered
 from airflow_txn_provider.transaction_log import TransactionLog
 
 

@@ -225,10 +225,10 @@ class TxnProcessOperator(_TxnOperator):
         return result
 
     def _process(self, context: Context, claim: dict[str, Any]) -> dict[str, Any]:
+        from airflow_txn_provider.failure_injection import maybe_inject_failure
         from airflow_txn_provider.lease import LeaseKeeper, holder_name
         from airflow_txn_provider.spark.job import BatchJob
         from airflow_txn_provider.spark.submit import SparkConnectRunner, SparkSubmitRunner
-        from airflow_txn_provider.testing.failure_injection import maybe_inject_failure
 
         p = self.pipeline
         job = BatchJob(
@@ -283,7 +283,7 @@ class TxnRecordProcessedOperator(_TxnOperator):
     """After several jobs of one txid: record the processed output (staged counts)."""
 
     def execute(self, context: Context) -> str:
-        from airflow_txn_provider.state import record_processed
+        from airflow_txn_provider.commit import record_processed
 
         claim = claimed(context, self.claim_task_id)
         action = record_processed(
@@ -324,7 +324,7 @@ class TxnCommitOperator(_TxnOperator):
         return self._commit_or_wait(context)
 
     def _commit_or_wait(self, context: Context) -> dict[str, Any]:
-        from airflow_txn_provider.state import commit_registered
+        from airflow_txn_provider.commit import commit_registered
         from airflow_txn_provider.waiting import commit_gate
 
         p = self.pipeline
@@ -381,8 +381,8 @@ def commit_ready(log: TransactionLog, pipeline: TxnPipeline, logger: Any) -> lis
     """Commit, in order, the txids that may commit now (the oldest uncommitted, while it is
     processed): the gap between two commits is then a database round trip, not a trigger poll
     plus a task start. Never raises: each txid's own commit task commits it otherwise."""
+    from airflow_txn_provider.commit import commit_registered
     from airflow_txn_provider.coordinator import committable
-    from airflow_txn_provider.state import commit_registered
 
     done: list[int] = []
     for _ in range(pipeline.max_pending):

@@ -16,7 +16,7 @@ creates the session, then calls :func:`process_batch`. The Spark Connect path ca
 malformed records (naming their location), runs the transform on Spark, collects the partial
 results as Arrow and stages them in Postgres fenced by ``(txid, attempt)``: an attempt that is no
 longer current stages nothing, so an old attempt's output can never be committed. The commit
-(:func:`airflow_txn_provider.state.commit_registered`) needs no Spark.
+(:func:`airflow_txn_provider.commit.commit_registered`) needs no Spark.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ class BatchJob:
 
     :param finish: record the processed output when staging is done (the default). ``False`` when
         several jobs process parts of one txid; the last step then calls
-        :func:`airflow_txn_provider.state.record_processed`.
+        :func:`airflow_txn_provider.commit.record_processed`.
     :param sinks: the pipeline's lake sinks (:mod:`airflow_txn_provider.sinks`): outputs that
         Spark's executors write as Parquet files, recorded with the attempt's output.
     """

@@ -1,45 +1,11 @@
-"""State helpers in Postgres, after Trident's MapStates, set-based: one round trip per batch.
-
-A :class:`MapState` is a table keyed by one or more columns with one aggregated value per key; a
-:class:`GlobalState` is the same with a single row (Trident's Snapshottable, Storm's global count).
-A batch update happens in two steps:
-
-1. **stage** (processing phase, many txids in parallel): the batch's partial results
-   ``(keys…, delta)`` go with one ``COPY`` into an UNLOGGED staging table, tagged with the
-   ``(txid, attempt, job)`` that produced them. A re-stage by the same job of the same attempt
-   replaces its rows; several jobs of one txid may stage into the same state side by side. A null
-   key or a null/NaN delta is refused (:class:`MalformedOutputError`) before anything is staged.
-2. **apply** (commit phase, in the commit's database transaction): one ``INSERT … SELECT … GROUP BY
-   … ON CONFLICT DO UPDATE`` folds the attempt's staged rows into the state table. The ``CASE`` on
-   the stored txid is the kind's rule:
-
-   * ``non_transactional``: ``value := value ⊕ delta``. Exactly-once all the same when the commit
-     also marks the txid committed in the same Postgres transaction (the log does).
-   * ``transactional`` (stores ``txid``): skip if the stored txid is the current one, else
-     ``value := value ⊕ delta``.
-   * ``opaque`` (stores ``txid`` and ``prev_value``): if the stored txid is the current one,
-     ``value := prev_value ⊕ delta``; else ``prev_value := value, value := value ⊕ delta``.
-
-   For both kinds that store a txid, a stored txid *greater* than the current one is an error
-   (:class:`StateAheadOfLogError`), as in Trident's OpaqueMap: it means state and log disagree.
-
-``⊕`` is the state's combiner: ``sum`` (default), ``max`` or ``min``.
-
-A :class:`BucketCountState` is *derived*: nothing stages into it during processing. It counts the
-keys of another (summed) state per bucket of their values, Storm's TransactionalWords' second
-state. Its batch can only be computed at commit time, from the committed values just before the
-txid applies (processing runs in parallel and cannot see them), so :func:`commit_states` derives
-it in the commit's database transaction, before applying the state it is derived from.
-
-Staged rows are counted when staged and counted again when applied; a mismatch (an UNLOGGED table
-is emptied by a Postgres crash) raises :class:`StagedOutputMismatchError` instead of committing a
-partial batch.
-"""
+"""Map states in Postgres (:class:`MapState`, :class:`GlobalState`, :class:`BucketCountState`):
+their tables and registry, staging a batch, applying it, reading them. The package's docstring
+(:mod:`airflow_txn_provider.state`) tells the two steps; each kind's rule is in
+:mod:`~airflow_txn_provider.state.kinds`."""
 
 from __future__ import annotations
 
 import csv
-import enum
 import io
 import logging
 import math
@@ -49,30 +15,25 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import IO, TYPE_CHECKING, Any
 
-from sqlalchemy import text
+from sqlalchemy import delete, select, text
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 
+from airflow_txn_provider.coordinator import StateKind
 from airflow_txn_provider.exceptions import (
     MalformedOutputError,
     StagedOutputMismatchError,
     StateAheadOfLogError,
     StateDefinitionError,
 )
+from airflow_txn_provider.models import MAP_SUMMARY, STATE_REGISTRY
+from airflow_txn_provider.state.kinds import KindRule, rule_for
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    from sqlalchemy import ColumnElement
     from sqlalchemy.engine import Connection, Engine
 
-    from airflow_txn_provider.coordinator import TxRecord
-    from airflow_txn_provider.sinks.base import LakeSink
-    from airflow_txn_provider.transaction_log import CommitResult, TransactionLog
-
 _log = logging.getLogger(__name__)
-
-
-class StateKind(enum.StrEnum):
-    NON_TRANSACTIONAL = "non_transactional"
-    TRANSACTIONAL = "transactional"
-    OPAQUE = "opaque"
 
 
 KEY_TYPES = frozenset(
@@ -214,12 +175,17 @@ class MapState:
     @classmethod
     def load(cls, bind: Engine | Connection, name: str) -> MapState:
         """The state registered as ``name`` (by :meth:`create`), e.g. inside a Spark job."""
-        states = _load(bind, "name = :v", name)
+        states = _load(bind, STATE_REGISTRY.c.name == name)
         if not states:
             raise StateDefinitionError(f"state {name!r} is not registered (create it first)")
         return states[0]
 
     # -- names -----------------------------------------------------------------------------------
+
+    @property
+    def rule(self) -> KindRule:
+        """How this state's kind applies a batch (:mod:`~airflow_txn_provider.state.kinds`)."""
+        return rule_for(self.kind)
 
     @property
     def table(self) -> str:
@@ -281,15 +247,14 @@ class MapState:
         conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _DDL_LOCK_KEY})
         definition = self.definition()
         conn.execute(
-            text(
-                "INSERT INTO txn_state_registry (name, pipeline, kind, definition) "
-                "VALUES (:n, :p, :k, CAST(:d AS jsonb)) ON CONFLICT (name) DO NOTHING"
-            ),
-            {"n": self.name, "p": self.pipeline, "k": definition["kind"], "d": _json(definition)},
+            pg_insert(STATE_REGISTRY)
+            .values(name=self.name, pipeline=self.pipeline, kind=self.kind, definition=definition)
+            .on_conflict_do_nothing(index_elements=["name"])
         )
         row = conn.execute(
-            text("SELECT pipeline, definition FROM txn_state_registry WHERE name = :n"),
-            {"n": self.name},
+            select(STATE_REGISTRY.c.pipeline, STATE_REGISTRY.c.definition).where(
+                STATE_REGISTRY.c.name == self.name
+            )
         ).one()
         if row.pipeline != self.pipeline or row.definition != definition:
             raise StateDefinitionError(
@@ -297,17 +262,12 @@ class MapState:
                 f"declared as {definition} of pipeline {self.pipeline!r}",
                 pipeline=self.pipeline,
             )
-        kind = StateKind(self.kind)
         existed = conn.execute(text("SELECT to_regclass(:t)"), {"t": self._qtable}).scalar()
         if self.keys:
             key_ddl = [f"{quote_ident(c)} {t} NOT NULL" for c, t in self.keys.items()]
         else:
             key_ddl = ["singleton boolean NOT NULL DEFAULT true CHECK (singleton)"]
-        cols = [*key_ddl, f"value {self.value_type}"]
-        if kind is StateKind.OPAQUE:
-            cols.append(f"prev_value {self.value_type}")
-        if kind is not StateKind.NON_TRANSACTIONAL:
-            cols.append("txid bigint NOT NULL")
+        cols = [*key_ddl, f"value {self.value_type}", *self.rule.columns(self.value_type)]
         cols.append(f"PRIMARY KEY ({', '.join(self.quoted_keys)})")
         conn.execute(
             text(
@@ -364,13 +324,15 @@ class MapState:
         a non-HOT update (``make bench-core``: 1e5-key update apply ~0.45 s → ~0.72 s), on the
         commit path that runs one txid at a time; the page's top keys are a scan, rate-limited."""
         if fresh:
-            conn.execute(text("DELETE FROM txn_map_summary WHERE name = :n"), {"n": self.name})
+            conn.execute(delete(MAP_SUMMARY).where(MAP_SUMMARY.c.name == self.name))
 
     def summary(self, conn: Connection) -> tuple[int, Any] | None:
         """``(keys, sum of values)`` as the commits kept them, or ``None`` if no commit kept them
         yet (a state created by an earlier version, not committed to since). One row read."""
         row = conn.execute(
-            text("SELECT keys, total FROM txn_map_summary WHERE name = :n"), {"n": self.name}
+            select(MAP_SUMMARY.c["keys"], MAP_SUMMARY.c.total).where(
+                MAP_SUMMARY.c.name == self.name
+            )
         ).one_or_none()
         return None if row is None else (int(row.keys), row.total)
 
@@ -522,6 +484,15 @@ class MapState:
         buf.seek(0)
         return self.stage_csv(conn, txid, attempt, io.TextIOWrapper(buf, encoding="utf-8"), job=job)
 
+    def staged_count(self, conn: Connection, txid: int, attempt: int) -> int:
+        """How many rows ``(txid, attempt)`` staged, every job's."""
+        return int(
+            conn.execute(
+                text(f"SELECT count(*) FROM {self._qstage} WHERE txid = :t AND attempt = :a"),
+                {"t": txid, "a": attempt},
+            ).scalar_one()
+        )
+
     def staged(self, conn: Connection, txid: int, attempt: int) -> list[tuple[Any, ...]]:
         """The rows ``(keys…, delta)`` staged by ``(txid, attempt)``, sorted (for inspection)."""
         columns = ", ".join([*(quote_ident(c) for c in self.keys), "delta"])
@@ -542,9 +513,8 @@ class MapState:
         """Fold ``(txid, attempt)``'s staged rows (of every job) into the state: one statement.
 
         Also drops staged rows of this txid and older ones (every attempt). Run it inside the
-        commit's database transaction (see :func:`commit_states`).
+        commit's database transaction (see :mod:`airflow_txn_provider.commit`).
         """
-        kind = StateKind(self.kind)
         combine, aggregate = _COMBINERS[self.combiner]
         key_list = ", ".join(self.quoted_keys)
         staged_keys = ", ".join(quote_ident(c) for c in self.keys)
@@ -572,34 +542,7 @@ class MapState:
         def comb(a: str, b: str) -> str:
             return combine.format(a=a, b=b)
 
-        if kind is StateKind.NON_TRANSACTIONAL:
-            insert_cols = f"{key_list}, value"
-            insert_vals = f"{key_list}, delta"
-            set_clause = f"value = {comb('s.value', 'EXCLUDED.value')}"
-            guard = ""
-        elif kind is StateKind.TRANSACTIONAL:
-            insert_cols = f"{key_list}, value, txid"
-            insert_vals = f"{key_list}, delta, CAST(:txid AS bigint)"
-            set_clause = (
-                "value = CASE WHEN s.txid = EXCLUDED.txid THEN s.value "
-                f"ELSE {comb('s.value', 'EXCLUDED.value')} END, txid = EXCLUDED.txid"
-            )
-            guard = "WHERE s.txid <= EXCLUDED.txid"
-        else:
-            prev_plus = (
-                "COALESCE(s.prev_value, 0) + EXCLUDED.value"
-                if self.combiner == "sum"
-                else comb("s.prev_value", "EXCLUDED.value")  # GREATEST/LEAST skip NULL
-            )
-            insert_cols = f"{key_list}, value, prev_value, txid"
-            insert_vals = f"{key_list}, delta, NULL, CAST(:txid AS bigint)"
-            set_clause = (
-                f"value = CASE WHEN s.txid = EXCLUDED.txid THEN {prev_plus} "
-                f"ELSE {comb('s.value', 'EXCLUDED.value')} END, "
-                "prev_value = CASE WHEN s.txid = EXCLUDED.txid THEN s.prev_value ELSE s.value END, "
-                "txid = EXCLUDED.txid"
-            )
-            guard = "WHERE s.txid <= EXCLUDED.txid"
+        upsert = self.rule.upsert(comb, self.combiner)
         sql = f"""
             WITH batch AS (
                 SELECT {select_keys}CAST({aggregate}(delta) AS {vt}) AS delta, count(*) AS {rows}
@@ -607,9 +550,9 @@ class MapState:
                 WHERE txid = :txid AND attempt = :attempt
                 {group_by}
             ), upsert AS (
-                INSERT INTO {self._qtable} AS s ({insert_cols})
-                SELECT {insert_vals} FROM batch ORDER BY {key_list}
-                ON CONFLICT ({key_list}) DO UPDATE SET {set_clause} {guard}
+                INSERT INTO {self._qtable} AS s ({key_list}, {upsert.columns})
+                SELECT {key_list}, {upsert.values} FROM batch ORDER BY {key_list}
+                ON CONFLICT ({key_list}) DO UPDATE SET {upsert.update} {upsert.guard}
                 RETURNING {returned}s.value
             ), before AS (
                 -- the statement's snapshot: the written keys' values before this commit (a key
@@ -720,6 +663,7 @@ class GlobalState(MapState):
         return conn.execute(text(f"SELECT value FROM {self._qtable}")).scalar_one_or_none()
 
 
+@dataclass(frozen=True, eq=False, init=False)  # fields for `of` and `bucket_size`, its own __init__
 class BucketCountState(MapState):
     """How many keys of another state have a value in each bucket ``value // bucket_size``.
 
@@ -734,6 +678,9 @@ class BucketCountState(MapState):
     :param bucket_size: width of a bucket (values 0..bucket_size-1 are bucket 0).
     """
 
+    of: str = ""
+    bucket_size: int = 10
+
     def __init__(
         self,
         pipeline: str,
@@ -742,17 +689,15 @@ class BucketCountState(MapState):
         bucket_size: int = 10,
         kind: StateKind | str = StateKind.TRANSACTIONAL,
     ) -> None:
-        super().__init__(pipeline=pipeline, name=name, kind=kind, keys={"bucket": "bigint"})
         _ident(of, "source state name")
         if of == name:
             raise ValueError(f"state {name!r} cannot count its own buckets")
         if int(bucket_size) < 1:
             raise ValueError(f"bucket_size must be >= 1, got {bucket_size!r}")
+        # Its own fields first: the base class's checks run in __post_init__.
         object.__setattr__(self, "of", of)
         object.__setattr__(self, "bucket_size", int(bucket_size))
-
-    of: str
-    bucket_size: int
+        super().__init__(pipeline=pipeline, name=name, kind=kind, keys={"bucket": "bigint"})
 
     @property
     def derived_from(self) -> str | None:
@@ -814,38 +759,28 @@ class BucketCountState(MapState):
 
 def load_states(bind: Engine | Connection, pipeline: str) -> dict[str, MapState]:
     """Every state registered for ``pipeline``, by name."""
-    return {state.name: state for state in _load(bind, "pipeline = :v", pipeline)}
+    return {state.name: state for state in _load(bind, STATE_REGISTRY.c.pipeline == pipeline)}
 
 
-def _load(bind: Engine | Connection, where: str, value: str) -> list[MapState]:
+def _load(bind: Engine | Connection, where: ColumnElement[bool]) -> list[MapState]:
     from sqlalchemy.engine import Engine
 
-    query = text(f"SELECT name, pipeline, definition FROM txn_state_registry WHERE {where}")
+    query = select(STATE_REGISTRY).where(where).order_by(STATE_REGISTRY.c.name)
     if isinstance(bind, Engine):
         with bind.connect() as conn:
-            rows = conn.execute(query, {"v": value}).all()
+            rows = conn.execute(query).all()
     else:
-        rows = bind.execute(query, {"v": value}).all()
-    states: list[MapState] = []
-    for row in sorted(rows, key=lambda r: r.name):
-        d = row.definition
-        if "bucket_counts_of" in d:
-            states.append(
-                BucketCountState(
-                    row.pipeline, row.name, d["bucket_counts_of"], d["bucket_size"], d["kind"]
-                )
-            )
-        elif d["keys"]:
-            states.append(
-                MapState(
-                    row.pipeline, row.name, d["kind"], d["keys"], d["value_type"], d["combiner"]
-                )
-            )
-        else:
-            states.append(
-                GlobalState(row.pipeline, row.name, d["kind"], d["value_type"], d["combiner"])
-            )
-    return states
+        rows = bind.execute(query).all()
+    return [_from_definition(row.pipeline, row.name, row.definition) for row in rows]
+
+
+def _from_definition(pipeline: str, name: str, d: Mapping[str, Any]) -> MapState:
+    """The state a registry row declares (the inverse of :meth:`MapState.definition`)."""
+    if "bucket_counts_of" in d:
+        return BucketCountState(pipeline, name, d["bucket_counts_of"], d["bucket_size"], d["kind"])
+    if d["keys"]:
+        return MapState(pipeline, name, d["kind"], d["keys"], d["value_type"], d["combiner"])
+    return GlobalState(pipeline, name, d["kind"], d["value_type"], d["combiner"])
 
 
 def stage_states(
@@ -865,157 +800,3 @@ def stage_states(
         state.output_key: state.stage(conn, txid, attempt, rows, job=job)
         for state, rows in batches.items()
     }
-
-
-def commit_states(
-    log: TransactionLog,
-    pipeline: str,
-    txid: int,
-    attempt: int,
-    states: Sequence[MapState],
-    sinks: Sequence[LakeSink] = (),
-) -> CommitResult:
-    """Commit ``(txid, attempt)``: apply every state and mark the txid committed in ONE database
-    transaction (the log's commit), checking each state's staged count against the recorded output.
-
-    Lake sinks (:mod:`airflow_txn_provider.sinks`) commit last, inside that transaction: after
-    their table commits only the log's own updates remain, and a commit retried after a crash
-    there finds its txid in the table and adds nothing twice. Their staging leftovers are
-    cleaned up once the log has committed.
-    """
-    for state in states:
-        if state.pipeline != pipeline:
-            raise StateDefinitionError(
-                f"state {state.name!r} belongs to pipeline {state.pipeline!r}",
-                pipeline=pipeline,
-                txid=txid,
-                attempt=attempt,
-            )
-
-    by_name = {state.name: state for state in states}
-    for state in states:
-        if state.derived_from is not None and state.derived_from not in by_name:
-            raise StateDefinitionError(
-                f"state {state.name!r} is derived from {state.derived_from!r}, which this commit "
-                f"does not apply (states: {sorted(by_name)})",
-                pipeline=pipeline,
-                txid=txid,
-                attempt=attempt,
-            )
-    from airflow_txn_provider.sinks.base import OUTPUT_PREFIX, StagedFiles
-
-    log_url = log.engine.url.render_as_string(hide_password=False)
-    tables = {sink: sink.open(log_url) for sink in sinks}
-    staged: dict[LakeSink, StagedFiles | None] = {}
-
-    def apply(conn: Connection, record: TxRecord) -> dict[str, Any]:
-        from airflow_txn_provider.transaction_log import annotate_output
-
-        recorded = dict(record.output or {})
-        given = {sink.output_key for sink in sinks}
-        unknown = sorted(k for k in recorded if k.startswith(OUTPUT_PREFIX) and k not in given)
-        if unknown:  # committing without them would mark the txid committed, its files lost
-            raise StateDefinitionError(
-                f"the txid staged output for lake sink(s) {unknown} that this commit was not "
-                "given (pass the pipeline's sinks)",
-                pipeline=pipeline,
-                txid=txid,
-                attempt=attempt,
-            )
-        result: dict[str, Any] = {}
-        # Derived states read the committed values as they are before this txid: first.
-        for state in states:
-            if isinstance(state, BucketCountState):
-                state.derive(conn, txid, attempt, by_name[state.of])
-        for state in states:
-            expected = recorded.get(state.output_key)
-            applied = state.apply(conn, txid, attempt, expected_rows=expected)
-            result[state.name] = {"staged_rows": applied.staged_rows, "keys": applied.keys}
-        patch = {}
-        for sink in sinks:
-            files = recorded.get(sink.output_key)
-            staged[sink] = StagedFiles.from_json(files) if files else None
-            done = sink.commit(tables[sink], pipeline, txid, attempt, staged[sink])
-            result[sink.output_key] = done.to_json()
-            patch[sink.output_key] = {**(files or {}), "commit": done.to_json()}
-        if patch:
-            annotate_output(conn, pipeline, txid, attempt, patch)
-        return result
-
-    result = log.commit(pipeline, txid, attempt, apply)
-    if result.applied:
-        for sink, files in staged.items():
-            if (result.details or {})[sink.output_key]["action"] == "already_in_table":
-                # The table holds files of whichever attempt's commit got that far, maybe not
-                # this one's: deleting by this attempt's record could delete what it references.
-                continue
-            try:
-                sink.cleanup(pipeline, txid, files)
-            except Exception as err:  # garbage left behind is not data lost: never fail a commit
-                _log.warning(
-                    "pipeline=%s txid=%s sink=%s cleanup: %s", pipeline, txid, sink.name, err
-                )
-    return result
-
-
-def _json(value: Any) -> str:
-    import json
-
-    return json.dumps(value, sort_keys=True)
-
-
-def commit_registered(
-    log: TransactionLog,
-    pipeline: str,
-    txid: int,
-    attempt: int,
-    sinks: Sequence[LakeSink] = (),
-) -> CommitResult:
-    """Commit ``(txid, attempt)`` applying every state registered for ``pipeline`` and committing
-    into its lake ``sinks``."""
-    states = list(load_states(log.engine, pipeline).values())
-    return commit_states(log, pipeline, txid, attempt, states, sinks)
-
-
-def record_processed(log: TransactionLog, pipeline: str, txid: int, attempt: int) -> str:
-    """Mark ``(txid, attempt)`` processed with its staged row counts, counted under the txid's lock.
-
-    The last step of a txid processed by several jobs (each staged with ``finish=False``): every
-    job's rows are counted, and every state staged by jobs gets a count, zero included, so the
-    commit checks each one. Staging tables are UNLOGGED: if Postgres restarted since the attempt
-    began, what the jobs staged may be gone without a trace, so the attempt is failed (and
-    replays) with :class:`StagedOutputMismatchError` instead of recording what is left.
-    Returns the :class:`~airflow_txn_provider.coordinator.ProcessedAction` value.
-    """
-    states = [s for s in load_states(log.engine, pipeline).values() if s.derived_from is None]
-    info = log.transaction(pipeline, txid)
-    begun_at = info.begun_at if info is not None and info.attempt == attempt else None
-
-    def count(conn: Connection) -> dict[str, int]:
-        if begun_at is not None:
-            restarted = conn.execute(
-                text("SELECT pg_postmaster_start_time()"),
-            ).scalar_one()
-            if restarted > begun_at:
-                raise StagedOutputMismatchError(
-                    f"Postgres restarted at {restarted.isoformat()}, after the attempt began "
-                    f"({begun_at.isoformat()}): its staged rows (UNLOGGED tables) may be lost; "
-                    "replay the txid",
-                    pipeline=pipeline,
-                    txid=txid,
-                    attempt=attempt,
-                )
-        counts = {}
-        for state in states:
-            staged = conn.execute(
-                text(f"SELECT count(*) FROM {state._qstage} WHERE txid = :t AND attempt = :a"),
-                {"t": txid, "a": attempt},
-            ).scalar_one()
-            counts[state.output_key] = int(staged)
-        return counts
-
-    try:
-        return log.stage_output(pipeline, txid, attempt, count).value
-    except StagedOutputMismatchError as err:
-        log.fail(pipeline, txid, attempt, error=str(err))
-        raise

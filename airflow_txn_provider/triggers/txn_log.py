@@ -183,7 +183,7 @@ class TxnLogTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from airflow_txn_provider.hooks.txn_log import TxnLogHook
-        from airflow_txn_provider.transaction_log import load_view
+        from airflow_txn_provider.log_rows import load_view
 
         url = await TxnLogHook(txn_log_conn_id=self.txn_log_conn_id).async_sqlalchemy_url()
         engine = shared_engine(url)

@@ -15,22 +15,18 @@ import pyarrow as pa
 import pytest
 from sqlalchemy import create_engine, text
 
+from airflow_txn_provider.commit import commit_states, record_processed
 from airflow_txn_provider.coordinator import TxStatus
 from airflow_txn_provider.exceptions import (
     MalformedOutputError,
     StagedOutputMismatchError,
 )
 from airflow_txn_provider.sources import TransactionalSource
-from airflow_txn_provider.state import (
-    GlobalState,
-    MapState,
-    commit_states,
-    record_processed,
-)
-from airflow_txn_provider.testing.postgres import EmbeddedPostgres, postgres_bindir
+from airflow_txn_provider.state import GlobalState, MapState
 from airflow_txn_provider.transaction_log import TransactionLog
 from airflow_txn_provider.ui import reader
 from tests.spark_data import lines_in_ranges, parquet_dataset, random_lines, word_counts
+from txn_testing.postgres import EmbeddedPostgres, postgres_bindir
 
 JOBS = Path(__file__).resolve().parents[2] / "spark_jobs"
 
@@ -288,9 +284,9 @@ def _word_count():
 def test_zero_padded_partition_directories_are_read_whole(txlog, tmp_path, spark):
     """Spark read ``p=01`` as 1, the filter on "01" matched nothing and the txid committed an
     empty batch (also ``p=1.50`` and ``p=+5``)."""
+    from airflow_txn_provider.commit import commit_registered
     from airflow_txn_provider.spark.job import BatchJob, process_batch
     from airflow_txn_provider.spark.sources import PartitionedParquetSource
-    from airflow_txn_provider.state import commit_registered
 
     data = {"01": random_lines(1, 30), "1.50": random_lines(2, 20), "+5": random_lines(3, 10)}
     source = PartitionedParquetSource(str(parquet_dataset(tmp_path / "ds", data)), 100)
@@ -399,9 +395,9 @@ def test_two_spark_jobs_staging_one_state_are_both_committed(txlog, tmp_path, sp
     """The second job's rows replaced the first's and the count check passed."""
     from pyspark.sql import functions as F
 
+    from airflow_txn_provider.commit import commit_registered
     from airflow_txn_provider.spark.job import BatchJob, process_batch
     from airflow_txn_provider.spark.sources import PartitionedParquetSource
-    from airflow_txn_provider.state import commit_registered
 
     data = {"0": random_lines(6, 40), "1": random_lines(7, 25)}
     source = PartitionedParquetSource(str(parquet_dataset(tmp_path / "ds", data)), 100)

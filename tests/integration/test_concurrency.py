@@ -13,9 +13,10 @@ import traceback
 import pytest
 from sqlalchemy import create_engine, text
 
+from airflow_txn_provider.commit import commit_states
 from airflow_txn_provider.exceptions import StaleAttemptError
 from airflow_txn_provider.sources import TransactionalSource
-from airflow_txn_provider.state import MapState, commit_states
+from airflow_txn_provider.state import MapState
 from airflow_txn_provider.transaction_log import TransactionLog
 
 ctx = mp.get_context("fork")

@@ -7,9 +7,10 @@ import sys
 import types
 from pathlib import Path
 
+from airflow_txn_provider.commit import commit_registered
 from airflow_txn_provider.spark.job import BatchJob, process_batch
 from airflow_txn_provider.spark.submit import load_job_module
-from airflow_txn_provider.state import MapState, commit_registered
+from airflow_txn_provider.state import MapState
 from tests.spark_data import word_counts
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,7 +59,7 @@ def test_pipeline_declaration_in_the_airflow_docs_builds_its_dag():
 
 
 def test_the_airflow_docs_warm_task_processes_as_the_tested_stack_does():
-    from airflow_txn_provider.testing.airflow import LOCAL_SETTINGS
+    from txn_testing.airflow import LOCAL_SETTINGS
 
     def code(text: str) -> list[str]:
         return [line.split("#")[0].rstrip() for line in text.splitlines() if line.strip()]

@@ -11,6 +11,7 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 
+from airflow_txn_provider.commit import commit_registered
 from airflow_txn_provider.coordinator import TxStatus
 from airflow_txn_provider.exceptions import (
     LakeSchemaMismatchError,
@@ -22,7 +23,6 @@ from airflow_txn_provider.exceptions import (
 from airflow_txn_provider.sinks import DeltaSink, IcebergSink, StagedFiles
 from airflow_txn_provider.spark.job import BatchJob
 from airflow_txn_provider.spark.submit import SparkConnectRunner
-from airflow_txn_provider.state import commit_registered
 from tests.spark_data import lines_in_ranges, parquet_dataset, random_lines, word_counts
 
 WORD_COUNT = Path(__file__).resolve().parents[2] / "spark_jobs" / "word_count.py"

@@ -16,9 +16,10 @@ from datetime import UTC, datetime
 import pytest
 from sqlalchemy import text
 
+from airflow_txn_provider.commit import commit_states
 from airflow_txn_provider.coordinator import PRUNE_EVERY
 from airflow_txn_provider.sources import OpaqueSource
-from airflow_txn_provider.state import MapState, commit_states
+from airflow_txn_provider.state import MapState
 from airflow_txn_provider.transaction_log import TransactionLog
 from airflow_txn_provider.ui import model, reader
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
+from airflow_txn_provider.commit import commit_registered
 from airflow_txn_provider.coordinator import TxStatus
 from airflow_txn_provider.exceptions import MalformedRecordError, ProcessingError
 from airflow_txn_provider.spark.job import BatchJob, process_batch
@@ -25,8 +26,7 @@ from airflow_txn_provider.spark.submit import (
     group_alive,
     load_job_module,
 )
-from airflow_txn_provider.state import MapState, commit_registered
-from airflow_txn_provider.testing.spark import StandaloneCluster
+from airflow_txn_provider.state import MapState
 from tests.spark_data import (
     lines_in_ranges,
     parquet_dataset,
@@ -34,6 +34,7 @@ from tests.spark_data import (
     word_counts,
     write_landing_file,
 )
+from txn_testing.spark import StandaloneCluster
 
 JOBS = Path(__file__).resolve().parents[2] / "spark_jobs"
 WORD_COUNT = JOBS / "word_count.py"
@@ -339,7 +340,8 @@ def test_process_batch_refuses_unknown_state(txlog, tmp_path, spark):
 def test_two_jobs_share_a_txid_then_record_processed(txlog, tmp_path, spark):
     """Several processing jobs per txid: each stages its state with finish=False, the last step
     records the processed output (staged counts), and one commit applies both states."""
-    from airflow_txn_provider.state import GlobalState, record_processed
+    from airflow_txn_provider.commit import record_processed
+    from airflow_txn_provider.state import GlobalState
 
     data, source = _parquet(tmp_path, seed=90, per_partition=(30, 20))
     words = _words_pipeline(txlog, "two_jobs")

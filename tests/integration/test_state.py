@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
+from airflow_txn_provider.commit import commit_states
 from airflow_txn_provider.exceptions import (
     StagedOutputMismatchError,
     StateAheadOfLogError,
@@ -15,7 +16,6 @@ from airflow_txn_provider.state import (
     BucketCountState,
     GlobalState,
     MapState,
-    commit_states,
     load_states,
     stage_states,
 )

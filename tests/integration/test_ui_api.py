@@ -20,9 +20,10 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 
+from airflow_txn_provider.commit import commit_states
 from airflow_txn_provider.plugins import TxnProviderPlugin
 from airflow_txn_provider.sources import TransactionalSource
-from airflow_txn_provider.state import GlobalState, MapState, commit_states, stage_states
+from airflow_txn_provider.state import GlobalState, MapState, stage_states
 from airflow_txn_provider.timetables import txid_run_id
 from airflow_txn_provider.transaction_log import TransactionLog
 from airflow_txn_provider.ui import app as ui_app

@@ -1,0 +1,188 @@
+"""The commit protocol of a txid, in one place: from its processed output to its committed state.
+
+A txid's processing job stages its output fenced by its attempt (state rows in Postgres staging
+tables, :mod:`airflow_txn_provider.state`; lake files beside their table,
+:mod:`airflow_txn_provider.sinks`) and records it: the log's
+:meth:`~airflow_txn_provider.transaction_log.TransactionLog.stage_output`, or
+:func:`record_processed` after several jobs. Then its commit (:func:`commit_registered`), strictly
+in txid order, is ONE Postgres transaction holding the pipeline's row lock
+(:meth:`~airflow_txn_provider.transaction_log.TransactionLog.commit`, which refuses a stale
+attempt, an unprocessed txid or a commit out of order: the rule is
+:func:`~airflow_txn_provider.coordinator.plan_commit`):
+
+1. derived states compute their batch from the committed values before this txid
+   (:meth:`~airflow_txn_provider.state.BucketCountState.derive`);
+2. every state applies the attempt's staged rows by its kind's rule, and its staged row count
+   must equal the recorded one (an UNLOGGED staging table lost in a crash fails the commit instead
+   of committing part of a batch);
+3. every lake sink commits the attempt's recorded files into its table, recording the txid in the
+   table's own commit (:func:`~airflow_txn_provider.coordinator.plan_sink_commit`: a table that
+   holds the txid already is not written twice);
+4. the log marks the txid committed and moves the pipeline's last committed txid (and prunes old
+   txids' rows, by the retention rule).
+
+Any error in 1-3 rolls all of it back and fails the txid with the cascade: it replays whole. After
+the Postgres transaction, each sink deletes the txid's staging leftovers (best effort).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import text
+
+from airflow_txn_provider.exceptions import StagedOutputMismatchError, StateDefinitionError
+from airflow_txn_provider.sinks.base import OUTPUT_PREFIX, StagedFiles
+from airflow_txn_provider.state import BucketCountState, MapState, load_states
+from airflow_txn_provider.transaction_log import annotate_output
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection
+
+    from airflow_txn_provider.coordinator import TxRecord
+    from airflow_txn_provider.sinks.base import LakeSink
+    from airflow_txn_provider.transaction_log import CommitResult, TransactionLog
+
+log = logging.getLogger(__name__)
+
+
+def commit_states(
+    txlog: TransactionLog,
+    pipeline: str,
+    txid: int,
+    attempt: int,
+    states: Sequence[MapState],
+    sinks: Sequence[LakeSink] = (),
+) -> CommitResult:
+    """Commit ``(txid, attempt)``: apply every state and mark the txid committed in ONE database
+    transaction (the log's commit), checking each state's staged count against the recorded output.
+
+    Lake sinks (:mod:`airflow_txn_provider.sinks`) commit last, inside that transaction: after
+    their table commits only the log's own updates remain, and a commit retried after a crash
+    there finds its txid in the table and adds nothing twice. Their staging leftovers are
+    cleaned up once the log has committed.
+    """
+    for state in states:
+        if state.pipeline != pipeline:
+            raise StateDefinitionError(
+                f"state {state.name!r} belongs to pipeline {state.pipeline!r}",
+                pipeline=pipeline,
+                txid=txid,
+                attempt=attempt,
+            )
+
+    by_name = {state.name: state for state in states}
+    for state in states:
+        if state.derived_from is not None and state.derived_from not in by_name:
+            raise StateDefinitionError(
+                f"state {state.name!r} is derived from {state.derived_from!r}, which this commit "
+                f"does not apply (states: {sorted(by_name)})",
+                pipeline=pipeline,
+                txid=txid,
+                attempt=attempt,
+            )
+    log_url = txlog.engine.url.render_as_string(hide_password=False)
+    tables = {sink: sink.open(log_url) for sink in sinks}
+    staged: dict[LakeSink, StagedFiles | None] = {}
+
+    def apply(conn: Connection, record: TxRecord) -> dict[str, Any]:
+        recorded = dict(record.output or {})
+        given = {sink.output_key for sink in sinks}
+        unknown = sorted(k for k in recorded if k.startswith(OUTPUT_PREFIX) and k not in given)
+        if unknown:  # committing without them would mark the txid committed, its files lost
+            raise StateDefinitionError(
+                f"the txid staged output for lake sink(s) {unknown} that this commit was not "
+                "given (pass the pipeline's sinks)",
+                pipeline=pipeline,
+                txid=txid,
+                attempt=attempt,
+            )
+        result: dict[str, Any] = {}
+        # Derived states read the committed values as they are before this txid: first.
+        for state in states:
+            if isinstance(state, BucketCountState):
+                state.derive(conn, txid, attempt, by_name[state.of])
+        for state in states:
+            expected = recorded.get(state.output_key)
+            applied = state.apply(conn, txid, attempt, expected_rows=expected)
+            result[state.name] = {"staged_rows": applied.staged_rows, "keys": applied.keys}
+        patch = {}
+        for sink in sinks:
+            files = recorded.get(sink.output_key)
+            staged[sink] = StagedFiles.from_json(files) if files else None
+            done = sink.commit(tables[sink], pipeline, txid, attempt, staged[sink])
+            result[sink.output_key] = done.to_json()
+            patch[sink.output_key] = {**(files or {}), "commit": done.to_json()}
+        if patch:
+            annotate_output(conn, pipeline, txid, attempt, patch)
+        return result
+
+    result = txlog.commit(pipeline, txid, attempt, apply)
+    if result.applied:
+        for sink, files in staged.items():
+            if (result.details or {})[sink.output_key]["action"] == "already_in_table":
+                # The table holds files of whichever attempt's commit got that far, maybe not
+                # this one's: deleting by this attempt's record could delete what it references.
+                continue
+            try:
+                sink.cleanup(pipeline, txid, files)
+            except Exception as err:  # garbage left behind is not data lost: never fail a commit
+                log.warning(
+                    "pipeline=%s txid=%s sink=%s cleanup: %s", pipeline, txid, sink.name, err
+                )
+    return result
+
+
+def commit_registered(
+    txlog: TransactionLog,
+    pipeline: str,
+    txid: int,
+    attempt: int,
+    sinks: Sequence[LakeSink] = (),
+) -> CommitResult:
+    """Commit ``(txid, attempt)`` applying every state registered for ``pipeline`` and committing
+    into its lake ``sinks``."""
+    states = list(load_states(txlog.engine, pipeline).values())
+    return commit_states(txlog, pipeline, txid, attempt, states, sinks)
+
+
+def record_processed(txlog: TransactionLog, pipeline: str, txid: int, attempt: int) -> str:
+    """Mark ``(txid, attempt)`` processed with its staged row counts, counted under the txid's lock.
+
+    The last step of a txid processed by several jobs (each staged with ``finish=False``): every
+    job's rows are counted, and every state staged by jobs gets a count, zero included, so the
+    commit checks each one. Staging tables are UNLOGGED: if Postgres restarted since the attempt
+    began, what the jobs staged may be gone without a trace, so the attempt is failed (and
+    replays) with :class:`StagedOutputMismatchError` instead of recording what is left.
+    Returns the :class:`~airflow_txn_provider.coordinator.ProcessedAction` value.
+    """
+    states = [s for s in load_states(txlog.engine, pipeline).values() if s.derived_from is None]
+    info = txlog.transaction(pipeline, txid)
+    begun_at = info.begun_at if info is not None and info.attempt == attempt else None
+
+    def count(conn: Connection) -> dict[str, int]:
+        if begun_at is not None:
+            restarted = conn.execute(
+                text("SELECT pg_postmaster_start_time()"),
+            ).scalar_one()
+            if restarted > begun_at:
+                raise StagedOutputMismatchError(
+                    f"Postgres restarted at {restarted.isoformat()}, after the attempt began "
+                    f"({begun_at.isoformat()}): its staged rows (UNLOGGED tables) may be lost; "
+                    "replay the txid",
+                    pipeline=pipeline,
+                    txid=txid,
+                    attempt=attempt,
+                )
+        return {state.output_key: state.staged_count(conn, txid, attempt) for state in states}
+
+    try:
+        return txlog.stage_output(pipeline, txid, attempt, count).value
+    except StagedOutputMismatchError as err:
+        txlog.fail(pipeline, txid, attempt, error=str(err))
+        raise
+
+
+__all__ = ["commit_registered", "commit_states", "record_processed"]

@@ -1,0 +1,246 @@
+"""The transaction log's rows: a txid's two rows written together, a pipeline read as one view.
+
+A txid has two rows: its current attempt in ``txn_transaction`` and one row per attempt in
+``txn_attempt`` (:mod:`airflow_txn_provider.models`). :class:`TxidRows` is their one writer, so
+the two never disagree about an attempt's status, output or error. :func:`load_view` reads a
+pipeline as the pure coordinator sees it (:class:`~airflow_txn_provider.coordinator.PipelineView`).
+Every function runs in the caller's database transaction; the locking is the caller's
+(:class:`~airflow_txn_provider.transaction_log.TransactionLog`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Iterator, Mapping
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import cast as sa_cast
+from sqlalchemy import func, insert, literal, select, update
+from sqlalchemy.dialects.postgresql import JSONB
+
+from airflow_txn_provider.coordinator import PipelineView, TxRecord, TxStatus
+from airflow_txn_provider.exceptions import CorruptLogError, UnknownPipelineError
+from airflow_txn_provider.models import ATTEMPTS, PIPELINES, TRANSACTIONS
+
+if TYPE_CHECKING:
+    from sqlalchemy import ColumnElement
+    from sqlalchemy.engine import Connection, Row
+
+_UNSET: Any = object()
+
+_REACHED_AT: Mapping[TxStatus, tuple[str | None, str]] = {
+    # status: (its time column in txn_transaction, in txn_attempt)
+    TxStatus.PROCESSED: ("processed_at", "processed_at"),
+    TxStatus.COMMITTED: ("committed_at", "ended_at"),
+    TxStatus.FAILED: (None, "ended_at"),
+}
+
+
+class TxidRows:
+    """The one writer of ``(pipeline, txid)``'s rows in ``txn_transaction`` and ``txn_attempt``."""
+
+    def __init__(self, conn: Connection, pipeline: str, txid: int) -> None:
+        self.conn = conn
+        self.pipeline = pipeline
+        self.txid = txid
+
+    def _txid_row(self) -> ColumnElement[bool]:
+        return (TRANSACTIONS.c.pipeline == self.pipeline) & (TRANSACTIONS.c.txid == self.txid)
+
+    def _attempt_row(self, attempt: int) -> ColumnElement[bool]:
+        return (
+            (ATTEMPTS.c.pipeline == self.pipeline)
+            & (ATTEMPTS.c.txid == self.txid)
+            & (ATTEMPTS.c.attempt == attempt)
+        )
+
+    def emit(self, attempt: int, metadata: Any, lease_until: Any, *, new: bool) -> None:
+        """Make ``attempt`` the txid's current one, processing with ``metadata`` (a new txid's
+        first attempt, or a replay that resets what the previous attempt recorded)."""
+        begun = {
+            "attempt": attempt,
+            "status": TxStatus.PROCESSING,
+            "metadata": metadata,
+            "begun_at": func.now(),
+            "lease_expires_at": lease_until,
+        }
+        if new:
+            self.conn.execute(
+                insert(TRANSACTIONS).values(pipeline=self.pipeline, txid=self.txid, **begun)
+            )
+        else:
+            self.conn.execute(
+                update(TRANSACTIONS)
+                .where(self._txid_row())
+                .values(
+                    **begun,
+                    output=None,
+                    failed_by=None,
+                    processed_at=None,
+                    lease_holder=None,
+                    updated_at=func.now(),
+                )
+            )
+        self.conn.execute(
+            insert(ATTEMPTS).values(
+                pipeline=self.pipeline,
+                txid=self.txid,
+                attempt=attempt,
+                status=TxStatus.PROCESSING,
+                metadata=metadata,
+            )
+        )
+
+    def move(
+        self,
+        attempt: int,
+        status: TxStatus,
+        *,
+        output: Mapping[str, Any] | None = _UNSET,
+        error: str | None = None,
+        failed_by: int | None = None,
+    ) -> None:
+        """Move ``attempt`` (the current one) to ``status`` in both rows, stamping the time it got
+        there; ``output`` (processed) or ``error`` and ``failed_by`` (failed) go to both rows."""
+        txid_at, attempt_at = _REACHED_AT[status]
+        both: dict[str, Any] = {"status": status}
+        if output is not _UNSET:
+            both["output"] = output
+        txid_values = {**both, "updated_at": func.now()}
+        attempt_values = {**both, attempt_at: func.now()}
+        if txid_at is not None:
+            txid_values[txid_at] = func.now()
+        if status is TxStatus.FAILED:
+            txid_values.update(last_error=error, failed_by=failed_by)
+            attempt_values.update(error=error, failed_by=failed_by)
+        self.conn.execute(update(TRANSACTIONS).where(self._txid_row()).values(txid_values))
+        self.conn.execute(update(ATTEMPTS).where(self._attempt_row(attempt)).values(attempt_values))
+
+    def patch_output(self, attempt: int, patch: Mapping[str, Any]) -> None:
+        """Merge ``patch`` into the recorded output of both rows (e.g. a lake table's version)."""
+        value = cast_jsonb(patch)
+        self.conn.execute(
+            update(TRANSACTIONS)
+            .where(self._txid_row())
+            .values(output=func.coalesce(TRANSACTIONS.c.output, cast_jsonb({})).op("||")(value))
+        )
+        self.conn.execute(
+            update(ATTEMPTS)
+            .where(self._attempt_row(attempt))
+            .values(output=func.coalesce(ATTEMPTS.c.output, cast_jsonb({})).op("||")(value))
+        )
+
+    def add_timings(self, attempt: int, timings: Mapping[str, float]) -> None:
+        """Merge ``timings`` (seconds, rounded to ms) into the attempt's, keeping earlier ones."""
+        rounded = cast_jsonb({k: round(float(v), 3) for k, v in timings.items()})
+        self.conn.execute(
+            update(ATTEMPTS)
+            .where(self._attempt_row(attempt))
+            .values(timings=func.coalesce(ATTEMPTS.c.timings, cast_jsonb({})).op("||")(rounded))
+        )
+
+    def recorded_output(self, attempt: int) -> Mapping[str, Any] | None:
+        """The output ``attempt`` recorded (``None``: not processed, or not the current one)."""
+        row = self.conn.execute(
+            select(TRANSACTIONS.c.output).where(
+                self._txid_row(),
+                TRANSACTIONS.c.attempt == attempt,
+                TRANSACTIONS.c.status == TxStatus.PROCESSED,
+            )
+        ).one_or_none()
+        return None if row is None else dict(row.output or {})
+
+    def locked_record(self) -> TxRecord | None:
+        """The txid's record holding its row lock (``None``: never begun, or pruned)."""
+        with naming_pipeline(self.pipeline):
+            row = self.conn.execute(
+                select(TRANSACTIONS).where(self._txid_row()).with_for_update()
+            ).one_or_none()
+        if row is None:
+            exists = self.conn.execute(
+                select(PIPELINES.c.name).where(PIPELINES.c.name == self.pipeline)
+            ).one_or_none()
+            if exists is None:
+                raise UnknownPipelineError("pipeline is not registered", pipeline=self.pipeline)
+            return None
+        return record_of(row)
+
+
+def cast_jsonb(value: Mapping[str, Any]) -> Any:
+    return sa_cast(literal(json.dumps(value)), JSONB)
+
+
+@contextlib.contextmanager
+def naming_pipeline(pipeline: str) -> Iterator[None]:
+    """Name the pipeline in a :class:`CorruptLogError` raised while reading its rows (an unknown
+    enum value is found by the column's type, which does not know whose row it reads)."""
+    try:
+        yield
+    except CorruptLogError as err:
+        if err.pipeline is not None:
+            raise
+        raise CorruptLogError(err.detail, pipeline=pipeline) from None
+
+
+def record_of(row: Row[Any]) -> TxRecord:
+    """A ``txn_transaction`` row as the coordinator's record."""
+    return TxRecord(
+        txid=int(row.txid),
+        attempt=int(row.attempt),
+        status=row.status,
+        metadata=row.metadata,
+        output=row.output,
+        failed_by=row.failed_by,
+        lease_expires_at=row.lease_expires_at,
+        lease_holder=row.lease_holder,
+    )
+
+
+def load_view(conn: Connection, pipeline: str, *, lock: bool = False) -> PipelineView:
+    """A snapshot of ``pipeline`` (with its row lock when ``lock``); raises on a corrupt log."""
+    # The database's clock comes with the pipeline row: leases are judged by it alone.
+    query = select(PIPELINES, func.now().label("db_now")).where(PIPELINES.c.name == pipeline)
+    with naming_pipeline(pipeline):
+        prow = conn.execute(query.with_for_update(of=PIPELINES) if lock else query).one_or_none()
+        if prow is None:
+            raise UnknownPipelineError("pipeline is not registered", pipeline=pipeline)
+        last = int(prow.last_committed_txid)
+        rows = list(
+            conn.execute(
+                select(TRANSACTIONS)
+                .where(TRANSACTIONS.c.pipeline == pipeline, TRANSACTIONS.c.txid >= max(last, 1))
+                .order_by(TRANSACTIONS.c.txid)
+            ).all()
+        )
+    last_metadata = None
+    if last > 0:
+        if not rows or rows[0].txid != last:
+            raise CorruptLogError(
+                "the last committed txid has no row in txn_transaction",
+                pipeline=pipeline,
+                txid=last,
+            )
+        head = rows.pop(0)
+        if head.status is not TxStatus.COMMITTED:
+            raise CorruptLogError(
+                f"the last committed txid has status {head.status.value!r}",
+                pipeline=pipeline,
+                txid=last,
+                attempt=head.attempt,
+            )
+        last_metadata = head.metadata
+    db_now: datetime = prow.db_now
+    return PipelineView(
+        pipeline=pipeline,
+        source_kind=prow.source_kind,
+        max_pending=int(prow.max_pending),
+        last_committed=last,
+        last_committed_metadata=last_metadata,
+        in_flight=tuple(record_of(r) for r in rows),
+        now=db_now,
+    )
+
+
+__all__ = ["TxidRows", "cast_jsonb", "load_view", "naming_pipeline", "record_of"]
