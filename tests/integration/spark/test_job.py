@@ -36,7 +36,7 @@ from tests.spark_data import (
 )
 from txn_testing.spark import StandaloneCluster
 
-JOBS = Path(__file__).resolve().parents[2] / "spark_jobs"
+JOBS = Path(__file__).resolve().parents[3] / "spark_jobs"
 WORD_COUNT = JOBS / "word_count.py"
 FAST_CONF = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4"}
 

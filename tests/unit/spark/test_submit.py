@@ -20,7 +20,7 @@ from airflow_txn_provider.spark.job import LOG_URL_ENV, BatchJob
 from airflow_txn_provider.spark.sources import GeneratedTextSource
 from airflow_txn_provider.spark.submit import SparkSubmitRunner
 
-JOB = Path(__file__).resolve().parents[2] / "spark_jobs" / "word_count.py"
+JOB = Path(__file__).resolve().parents[3] / "spark_jobs" / "word_count.py"
 LOG_URL = "postgresql+psycopg2://txn:LOG-PASSWORD-1@db.internal:5432/txn"
 SECRETS = {
     "AIRFLOW__CORE__FERNET_KEY": "FERNET-SECRET-2",

@@ -25,7 +25,7 @@ from airflow_txn_provider.spark.job import BatchJob
 from airflow_txn_provider.spark.submit import SparkConnectRunner
 from tests.spark_data import lines_in_ranges, parquet_dataset, random_lines, word_counts
 
-WORD_COUNT = Path(__file__).resolve().parents[2] / "spark_jobs" / "word_count.py"
+WORD_COUNT = Path(__file__).resolve().parents[3] / "spark_jobs" / "word_count.py"
 
 
 def _sink(kind, tmp_path, name="words", **kw):
