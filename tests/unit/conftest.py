@@ -3,6 +3,9 @@ Airflow's database) is a collection error; such a test belongs in ``tests/integr
 
 from __future__ import annotations
 
+import subprocess
+from typing import Any
+
 import pytest
 
 SERVICE_FIXTURES = frozenset(
@@ -18,3 +21,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 f"{item.nodeid} is a unit test using the service fixture(s) {sorted(used)}: "
                 "move it to tests/integration"
             )
+
+
+@pytest.fixture
+def fake_popen(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """``subprocess.Popen`` replaced by a process that exits 0 at once, printing nothing; returns
+    what the last one was started with (``cmd`` and Popen's keyword arguments)."""
+    started: dict[str, Any] = {}
+
+    class FakePopen:
+        def __init__(self, cmd: list[str], **kwargs: Any) -> None:
+            started.update(cmd=cmd, **kwargs)
+            self.stdout = iter(())
+            self.returncode = 0
+            self.pid = 0
+
+        def wait(self) -> int:
+            return 0
+
+        def poll(self) -> int:
+            return 0
+
+    monkeypatch.setattr(subprocess, "Popen", FakePopen)
+    return started

@@ -42,22 +42,8 @@ def test_an_existing_connection_is_the_providers(monkeypatch):
     assert hook.get_connection("spark_standalone").host == "spark://10.0.0.2"
 
 
-def test_submit_runs_in_its_own_session_with_the_environment(monkeypatch):
-    started: dict = {}
-
-    class FakePopen:
-        def __init__(self, cmd, **kwargs):
-            started.update(cmd=cmd, **kwargs)
-            self.stdout = iter(())
-            self.pid = 0
-
-        def wait(self):
-            return 0
-
-        def poll(self):
-            return 0
-
-    monkeypatch.setattr(subprocess, "Popen", FakePopen)
+def test_submit_runs_in_its_own_session_with_the_environment(fake_popen):
+    started = fake_popen
     hook = TxnSparkSubmitHook(conn_id="spark_nowhere", env_vars={"SECRET_URL": "s3cr3t"})
     hook.submit("job.py")
     assert started["start_new_session"] is True

@@ -10,7 +10,6 @@ as environment variables, with secrets planted in the environment.
 from __future__ import annotations
 
 import json
-import subprocess
 import types
 from pathlib import Path
 
@@ -59,7 +58,7 @@ def _secrets_in(text: str) -> list[str]:
 
 
 @pytest.mark.parametrize("master", sorted(MASTERS))
-def test_the_spark_submit_command_line_carries_no_secret(secret_env, master, monkeypatch):
+def test_the_spark_submit_command_line_carries_no_secret(secret_env, master, fake_popen):
     runner = SparkSubmitRunner(JOB, log_url=LOG_URL, conn_id=f"spark_{master}")
     hook = runner.make_hook(_job())
     command = hook._build_spark_submit_command(str(JOB))
@@ -69,22 +68,7 @@ def test_the_spark_submit_command_line_carries_no_secret(secret_env, master, mon
 
     # ...and the job still gets the log's URL: in spark-submit's environment, which only its
     # user can read (the driver runs in that process: client deploy mode).
-    started: dict = {}
-
-    class FakePopen:
-        def __init__(self, cmd, **kwargs):
-            started.update(cmd=cmd, env=kwargs.get("env"))
-            self.stdout = iter(())
-            self.returncode = 0
-            self.pid = 0
-
-        def wait(self):
-            return 0
-
-        def poll(self):
-            return 0
-
-    monkeypatch.setattr(subprocess, "Popen", FakePopen)
+    started = fake_popen
     if master == "k8s":  # the hook then wants the driver pod's exit code, which a fake has not
         with pytest.raises(Exception, match="Kubernetes spark exit code"):
             hook.submit(str(JOB))
