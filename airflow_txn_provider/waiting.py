@@ -11,12 +11,19 @@ from collections.abc import Sequence
 
 from airflow_txn_provider.coordinator import (
     BeginAction,
+    CommitAction,
     FailureResponse,
     PipelineView,
     TxRecord,
     TxStatus,
-    attempt_is_dead,
     plan_begin,
+    plan_commit,
+)
+from airflow_txn_provider.exceptions import (
+    NotBegunError,
+    NotProcessedError,
+    OutOfOrderCommitError,
+    StaleAttemptError,
 )
 
 # -- waiting (what the Airflow triggers watch for) ---------------------------------------------
@@ -37,20 +44,22 @@ class GateState(enum.StrEnum):
 
 
 def commit_gate(view: PipelineView, txid: int, attempt: int) -> GateState:
-    """Whether the commit of ``(txid, attempt)`` may proceed, must wait, or never will.
+    """Whether the commit of ``(txid, attempt)`` may proceed, must wait, or never will: the
+    commit rule's answer (:func:`~airflow_txn_provider.coordinator.plan_commit`), read as a gate.
 
     Asked once the processing tasks ended, whether or not Airflow saw them succeed: the log, not a
     task's state, says whether the output was recorded (a task may record it, then fail to report
     success to an api-server that is away).
     """
-    if txid <= view.last_committed:
-        return GateState.COMMITTED
-    rec = view.record(txid)
-    if rec is None or attempt_is_dead(rec, attempt):
+    try:
+        action = plan_commit(view, txid, attempt)
+    except (NotBegunError, StaleAttemptError):
         return GateState.STALE
-    if rec.status is TxStatus.PROCESSING:
+    except NotProcessedError:  # current and alive, so still processing
         return GateState.UNFINISHED
-    return GateState.OPEN if txid - 1 == view.last_committed else GateState.WAIT
+    except OutOfOrderCommitError:
+        return GateState.WAIT
+    return GateState.COMMITTED if action is CommitAction.ALREADY_COMMITTED else GateState.OPEN
 
 
 def may_begin_now(view: PipelineView, txid: int) -> bool:
