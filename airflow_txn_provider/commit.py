@@ -34,9 +34,9 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import text
 
 from airflow_txn_provider.exceptions import StagedOutputMismatchError, StateDefinitionError
+from airflow_txn_provider.log_rows import TxidRows
 from airflow_txn_provider.sinks.base import OUTPUT_PREFIX, StagedFiles
 from airflow_txn_provider.state import BucketCountState, MapState, load_states
-from airflow_txn_provider.transaction_log import annotate_output
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
@@ -116,7 +116,7 @@ def commit_states(
             result[sink.output_key] = done.to_json()
             patch[sink.output_key] = {**(files or {}), "commit": done.to_json()}
         if patch:
-            annotate_output(conn, pipeline, txid, attempt, patch)
+            TxidRows(conn, pipeline, txid).patch_output(attempt, patch)
         return result
 
     result = txlog.commit(pipeline, txid, attempt, apply)

@@ -1061,22 +1061,6 @@ class _ApplyFailed(Exception):
     """Internal: marks an exception raised by the caller's ``apply`` (see ``commit``)."""
 
 
-def recorded_output(
-    conn: Connection, pipeline: str, txid: int, attempt: int
-) -> Mapping[str, Any] | None:
-    """The output ``(txid, attempt)`` recorded already (``None``: not processed, or another
-    attempt is current), read in the caller's transaction."""
-    return TxidRows(conn, pipeline, txid).recorded_output(attempt)
-
-
-def annotate_output(
-    conn: Connection, pipeline: str, txid: int, attempt: int, patch: Mapping[str, Any]
-) -> None:
-    """Merge ``patch`` into the recorded output of ``(txid, attempt)``, inside the caller's
-    transaction: e.g. the lake table version a commit produced."""
-    TxidRows(conn, pipeline, txid).patch_output(attempt, patch)
-
-
 def _prefetch(source: Source) -> None:
     """Let the source read what it can before the pipeline's lock is taken (see
     :meth:`Source.prefetch`); its errors are raised, naming the txid, under the lock."""

@@ -388,30 +388,39 @@ class ChaosRun:
                 self.events["commit found its txid in the table"] += 1
         return True
 
-    def _spawn(self, txid: int, attempt: int) -> None:
-        assert self.source is not None
-        self.spawned += 1
-        out = open(self.dir / f"worker-{self.spawned:02d}-txid{txid}-a{attempt}.log", "wb")
-        env = self._child_env()
-        argv = [
+    def _child_argv(self, module: str, txid: int, attempt: int, *options: str) -> list[str]:
+        """The command line of a child (a worker or a committer) of ``(txid, attempt)``."""
+        return [
             sys.executable,
             "-m",
-            "chaos.worker",
+            module,
             "--pipeline",
             self.pipeline,
             "--txid",
             str(txid),
             "--attempt",
             str(attempt),
+            "--outage-timeout",
+            str(OUTAGE_TIMEOUT),
+            *options,
+        ]
+
+    def _spawn(self, txid: int, attempt: int) -> None:
+        assert self.source is not None
+        self.spawned += 1
+        out = open(self.dir / f"worker-{self.spawned:02d}-txid{txid}-a{attempt}.log", "wb")
+        env = self._child_env()
+        argv = self._child_argv(
+            "chaos.worker",
+            txid,
+            attempt,
             "--source",
             json.dumps(self.source.to_spec()),
             "--spark-url",
             self.infra.spark_url,
             "--lease",
             str(LEASE),
-            "--outage-timeout",
-            str(OUTAGE_TIMEOUT),
-        ]
+        )
         if self.sink is not None:
             argv += ["--sink", json.dumps(self.sink.to_spec()), "--state", self.state.name]
         popen = subprocess.Popen(
@@ -495,21 +504,9 @@ class ChaosRun:
         err = open(
             self.dir / f"committer-{self.commit_children:02d}-txid{txid}-a{attempt}.log", "wb"
         )
-        argv = [
-            sys.executable,
-            "-m",
-            "chaos.committer",
-            "--pipeline",
-            self.pipeline,
-            "--txid",
-            str(txid),
-            "--attempt",
-            str(attempt),
-            "--sink",
-            json.dumps(self.sink.to_spec()),
-            "--outage-timeout",
-            str(OUTAGE_TIMEOUT),
-        ]
+        argv = self._child_argv(
+            "chaos.committer", txid, attempt, "--sink", json.dumps(self.sink.to_spec())
+        )
         popen = subprocess.Popen(
             argv,
             cwd=ROOT,

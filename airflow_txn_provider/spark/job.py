@@ -40,10 +40,11 @@ from airflow_txn_provider.exceptions import (
     StateDefinitionError,
     TxnError,
 )
+from airflow_txn_provider.log_rows import TxidRows
 from airflow_txn_provider.sinks.base import LakeSink, StagedFiles, sink_from_spec
 from airflow_txn_provider.spark.sources import LOCATION, RECORD, SparkSource, source_from_spec
 from airflow_txn_provider.state import MapState, load_states
-from airflow_txn_provider.transaction_log import TransactionLog, recorded_output
+from airflow_txn_provider.transaction_log import TransactionLog
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -206,7 +207,8 @@ def process_batch(
         output: dict[str, Any] = dict(counts)
         # A duplicate run of an attempt whose output is recorded keeps the recorded files (a
         # transactional replay's rows are the same): its own are discarded below.
-        earlier = recorded_output(conn, job.pipeline, job.txid, job.attempt) if staged else None
+        rows = TxidRows(conn, job.pipeline, job.txid)
+        earlier = rows.recorded_output(job.attempt) if staged else None
         for sink, files in staged.items():  # written by the executors already: listed here
             counts[sink.output_key] = files.rows
             output[sink.output_key] = (earlier or {}).get(sink.output_key) or files.to_json()
