@@ -15,9 +15,11 @@ attempt, an unprocessed txid or a commit out of order: the rule is
 2. every state applies the attempt's staged rows by its kind's rule, and its staged row count
    must equal the recorded one (an UNLOGGED staging table lost in a crash fails the commit instead
    of committing part of a batch);
-3. every lake sink commits the attempt's recorded files into its table, recording the txid in the
-   table's own commit (:func:`~airflow_txn_provider.coordinator.plan_sink_commit`: a table that
-   holds the txid already is not written twice);
+3. every lake sink commits the attempt's recorded files into its table, recording the txid and
+   attempt in the table's own commit (:func:`~airflow_txn_provider.coordinator.plan_sink_commit`:
+   a table that holds this attempt of the txid already is not written twice; one that holds
+   another attempt's, from a commit that failed after its table commit, is rewound to the txid
+   before and then written, so every table holds the committed attempt's rows only);
 4. the log marks the txid committed and moves the pipeline's last committed txid (and prunes old
    txids' rows, by the retention rule).
 
@@ -30,8 +32,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
-
-from sqlalchemy import text
 
 from airflow_txn_provider.exceptions import StagedOutputMismatchError, StateDefinitionError
 from airflow_txn_provider.log_rows import TxidRows
@@ -122,10 +122,8 @@ def commit_states(
     result = txlog.commit(pipeline, txid, attempt, apply)
     if result.applied:
         for sink, files in staged.items():
-            if (result.details or {})[sink.output_key]["action"] == "already_in_table":
-                # The table holds files of whichever attempt's commit got that far, maybe not
-                # this one's: deleting by this attempt's record could delete what it references.
-                continue
+            # The table holds this attempt's files, whatever its action was (a table that held
+            # another attempt's was rewound first): every other directory of the txid goes.
             try:
                 sink.cleanup(pipeline, txid, files)
             except Exception as err:  # garbage left behind is not data lost: never fail a commit
@@ -149,34 +147,41 @@ def commit_registered(
 
 
 def record_processed(txlog: TransactionLog, pipeline: str, txid: int, attempt: int) -> str:
-    """Mark ``(txid, attempt)`` processed with its staged row counts, counted under the txid's lock.
+    """Mark ``(txid, attempt)`` processed with its staged row counts, under the txid's lock.
 
-    The last step of a txid processed by several jobs (each staged with ``finish=False``): every
-    job's rows are counted, and every state staged by jobs gets a count, zero included, so the
-    commit checks each one. Staging tables are UNLOGGED: if Postgres restarted since the attempt
-    began, what the jobs staged may be gone without a trace, so the attempt is failed (and
-    replays) with :class:`StagedOutputMismatchError` instead of recording what is left.
-    Returns the :class:`~airflow_txn_provider.coordinator.ProcessedAction` value.
+    The last step of a txid processed by several jobs (each staged with ``finish=False``, which
+    records its counts in the attempt's logged row, :meth:`TransactionLog.stage`). The output
+    recorded is the sum of the jobs' counts, and every state staged by jobs gets one, zero
+    included, so the commit checks each. Staging tables are UNLOGGED: a Postgres crash recovery
+    (a backend killed by the OOM killer) or a promoted standby empties them, with no clock to
+    tell. So the rows present are compared with the counts the jobs recorded: if any are gone,
+    the attempt is failed (and replays) with :class:`StagedOutputMismatchError` instead of
+    recording what is left. Returns the
+    :class:`~airflow_txn_provider.coordinator.ProcessedAction` value.
     """
     states = [s for s in load_states(txlog.engine, pipeline).values() if s.derived_from is None]
-    info = txlog.transaction(pipeline, txid)
-    begun_at = info.begun_at if info is not None and info.attempt == attempt else None
 
     def count(conn: Connection) -> dict[str, int]:
-        if begun_at is not None:
-            restarted = conn.execute(
-                text("SELECT pg_postmaster_start_time()"),
-            ).scalar_one()
-            if restarted > begun_at:
-                raise StagedOutputMismatchError(
-                    f"Postgres restarted at {restarted.isoformat()}, after the attempt began "
-                    f"({begun_at.isoformat()}): its staged rows (UNLOGGED tables) may be lost; "
-                    "replay the txid",
-                    pipeline=pipeline,
-                    txid=txid,
-                    attempt=attempt,
-                )
-        return {state.output_key: state.staged_count(conn, txid, attempt) for state in states}
+        recorded: dict[str, int] = {state.output_key: 0 for state in states}
+        for counts in TxidRows(conn, pipeline, txid).staged_by_job(attempt).values():
+            for key, rows in counts.items():
+                recorded[key] = recorded.get(key, 0) + int(rows)
+        lost = {
+            state.name: (recorded[state.output_key], present)
+            for state in states
+            if (present := state.staged_count(conn, txid, attempt)) != recorded[state.output_key]
+        }
+        if lost:
+            raise StagedOutputMismatchError(
+                "staged rows (recorded by the jobs, found) differ: "
+                + ", ".join(f"{name} {want} != {got}" for name, (want, got) in lost.items())
+                + "; the staging tables are UNLOGGED and a Postgres crash recovery empties them: "
+                "replay the txid",
+                pipeline=pipeline,
+                txid=txid,
+                attempt=attempt,
+            )
+        return recorded
 
     try:
         return txlog.stage_output(pipeline, txid, attempt, count).value

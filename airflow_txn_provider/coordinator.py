@@ -415,19 +415,32 @@ class SinkAction(enum.StrEnum):
     ADD = "add"
     """The lake table does not hold this txid yet: add the attempt's output in one table commit."""
     ALREADY_IN_TABLE = "already_in_table"
-    """The table holds this txid already (a commit that crashed after the table commit, before
-    the log's): complete the log's commit without adding anything twice."""
+    """The table holds this very attempt of the txid (a commit that crashed after the table
+    commit, before the log's): complete the log's commit without adding anything twice."""
+    REPLACE = "replace"
+    """The table holds the txid from another attempt (a commit that failed after this table's
+    commit, e.g. at another sink, and replayed): rewind the table to the txid before, then add
+    this attempt's output. A table holds, for a txid, the rows of exactly one attempt: the one
+    the log commits."""
 
 
 def plan_sink_commit(
-    table_txid: int, txid: int, *, pipeline: str, attempt: int, sink: str
+    table_txid: int,
+    txid: int,
+    *,
+    pipeline: str,
+    attempt: int,
+    sink: str,
+    table_attempt: int | None = None,
 ) -> SinkAction:
     """Whether the commit of ``(txid, attempt)`` adds to a lake table whose newest commit by this
-    pipeline recorded ``table_txid`` (0: none). Commits are ordered by the log, so a table ahead
-    of the txid being committed was written by something else (another log, a restored table):
-    adding would break exactly-once, so it is refused."""
+    pipeline recorded ``table_txid`` (0: none), by ``table_attempt`` (``None``: unknown). Commits
+    are ordered by the log, so a table ahead of the txid being committed was written by something
+    else (another log, a restored table): adding would break exactly-once, so it is refused."""
     if table_txid == txid:
-        return SinkAction.ALREADY_IN_TABLE
+        if table_attempt == attempt:
+            return SinkAction.ALREADY_IN_TABLE
+        return SinkAction.REPLACE
     if table_txid > txid:
         raise LakeTableOutOfSyncError(
             f"lake sink {sink!r}: the table already holds txid {table_txid} of this pipeline, "
@@ -454,12 +467,16 @@ def committable(view: PipelineView) -> TxRecord | None:
 # -- failure and recovery ----------------------------------------------------------------------
 
 
-def plan_failure(view: PipelineView, txid: int, attempt: int | None = None) -> tuple[int, ...]:
+def plan_failure(
+    view: PipelineView, txid: int, attempt: int | None = None, *, of_processing: bool = False
+) -> tuple[int, ...]:
     """Txids whose live attempts a failure of ``(txid, attempt)`` fails, in order.
 
     ``txid`` itself and every later txid in flight. A failure of a committed txid, or one reported
     by an attempt that is no longer current, invalidates nothing (a late report must not fail the
     attempt that replaced it). ``attempt=None`` fails whatever attempt is current.
+    ``of_processing``: the failure is its processing's, reported by its task or job; an attempt
+    whose output is recorded already is then kept, and commits.
     """
     if txid <= view.last_committed:
         return ()
@@ -472,6 +489,11 @@ def plan_failure(view: PipelineView, txid: int, attempt: int | None = None) -> t
             attempt=attempt,
         )
     if attempt is not None and attempt != rec.attempt:
+        return ()
+    if of_processing and rec.status is TxStatus.PROCESSED:
+        # A processing task that failed after its output was recorded (spark-submit exiting
+        # non-zero at shutdown, a kill, a lost success report): the output stands and commits.
+        # Only the cascade of an earlier txid, or its own failed commit, fails a processed txid.
         return ()
     return tuple(
         r.txid for r in view.in_flight if r.txid >= txid and r.status is not TxStatus.FAILED

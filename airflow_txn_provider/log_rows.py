@@ -141,6 +141,23 @@ class TxidRows:
             .values(timings=func.coalesce(ATTEMPTS.c.timings, cast_jsonb({})).op("||")(rounded))
         )
 
+    def record_staged(self, attempt: int, job: str, counts: Mapping[str, int]) -> None:
+        """Record what ``job`` of ``attempt`` staged (rows per output key), replacing what an
+        earlier run of the same job recorded: call it in the transaction of the job's COPY."""
+        value = cast_jsonb({job: {k: int(v) for k, v in counts.items()}})
+        self.conn.execute(
+            update(ATTEMPTS)
+            .where(self._attempt_row(attempt))
+            .values(staged=func.coalesce(ATTEMPTS.c.staged, cast_jsonb({})).op("||")(value))
+        )
+
+    def staged_by_job(self, attempt: int) -> dict[str, dict[str, int]]:
+        """What each job of ``attempt`` recorded with :meth:`record_staged`."""
+        found = self.conn.execute(
+            select(ATTEMPTS.c.staged).where(self._attempt_row(attempt))
+        ).scalar_one_or_none()
+        return {job: dict(counts) for job, counts in (found or {}).items()}
+
     def recorded_output(self, attempt: int) -> Mapping[str, Any] | None:
         """The output ``attempt`` recorded (``None``: not processed, or not the current one)."""
         row = self.conn.execute(

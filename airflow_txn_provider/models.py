@@ -191,6 +191,9 @@ class AttemptRow(Base):
     ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     timings: Mapped[Any] = mapped_column(JSONB, nullable=True)
     """Seconds spent per phase (``spark``, ``staging``, ``commit``, ...), as reported."""
+    staged: Mapped[Any] = mapped_column(JSONB, nullable=True)
+    """``{job: {output key: rows}}``: what each job of the attempt staged, recorded in the same
+    database transaction as its COPY (see migration 0008)."""
     response: Mapped[FailureResponse | None] = mapped_column(
         StrEnumText(FailureResponse, "failure response"), nullable=True
     )

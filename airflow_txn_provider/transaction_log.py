@@ -488,6 +488,13 @@ class TransactionLog:
         replay: bool = True,
     ) -> Emission:
         plan = plan_begin(view, txid, replay=replay)
+        if plan.action is BeginAction.REEMIT:
+            # The view read the txid without its row lock: a staging (which holds only that lock
+            # for as long as its COPY runs, blocking renewals) may be about to record the output.
+            # Wait for the row, then plan again by what it holds (as expire_lease does).
+            self._locked_record(conn, view.pipeline, txid)
+            view = self._view(conn, view.pipeline, lock=False)
+            plan = plan_begin(view, txid, replay=replay)
         claim = func.now() + timedelta(seconds=claim_timeout)
         if plan.action is BeginAction.RESUME:
             rec = view.record(txid)
@@ -598,20 +605,33 @@ class TransactionLog:
         attempt: int,
         stage: StageFn,
         *,
+        job: str = "",
         timings: Mapping[str, float] | None = None,
     ) -> bool:
         """Run ``stage(conn)`` only while ``(txid, attempt)`` is current and still processing.
 
         For a txid with several processing jobs: each stages its part fenced by the attempt, and
-        the last step records the processed output with :meth:`mark_processed`. Returns False (and
-        stages nothing) for a stale attempt.
+        the last step records the processed output
+        (:func:`~airflow_txn_provider.commit.record_processed`). ``stage`` returns what it staged,
+        ``{output key: rows}``; it is recorded as ``job``'s in the attempt's logged row, in the
+        same database transaction as the COPY, so staging lost later (the tables are UNLOGGED) is
+        found by its content. Returns False (and stages nothing) for a stale attempt.
         """
         with self.engine.begin() as conn:
             record = self._locked_record(conn, pipeline, txid)
             if attempt_may_stage(record, pipeline=pipeline, txid=txid, attempt=attempt):
-                stage(conn)
+                counts = stage(conn)
+                if not isinstance(counts, Mapping):
+                    raise TypeError(
+                        f"stage() must return what it staged as {{output key: rows}}, got "
+                        f"{counts!r}"
+                    )
+                rows = TxidRows(conn, pipeline, txid)
+                rows.record_staged(
+                    attempt, job, {k: v for k, v in counts.items() if isinstance(v, int)}
+                )
                 if timings:
-                    TxidRows(conn, pipeline, txid).add_timings(attempt, timings)
+                    rows.add_timings(attempt, timings)
                 return True
         log.warning(
             "pipeline=%s txid=%s attempt=%s staged nothing: attempt is stale or already processed",
@@ -825,15 +845,23 @@ class TransactionLog:
 
     @retry_transient
     def fail(
-        self, pipeline: str, txid: int, attempt: int | None = None, *, error: str | None = None
+        self,
+        pipeline: str,
+        txid: int,
+        attempt: int | None = None,
+        *,
+        error: str | None = None,
+        of_processing: bool = False,
     ) -> tuple[int, ...]:
         """Fail ``(txid, attempt)`` and every later txid in flight; return the txids failed.
 
-        A report from an attempt that is no longer current fails nothing.
+        A report from an attempt that is no longer current fails nothing. ``of_processing``: the
+        report is a processing task's or job's; an attempt whose output is recorded already is
+        kept (it commits), since the failure came after its work was done.
         """
         with self.engine.begin() as conn:
             view = self._view(conn, pipeline, lock=True)
-            txids = plan_failure(view, txid, attempt)
+            txids = plan_failure(view, txid, attempt, of_processing=of_processing)
             self._fail_locked(conn, view, txids, origin=txid, error=error or "failed")
         if txids:
             log.warning(

@@ -12,6 +12,7 @@ import logging
 import os
 import pwd
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -187,6 +188,53 @@ class EmbeddedPostgres:
             ),
             capture_output=True,
         )
+
+    def client_backends(self) -> list[int]:
+        """Pids of the server's client backends (connections), from the postmaster's children."""
+        postmaster = int((Path(self.datadir or "") / "postmaster.pid").read_text().split()[0])
+        found = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                stat = (entry / "stat").read_text()
+                title = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:  # gone meanwhile
+                continue
+            ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+            # A backend's title is "postgres: <user> <database> <host>(<port>) <state>".
+            if ppid == postmaster and "127.0.0.1(" in title:
+                found.append(int(entry.name))
+        return sorted(found)
+
+    def kill_backend(self, pid: int | None = None, *, timeout: float = 60.0) -> int:
+        """SIGKILL one client backend (``pid``, or any), as the OOM killer does, and wait until
+        the server accepts connections again. The server stays up, but the postmaster resets
+        every backend and runs crash recovery: every UNLOGGED table comes back empty, and
+        ``pg_postmaster_start_time()`` does not change. Returns the pid killed."""
+        import psycopg2
+
+        if pid is None:
+            backends = self.client_backends()
+            if not backends:  # open one to kill
+                conn = psycopg2.connect(host="127.0.0.1", port=self.port, user="postgres")
+                with conn.cursor() as cur:
+                    cur.execute("SELECT pg_backend_pid()")
+                    pid = int(cur.fetchone()[0])
+            else:
+                pid = backends[0]
+        logfile = Path(self.datadir or "") / "server.log"
+        seen = logfile.stat().st_size
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + timeout
+        # Ready once the server log says so after the kill: before the postmaster noticed, a
+        # connection could still succeed on the old, unrecovered server.
+        while b"ready to accept connections" not in logfile.read_bytes()[seen:]:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"postgres did not recover within {timeout}s of the kill")
+            time.sleep(0.1)
+        self._wait_ready()
+        return pid
 
     def restart(self, down_for: float, *, mode: str = "immediate") -> None:
         """Crash (or stop) the server, keep it down ``down_for`` seconds, start it again on the

@@ -268,8 +268,11 @@ class TxnProcessOperator(_TxnOperator):
                 self._runner.run(job)
         except BaseException as err:
             # The job fails its attempt itself when it can; this covers what it cannot see
-            # (spark-submit dying, a kill). A stale attempt fails nothing.
-            log.fail(p.name, job.txid, job.attempt, error=f"{self.task_id}: {err}")
+            # (spark-submit dying, a kill). A stale attempt fails nothing, and an attempt whose
+            # output the job recorded before the bad exit keeps it: it commits.
+            log.fail(
+                p.name, job.txid, job.attempt, error=f"{self.task_id}: {err}", of_processing=True
+            )
             raise
         info = log.transaction(p.name, job.txid)
         return {"status": info.status.value if info else "unknown"}
@@ -489,7 +492,7 @@ def fail_attempt_on_task_failure(context: Context) -> None:
         if exception is not None:
             error += f": {type(exception).__name__}: {str(exception)[:500]}"
         TxnLogHook(txn_log_conn_id=pipeline.txn_log_conn_id).get_log(migrate=False).fail(
-            pipeline.name, claim["txid"], claim["attempt"], error=error
+            pipeline.name, claim["txid"], claim["attempt"], error=error, of_processing=True
         )
     except Exception:  # never mask the task's own failure; the lease catches what this misses
         logging.getLogger(__name__).exception(

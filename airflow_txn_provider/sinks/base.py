@@ -213,9 +213,29 @@ class LakeSink(abc.ABC):
         """Add ``staged`` to the table in one commit recording ``(pipeline, txid)``, unless the
         table holds that txid already. Raises :class:`LakeSchemaMismatchError` (nothing added)
         when the files' columns differ from the table's."""
+        table_txid = table.committed_txid(pipeline)
         action = plan_sink_commit(
-            table.committed_txid(pipeline), txid, pipeline=pipeline, attempt=attempt, sink=self.name
+            table_txid,
+            txid,
+            pipeline=pipeline,
+            attempt=attempt,
+            sink=self.name,
+            table_attempt=table.committed_attempt(pipeline, txid) if table_txid == txid else None,
         )
+        if action is SinkAction.REPLACE:
+            # An earlier attempt's commit got this far and then failed (at another sink, or
+            # the log's own step): its rows go, this attempt's come in their place.
+            version = table.rewind(pipeline, txid - 1)
+            log.warning(
+                "pipeline=%s txid=%s attempt=%s sink=%s: the table held the txid from another "
+                "attempt; rewound to txid %s (version %s) to replace it",
+                pipeline,
+                txid,
+                attempt,
+                self.name,
+                txid - 1,
+                version,
+            )
         if action is SinkAction.ALREADY_IN_TABLE:
             version = table.version_of(pipeline, txid)
             log.info(
@@ -332,8 +352,23 @@ class LakeTable(abc.ABC):
         ``(pipeline, txid)``, creating the table with ``schema`` if missing; return the version."""
 
     @abc.abstractmethod
+    def committed_attempt(self, pipeline: str, txid: int) -> int | None:
+        """The attempt whose commit of ``txid`` the table holds now (``None``: none, unknown)."""
+
+    @abc.abstractmethod
+    def rewind(self, pipeline: str, txid: int) -> int | None:
+        """Take the table back to its content right after ``pipeline``'s commit of ``txid``
+        (before its first commit when ``txid`` is 0), in ONE table commit that records ``txid``
+        as the pipeline's newest; return the version that holds it (``None``: nothing to undo).
+
+        Only this pipeline's commits are undone: if another writer committed to the table after
+        them, :class:`~airflow_txn_provider.exceptions.LakeTableOutOfSyncError` (nothing
+        changed), since undoing them would lose its rows."""
+
+    @abc.abstractmethod
     def versions(self, pipeline: str) -> list[tuple[int, int]]:
-        """``(txid, version)`` of every table commit made by ``pipeline``, oldest first."""
+        """``(txid, version)`` of the table version that holds each txid >= 1 of ``pipeline``
+        (the newest such version, after a rewind), by txid."""
 
     @abc.abstractmethod
     def read(self, version: int) -> pa.Table:
@@ -487,6 +522,46 @@ def sink_from_spec(spec: Mapping[str, Any] | str) -> LakeSink:
     return kinds[kind](**value)
 
 
+def first_undone_commit(
+    commits: Sequence[tuple[int, str | None, int | None]],
+    *,
+    pipeline: str,
+    keep_txid: int,
+    sink: str,
+) -> int | None:
+    """The oldest of ``pipeline``'s table commits that a rewind to ``keep_txid`` undoes (those of
+    a txid above ``keep_txid``): the rewind goes back to the version before it (``None``: no
+    commit to undo).
+
+    :param commits: ``(version, pipeline, txid)`` of the table's commits, newest first, back to
+        (at least) the pipeline's newest commit of a txid <= ``keep_txid``; ``pipeline`` and
+        ``txid`` are ``None`` for another writer's commit.
+    Raises :class:`LakeTableOutOfSyncError` when another writer committed after the oldest of
+    them: going back would lose its rows."""
+    from airflow_txn_provider.exceptions import LakeTableOutOfSyncError
+
+    undone: list[int] = []  # positions in ``commits``: versions need not be ordered (Iceberg)
+    foreign: list[int] = []
+    for i, (_, by, txid) in enumerate(commits):
+        if by == pipeline and txid is not None:
+            if txid <= keep_txid:
+                break
+            undone.append(i)
+        else:
+            foreign.append(i)
+    if not undone:
+        return None
+    oldest = undone[-1]
+    newer = [commits[i][0] for i in foreign if i < oldest]
+    if newer:
+        raise LakeTableOutOfSyncError(
+            f"lake sink {sink!r}: another writer committed to the table (versions {newer}) after "
+            f"this pipeline's commit of a txid above {keep_txid}; rewinding would lose its rows",
+            pipeline=pipeline,
+            txid=keep_txid + 1,
+        )
+    return commits[oldest][0]
+
 __all__ = [
     "MODES",
     "LakeSink",
@@ -494,6 +569,7 @@ __all__ = [
     "SinkCommit",
     "StagedFiles",
     "check_schema",
+    "first_undone_commit",
     "list_staged",
     "schema_problems",
     "sink_from_spec",

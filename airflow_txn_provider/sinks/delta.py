@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from airflow_txn_provider.sinks.base import LakeSink, LakeTable, require
+from airflow_txn_provider.sinks.base import LakeSink, LakeTable, first_undone_commit, require
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -158,19 +158,63 @@ class DeltaLakeTable(LakeTable):
             )
         return self._newest_version_of(pipeline, txid)
 
-    def _newest_version_of(self, pipeline: str, txid: int) -> int:
-        # Our commit is the newest unless another writer committed since: look at a few commits
-        # back, not the whole history (history() reads one log file per commit).
+    def committed_attempt(self, pipeline: str, txid: int) -> int | None:
+        commit = self._newest_commit_of(pipeline, txid)
+        attempt = None if commit is None else commit.get("txn.attempt")
+        return None if attempt is None else int(attempt)
+
+    def rewind(self, pipeline: str, txid: int) -> int | None:
+        from deltalake.transaction import CommitProperties, Transaction
+
         dt = self._table()
-        for commit in dt.history(16):
-            if commit.get("txn.pipeline") == pipeline and commit.get("txn.txid") == str(txid):
-                return int(commit["version"])
-        version = self.version_of(pipeline, txid)
-        if version is None:
+        if dt is None:
+            return None
+        commits = [
+            (
+                int(c["version"]),
+                c.get("txn.pipeline"),
+                int(c["txn.txid"]) if "txn.txid" in c else None,
+            )
+            for c in dt.history(HISTORY_LIMIT)
+        ]
+        first = first_undone_commit(commits, pipeline=pipeline, keep_txid=txid, sink=self.uri)
+        if first is None:
+            return None
+        self._current = None
+        # RESTORE re-adds what the undone commits removed (a merge's rewritten files) and removes
+        # what they added, in one commit; its app transaction takes the pipeline's back to txid.
+        dt.restore(
+            first - 1,
+            commit_properties=CommitProperties(
+                app_transactions=[Transaction(app_id=pipeline, version=txid)],
+                custom_metadata={
+                    "txn.pipeline": pipeline,
+                    "txn.txid": str(txid),
+                    "txn.rewind": "true",
+                },
+            ),
+        )
+        return self._newest_version_of(pipeline, txid)
+
+    def _newest_commit_of(self, pipeline: str, txid: int) -> dict[str, Any] | None:
+        dt = self._table()
+        if dt is None:
+            return None
+        # The newest commit is usually ours: a few commits back first, the history if need be
+        # (history() reads one log file per commit).
+        for limit in (16, HISTORY_LIMIT):
+            for commit in dt.history(limit):
+                if commit.get("txn.pipeline") == pipeline and commit.get("txn.txid") == str(txid):
+                    return dict(commit)
+        return None
+
+    def _newest_version_of(self, pipeline: str, txid: int) -> int:
+        commit = self._newest_commit_of(pipeline, txid)
+        if commit is None:
             raise RuntimeError(
                 f"Delta table {self.uri}: the commit of txid {txid} is not in its log"
             )
-        return version
+        return int(commit["version"])
 
     def _relative(self, path: str) -> str:
         # Delta resolves add paths against the table root; absolute paths break its readers.
@@ -183,11 +227,11 @@ class DeltaLakeTable(LakeTable):
         dt = self._table()
         if dt is None:
             return []
-        found = []
-        for commit in dt.history(HISTORY_LIMIT):
+        newest: dict[int, int] = {}
+        for commit in dt.history(HISTORY_LIMIT):  # newest first: a rewound txid's newest wins
             if commit.get("txn.pipeline") == pipeline and "txn.txid" in commit:
-                found.append((int(commit["txn.txid"]), int(commit["version"])))
-        return sorted(found)
+                newest.setdefault(int(commit["txn.txid"]), int(commit["version"]))
+        return sorted((t, v) for t, v in newest.items() if t >= 1)
 
     def read(self, version: int) -> pa.Table:
         dt = self._table(version)

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from airflow_txn_provider.sinks.base import LakeSink, LakeTable, require
+from airflow_txn_provider.sinks.base import LakeSink, LakeTable, first_undone_commit, require
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -171,23 +171,63 @@ class IcebergLakeTable(LakeTable):
         assert version is not None, "an Iceberg commit that recorded no snapshot"
         return version
 
-    def versions(self, pipeline: str) -> list[tuple[int, int]]:
+    def _lineage(self, table: Any) -> list[tuple[Any, str | None, int | None, int | None]]:
+        """``(snapshot, pipeline, txid, attempt)`` of the current snapshot and its ancestors,
+        newest first."""
         from pyiceberg.table.snapshots import ancestors_of
 
-        table = self._table()
         if table is None or table.current_snapshot() is None:
             return []
         found = []
         for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
             props = snapshot.summary.additional_properties if snapshot.summary else {}
-            if props.get("txn.pipeline") == pipeline and "txn.txid" in props:
-                found.append((int(props["txn.txid"]), int(snapshot.snapshot_id)))
-        # Newest first from ancestors_of; an upsert may write two snapshots for one txid: the
-        # newer (complete) one must win, so keep the first seen per txid.
+            txid, attempt = props.get("txn.txid"), props.get("txn.attempt")
+            found.append(
+                (
+                    snapshot,
+                    props.get("txn.pipeline"),
+                    None if txid is None else int(txid),
+                    None if attempt is None else int(attempt),
+                )
+            )
+        return found
+
+    def committed_attempt(self, pipeline: str, txid: int) -> int | None:
+        for _, by, t, attempt in self._lineage(self._table()):
+            if by == pipeline and t == txid:
+                return attempt
+        return None
+
+    def rewind(self, pipeline: str, txid: int) -> int | None:
+        from pyiceberg.expressions import AlwaysTrue
+        from pyiceberg.table.update.snapshot import ManageSnapshots
+
+        table = self._table()
+        lineage = self._lineage(table)
+        commits = [(int(s.snapshot_id), by, t) for s, by, t, _ in lineage]
+        first = first_undone_commit(commits, pipeline=pipeline, keep_txid=txid, sink=self.sink.uri)
+        if first is None:
+            return None
+        parent = next(s for s, *_ in lineage if s.snapshot_id == first).parent_snapshot_id
+        summary = {"txn.pipeline": pipeline, "txn.txid": str(txid), "txn.rewind": "true"}
+        # One catalog commit: the current snapshot goes back (or, when the undone commits were
+        # the table's first, every file is deleted) and the pipeline's txid property with it.
+        with table.transaction() as tx:
+            if parent is None:
+                tx.delete(AlwaysTrue(), snapshot_properties=summary)
+            else:
+                ManageSnapshots(tx).set_current_snapshot(snapshot_id=parent)
+            tx.set_properties({TXID_PROPERTY.format(pipeline=pipeline): str(txid)})
+        return self.version_of(pipeline, txid)
+
+    def versions(self, pipeline: str) -> list[tuple[int, int]]:
+        # Newest first: an upsert may write two snapshots for one txid, and the newer (complete)
+        # one must win, so keep the first seen per txid.
         newest: dict[int, int] = {}
-        for txid, snapshot_id in found:
-            newest.setdefault(txid, snapshot_id)
-        return sorted(newest.items())
+        for snapshot, by, txid, _ in self._lineage(self._table()):
+            if by == pipeline and txid is not None:
+                newest.setdefault(txid, int(snapshot.snapshot_id))
+        return sorted((t, v) for t, v in newest.items() if t >= 1)
 
     def read(self, version: int) -> pa.Table:
         table = self._table()

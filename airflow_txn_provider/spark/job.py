@@ -181,7 +181,7 @@ def process_batch(
     try:
         tables, staged = _compute(spark, txlog, job, info.metadata, transform)
     except TxnError as err:
-        txlog.fail(job.pipeline, job.txid, job.attempt, error=str(err))
+        txlog.fail(job.pipeline, job.txid, job.attempt, error=str(err), of_processing=True)
         raise
     except Exception as err:
         error = ProcessingError(
@@ -190,7 +190,7 @@ def process_batch(
             txid=job.txid,
             attempt=job.attempt,
         )
-        txlog.fail(job.pipeline, job.txid, job.attempt, error=str(error))
+        txlog.fail(job.pipeline, job.txid, job.attempt, error=str(error), of_processing=True)
         raise error from err
 
     spent["spark"] = time.monotonic() - computing
@@ -226,7 +226,7 @@ def process_batch(
     else:
         # Several jobs: each job's timings under its own name.
         mine = {f"{name.split(':')[0]}.{k}": v for k, v in spent.items()}
-        done = txlog.stage(job.pipeline, job.txid, job.attempt, stage, timings=mine)
+        done = txlog.stage(job.pipeline, job.txid, job.attempt, stage, job=name, timings=mine)
         status = "staged" if done else "stale"
     if staged:
         _discard_unrecorded(txlog, job, staged)

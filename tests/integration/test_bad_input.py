@@ -173,7 +173,11 @@ def test_two_jobs_staging_one_state_keep_both_and_a_rerun_replaces_only_its_own(
     attempt = _begin(txlog, "jobs")
     for job, rows in [("a", [("x", 1), ("y", 2)]), ("b", [("x", 10)]), ("a", [("x", 1), ("y", 2)])]:
         assert txlog.stage(
-            "jobs", 1, attempt, lambda c, j=job, r=rows: words.stage(c, 1, attempt, r, job=j)
+            "jobs",
+            1,
+            attempt,
+            lambda c, j=job, r=rows: {words.output_key: words.stage(c, 1, attempt, r, job=j)},
+            job=job,
         )
     assert record_processed(txlog, "jobs", 1, attempt) == "accept"
     assert txlog.transaction("jobs", 1).output == {words.output_key: 3}
@@ -190,8 +194,20 @@ def test_a_staging_table_of_an_earlier_version_gains_the_job_column(txlog):
     words.create(txlog.engine)
     txlog.register_pipeline("old", source_kind="transactional", max_pending=2)
     attempt = _begin(txlog, "old")
-    txlog.stage("old", 1, attempt, lambda c: words.stage(c, 1, attempt, [("x", 1)], job="a"))
-    txlog.stage("old", 1, attempt, lambda c: words.stage(c, 1, attempt, [("x", 2)], job="b"))
+    txlog.stage(
+        "old",
+        1,
+        attempt,
+        lambda c: {words.output_key: words.stage(c, 1, attempt, [("x", 1)], job="a")},
+        job="a",
+    )
+    txlog.stage(
+        "old",
+        1,
+        attempt,
+        lambda c: {words.output_key: words.stage(c, 1, attempt, [("x", 2)], job="b")},
+        job="b",
+    )
     assert record_processed(txlog, "old", 1, attempt) == "accept"
     commit_states(txlog, "old", 1, attempt, [words])
     with txlog.engine.connect() as conn:
@@ -203,7 +219,13 @@ def test_record_processed_counts_every_state_zero_included(txlog):
     words = MapState("zero", "zero_w", keys={"word": "text"}).create(txlog.engine)
     total = GlobalState("zero", "zero_t").create(txlog.engine)
     attempt = _begin(txlog, "zero")
-    txlog.stage("zero", 1, attempt, lambda c: words.stage(c, 1, attempt, [("x", 1)], job="a"))
+    txlog.stage(
+        "zero",
+        1,
+        attempt,
+        lambda c: {words.output_key: words.stage(c, 1, attempt, [("x", 1)], job="a")},
+        job="a",
+    )
     assert record_processed(txlog, "zero", 1, attempt) == "accept"
     assert txlog.transaction("zero", 1).output == {words.output_key: 1, total.output_key: 0}
 
@@ -219,7 +241,8 @@ def _pg_ctl(pg, *args):
 
 def test_a_postgres_crash_between_staging_and_record_processed_replays_the_txid():
     """A crash empties UNLOGGED staging tables; record_processed then counted zero rows for
-    every state and the txid committed without its data."""
+    every state and the txid committed without its data. (A backend killed while the server
+    stays up does the same: tests/integration/test_exactly_once_faults.py.)"""
     with EmbeddedPostgres(durable=True) as pg:  # committed rows survive the crash
         engine = create_engine(pg.url, pool_pre_ping=True)
         txlog = TransactionLog(engine)
@@ -227,14 +250,26 @@ def test_a_postgres_crash_between_staging_and_record_processed_replays_the_txid(
         words = MapState("crash", "crash_w", keys={"word": "text"}).create(engine)
         total = GlobalState("crash", "crash_t").create(engine)
         attempt = _begin(txlog, "crash")
-        txlog.stage("crash", 1, attempt, lambda c: words.stage(c, 1, attempt, [("x", 1)], job="a"))
-        txlog.stage("crash", 1, attempt, lambda c: total.stage(c, 1, attempt, [(1,)], job="b"))
+        txlog.stage(
+            "crash",
+            1,
+            attempt,
+            lambda c: {words.output_key: words.stage(c, 1, attempt, [("x", 1)], job="a")},
+            job="a",
+        )
+        txlog.stage(
+            "crash",
+            1,
+            attempt,
+            lambda c: {total.output_key: total.stage(c, 1, attempt, [(1,)], job="b")},
+            job="b",
+        )
         engine.dispose()
         _pg_ctl(pg, "-m", "immediate", "-w", "stop")  # a crash: no shutdown checkpoint
         pg.start()  # same folder and port: crash recovery empties the UNLOGGED tables
         with engine.connect() as conn:
             assert conn.execute(text(f"SELECT count(*) FROM {words.stage_table}")).scalar() == 0
-        with pytest.raises(StagedOutputMismatchError, match="restarted") as err:
+        with pytest.raises(StagedOutputMismatchError, match="UNLOGGED") as err:
             record_processed(txlog, "crash", 1, attempt)
         assert (err.value.pipeline, err.value.txid, err.value.attempt) == ("crash", 1, attempt)
         assert txlog.transaction("crash", 1).status is TxStatus.FAILED  # replays, nothing lost

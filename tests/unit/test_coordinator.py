@@ -286,6 +286,34 @@ class TestFailure:
         with pytest.raises(NotBegunError):
             plan_failure(view(), 3)
 
+    def test_a_processing_failure_after_the_output_was_recorded_keeps_it(self):
+        # spark-submit exiting non-zero at shutdown, a task failing after its job recorded the
+        # output: the processed attempt stands, nothing is failed, nothing counts as poison.
+        v = view((1, 1, DONE), (2, 1, PROC))
+        assert plan_failure(v, 1, 1, of_processing=True) == ()
+        assert plan_failure(v, 1, None, of_processing=True) == ()
+        # Still processing: it and every later txid fail, as any failure does.
+        assert plan_failure(view((1, 1, PROC), (2, 1, DONE)), 1, 1, of_processing=True) == (1, 2)
+
+    def test_a_failed_commit_or_a_cascade_fails_a_processed_txid(self):
+        v = view((1, 1, PROC), (2, 1, DONE), (3, 1, DONE))
+        assert plan_failure(v, 2, 1) == (2, 3)  # its commit failed
+        assert plan_failure(v, 1, 1, of_processing=True) == (1, 2, 3)  # the cascade of txid 1
+
+    @given(
+        st.lists(st.sampled_from([PROC, DONE, FAIL]), min_size=1, max_size=6),
+        st.integers(1, 6),
+    )
+    def test_a_processing_failure_fails_what_a_failure_does_but_a_processed_origin(
+        self, statuses, txid
+    ):
+        v = view(*((t, 1, s) for t, s in enumerate(statuses, start=1)))
+        if txid > len(statuses):
+            return
+        general = plan_failure(v, txid, 1)
+        processing = plan_failure(v, txid, 1, of_processing=True)
+        assert processing == (() if statuses[txid - 1] is DONE else general)
+
     def test_recovery_fails_from_oldest_processing(self):
         v = view((1, 1, DONE), (2, 1, PROC), (3, 1, DONE), (4, 1, FAIL))
         assert plan_recovery(v) == (2, 3)

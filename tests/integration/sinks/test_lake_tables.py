@@ -204,7 +204,7 @@ def test_a_table_ahead_of_the_log_is_refused(txlog, db_url, tmp_path, runner):
 
 
 @pytest.mark.parametrize("kind", ["delta", "iceberg"])
-def test_a_replay_after_a_crashed_commit_keeps_the_files_the_table_references(
+def test_a_replay_after_a_crashed_commit_replaces_the_failed_attempts_rows(
     kind, txlog, db_url, tmp_path, runner
 ):
     data, source = _source(tmp_path, seed=25)
@@ -218,10 +218,11 @@ def test_a_replay_after_a_crashed_commit_keeps_the_files_the_table_references(
     second = txlog.begin("replayed", 1, source)
     runner.run(BatchJob("replayed", 1, second.attempt, source, sinks=(sink,)), txlog)
     result = commit_registered(txlog, "replayed", 1, second.attempt, [sink])
-    assert result.details[sink.output_key]["action"] == "already_in_table"
-    # The first attempt's files, which the table references, are still there and read back.
-    assert all(Path(p).exists() for p in staged.paths())
-    assert _table_rows(sink, db_url, "replayed") == _expected(data, [first])
+    assert result.details[sink.output_key]["action"] == "replace"
+    # The table holds the committed attempt's rows once, and its files only.
+    assert _table_rows(sink, db_url, "replayed") == _expected(data, [second])
+    assert sink.open(db_url).committed_attempt("replayed", 1) == second.attempt
+    assert not any(Path(p).exists() for p in staged.paths())  # the failed attempt's: cleaned up
 
 
 def test_spark_submit_jobs_stage_for_the_sink_too(txlog, db_url, tmp_path, monkeypatch):

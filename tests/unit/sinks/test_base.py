@@ -9,7 +9,12 @@ from airflow_txn_provider.coordinator import SinkAction, plan_sink_commit
 from airflow_txn_provider.exceptions import LakeSchemaMismatchError, LakeTableOutOfSyncError
 from airflow_txn_provider.pipeline import TxnPipeline
 from airflow_txn_provider.sinks import DeltaSink, IcebergSink, StagedFiles, sink_from_spec
-from airflow_txn_provider.sinks.base import check_schema, schema_problems, schema_to_hex
+from airflow_txn_provider.sinks.base import (
+    check_schema,
+    first_undone_commit,
+    schema_problems,
+    schema_to_hex,
+)
 from airflow_txn_provider.spark.job import BatchJob
 from airflow_txn_provider.spark.sources import GeneratedTextSource
 
@@ -23,8 +28,39 @@ class TestPlanSinkCommit:
         # Txids without rows make no table commit: the table may be several txids behind.
         assert plan_sink_commit(2, 9, **WHERE) is SinkAction.ADD
 
-    def test_a_table_holding_the_txid_gets_nothing_twice(self):
-        assert plan_sink_commit(5, 5, **WHERE) is SinkAction.ALREADY_IN_TABLE
+    def test_a_table_holding_this_attempt_of_the_txid_gets_nothing_twice(self):
+        assert plan_sink_commit(5, 5, table_attempt=2, **WHERE) is SinkAction.ALREADY_IN_TABLE
+
+    def test_a_table_holding_another_attempt_of_the_txid_is_replaced(self):
+        # A commit that failed after this table's commit (at another sink), then replayed: the
+        # table must end with the committed attempt's rows, not the failed one's.
+        assert plan_sink_commit(5, 5, table_attempt=1, **WHERE) is SinkAction.REPLACE
+        assert plan_sink_commit(5, 5, table_attempt=None, **WHERE) is SinkAction.REPLACE
+
+
+class TestFirstUndoneCommit:
+    """Which commits a rewind undoes: ``(version, pipeline, txid)``, newest first."""
+
+    def test_the_pipelines_commits_above_the_txid_back_to_its_commit_of_the_txid(self):
+        commits = [(7, "p", 3), (6, "p", 2), (5, "p", 1), (4, None, None)]
+        assert first_undone_commit(commits, pipeline="p", keep_txid=1, sink="s") == 6
+        assert first_undone_commit(commits, pipeline="p", keep_txid=0, sink="s") == 5
+        assert first_undone_commit(commits, pipeline="p", keep_txid=3, sink="s") is None
+
+    def test_a_rewind_commit_stamped_with_the_kept_txid_stops_the_walk(self):
+        # 9: txid 2 again after a rewind (8) that took the table back to txid 1.
+        commits = [(9, "p", 2), (8, "p", 1), (7, "p", 2), (6, "p", 1)]
+        assert first_undone_commit(commits, pipeline="p", keep_txid=1, sink="s") == 9
+
+    def test_another_writer_before_the_undone_commits_is_kept(self):
+        commits = [(7, "p", 2), (6, "q", 9), (5, "p", 1)]
+        assert first_undone_commit(commits, pipeline="p", keep_txid=1, sink="s") == 7
+
+    def test_another_writer_after_them_is_refused(self):
+        # Positions, not versions, order commits: Iceberg's snapshot ids are random.
+        commits = [(11, "q", 1), (99, "p", 2), (3, "p", 1)]
+        with pytest.raises(LakeTableOutOfSyncError, match=r"another writer .*\[11\]"):
+            first_undone_commit(commits, pipeline="p", keep_txid=1, sink="s")
 
     def test_a_table_ahead_of_the_log_is_refused_naming_the_txid(self):
         with pytest.raises(LakeTableOutOfSyncError) as err:
