@@ -52,7 +52,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--pipeline", required=True)
     parser.add_argument("--txid", required=True, type=int)
     parser.add_argument("--attempt", required=True, type=int)
-    parser.add_argument("--sink", required=True, help="JSON from LakeSink.to_spec()")
+    parser.add_argument(
+        "--sink",
+        dest="sinks",
+        action="append",
+        required=True,
+        help="JSON from LakeSink.to_spec() (once per table; it stops after the first's commit)",
+    )
     parser.add_argument("--hang", type=float, default=300.0, help="seconds to wait to be killed")
     parser.add_argument("--outage-timeout", type=float, default=60.0)
     args = parser.parse_args(argv)
@@ -65,11 +71,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not url:
         print(f"error: ${LOG_URL_ENV} is not set", file=sys.stderr)
         return 2
-    sink = sink_from_spec(args.sink)
-    stop_after_table_commit(sink, args.hang)
+    sinks = [sink_from_spec(spec) for spec in args.sinks]
+    stop_after_table_commit(sinks[0], args.hang)
     txlog = TransactionLog.from_url(url, migrate=False, outage_timeout=args.outage_timeout)
     try:
-        result = commit_registered(txlog, args.pipeline, args.txid, args.attempt, [sink])
+        result = commit_registered(txlog, args.pipeline, args.txid, args.attempt, sinks)
     except TxnError as err:
         logging.getLogger("chaos.committer").error("%s", err)
         return 1

@@ -54,6 +54,7 @@ Exits 1 if a run did not recover, lost or doubled a record.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import logging
@@ -69,7 +70,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -86,9 +87,12 @@ from airflow_txn_provider.coordinator import (  # noqa: E402
     committable,
 )
 from airflow_txn_provider.exceptions import StagedOutputMismatchError, TxnError  # noqa: E402
-from airflow_txn_provider.sinks import DeltaSink, IcebergSink, LakeSink  # noqa: E402
+from airflow_txn_provider.sinks import DeltaSink, IcebergSink, LakeSink, StagedFiles  # noqa: E402
 from airflow_txn_provider.spark.job import LOG_URL_ENV  # noqa: E402
-from airflow_txn_provider.spark.sources import PartitionedParquetSource  # noqa: E402
+from airflow_txn_provider.spark.sources import (  # noqa: E402
+    LandingDirectorySource,
+    PartitionedParquetSource,
+)
 from airflow_txn_provider.state import MapState  # noqa: E402
 from airflow_txn_provider.transaction_log import TransactionInfo, TransactionLog  # noqa: E402
 from chaos.committer import TABLE_COMMITTED  # noqa: E402
@@ -98,6 +102,7 @@ from tests.spark_data import (  # noqa: E402
     parquet_dataset,
     random_lines,
     word_counts,
+    write_landing_file,
 )
 from txn_testing.postgres import EmbeddedPostgres  # noqa: E402
 
@@ -106,13 +111,27 @@ log = logging.getLogger("chaos.fast")
 KILL = "kill_processing"
 RESTART_LOG = "restart_log_postgres"
 KILL_COMMITTER = "kill_committer"
-FAULTS = (KILL, RESTART_LOG)
+KILL_BACKEND = "kill_backend"
+FAIL_SINK = "fail_sink_commit"
+FAULTS = (KILL, RESTART_LOG, KILL_BACKEND)
 """The faults of a run without a lake sink."""
-SINK_FAULTS = (KILL, RESTART_LOG, KILL_COMMITTER)
-"""The faults of a run with a lake sink (``kill_committer`` needs a table commit to stop after)."""
+SINK_FAULTS = (KILL, RESTART_LOG, KILL_COMMITTER, KILL_BACKEND, FAIL_SINK)
+"""The faults of a run with a lake sink (``kill_committer`` needs a table commit to stop after,
+``fail_sink_commit`` a second table)."""
+BACKEND_POINTS = ("staging", "between_jobs", "processed", "commit")
+"""Where ``kill_backend`` strikes: inside a worker's staging transaction (after its COPY),
+between the two jobs of a txid (two-job runs only), after a txid recorded its output and before
+its commit, inside the commit (after the states applied)."""
 SINKS = ("none", "delta", "iceberg")
 SINK_NAME = "words"
 """The lake sink's name (the key its output is recorded under: ``lake:words``)."""
+SECOND_SINK_NAME = "words_b"
+"""The second lake table of a ``fail_sink_commit`` run: its commit is the one that fails."""
+LINES_PER_FILE = 25
+"""Lines of one landing file (the opaque source of a ``fail_sink_commit`` run)."""
+PRODUCE_EVERY = 0.6
+"""Seconds between two landing files of a partition: batches start small and a replay that
+comes later takes more (the opaque source changes on replay)."""
 ICEBERG_NAMESPACE = "chaos"
 
 LEASE = 3.0
@@ -146,9 +165,13 @@ class FaultPlan:
     delay: float
     down_for: float = 0.0
     """``restart_log_postgres``: seconds the server stays down."""
+    point: str = ""
+    """``kill_backend``: where it strikes (:data:`BACKEND_POINTS`)."""
 
     def describe(self) -> str:
         what = f"{self.kind}@spawn{self.spawn}+{self.delay:.2f}s"
+        if self.kind == KILL_BACKEND:
+            return f"{self.kind}@{self.point}(spawn{self.spawn}+{self.delay:.2f}s)"
         return f"{what} down {self.down_for:.1f}s" if self.kind == RESTART_LOG else what
 
 
@@ -158,22 +181,39 @@ class RunPlan:
     txids: int
     max_pending: int
     faults: tuple[FaultPlan, ...]
+    jobs: int = 1
+    """Processing jobs per txid (2: a txid staged by two jobs, then its output recorded)."""
 
     @property
     def fault_name(self) -> str:
         return " + ".join(sorted(f.kind for f in self.faults))
 
+    @property
+    def opaque(self) -> bool:
+        """A run with a failing sink commit reads an opaque source that grows meanwhile, so the
+        failed txid's replay takes more records than the attempt the first table committed."""
+        return any(f.kind == FAIL_SINK for f in self.faults)
+
+    @property
+    def tables(self) -> int:
+        return 2 if self.opaque else 1
+
     def describe(self) -> str:
         faults = ", ".join(f.describe() for f in self.faults)
-        return f"txids={self.txids} max_pending={self.max_pending} faults=[{faults}]"
+        shape = f" jobs={self.jobs}" if self.jobs > 1 else ""
+        source = " source=opaque" if self.opaque else ""
+        return f"txids={self.txids} max_pending={self.max_pending}{shape}{source} faults=[{faults}]"
 
 
-def plan_run(seed: int, txids: int, kinds: Sequence[str]) -> RunPlan:
-    """The plan of the run with ``seed``: window size, one or two faults, their moments."""
+def plan_run(seed: int, txids: int, kinds: Sequence[str], *, sink: str = "none") -> RunPlan:
+    """The plan of the run with ``seed``: window size, jobs per txid (two only without a lake
+    ``sink``: a txid with lake sinks has one job), one or two faults, their moments."""
     if txids < 3:
         raise ValueError(f"a run needs at least 3 txids, got {txids}")
     rng = random.Random(seed)
     max_pending = rng.choice((3, 4))
+    with_sink = sink != "none" or KILL_COMMITTER in kinds or FAIL_SINK in kinds
+    jobs = 1 if with_sink else rng.choice((1, 2))
     faults = []
     for _ in range(rng.choice((1, 1, 2))):
         kind = rng.choice(list(kinds))
@@ -184,9 +224,14 @@ def plan_run(seed: int, txids: int, kinds: Sequence[str]) -> RunPlan:
                     kind, spawn, round(rng.uniform(0.0, 2.0), 2), round(rng.uniform(*DOWN_FOR), 1)
                 )
             )
-        else:  # kill_processing and kill_committer
+        elif kind == KILL_BACKEND:
+            points = [p for p in BACKEND_POINTS if jobs == 2 or p != "between_jobs"]
+            faults.append(
+                FaultPlan(kind, spawn, round(rng.uniform(0.2, 2.5), 2), point=rng.choice(points))
+            )
+        else:  # kill_processing, kill_committer and fail_sink_commit
             faults.append(FaultPlan(kind, spawn, round(rng.uniform(0.2, 2.5), 2)))
-    return RunPlan(seed, txids, max_pending, tuple(faults))
+    return RunPlan(seed, txids, max_pending, tuple(faults), jobs)
 
 
 def faults_for(sink: str) -> tuple[str, ...]:
@@ -223,16 +268,18 @@ class Infra:
     """``none``, ``delta`` or ``iceberg``: the lake sink every run's pipeline also writes."""
 
 
-def make_sink(kind: str, run_dir: Path, workdir: Path, table: str) -> LakeSink | None:
-    """The run's lake sink: a Delta table in the run's folder, or the Iceberg table
+def make_sink(
+    kind: str, run_dir: Path, workdir: Path, table: str, name: str = SINK_NAME
+) -> LakeSink | None:
+    """The run's lake sink ``name``: a Delta table in the run's folder, or the Iceberg table
     ``chaos.<table>`` (catalog: the log's database; warehouse: the suite's folder)."""
     if kind == "none":
         return None
     if kind == "delta":
-        return DeltaSink(SINK_NAME, table_uri=str(run_dir / "lake" / table), txid_column="txid")
+        return DeltaSink(name, table_uri=str(run_dir / "lake" / table), txid_column="txid")
     if kind == "iceberg":
         return IcebergSink(
-            SINK_NAME,
+            name,
             table=f"{ICEBERG_NAMESPACE}.{table}",
             warehouse=str(workdir / "warehouse"),
             txid_column="txid",
@@ -271,14 +318,26 @@ class ChaosRun:
         self.dir = infra.workdir / f"run-{index:03d}-{plan.seed}"
         self.pipeline = f"chaos-{index:03d}-{plan.seed}"
         name = f"chaos_{index:03d}_{plan.seed % 16**8:08x}"
-        self.state = MapState(self.pipeline, name, "transactional", keys={"word": "text"})
+        kind = "opaque" if plan.opaque else "transactional"
+        self.state = MapState(self.pipeline, name, kind, keys={"word": "text"})
         self.sink = make_sink(infra.sink, self.dir, infra.workdir, name)
         self.sinks: tuple[LakeSink, ...] = () if self.sink is None else (self.sink,)
+        if self.sink is not None and plan.tables == 2:
+            second = make_sink(infra.sink, self.dir, infra.workdir, f"{name}_b", SECOND_SINK_NAME)
+            assert second is not None
+            self.sinks += (second,)
         self.lines = {
             p: random_lines(plan.seed * len(PARTITIONS) + i, plan.txids * LINES_PER_TXID)
             for i, p in enumerate(PARTITIONS)
         }
-        self.source: PartitionedParquetSource | None = None
+        self.unit = LINES_PER_FILE if plan.opaque else 1
+        """Lines per source offset: a landing file's for the opaque source, else one."""
+        self.produced = dict.fromkeys(PARTITIONS, 0)
+        """Opaque source: landing files written so far, per partition."""
+        self.produced_at = 0.0
+        self.pause_files: dict[int, tuple[int, Path]] = {}
+        """``kill_backend`` faults at a worker's pause point: fault index -> (spawn, file)."""
+        self.source: PartitionedParquetSource | LandingDirectorySource | None = None
         self.view: PipelineView | None = None
         """The driver's latest view of the pipeline."""
         self.workers: list[Worker] = []
@@ -295,32 +354,74 @@ class ChaosRun:
         self.exits: Counter[int] = Counter()
         self.started = 0.0
         self.commit_children = 0
-        self.killed_commits: set[int] = set()
-        """Txids whose committer was killed after its table commit."""
+        self.killed_commits: dict[int, int] = {}
+        """Txid -> attempt whose committer was killed after its (first) table commit."""
 
     # -- the driver ---------------------------------------------------------------------------
 
     def setup(self) -> None:
         self.dir.mkdir(parents=True)
-        data = parquet_dataset(self.dir / "data", self.lines, file_rows=50)
-        self.source = PartitionedParquetSource(str(data), max_per_partition=LINES_PER_TXID)
+        if self.plan.opaque:
+            self.source = LandingDirectorySource(
+                str(self.dir / "landing"),
+                max_files_per_partition=LINES_PER_TXID // LINES_PER_FILE,
+                index_dir=str(self.dir / "index"),
+            )
+            self._produce()
+        else:
+            data = parquet_dataset(self.dir / "data", self.lines, file_rows=50)
+            self.source = PartitionedParquetSource(str(data), max_per_partition=LINES_PER_TXID)
         self.txlog.register_pipeline(
-            self.pipeline, source_kind="transactional", max_pending=self.plan.max_pending
+            self.pipeline, source_kind=self.state.kind, max_pending=self.plan.max_pending
         )
         self.state.create(self.txlog.engine)
+
+    @property
+    def files_per_partition(self) -> int:
+        return len(self.lines[PARTITIONS[0]]) // LINES_PER_FILE
+
+    def _produce(self) -> None:
+        """Opaque source: the next landing file of every partition, every PRODUCE_EVERY s."""
+        now = time.monotonic()
+        if not self.plan.opaque or now < self.produced_at + PRODUCE_EVERY:
+            return
+        self.produced_at = now
+        for p in PARTITIONS:
+            seq = self.produced[p]
+            if seq < self.files_per_partition:
+                lines = self.lines[p][seq * LINES_PER_FILE : (seq + 1) * LINES_PER_FILE]
+                write_landing_file(self.dir / "landing", p, seq, lines)
+                self.produced[p] = seq + 1
+
+    def _done(self) -> bool:
+        """Every txid of the run committed: ``txids`` of them, or (opaque source) every landing
+        file written and committed."""
+        if not self.plan.opaque:
+            return self.last_committed >= self.plan.txids
+        ends = self._committed_ends()
+        return all(ends.get(p, 0) >= self.files_per_partition for p in PARTITIONS)
+
+    def _committed_ends(self) -> dict[str, int]:
+        metadata = self.view.last_committed_metadata if self.view is not None else None
+        return {p: int(r[1]) for p, r in dict(metadata or {}).items()}
+
+    def line_ranges(self, metadata: Mapping[str, Any]) -> dict[str, list[int]]:
+        """A txid's metadata in line offsets (a landing file holds ``LINES_PER_FILE``)."""
+        return {p: [int(a) * self.unit, int(b) * self.unit] for p, (a, b) in metadata.items()}
 
     def drive(self) -> None:
         self.started = time.monotonic()
         deadline = self.started + BOUND
         while time.monotonic() < deadline:
             self._reap()
+            self._produce()
             self._inject_due_faults()
             try:
                 self._round()
             except Exception as err:  # the log gone past its outage timeout, or worse: counted
                 self.events[f"driver error {type(err).__name__}"] += 1
                 log.warning("pipeline=%s driver round failed: %s", self.pipeline, err)
-            if self.last_committed >= self.plan.txids:
+            if self._done():
                 break
             time.sleep(TICK)
         for pending, _target in self.pending:  # the run ended before these could fire
@@ -340,6 +441,9 @@ class ChaosRun:
         view = self.view = txlog.view(pipeline)
         rec = committable(view)
         while rec is not None:
+            due = self._due_fault(KILL_BACKEND, "processed")
+            if due is not None:  # its staged rows go with the crash recovery: it must replay
+                self._kill_backend(due, f"after txid {rec.txid} attempt {rec.attempt} processed")
             try:
                 if not self._commit(rec.txid, rec.attempt):
                     break  # its committer was killed: the next round commits it again
@@ -356,7 +460,7 @@ class ChaosRun:
             rec = committable(view)
         assert self.source is not None
         for txid in view.window:
-            if txid > self.plan.txids:
+            if txid > self.plan.txids and not self.plan.opaque:
                 break
             current = view.record(txid)
             if current is not None and current.status is not TxStatus.FAILED:
@@ -366,10 +470,13 @@ class ChaosRun:
                 assert emission.attempt is not None
                 if emission.action is not BeginAction.NEW:
                     self.events["replay"] += 1
+                    if current is not None and current.metadata != emission.metadata:
+                        self.events["replay took another batch (opaque)"] += 1
                 self.max_begun = max(self.max_begun, txid)
                 self._spawn(txid, emission.attempt)
             elif emission.no_data:
-                self.events["no data (harness bug)"] += 1
+                if not self.plan.opaque:  # an opaque run's producer may not have written yet
+                    self.events["no data (harness bug)"] += 1
                 break
             elif emission.action in (BeginAction.WAIT_PREVIOUS, BeginAction.WAIT_WINDOW):
                 break
@@ -377,16 +484,55 @@ class ChaosRun:
     def _commit(self, txid: int, attempt: int) -> bool:
         """Commit ``(txid, attempt)`` in this process, or, when a ``kill_committer`` fault is
         due, in a child process killed between the table commit and the log's. Whether the txid
-        committed."""
+        committed. A due ``kill_backend`` at ``commit`` kills a backend inside the commit, after
+        the states applied; a due ``fail_sink_commit`` deletes the second table's staged files
+        first, so its table commit fails after the first table's."""
         due = self._due_committer_fault()
         if due is not None:
             return self._commit_and_kill(txid, attempt, due)
-        result = commit_registered(self.txlog, self.pipeline, txid, attempt, self.sinks)
+        failing = self._due_fault(FAIL_SINK)
+        if failing is not None and len(self.sinks) == 2:
+            self._lose_staged_files(failing, txid, attempt)
+        with self._backend_killed_in_commit(txid, attempt):
+            result = commit_registered(self.txlog, self.pipeline, txid, attempt, self.sinks)
         for sink in self.sinks:
             action = (result.details or {}).get(sink.output_key, {}).get("action")
             if action == "already_in_table":
                 self.events["commit found its txid in the table"] += 1
+            elif action == "replace":
+                self.events["commit replaced another attempt's rows in the table"] += 1
         return True
+
+    @contextlib.contextmanager
+    def _backend_killed_in_commit(self, txid: int, attempt: int) -> Iterator[None]:
+        due = self._due_fault(KILL_BACKEND, "commit")
+        if due is None:
+            yield
+            return
+        apply = MapState.apply
+
+        def apply_then_kill(state: MapState, *args: Any, **kwargs: Any) -> Any:
+            applied = apply(state, *args, **kwargs)
+            if due in self.pending:  # once: the retried commit applies undisturbed
+                self._kill_backend(due, f"inside the commit of txid {txid} attempt {attempt}")
+            return applied
+
+        MapState.apply = apply_then_kill  # type: ignore[method-assign]
+        try:
+            yield
+        finally:
+            MapState.apply = apply  # type: ignore[method-assign]
+
+    def _lose_staged_files(self, entry: list[Any], txid: int, attempt: int) -> None:
+        """The second table's staged files of ``(txid, attempt)`` are lost (a storage fault):
+        its table commit then fails after the first table committed the attempt."""
+        info = self.txlog.transaction(self.pipeline, txid)
+        files = ((info.output if info is not None else None) or {}).get(self.sinks[1].output_key)
+        if not files or not files.get("files") or info is None or info.attempt != attempt:
+            return  # no rows for that table in this txid: the next commit
+        StagedFiles.from_json(files).discard()
+        self._fire(entry[0], f"lost table b's staged files of txid {txid} attempt {attempt}")
+        self.pending.remove(entry)
 
     def _child_argv(self, module: str, txid: int, attempt: int, *options: str) -> list[str]:
         """The command line of a child (a worker or a committer) of ``(txid, attempt)``."""
@@ -421,8 +567,13 @@ class ChaosRun:
             "--lease",
             str(LEASE),
         )
-        if self.sink is not None:
-            argv += ["--sink", json.dumps(self.sink.to_spec()), "--state", self.state.name]
+        for sink in self.sinks:
+            argv += ["--sink", json.dumps(sink.to_spec())]
+        if self.sinks:
+            argv += ["--state", self.state.name]
+        if self.plan.jobs > 1:
+            argv += ["--jobs", str(self.plan.jobs)]
+        argv += self._pause_options(self.spawned)
         popen = subprocess.Popen(
             argv,
             cwd=ROOT,
@@ -462,8 +613,13 @@ class ChaosRun:
             started = self.spawn_times.get(target)
             if started is None or now < started + fault.delay:
                 continue
-            if fault.kind == KILL_COMMITTER:
-                continue  # fires at the driver's next commit (see _commit)
+            if fault.kind in (KILL_COMMITTER, FAIL_SINK) or (
+                fault.kind == KILL_BACKEND and fault.point in ("processed", "commit")
+            ):
+                continue  # fires at the driver's next commit (see _round and _commit)
+            if fault.kind == KILL_BACKEND:  # a worker's pause point
+                self._kill_backend_at_pause(entry)
+                continue
             if fault.kind == RESTART_LOG:
                 if self.restarting is not None and self.restarting.is_alive():
                     continue  # one outage at a time: fire when the server is back
@@ -480,6 +636,58 @@ class ChaosRun:
                 self._fire(fault, f"SIGKILL worker txid {victim.txid} attempt {victim.attempt}")
                 _kill_group(victim.popen.pid)
                 self.pending.remove(entry)
+
+    def _pause_options(self, spawn: int) -> list[str]:
+        """The pause options of the ``spawn``-th worker: the oldest unassigned ``kill_backend``
+        fault at a worker's pause point whose target spawn has come is assigned to it."""
+        for entry in self.pending:
+            fault, target = entry
+            if (
+                fault.kind == KILL_BACKEND
+                and fault.point in ("staging", "between_jobs")
+                and id(entry) not in self.pause_files
+                and target <= spawn
+            ):
+                file = self.dir / f"pause-{spawn:02d}-{fault.point}"
+                self.pause_files[id(entry)] = (spawn, file)
+                return ["--pause-at", fault.point, "--pause-file", str(file)]
+        return []
+
+    def _kill_backend_at_pause(self, entry: list[Any]) -> None:
+        assigned = self.pause_files.get(id(entry))
+        if assigned is None:
+            return
+        spawn, file = assigned
+        if Path(f"{file}.paused").exists():
+            worker = next((w for w in self.workers if w.spawn == spawn), None)
+            where = f"txid {worker.txid} attempt {worker.attempt}" if worker else f"spawn {spawn}"
+            self._kill_backend(entry, f"worker of {where} paused at {entry[0].point}")
+            Path(f"{file}.go").touch()
+            del self.pause_files[id(entry)]
+        elif not any(w.spawn == spawn and w.alive() for w in self.workers):
+            del self.pause_files[id(entry)]  # it ended before its pause point: the next worker
+            entry[1] = max(entry[1], spawn + 1)
+
+    def _kill_backend(self, entry: list[Any], where: str) -> None:
+        """SIGKILL a client backend of the log's Postgres: crash recovery, server up."""
+        pid = self.infra.pg.kill_backend()
+        self._fire(entry[0], f"SIGKILL Postgres backend {pid}: {where}")
+        self.pending.remove(entry)
+
+    def _due_fault(self, kind: str, point: str | None = None) -> list[Any] | None:
+        """The pending ``kind`` entry (at ``point``) whose moment has come, if any."""
+        now = time.monotonic()
+        for entry in self.pending:
+            fault, target = entry
+            started = self.spawn_times.get(target)
+            if (
+                fault.kind == kind
+                and (point is None or fault.point == point)
+                and started is not None
+                and now >= started + fault.delay
+            ):
+                return entry
+        return None
 
     def _due_committer_fault(self) -> list[Any] | None:
         """The pending ``kill_committer`` entry whose moment has come, if any."""
@@ -504,9 +712,8 @@ class ChaosRun:
         err = open(
             self.dir / f"committer-{self.commit_children:02d}-txid{txid}-a{attempt}.log", "wb"
         )
-        argv = self._child_argv(
-            "chaos.committer", txid, attempt, "--sink", json.dumps(self.sink.to_spec())
-        )
+        sinks = [arg for sink in self.sinks for arg in ("--sink", json.dumps(sink.to_spec()))]
+        argv = self._child_argv("chaos.committer", txid, attempt, *sinks)
         popen = subprocess.Popen(
             argv,
             cwd=ROOT,
@@ -543,7 +750,7 @@ class ChaosRun:
                 )
                 _kill_group(popen.pid)
                 self.pending.remove(entry)
-                self.killed_commits.add(txid)
+                self.killed_commits[txid] = attempt
                 return False
             if "committed" not in message:  # stuck past the deadline, or exited without a report
                 _kill_group(popen.pid)
@@ -620,17 +827,18 @@ class ChaosRun:
         times = [i.committed_at for i in committed]
         if any(b is None or a is None or b <= a for a, b in itertools.pairwise(times)):
             problems.append("commits not strictly increasing in time")
-        if len(committed) < plan.txids:
+        if len(committed) < plan.txids and not plan.opaque:
             problems.append(f"{len(committed)}/{plan.txids} txids committed in {BOUND:.0f} s")
         ends = {p: 0 for p in PARTITIONS}
         for info in committed:
             for p in PARTITIONS:
-                start, end = info.metadata[p]
+                start, end = self.line_ranges(info.metadata).get(p, [ends[p], ends[p]])
                 if start != ends[p]:
                     kind = "gap" if start > ends[p] else "overlap"
                     problems.append(f"{kind} in partition {p} at txid {info.txid}")
                 ends[p] = end
-        if len(committed) == plan.txids and any(ends[p] != len(self.lines[p]) for p in PARTITIONS):
+        whole = len(committed) == plan.txids or plan.opaque
+        if whole and any(ends[p] != len(self.lines[p]) for p in PARTITIONS):
             problems.append(f"batches end at {ends}, the source at {len(self.lines['0'])}")
         truth = word_counts(line for p in PARTITIONS for line in self.lines[p][: ends[p]])
         with self.txlog.engine.connect() as conn:
@@ -638,11 +846,16 @@ class ChaosRun:
         lost = sum(max(n - got.get(w, 0), 0) for w, n in truth.items())
         doubled = sum(max(n - truth.get(w, 0), 0) for w, n in got.items())
         lake: dict[str, object] = {}
-        if self.sink is not None:
-            lake = self._check_lake(committed, problems)
-            lake["state_lost"], lake["state_doubled"] = lost, doubled
-            lost += int(lake["lost"])  # type: ignore[call-overload]
-            doubled += int(lake["doubled"])  # type: ignore[call-overload]
+        for i, sink in enumerate(self.sinks):
+            figures = self._check_lake(sink, committed, problems, first=i == 0)
+            if i == 0:
+                lake = {**figures, "state_lost": lost, "state_doubled": doubled}
+            else:  # the second table's own figures, beside the first's
+                lake[f"table {sink.name}"] = {
+                    k: figures.get(k) for k in ("lost", "doubled", "rows")
+                }
+            lost += int(figures["lost"])  # type: ignore[call-overload]
+            doubled += int(figures["doubled"])  # type: ignore[call-overload]
         recovered = not problems
         ttr = None
         if recovered:
@@ -679,18 +892,24 @@ class ChaosRun:
         )
 
     def _check_lake(
-        self, committed: Sequence[TransactionInfo], problems: list[str]
+        self,
+        sink: LakeSink,
+        committed: Sequence[TransactionInfo],
+        problems: list[str],
+        *,
+        first: bool,
     ) -> dict[str, object]:
-        """The run's lake table checked by :func:`check_lake_table`."""
-        assert self.sink is not None
+        """One of the run's lake tables checked by :func:`check_lake_table` (a killed
+        committer stopped after the first table's commit: the others had none)."""
         return check_lake_table(
-            self.sink,
+            sink,
             self.infra.pg.url,
             self.pipeline,
             self.lines,
             committed,
             problems,
-            killed_commits=self.killed_commits,
+            killed_commits=self.killed_commits if first else {},
+            unit=self.unit,
         )
 
     def execute(self) -> FaultResult:
@@ -712,7 +931,8 @@ def check_lake_table(
     committed: Sequence[TransactionInfo],
     problems: list[str],
     *,
-    killed_commits: Collection[int] = (),
+    killed_commits: Mapping[int, int] | None = None,
+    unit: int = 1,
 ) -> dict[str, object]:
     """A word-count pipeline's lake table against its log and the plain-Python word counts of
     each committed txid's batch: shared by the fast tier and the Airflow tier.
@@ -723,8 +943,10 @@ def check_lake_table(
         ``lines_in_ranges(lines, metadata)``.
     :param committed: the pipeline's committed txids, in txid order.
     :param problems: what is wrong is appended here.
-    :param killed_commits: txids whose committer was killed after the table commit: their log
-        commit must have found the txid in the table (``already_in_table``).
+    :param killed_commits: txid -> attempt whose committer was killed after the table commit:
+        the log's commit of that attempt must have found it in the table (``already_in_table``);
+        a later attempt's (the txid failed meanwhile) must have replaced it (``replace``).
+    :param unit: lines per offset of the metadata (a landing file's lines; 1: offsets are lines).
 
     Returns the figures (``lost`` and ``doubled`` in word occurrences, as the state's; ``rows``,
     ``table_txid``, ``pairs_missing``, ``pairs_twice``, ``staging_leftovers``). An unreadable
@@ -734,7 +956,11 @@ def check_lake_table(
     truth = {
         (info.txid, word): n
         for info in committed
-        for word, n in word_counts(lines_in_ranges(lines, info.metadata)).items()
+        for word, n in word_counts(
+            lines_in_ranges(
+                lines, {p: [a * unit, b * unit] for p, (a, b) in dict(info.metadata).items()}
+            )
+        ).items()
     }
     figures: dict[str, object] = {"lost": sum(truth.values()), "doubled": 0}
     try:
@@ -760,11 +986,16 @@ def check_lake_table(
                 f"txid {txid}: the log recorded table version {commit.get('version')}, "
                 f"the table has {version_of.get(txid)}"
             )
-    for txid in sorted(set(killed_commits) & set(recorded)):  # found in the table on retry
-        if recorded[txid].get("action") != "already_in_table":
+    attempts = {info.txid: info.attempt for info in committed}
+    for txid, attempt in sorted((killed_commits or {}).items()):  # found in the table on retry
+        if txid not in recorded:
+            continue
+        expected = "already_in_table" if attempts[txid] == attempt else "replace"
+        if recorded[txid].get("action") != expected:
             problems.append(
-                f"txid {txid}: its committer was killed after the table commit, yet the log's "
-                f"commit did {recorded[txid].get('action')!r}"
+                f"txid {txid}: its committer of attempt {attempt} was killed after the table "
+                f"commit; the log's commit of attempt {attempts[txid]} did "
+                f"{recorded[txid].get('action')!r}, not {expected!r}"
             )
     rows = [] if newest is None else newest.to_pylist()
     got: dict[tuple[int, str], list[int]] = {}
@@ -872,7 +1103,7 @@ def run_suite(
         infra = Infra(pg, url, workdir, txlog, sink)
         progress(f"Spark Connect warm-up: {warm_up(url, workdir):.1f} s")
         for index, run_seed in enumerate(seeds):
-            plan = plan_run(run_seed, txids, faults)
+            plan = plan_run(run_seed, txids, faults, sink=sink)
             started = time.monotonic()
             try:
                 result = ChaosRun(infra, plan, index).execute()

@@ -20,6 +20,15 @@ costs ~1.1 s of CPU per process here, a third of a worker's life. It no longer d
 :class:`_ConnectRun` below is still that class's ``run``/``kill`` without its wait for an
 unreachable server (``connect_timeout``, with backoff) and its first probing query.
 
+With ``--jobs 2`` the attempt is processed as a txid of two jobs is: two Spark jobs (the words
+before ``m`` and the rest, both into the one map state, each staged with ``finish=False``
+under its own job name), then :func:`~airflow_txn_provider.commit.record_processed`.
+
+``--pause-at staging|between_jobs --pause-file F``: on reaching that point (inside the staging
+transaction, after the COPY; or after the first of two jobs staged) the worker creates
+``F.paused`` and waits (up to :data:`PAUSE_LIMIT` seconds) for ``F.go``: the driver kills a
+Postgres backend meanwhile (the ``kill_backend`` fault).
+
 Exit codes: 0 processed (or the attempt was stale: nothing to do), 1 processing failed (the log
 has the reason), 2 bad arguments.
 """
@@ -56,6 +65,54 @@ log = logging.getLogger("chaos.worker")
 
 ROOT = Path(__file__).resolve().parents[1]
 WORD_COUNT = ROOT / "spark_jobs" / "word_count.py"
+PAUSE_POINTS = ("staging", "between_jobs")
+PAUSE_LIMIT = 30.0
+"""Seconds a paused worker waits for the driver before it goes on by itself."""
+
+
+def pause(file: str) -> None:
+    """Announce the pause point (``file.paused``) and wait for ``file.go``."""
+    import time
+
+    Path(f"{file}.paused").touch()
+    deadline = time.monotonic() + PAUSE_LIMIT
+    while not Path(f"{file}.go").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    log.info("pause at %s over", file)
+
+
+def pause_in_staging(file: str) -> None:
+    """Pause once, inside the staging transaction, right after a state's COPY."""
+    from airflow_txn_provider.state import MapState
+
+    stage_arrow = MapState.stage_arrow
+    done: list[bool] = []
+
+    def stage_then_pause(self: MapState, *args: object, **kwargs: object) -> int:
+        rows = stage_arrow(self, *args, **kwargs)  # type: ignore[arg-type]
+        if not done:
+            done.append(True)
+            pause(file)
+        return rows
+
+    MapState.stage_arrow = stage_then_pause  # type: ignore[method-assign]
+
+
+def split_jobs(transform: Transform) -> tuple[Transform, Transform]:
+    """Two jobs of one txid: ``transform``'s rows of the words before ``m``, and the rest."""
+    from pyspark.sql import functions as F
+
+    def first(batch: DataFrame) -> DataFrame:
+        counts = transform(batch)
+        assert not isinstance(counts, Mapping)
+        return counts.where(F.col("word") < "m")
+
+    def rest(batch: DataFrame) -> DataFrame:
+        counts = transform(batch)
+        assert not isinstance(counts, Mapping)
+        return counts.where(F.col("word") >= "m")
+
+    return first, rest
 
 
 class _ConnectRun:
@@ -94,16 +151,43 @@ def load_transform(path: Path = WORD_COUNT) -> Transform:
     return module.transform  # type: ignore[no-any-return]
 
 
-def to_state_and_sink(transform: Transform, state: str, sink: str) -> Transform:
-    """``transform``'s one DataFrame for two outputs: the map state ``state`` and the lake sink
-    ``sink`` (a pipeline with several outputs returns ``{output name: DataFrame}``)."""
+def to_state_and_sinks(transform: Transform, state: str, sinks: Sequence[str]) -> Transform:
+    """``transform``'s one DataFrame for several outputs: the map state ``state`` and the lake
+    sinks ``sinks`` (a pipeline with several outputs returns ``{output name: DataFrame}``)."""
 
-    def both(batch: DataFrame) -> dict[str, DataFrame]:
+    def every(batch: DataFrame) -> dict[str, DataFrame]:
         counts = transform(batch)
         assert not isinstance(counts, Mapping), "a transform of one output"
-        return {state: counts, sink: counts}
+        return {state: counts, **{sink: counts for sink in sinks}}
 
-    return both
+    return every
+
+
+def run_two_jobs(
+    runner: _ConnectRun, job: BatchJob, txlog: TransactionLog, pause_between: str | None
+) -> ProcessOutcome:
+    """Process the attempt as two jobs (``runner``'s transform split by :func:`split_jobs`),
+    then record its output, as a txid of two processing tasks does; ``pause_between``: the
+    pause file to announce between the jobs."""
+    import dataclasses
+
+    from airflow_txn_provider.commit import record_processed
+
+    part = dataclasses.replace(job, finish=False)
+    first, rest = split_jobs(runner.transform)
+    staged: dict[str, int] = {}
+    for i, piece in enumerate((first, rest)):
+        if i == 1 and pause_between is not None:
+            pause(pause_between)
+        runner.transform = piece
+        outcome = runner.run(part, txlog)
+        if outcome.status == "stale":
+            return outcome
+        for key, rows in outcome.staged_rows.items():
+            staged[key] = staged.get(key, 0) + rows
+    action = record_processed(txlog, job.pipeline, job.txid, job.attempt)
+    status = "stale" if action == "ignore_stale" else "processed"
+    return ProcessOutcome(job, status, staged)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -115,8 +199,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--spark-url", required=True, help="sc://127.0.0.1:PORT")
     parser.add_argument("--lease", type=float, default=3.0, help="lease timeout, seconds")
     parser.add_argument("--outage-timeout", type=float, default=60.0)
-    parser.add_argument("--sink", default=None, help="JSON from LakeSink.to_spec()")
+    parser.add_argument(
+        "--sink", dest="sinks", action="append", default=[], help="JSON of a LakeSink.to_spec()"
+    )
     parser.add_argument("--state", default=None, help="with --sink: the map state's name")
+    parser.add_argument("--jobs", type=int, choices=(1, 2), default=1, help="jobs per txid")
+    parser.add_argument("--pause-at", choices=PAUSE_POINTS, default=None)
+    parser.add_argument("--pause-file", default=None)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -126,17 +215,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not url:
         print(f"error: ${LOG_URL_ENV} is not set", file=sys.stderr)
         return 2
+    if args.pause_at and not args.pause_file:
+        parser.error("--pause-at needs --pause-file")
+    if args.pause_at == "between_jobs" and args.jobs != 2:
+        parser.error("--pause-at between_jobs needs --jobs 2")
     transform = load_transform()
     sinks: tuple[LakeSink, ...] = ()
-    if args.sink is not None:
+    if args.sinks:
         if args.state is None:
             parser.error("--sink needs --state")
-        sink = sink_from_spec(args.sink)
-        sinks = (sink,)
-        transform = to_state_and_sink(transform, args.state, sink.name)
-    job = BatchJob(
-        args.pipeline, args.txid, args.attempt, source_from_spec(args.source), sinks=sinks
-    )
+        if args.jobs != 1:
+            parser.error("--sink needs --jobs 1 (a txid with lake sinks has one job)")
+        sinks = tuple(sink_from_spec(spec) for spec in args.sinks)
+        transform = to_state_and_sinks(transform, args.state, [s.name for s in sinks])
+    if args.pause_at == "staging":
+        pause_in_staging(args.pause_file)
+    source = source_from_spec(args.source)
+    job = BatchJob(args.pipeline, args.txid, args.attempt, source, sinks=sinks)
     txlog = TransactionLog.from_url(url, migrate=False, outage_timeout=args.outage_timeout)
     runner = _ConnectRun(transform, args.spark_url)
     holder = holder_name(f"chaos worker txid {job.txid} attempt {job.attempt}")
@@ -153,7 +248,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             if keeper.lost:  # failed before this process could take the lease over
                 print(json.dumps({"status": "stale"}))
                 return 0
-            outcome = runner.run(job, txlog)
+            if args.jobs == 1:
+                outcome = runner.run(job, txlog)
+            else:
+                between = args.pause_file if args.pause_at == "between_jobs" else None
+                outcome = run_two_jobs(runner, job, txlog, between)
     except TxnError as err:
         log.error("%s", err)
         return 1
