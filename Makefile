@@ -67,17 +67,22 @@ lint: install
 
 # The chaos suite: both tiers, each printing a table of faults x recovery x lost x doubled and every
 # run's seed (make test runs a fixed-seed subset of both).
-# chaos-fast: no Airflow, 200 seeded runs. chaos-airflow: every fault on a real Airflow, CHAOS_REPEAT
-# runs each. chaos-lake: the fast tier with the word count also committed into a lake table (20
-# runs on Delta, 20 on Iceberg; adds the fault of a committer killed between the table's commit
-# and the log's), then every fault of the Airflow tier once with a Delta, then an Iceberg table;
-# not part of `make chaos`.
+# chaos-fast: no Airflow, 200 seeded runs (a worker killed, the log's Postgres crashed, a Postgres
+# backend SIGKILLed at seeded points: crash recovery while the server stays up; one- and two-job
+# txids), then 20 runs into two Delta tables and 20 into two Iceberg tables (adding a committer
+# killed between a table's commit and the log's, and the second table's commit failing after the
+# first's, with an opaque source that grows: 240 core-tier runs in all). chaos-airflow: every
+# fault on a real Airflow, CHAOS_REPEAT runs each. chaos-lake: the fast tier's lake runs, then
+# every fault of the Airflow tier once with a Delta, then an Iceberg table; not part of
+# `make chaos`.
 SEED ?= 2026
 CHAOS_REPEAT ?= 2
 chaos: chaos-fast chaos-airflow
 
 chaos-fast: install
 	$(PY) chaos/fast.py --runs 200 --seed $(SEED)
+	$(PY) chaos/fast.py --runs 20 --seed $(SEED) --sink delta
+	$(PY) chaos/fast.py --runs 20 --seed $(SEED) --sink iceberg
 
 chaos-airflow: install
 	$(PY) chaos/on_airflow.py --seed $(SEED) --repeat $(CHAOS_REPEAT)
