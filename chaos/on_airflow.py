@@ -10,26 +10,43 @@ touches anything. The run recovered if every txid committed within ``BOUND`` sec
 went strictly in txid order, the committed batches tile the data, nothing is left in flight, and
 the state equals word counts computed in plain Python from the data.
 
+The faults (``FAULTS``): ``kill_processing`` (a processing task SIGKILLed mid-job),
+``kill_spark_connect`` (the Spark Connect server SIGKILLed, back 5 s later),
+``restart_log_postgres`` (the log's Postgres crashed, immediate stop, for 15-25 s),
+``restart_metadata_postgres`` (Airflow's metadata Postgres crashed for 10-20 s), ``stop_api_server``
+(stopped for 30 s), ``kill_scheduler`` and ``kill_triggerer`` (SIGKILLed with their children, back
+3 s later), ``cascade_herd`` (three txids fail once each, late), ``duplicate_task`` (a txid's
+attempt processed a second time beside its task) and ``kill_log_backend``: one client backend of the
+log's Postgres SIGKILLed, as the OOM killer does
+(:meth:`txn_testing.postgres.EmbeddedPostgres.kill_backend`, the backend drawn from the run's seed),
+at a seeded moment: while a txid processes, or once a txid's output is recorded and waits for its
+commit (its staged rows then are what crash recovery loses). The server stays up, but the postmaster
+resets every connection and runs crash recovery, which empties every UNLOGGED table: the staged rows
+of every txid in flight are gone, with no restart for a clock to tell. Each txid whose staged rows
+were lost must be found so by content (the counts its jobs recorded) and replay, never commit a
+partial or empty batch.
+
 Time to recover: from the fault to the commit of the last txid that was in flight at the fault
 (that txid's ``committed_at``, the log's clock, which is this machine's).
 
 **Lake sinks** (``--sink delta|iceberg``; ``none``, the default, runs as before): every run's
 pipeline also writes its word count into a lake table of its own, append mode with a ``txid``
 column: a Delta table under the suite's folder, or the Iceberg table ``chaos.<run>`` (its SQL
-catalog in the log's database, which ``restart_log_postgres`` crashes too; the warehouse under
-the suite's folder). The processing task's Spark Connect job stages the rows as Parquet, the
-commit adds them in one table commit recording the txid. The same faults, at the same moments
-(same seeds); after each run the table is checked too, with the fast tier's
-:func:`chaos.fast.check_lake_table`: each committed txid's ``(txid, word, count)`` rows exactly
-once and equal to the plain-Python counts of its batch (missing occurrences add to the run's
+catalog in the log's database, which ``restart_log_postgres`` crashes too and whose connections
+``kill_log_backend`` resets; the warehouse under the suite's folder). The processing task's Spark
+Connect job stages the rows as Parquet, the commit adds them in one table commit recording the txid.
+The same faults, at the same moments (same seeds); after each run the table is checked too, with the
+fast tier's :func:`chaos.fast.check_lake_table`: each committed txid's ``(txid, word, count)`` rows
+exactly once and equal to the plain-Python counts of its batch (missing occurrences add to the run's
 lost, extra ones to its doubled, with the state's), the table's committed txid is the log's last,
 its commits are txids 1..N (each the version the log recorded), reading it as of each txid gives
-exactly the rows of txids 1..txid. A fault given as ``fault@delta`` (or ``@iceberg``) runs with
-that sink whatever ``--sink`` says: one deployment may mix runs with and without a table.
+exactly the rows of txids 1..txid. A fault given as ``fault@delta`` (or ``@iceberg``) runs with that
+sink whatever ``--sink`` says: one deployment may mix runs with and without a table.
 
     python chaos/on_airflow.py --seed 7 --faults kill_processing,kill_scheduler --repeat 2
     python chaos/on_airflow.py --seed 2026 --sink iceberg
     python chaos/on_airflow.py --seed 2026 --faults kill_processing,kill_processing@delta
+    python chaos/on_airflow.py --seed 2026 --faults kill_log_backend --sink delta
 """
 
 from __future__ import annotations
@@ -76,6 +93,7 @@ FAULTS = (
     "kill_triggerer",
     "cascade_herd",
     "duplicate_task",
+    "kill_log_backend",  # appended: the runs of the faults above keep their seeds
 )
 """Every fault the suite knows, in the order the table lists them."""
 SINKS = ("none", "delta", "iceberg")
@@ -263,7 +281,13 @@ def _processing_holder(log: Any, pipeline: str, at_least: int) -> tuple[int, int
     return None
 
 
-def _wait(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
+def _staged_txids(log: Any, pipeline: str) -> list[int]:
+    """Txids whose output is recorded and waits for its commit: their staged rows are in the log's
+    UNLOGGED staging tables now (a txid still processing may have staged some too)."""
+    return [i.txid for i in log.transactions(pipeline) if i.status.value == "processed"]
+
+
+def _wait(predicate: Callable[[], Any], timeout: float, what: str, poll: float = 0.25) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
@@ -272,7 +296,7 @@ def _wait(predicate: Callable[[], Any], timeout: float, what: str) -> Any:
             value = None
         if value:
             return value
-        time.sleep(0.25)
+        time.sleep(poll)
     raise TimeoutError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
@@ -289,9 +313,12 @@ def inject(
             f"txn_inject_failure__{name}", ",".join(f"{t}@{rng.uniform(2, 4):.1f}" for t in txids)
         )
         return f"txids {txids} fail once each, late", datetime.now(UTC)
-    txid, pid = _wait(
-        lambda: _processing_holder(log, name, rng.randint(1, 3)), 240, "a processing task"
-    )
+    # Drawn once, not at each poll: the draws after it (the delay, the fault's own) depend on the
+    # seed only, not on how many polls the moment took.
+    at_least = rng.randint(1, 3)
+    if plan.fault == "kill_log_backend":
+        return _kill_log_backend(d, plan, log, rng, at_least)
+    txid, pid = _wait(lambda: _processing_holder(log, name, at_least), 240, "a processing task")
     time.sleep(rng.uniform(0, 0.5))  # processing a batch takes about a second
     began = datetime.now(UTC)
     if plan.fault == "duplicate_task":
@@ -350,6 +377,71 @@ def _process_again(d: Deployment, plan: Plan, txid: int, attempt: int, log: Any)
     return outcome.status
 
 
+def _kill_log_backend(
+    d: Deployment, plan: Plan, log: Any, rng: random.Random, at_least: int
+) -> tuple[str, datetime]:
+    """SIGKILL one client backend of the log's Postgres: the server stays up, resets every
+    connection and runs crash recovery, which empties the UNLOGGED staging tables.
+
+    The moment is drawn from the seed: ``processing`` (as ``restart_log_postgres``: a txid >=
+    ``at_least`` processing, plus a delay) or ``processed``: the first txid >= ``at_least``
+    seen with its output recorded and its commit not yet made, i.e. with staged rows that crash
+    recovery then loses (a window of a few hundred ms: polled every 50 ms). If no txid is seen so
+    before only the last one is left to commit, the kill comes then, and says so. The backend is
+    the one at the drawn place among the client backends' pids (how many there are depends on
+    the moment, so the draw comes first)."""
+    name = plan.name
+    phase = rng.choice(("processing", "processed"))
+    pick = rng.random()
+    delay = rng.uniform(0, 0.5)
+    if phase == "processing":
+        txid, _ = _wait(lambda: _processing_holder(log, name, at_least), 240, "a processing task")
+        time.sleep(delay)
+        moment = f"txid {txid} processing (txid >= {at_least}), +{delay:.2f} s"
+    else:  # no delay: the window is short, and the kill should land in it
+        found, seen = _wait(
+            lambda: _processed_moment(log, name, at_least), 240, "a processed txid", poll=0.05
+        )
+        moment = (
+            f"txid {seen[0]} processed, its commit not yet made (txid >= {at_least})"
+            if found
+            else f"no txid >= {at_least} seen processed before its commit: killed with "
+            f"txid {TXIDS} left"
+        )
+    began = datetime.now(UTC)
+    at_stake = seen if phase == "processed" else _staged_txids(log, name)
+    for _ in range(5):  # a backend may close between the listing and the kill: list again
+        backends = d.log_pg.client_backends()
+        chosen = backends[int(pick * len(backends))] if backends else None
+        try:
+            killed = d.log_pg.kill_backend(chosen)
+            break
+        except ProcessLookupError:
+            continue
+    else:
+        raise RuntimeError("every backend picked was gone before its kill")
+    which = "one it opened" if chosen is None else f"draw {pick:.3f} of {len(backends)} backends"
+    return (
+        f"SIGKILL of the log's Postgres backend pid {killed} ({which}) at the {phase} moment: "
+        f"{moment}; crash recovery emptied the staging tables (txids processed, staged rows "
+        f"at stake: {at_stake or 'none'})",
+        began,
+    )
+
+
+def _processed_moment(log: Any, pipeline: str, at_least: int) -> tuple[bool, list[int]] | None:
+    """``(True, txids)``: txids >= ``at_least`` (and <= ``TXIDS``) whose output is recorded and
+    waits for its commit; ``(False, [])`` once only the last txid is left to commit (no such
+    moment was seen); ``None``: neither yet."""
+    infos = [i for i in log.transactions(pipeline) if i.txid <= TXIDS]
+    staged = [i.txid for i in infos if i.txid >= at_least and i.status.value == "processed"]
+    if staged:
+        return True, staged
+    if sum(i.status.value == "committed" for i in infos) >= TXIDS - 1:
+        return False, []
+    return None
+
+
 # -- one run -----------------------------------------------------------------------------------
 
 
@@ -400,9 +492,12 @@ def run_one(deployment: Deployment, plan: Plan) -> FaultResult:
     if any(i.status.value != "committed" for i in infos[:TXIDS]):
         problems.append("a txid is left in flight")
     herd_restarts = {k: v - restarts_before[k] for k, v in deployment.stack.restarts.items()}
-    if plan.fault in ("cascade_herd", "kill_processing", "restart_log_postgres") and any(
-        herd_restarts.values()
-    ):
+    if plan.fault in (
+        "cascade_herd",
+        "kill_processing",
+        "restart_log_postgres",
+        "kill_log_backend",
+    ) and any(herd_restarts.values()):
         problems.append(f"an Airflow component died and was restarted: {herd_restarts}")
 
     truth = word_counts(
@@ -424,7 +519,15 @@ def run_one(deployment: Deployment, plan: Plan) -> FaultResult:
     if recovered and not problems:
         last = max((i.committed_at for i in committed if i.txid in in_flight), default=None)
         seconds = max(0.0, (last - fault_at).total_seconds()) if last else 0.0
-    replays = sum(len(log.attempts(plan.name, t)) - 1 for t in range(1, TXIDS + 1))
+    attempts = {t: log.attempts(plan.name, t) for t in range(1, TXIDS + 1)}
+    replays = sum(len(of_txid) - 1 for of_txid in attempts.values())
+    # Attempts failed on their own because their staged rows were gone (crash recovery emptied
+    # staging), not those failed with an earlier txid.
+    lost_staging = sum(
+        a.failed_by == t and "staged rows" in (a.error or "")
+        for t, of_txid in attempts.items()
+        for a in of_txid
+    )
     log.engine.dispose()
     return FaultResult(
         fault=plan.label or plan.fault,
@@ -434,7 +537,13 @@ def run_one(deployment: Deployment, plan: Plan) -> FaultResult:
         records_lost=lost,
         records_doubled=doubled,
         detail="; ".join(
-            [detail, *problems, f"{replays} replays", *([f"lake {lake}"] if lake else [])]
+            [
+                detail,
+                *problems,
+                f"{replays} replays"
+                + (f" ({lost_staging} attempts failed: staged rows lost)" if lost_staging else ""),
+                *([f"lake {lake}"] if lake else []),
+            ]
         ),
         extra={"lake": lake} if lake else {},
     )

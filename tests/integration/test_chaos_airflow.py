@@ -8,7 +8,9 @@ must heal with nobody touching anything, commit every txid in order, and leave a
 word counts computed in plain Python. One more run kills a processing task of a pipeline that
 also writes a Delta table (``kill_processing@delta``): the table must hold each committed txid's
 word counts exactly once, as of the log's last txid (``make chaos-lake`` runs every fault on
-Delta and on Iceberg).
+Delta and on Iceberg). The last run SIGKILLs a backend of the log's Postgres once a txid's output
+is recorded and before its commit (``kill_log_backend``): crash recovery empties the UNLOGGED
+staging tables, and the txid must replay, not commit an empty batch.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ FAULTS = [
     "restart_log_postgres",
     "kill_scheduler",
     "kill_processing@delta",  # appended: the four runs above keep their seeds
+    "kill_log_backend",  # appended too; its seed draws the "processed" moment (staged rows lost)
 ]
 
 
