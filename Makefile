@@ -4,6 +4,7 @@
 #               a second run continues where the first stopped
 # make demo-core: the transaction core alone (no Airflow, no Spark) on a Postgres in ./var/pg
 # make bench-core : transaction-core benchmark (prints a table)
+# make bench-stage: staging rows/s, the binary COPY path beside the text CSV path it replaced
 # make bench-spark: per-txid overhead of spark-submit / Spark Connect / standalone, records/s
 # make bench-airflow: commit gap and max_pending=4 vs 1 speedup on a real Airflow
 # make bench-peer : this project on Airflow vs Spark Structured Streaming foreachBatch, same data
@@ -22,7 +23,7 @@ STAMP  := $(VENV)/.installed-stamp
 PYSPARK_VERSION := 4.3.0
 PYTEST_ARGS ?=
 
-.PHONY: demo demo-stop demo-core install system-deps test test-unit test-integration lint chaos chaos-fast chaos-airflow chaos-lake bench-core bench-spark bench-airflow bench-peer bench-read bench-preload bench-begin bench-retention bench-lake clean
+.PHONY: demo demo-stop demo-core install system-deps test test-unit test-integration lint chaos chaos-fast chaos-airflow chaos-lake bench-core bench-stage bench-spark bench-airflow bench-peer bench-read bench-preload bench-begin bench-retention bench-lake clean
 
 install: $(STAMP)
 
@@ -95,6 +96,9 @@ chaos-lake: install
 
 bench-core: install
 	$(PY) benchmarks/bench_core.py
+
+bench-stage: install
+	$(PY) benchmarks/bench_stage.py
 
 bench-spark: install
 	$(PY) benchmarks/bench_spark.py

@@ -189,6 +189,37 @@ def _rebuild_output(message, pipeline, txid, attempt, state, row):
     )
 
 
+class StateValueOutOfRangeError(TxnError):
+    """A commit would take a state's value out of its type's range (a bigint sum past 2**63 - 1):
+    permanent, so the txid fails at once; ``state`` and ``key`` say where."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        pipeline: str | None = None,
+        txid: int | None = None,
+        attempt: int | None = None,
+        state: str | None = None,
+        key: str | None = None,
+    ) -> None:
+        self.state = state
+        self.key = key
+        super().__init__(message, pipeline=pipeline, txid=txid, attempt=attempt)
+
+    def __reduce__(self):
+        return (
+            _rebuild_range,
+            (self.detail, self.pipeline, self.txid, self.attempt, self.state, self.key),
+        )
+
+
+def _rebuild_range(detail, pipeline, txid, attempt, state, key):
+    return StateValueOutOfRangeError(
+        detail, pipeline=pipeline, txid=txid, attempt=attempt, state=state, key=key
+    )
+
+
 class IncompleteBatchError(SourceError):
     """A batch read fewer records than its metadata describes (a partition directory that does
     not match its metadata, files gone): committing it would silently lose records."""

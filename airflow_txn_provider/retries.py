@@ -23,7 +23,6 @@ from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, Opera
 from tenacity import (
     RetryCallState,
     Retrying,
-    retry_if_exception,
     stop_after_delay,
     wait_random_exponential,
 )
@@ -34,31 +33,76 @@ DEFAULT_OUTAGE_TIMEOUT = 180.0
 """Seconds a call waits for the log's Postgres to come back before it gives up (three minutes:
 a restart or a failover, not a lost database)."""
 
-_PERMANENT = (
+TRANSIENT_SQLSTATES = frozenset({"40001", "40P01", "53300", "55P03", "57P01", "57P02", "57P03"})
+"""Errors a retry on a new connection cures: class 08 (connection exceptions) and these:
+serialization failure, deadlock, too many connections, lock not available, admin / crash
+shutdown, cannot connect now (the server is starting or recovering)."""
+PERMANENT_CLASSES = frozenset({"22", "23", "28", "42", "54"})
+"""Error classes no retry cures: data exception (a value out of range), integrity violation,
+invalid authorization, syntax error or access rule violation, program limit exceeded (an index
+row too large)."""
+PERMANENT_SQLSTATES = frozenset({"57014"})
+"""Query cancelled (``statement_timeout``): the same statement would time out again."""
+DISK_FULL = "53100"
+"""Disk full: retried for at most :data:`DISK_FULL_RETRY` seconds (space may be freed), then
+permanent."""
+DISK_FULL_RETRY = 30.0
+
+_PERMANENT_MESSAGES = (
     "password authentication failed",
     "does not exist",
     "no pg_hba.conf entry",
+    "no password supplied",
+    "peer authentication failed",
+    "ident authentication failed",
+    "is not permitted to log in",
+    "ssl",
+    "certificate",
 )
-"""Connection errors that waiting does not cure: reported at once."""
+"""Connection errors without a SQLSTATE (libpq's own, before the server answered) that waiting
+does not cure: reported at once."""
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def sqlstate(err: BaseException) -> str | None:
+    """The SQLSTATE of a database error (psycopg 3's ``sqlstate``, psycopg2's ``pgcode``), or
+    ``None`` (no server answer, or not a database error)."""
+    orig = getattr(err, "orig", err)
+    code = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
+    return str(code) if code else None
+
+
 def is_transient(err: BaseException) -> bool:
     """Whether ``err`` says the database is unreachable or restarting (retry on a new connection),
-    as opposed to a query that is wrong (report it)."""
+    as opposed to a query or a value that is wrong (report it: waiting cures nothing).
+
+    By SQLSTATE where the server gave one (:data:`TRANSIENT_SQLSTATES`, class 08 transient;
+    :data:`PERMANENT_CLASSES`, :data:`PERMANENT_SQLSTATES` and disk full permanent, see
+    :func:`retrying` for disk full's bounded retry); without one (libpq could not connect, or
+    the connection dropped mid-statement), transient unless the message names a cause waiting
+    does not cure (a wrong password, an SSL problem)."""
     if isinstance(err, DisconnectionError):
         return True
     if not isinstance(err, DBAPIError):
         return False
-    if any(text in str(err.orig) for text in _PERMANENT):
+    code = sqlstate(err)
+    if code is not None:
+        return code.startswith("08") or code in TRANSIENT_SQLSTATES
+    message = str(err.orig).lower()
+    if any(text in message for text in _PERMANENT_MESSAGES):
         return False
     if err.connection_invalidated:
         return True
-    # OperationalError: the server closed the connection, is starting up or shutting down, or
-    # refused it; also a deadlock or serialization failure, which a retry resolves as well.
+    # The server closed the connection, is starting up or shutting down, or refused it;
     # InterfaceError: the connection was already closed.
     return isinstance(err, (OperationalError, InterfaceError))
+
+
+def is_permanent(err: BaseException) -> bool:
+    """A database error no retry cures (see :func:`is_transient`): the txid it happened to fails
+    at once, with the cascade and the poison policy, instead of waiting."""
+    return isinstance(err, DBAPIError) and not is_transient(err)
 
 
 def retrying(outage_timeout: float, what: str = "the transaction log") -> Retrying:
@@ -79,8 +123,16 @@ def retrying(outage_timeout: float, what: str = "the transaction log") -> Retryi
             outage_timeout,
         )
 
+    def retry(state: RetryCallState) -> bool:
+        err = state.outcome.exception() if state.outcome else None
+        if err is None:
+            return False
+        if sqlstate(err) == DISK_FULL:  # space may be freed: a bounded wait, then permanent
+            return (state.seconds_since_start or 0.0) < DISK_FULL_RETRY
+        return is_transient(err)
+
     return Retrying(
-        retry=retry_if_exception(is_transient),
+        retry=retry,
         wait=wait_random_exponential(multiplier=0.5, max=10),
         stop=stop_after_delay(max(outage_timeout, 0.0)),
         before_sleep=before_sleep,

@@ -227,17 +227,18 @@ SNAPSHOT = "REPEATABLE READ"
 """Isolation level of unlocked reads of a pipeline: its statements see one snapshot."""
 
 
-DRIVER = "psycopg2"
-"""The log's driver: staging copies partial results with psycopg2's ``COPY``."""
+DRIVER = "psycopg"
+"""The log's driver: psycopg 3, whose binary ``COPY`` stages partial results (no text round trip:
+every key is stored as it is, a carriage return included)."""
 
 
 def engine_from_url(url: str, **kwargs: Any) -> Engine:
-    """A SQLAlchemy engine for a Postgres URL, always with the psycopg2 driver: a bare
-    ``postgresql://`` or a ``postgresql+psycopg://`` (psycopg 3) URL names the same database."""
+    """A SQLAlchemy engine for a Postgres URL, always with the psycopg (3) driver: a bare
+    ``postgresql://`` or a ``postgresql+psycopg2://`` URL names the same database."""
     parsed = make_url(url)
     if parsed.get_backend_name() != "postgresql":
         raise ValueError(f"the transaction log needs Postgres, got a {parsed.drivername!r} URL")
-    if parsed.get_driver_name() not in (DRIVER, "psycopg"):
+    if parsed.get_driver_name() not in (DRIVER, "psycopg2"):
         raise ValueError(
             f"the transaction log connects with {DRIVER} (it stages with COPY), got a "
             f"{parsed.drivername!r} URL: use postgresql:// or postgresql+{DRIVER}://"

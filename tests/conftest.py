@@ -65,7 +65,7 @@ def postgres() -> Iterator[EmbeddedPostgres]:
 
 
 def _db_url(pg: EmbeddedPostgres, name: str) -> str:
-    return f"postgresql+psycopg2://postgres@127.0.0.1:{pg.port}/{name}"
+    return f"postgresql+psycopg://postgres@127.0.0.1:{pg.port}/{name}"
 
 
 def new_database(pg: EmbeddedPostgres, *, migrated: bool = True) -> str:

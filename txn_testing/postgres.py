@@ -60,7 +60,7 @@ class EmbeddedPostgres:
 
     @property
     def url(self) -> str:
-        return f"postgresql+psycopg2://postgres@127.0.0.1:{self.port}/postgres"
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
 
     def _as_server_user(self, argv: list[str]) -> list[str]:
         if os.geteuid() != 0:

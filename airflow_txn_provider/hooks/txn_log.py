@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import URL, Engine
 
 SYNC_DRIVER = f"postgresql+{DRIVER}"
-"""The log's driver: psycopg2 (it stages with ``COPY``), not PostgresHook's default psycopg 3."""
+"""The log's driver: psycopg 3 (it stages with binary ``COPY``), PostgresHook's default too."""
 ASYNC_DRIVER = "postgresql+psycopg"
 """psycopg 3, for the triggers' async engines."""
 DEFAULT_HOST = "127.0.0.1"
@@ -41,13 +41,13 @@ class TxnLogHook(PostgresHook):
     ``{"sqlalchemy_url": "..."}`` in extra overrides everything else.
 
     The log is reached through :meth:`get_log` / :meth:`get_engine`: one engine per URL and
-    process, with the psycopg2 driver. PostgresHook's own DB-API methods (``get_conn``, ``run``,
+    process, with the psycopg (3) driver. PostgresHook's own DB-API methods (``get_conn``, ``run``,
     ``get_records``, …) are inherited as they are: they connect from the connection's fields with
     psycopg 3, and ignore ``extra.sqlalchemy_url``.
 
     :param txn_log_conn_id: the Airflow connection id (default ``txn_log_default``).
     :param sqlalchemy_scheme: the SQLAlchemy driver of :attr:`sqlalchemy_url` (default
-        ``postgresql+psycopg2``; the log also accepts ``postgresql+psycopg``).
+        ``postgresql+psycopg``; a ``postgresql+psycopg2`` URL names the same database).
     """
 
     conn_name_attr = "txn_log_conn_id"

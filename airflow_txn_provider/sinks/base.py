@@ -562,6 +562,7 @@ def first_undone_commit(
         )
     return commits[oldest][0]
 
+
 __all__ = [
     "MODES",
     "LakeSink",

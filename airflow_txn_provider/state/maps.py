@@ -5,18 +5,16 @@ their tables and registry, staging a batch, applying it, reading them. The packa
 
 from __future__ import annotations
 
-import csv
-import io
 import logging
-import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from decimal import Decimal
-from typing import IO, TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any
 
+import psycopg
 from sqlalchemy import delete, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.exc import DataError
 
 from airflow_txn_provider.coordinator import StateKind
 from airflow_txn_provider.exceptions import (
@@ -24,9 +22,19 @@ from airflow_txn_provider.exceptions import (
     StagedOutputMismatchError,
     StateAheadOfLogError,
     StateDefinitionError,
+    StateValueOutOfRangeError,
+    TxnError,
 )
 from airflow_txn_provider.models import MAP_SUMMARY, STATE_REGISTRY
+from airflow_txn_provider.retries import sqlstate
 from airflow_txn_provider.state.kinds import KindRule, rule_for
+from airflow_txn_provider.state.staging import (
+    STAGE_JOB_COLUMN,
+    Refused,
+    arrow_rows,
+    check_rows,
+    copy_rows,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -57,12 +65,10 @@ _COMBINERS = {
     "min": ("LEAST({a}, {b})", "min"),
 }
 _IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,39}$")
-STAGE_JOB_COLUMN = "stage_job"
-"""Column of a staging table naming the job that staged a row: several jobs of one txid may
-stage into the same state, and each replaces only its own rows."""
 _RESERVED = frozenset(
     {"value", "prev_value", "txid", "attempt", "delta", "singleton", STAGE_JOB_COLUMN}
 )
+NUMERIC_OUT_OF_RANGE = "22003"
 _FLOAT_TYPES = frozenset({"numeric", "double precision"})
 """Value types that can hold NaN and infinities."""
 # Serialises DDL of state tables across processes.
@@ -99,25 +105,6 @@ def _check_table_names(name: str) -> None:
                 f"state name {name!r} is refused: its table {table} is one of the transaction "
                 "log's own tables; choose another name"
             )
-
-
-def _row_problem(row: Sequence[Any], keys: Sequence[str]) -> str | None:
-    """What makes a staged ``(keys…, delta)`` row unusable, or ``None``."""
-    for column, value in zip(keys, row, strict=False):
-        if value is None:
-            return f"key {column} is null"
-    delta = row[-1]
-    if delta is None:
-        return "delta is null"
-    if isinstance(delta, float | Decimal) and not math.isfinite(delta):
-        return f"delta is {delta!r}"
-    return None
-
-
-def _is_float(arrow_type: Any) -> bool:
-    import pyarrow.types as pat
-
-    return bool(pat.is_floating(arrow_type))
 
 
 @dataclass(frozen=True)
@@ -298,8 +285,8 @@ class MapState:
                 )
             )
         if self.value_type in _FLOAT_TYPES:
-            # A NaN or infinite delta would poison the value for good: refused by any staging
-            # path, a CSV stream included (the Python paths refuse it earlier, naming the row).
+            # A NaN or infinite delta would poison the value for good: refused by the table too,
+            # whoever writes it (staging refuses it earlier, naming the row).
             check = f"{self.stage_table}_finite_delta"[:63]
             exists = conn.execute(
                 text(
@@ -377,6 +364,9 @@ class MapState:
             row=shown,
         )
 
+    def _refused(self, txid: int, attempt: int, refused: Refused) -> MalformedOutputError:
+        return self._malformed(txid, attempt, refused.problem, refused.row)
+
     def stage(
         self,
         conn: Connection,
@@ -386,79 +376,31 @@ class MapState:
         *,
         job: str = "",
     ) -> int:
-        """Stage ``(keys…, delta)`` rows of ``(txid, attempt)`` with one COPY; return the count.
+        """Stage ``(keys…, delta)`` rows of ``(txid, attempt)`` with one binary COPY; return the
+        count.
 
         Replaces rows the same ``job`` of this attempt staged before (a duplicate run stages once,
-        not twice); rows of other jobs of the attempt are kept. A null key, a null, NaN or
-        infinite delta is refused with :class:`MalformedOutputError` (a NULL delta would turn the
-        key's committed value into NULL); an empty string key is a key like any other.
+        not twice); rows of other jobs of the attempt are kept. A batch outside the value domain
+        (:mod:`~airflow_txn_provider.state.staging`: a null key, NUL in a text key, a key over
+        the size limit, a null, NaN, infinite or fractional-into-integer delta, a batch sum out
+        of range) is refused whole with :class:`MalformedOutputError`; an empty string key is a
+        key like any other.
         """
-        buf = io.StringIO()
-        writer = csv.writer(buf, lineterminator="\n")
-        width = len(self.keys) + 1
-        for row in rows:
-            if len(row) != width:
-                raise ValueError(
-                    f"state {self.name!r} stages rows of {width} values (keys {list(self.keys)} "
-                    f"then delta), got {len(row)}: {row!r}"
-                )
-            problem = _row_problem(row, list(self.keys))
-            if problem:
-                raise self._malformed(txid, attempt, problem, tuple(row))
-            writer.writerow(row)
-        buf.seek(0)
-        return self.stage_csv(conn, txid, attempt, buf, job=job)
-
-    def stage_csv(
-        self, conn: Connection, txid: int, attempt: int, csv_file: IO[str], *, job: str = ""
-    ) -> int:
-        """Stage a CSV stream (no header; columns: keys…, delta) of ``(txid, attempt)``.
-
-        No field is read as NULL: an empty field is an empty string key (and an error for a
-        number). A value that is not of its column's type, or a NaN delta, raises
-        :class:`MalformedOutputError` and stages nothing.
-        """
-        conn.execute(
-            text(
-                f"DELETE FROM {self._qstage} "
-                f"WHERE txid = :t AND attempt = :a AND {STAGE_JOB_COLUMN} = :j"
-            ),
-            {"t": txid, "a": attempt, "j": job},
-        )
-        conn.execute(text("SELECT set_config('txn.stage_txid', :t, true)"), {"t": str(txid)})
-        conn.execute(text("SELECT set_config('txn.stage_attempt', :a, true)"), {"a": str(attempt)})
-        conn.execute(text("SELECT set_config('txn.stage_job', :j, true)"), {"j": job})
-        columns = ", ".join([*(quote_ident(c) for c in self.keys), "delta"])
-        cursor = conn.connection.driver_connection.cursor()  # type: ignore[union-attr]
         try:
-            # FORCE_NOT_NULL: csv would read an unquoted empty field as NULL; an empty key is ''.
-            cursor.copy_expert(
-                f"COPY {self._qstage} ({columns}) FROM STDIN "
-                f"WITH (FORMAT csv, FORCE_NOT_NULL ({columns}))",
-                csv_file,
-            )
-            return int(cursor.rowcount)
-        except Exception as err:
-            code = str(getattr(err, "pgcode", "") or "")
-            if code.startswith(("22", "23")):  # data exception, integrity (the finite check)
-                message = str(err).strip().replace("\n", "; ")
-                raise self._malformed(txid, attempt, f"COPY refused the rows: {message}") from err
-            raise
-        finally:
-            cursor.close()
+            checked = check_rows(self.keys, self.value_type, self.combiner, rows)
+        except Refused as refused:
+            raise self._refused(txid, attempt, refused) from None
+        return self._copy(conn, txid, attempt, checked, job)
 
     def stage_arrow(
         self, conn: Connection, txid: int, attempt: int, table: pa.Table, *, job: str = ""
     ) -> int:
-        """Stage an Arrow table (columns: the key columns, then ``delta``) with one COPY.
+        """Stage an Arrow table (columns: the key columns, then ``delta``) with one binary COPY.
 
-        What a Spark job stages: ``DataFrame.toArrow()`` of its partial results. A null key, a
-        null, NaN or infinite delta is refused with :class:`MalformedOutputError`, naming the
-        first such row, before anything is staged.
+        What a Spark job stages: ``DataFrame.toArrow()`` of its partial results. Checked against
+        the value domain as :meth:`stage` is, naming the first offending row, before anything
+        is staged.
         """
-        import pyarrow.compute as pc
-        import pyarrow.csv as pacsv
-
         columns = [*self.keys, "delta"]
         missing = [c for c in columns if c not in table.column_names]
         if missing:
@@ -466,23 +408,36 @@ class MapState:
                 f"state {self.name!r} stages columns {columns}; the result has "
                 f"{table.column_names} (missing {missing})"
             )
-        table = table.select(columns)
-        for column in columns:
-            values = table.column(column)
-            bad = pc.is_null(values)
-            what = f"{values.null_count} row(s) have a null {column}"
-            if column == "delta" and _is_float(values.type):
-                bad = pc.or_(bad, pc.invert(pc.is_finite(values)))
-                count = pc.sum(bad.cast("int64")).as_py() or 0
-                what = f"{count} row(s) have a null, NaN or infinite delta"
-            first = pc.index(bad, True).as_py()
-            if first is not None and first >= 0:
-                row = tuple(table.slice(first, 1).to_pylist()[0].values())
-                raise self._malformed(txid, attempt, what, row)
-        buf = io.BytesIO()
-        pacsv.write_csv(table, buf, pacsv.WriteOptions(include_header=False))
-        buf.seek(0)
-        return self.stage_csv(conn, txid, attempt, io.TextIOWrapper(buf, encoding="utf-8"), job=job)
+        try:
+            rows = arrow_rows(self.keys, self.value_type, self.combiner, table.select(columns))
+        except Refused as refused:
+            raise self._refused(txid, attempt, refused) from None
+        return self._copy(conn, txid, attempt, rows, job)
+
+    def _copy(
+        self,
+        conn: Connection,
+        txid: int,
+        attempt: int,
+        rows: pa.Table | list[tuple[Any, ...]],
+        job: str,
+    ) -> int:
+        try:
+            return copy_rows(
+                conn,
+                self.stage_table,
+                self.keys,
+                self.value_type,
+                txid,
+                attempt,
+                rows,
+                job=job,
+                quote=quote_ident,
+            )
+        except psycopg.errors.DataError as err:  # the domain checks should leave none: a net
+            raise self._malformed(txid, attempt, f"COPY refused the rows: {err}") from err
+        except psycopg.errors.IntegrityConstraintViolation as err:
+            raise self._malformed(txid, attempt, f"COPY refused the rows: {err}") from err
 
     def staged_count(self, conn: Connection, txid: int, attempt: int) -> int:
         """How many rows ``(txid, attempt)`` staged, every job's."""
@@ -568,7 +523,15 @@ class MapState:
         """
         # Aggregating and sorting a large batch in memory instead of spilling to disk (default 4MB).
         conn.execute(text("SELECT set_config('work_mem', '256MB', true)"))
-        row = conn.execute(text(sql), {"txid": txid, "attempt": attempt, "name": self.name}).one()
+        try:
+            with conn.begin_nested():  # a savepoint: an overflow leaves the commit usable
+                row = conn.execute(
+                    text(sql), {"txid": txid, "attempt": attempt, "name": self.name}
+                ).one()
+        except DataError as err:
+            if sqlstate(err) != NUMERIC_OUT_OF_RANGE:
+                raise
+            raise self._out_of_range(conn, txid, attempt) from err
         if expected_rows is not None and int(row.staged) != expected_rows:
             raise StagedOutputMismatchError(
                 f"state {self.name!r}: {row.staged} staged rows found, the attempt recorded "
@@ -597,6 +560,43 @@ class MapState:
                 {"name": self.name, "txid": txid},
             )
         return ApplyResult(staged_rows=int(row.staged), keys=int(row.keys))
+
+    def _out_of_range(self, conn: Connection, txid: int, attempt: int) -> TxnError:
+        """The typed error of a commit whose sum leaves the value type's range, naming a key
+        (found in the error path only: one aggregate over the batch and its stored values)."""
+        keys = ", ".join(quote_ident(c) for c in self.keys)
+        by = f"GROUP BY {keys}" if self.keys else ""
+        select_keys = f"b.{', b.'.join(quote_ident(c) for c in self.keys)}" if self.keys else "1"
+        joined = (
+            f"LEFT JOIN {self._qtable} s USING ({keys})"
+            if self.keys
+            else (f"LEFT JOIN {self._qtable} s ON true")
+        )
+        found = conn.execute(
+            text(
+                f"""
+                WITH b AS (
+                    SELECT {keys + ", " if self.keys else ""}sum(delta::numeric) AS delta
+                    FROM {self._qstage} WHERE txid = :t AND attempt = :a {by}
+                )
+                SELECT {select_keys}, coalesce(s.value::numeric, 0) + b.delta AS total
+                FROM b {joined}
+                ORDER BY abs(coalesce(s.value::numeric, 0) + b.delta) DESC LIMIT 1
+                """
+            ),
+            {"t": txid, "a": attempt},
+        ).first()
+        key = None if found is None else repr(tuple(found)[:-1])
+        total = None if found is None else found[-1]
+        return StateValueOutOfRangeError(
+            f"state {self.name!r}: the commit takes key {key} to {total}, out of "
+            f"{self.value_type}'s range",
+            pipeline=self.pipeline,
+            txid=txid,
+            attempt=attempt,
+            state=self.name,
+            key=key,
+        )
 
     # -- reading ---------------------------------------------------------------------------------
 

@@ -128,17 +128,17 @@ def test_without_retries_a_crash_is_an_error():
         txlog.engine.dispose()
 
 
-def test_a_psycopg3_url_opens_the_log_with_the_driver_it_stages_with(db_url):
-    """``postgresql+psycopg://`` names the same database: it used to open, then fail in staging
-    with AttributeError; now it stages, and an engine of another driver is refused up front."""
+def test_a_psycopg2_url_opens_the_log_with_the_driver_it_stages_with(db_url):
+    """``postgresql+psycopg2://`` names the same database: the log opens it with psycopg 3 (its
+    binary COPY stages), and an engine of another driver is refused up front."""
     from sqlalchemy import create_engine
     from sqlalchemy.engine import make_url
 
     from airflow_txn_provider.state import MapState, stage_states
 
-    url = make_url(db_url).set(drivername="postgresql+psycopg").render_as_string(False)
+    url = make_url(db_url).set(drivername="postgresql+psycopg2").render_as_string(False)
     txlog = TransactionLog.from_url(url)
-    assert txlog.engine.dialect.driver == "psycopg2"
+    assert txlog.engine.dialect.driver == "psycopg"
     txlog.register_pipeline("p3", source_kind="transactional", max_pending=2)
     counts = MapState("p3", "p3_counts", "transactional", keys={"w": "text"}).create(txlog.engine)
     em = txlog.begin("p3", 1, Tens())
@@ -148,9 +148,9 @@ def test_a_psycopg3_url_opens_the_log_with_the_driver_it_stages_with(db_url):
     assert txlog.transaction("p3", 1).status is TxStatus.PROCESSED
     txlog.engine.dispose()
     other = create_engine(url)
-    with pytest.raises(ValueError, match="needs a postgresql\\+psycopg2 engine"):
+    with pytest.raises(ValueError, match="needs a postgresql\\+psycopg engine"):
         TransactionLog(other)
-    with pytest.raises(ValueError, match="connects with psycopg2"):
+    with pytest.raises(ValueError, match="connects with psycopg "):
         TransactionLog.from_url(
             make_url(db_url).set(drivername="postgresql+pg8000").render_as_string(False)
         )

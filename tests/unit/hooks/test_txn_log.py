@@ -37,7 +37,7 @@ def test_fields_extra_params_and_a_password_with_special_characters(monkeypatch)
         extra={"sslmode": "require", "connect_timeout": 5, "application_name": "a b"},
     )
     url = make_url(hook.log_url())
-    assert url.drivername == "postgresql+psycopg2"
+    assert url.drivername == "postgresql+psycopg"
     assert (url.username, url.password) == ("txn", "p@ss/word")
     assert (url.host, url.port, url.database) == ("db.internal", 6543, "txn")
     assert dict(url.query) == {
@@ -46,7 +46,7 @@ def test_fields_extra_params_and_a_password_with_special_characters(monkeypatch)
         "application_name": "a b",
     }
     text = hook.log_url()
-    assert text.startswith("postgresql+psycopg2://txn:p%40ss%2Fword@db.internal:6543/txn?")
+    assert text.startswith("postgresql+psycopg://txn:p%40ss%2Fword@db.internal:6543/txn?")
     assert hook.sqlalchemy_url == url
     assert hook.get_uri() == text
 
@@ -54,7 +54,7 @@ def test_fields_extra_params_and_a_password_with_special_characters(monkeypatch)
 def test_defaults_when_fields_are_missing(monkeypatch):
     url = _connection(monkeypatch, "t_empty").sqlalchemy_url
     assert (
-        url.render_as_string(hide_password=False) == "postgresql+psycopg2://127.0.0.1:5432/postgres"
+        url.render_as_string(hide_password=False) == "postgresql+psycopg://127.0.0.1:5432/postgres"
     )
     url = _connection(monkeypatch, "t_noport", host="db", login="u", schema="d").sqlalchemy_url
     assert (url.host, url.port, url.database, url.username, url.password) == (
@@ -101,8 +101,8 @@ def test_async_url_is_the_same_url_with_psycopg3(monkeypatch):
     )
     url = asyncio.run(hook.async_sqlalchemy_url())
     assert url.drivername == "postgresql+psycopg"
-    assert url.set(drivername="postgresql+psycopg2") == hook.sqlalchemy_url
-    given = "postgresql+psycopg2://a:b@c:1/d"
+    assert url.set(drivername="postgresql+psycopg") == hook.sqlalchemy_url
+    given = "postgresql+psycopg://a:b@c:1/d"
     override = _connection(monkeypatch, "t_async_override", extra={"sqlalchemy_url": given})
     url = asyncio.run(override.async_sqlalchemy_url())
     assert url.render_as_string(hide_password=False) == "postgresql+psycopg://a:b@c:1/d"
