@@ -1065,6 +1065,7 @@ def run_suite(
     workdir: Path | None = None,
     progress: Callable[[str], None] = print,
     stop_after_failures: int = 5,
+    first: int = 0,
 ) -> list[FaultResult]:
     """Run ``runs`` seeded runs and return their results (one per run).
 
@@ -1081,6 +1082,8 @@ def run_suite(
     :param stop_after_failures: stop the suite after this many failed runs in a row (a broken
         environment, e.g. the library's code changing under a long suite, fails every run after
         it, two minutes each); the results so far are returned. ``0``: never stop.
+    :param first: start at this run (0-based) of the suite's seeds: the rest of a suite that
+        was stopped, with the same seeds.
     """
     known = faults_for(sink)
     faults = known if faults is None else tuple(faults)
@@ -1091,7 +1094,7 @@ def run_suite(
     workdir = Path(workdir or tempfile.mkdtemp(prefix="txn-chaos-"))
     workdir.mkdir(parents=True, exist_ok=True)
     os.chmod(workdir, 0o755)  # the log's Postgres runs as user postgres
-    seeds = run_seeds(seed, runs)
+    seeds = run_seeds(seed, runs)[first:]
     progress(
         f"chaos fast tier: master seed {seed}, {runs} runs, {txids} txids each, sink {sink}, "
         f"faults {','.join(faults)}; logs in {workdir}"
@@ -1102,7 +1105,7 @@ def run_suite(
         txlog = TransactionLog.from_url(pg.url, outage_timeout=OUTAGE_TIMEOUT)
         infra = Infra(pg, url, workdir, txlog, sink)
         progress(f"Spark Connect warm-up: {warm_up(url, workdir):.1f} s")
-        for index, run_seed in enumerate(seeds):
+        for index, run_seed in enumerate(seeds, start=first):
             plan = plan_run(run_seed, txids, faults, sink=sink)
             started = time.monotonic()
             try:
@@ -1255,6 +1258,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--spark-url", default=None, help="use this Spark Connect server")
     parser.add_argument("--workdir", type=Path, default=None, help="keep everything here")
+    parser.add_argument(
+        "--first", type=int, default=0, help="start at this run (0-based): the rest of a suite"
+    )
     args = parser.parse_args(argv)
     seed = args.seed if args.seed is not None else random.SystemRandom().getrandbits(32)
     faults = None if args.faults is None else [f for f in args.faults.split(",") if f]
@@ -1269,6 +1275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         spark_url=args.spark_url,
         workdir=args.workdir,
         progress=lambda line: print(line, flush=True),
+        first=args.first,
     )
     wall = time.monotonic() - started
     print()
