@@ -487,7 +487,7 @@ class ChaosRun:
         committed. A due ``kill_backend`` at ``commit`` kills a backend inside the commit, after
         the states applied; a due ``fail_sink_commit`` deletes the second table's staged files
         first, so its table commit fails after the first table's."""
-        due = self._due_committer_fault()
+        due = self._due_fault(KILL_COMMITTER)
         if due is not None:
             return self._commit_and_kill(txid, attempt, due)
         failing = self._due_fault(FAIL_SINK)
@@ -683,20 +683,6 @@ class ChaosRun:
             if (
                 fault.kind == kind
                 and (point is None or fault.point == point)
-                and started is not None
-                and now >= started + fault.delay
-            ):
-                return entry
-        return None
-
-    def _due_committer_fault(self) -> list[Any] | None:
-        """The pending ``kill_committer`` entry whose moment has come, if any."""
-        now = time.monotonic()
-        for entry in self.pending:
-            fault, target = entry
-            started = self.spawn_times.get(target)
-            if (
-                fault.kind == KILL_COMMITTER
                 and started is not None
                 and now >= started + fault.delay
             ):
