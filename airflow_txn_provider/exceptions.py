@@ -157,6 +157,11 @@ class TxnConfigError(TxnError):
     """The provider's configuration (an Airflow connection, a setting) is missing or unreadable."""
 
 
+class InvalidNameError(TxnConfigError, ValueError):
+    """A name that would reach SQL, a file path or a lake predicate breaks its rule
+    (:mod:`airflow_txn_provider.names`). A ``ValueError`` too: it is bad configuration."""
+
+
 class MalformedOutputError(TxnError):
     """A processing job's partial result cannot be staged: a null key, a null, NaN or infinite
     delta, a value of the wrong type. Refused before anything is staged, so it can never turn a

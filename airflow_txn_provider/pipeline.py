@@ -27,6 +27,7 @@ from airflow_txn_provider.coordinator import (
     validate_keep_txids,
     validate_max_pending,
 )
+from airflow_txn_provider.names import PIPELINE, check_name
 from airflow_txn_provider.sinks.base import LakeSink
 from airflow_txn_provider.spark.sources import SparkSource
 from airflow_txn_provider.state import MapState
@@ -79,6 +80,7 @@ class TxnPipeline:
     sinks: Sequence[LakeSink] = ()
 
     def __post_init__(self) -> None:
+        check_name(self.name, PIPELINE)
         validate_max_pending(self.max_pending)
         validate_keep_txids(self.keep_txids)
         if not self.lease_timeout > 0:
@@ -115,7 +117,6 @@ class TxnPipeline:
                     f"pipeline {self.name!r}: lake sinks need exactly one processing job, got "
                     f"{len(self.jobs)}"
                 )
-            self.sinks[0].txid_dir(self.name, 1)  # refuses a name unfit for a directory
 
     @property
     def assets(self) -> list[Any]:

@@ -27,13 +27,17 @@ import abc
 import json
 import logging
 import posixpath
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_txn_provider.coordinator import SinkAction, plan_sink_commit
-from airflow_txn_provider.exceptions import LakeSchemaMismatchError, LakeSinkError
+from airflow_txn_provider.exceptions import (
+    InvalidNameError,
+    LakeSchemaMismatchError,
+    LakeSinkError,
+)
+from airflow_txn_provider.names import COLUMN, PIPELINE, check_name
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -44,8 +48,6 @@ log = logging.getLogger(__name__)
 MODES = ("append", "merge")
 OUTPUT_PREFIX = "lake:"
 """A txid's recorded output holds each sink's staged files under ``lake:<sink name>``."""
-_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,62}$")
-_PIPELINE_DIR = re.compile(r"^[A-Za-z0-9_.\-]{1,200}$")
 
 
 @dataclass(frozen=True)
@@ -141,19 +143,20 @@ class LakeSink(abc.ABC):
     txid_column: str | None = None
 
     def __post_init__(self) -> None:
-        if not _NAME.match(self.name):
-            raise ValueError(
-                f"sink name must be an identifier of at most 63 chars, got {self.name!r}"
-            )
+        check_name(self.name, COLUMN, what="sink name")
         if self.mode not in MODES:
             raise ValueError(f"sink {self.name!r}: mode must be one of {MODES}, got {self.mode!r}")
+        if isinstance(self.keys, str):
+            raise InvalidNameError(f"sink {self.name!r}: keys must be a list of column names")
         object.__setattr__(self, "keys", tuple(self.keys))
+        for key in self.keys:  # they reach the merge predicate
+            check_name(key, COLUMN, what=f"sink {self.name!r}: merge key")
         if self.mode == "merge" and not self.keys:
             raise ValueError(f"sink {self.name!r}: merge mode needs the key columns (keys=...)")
         if self.mode == "append" and self.keys:
             raise ValueError(f"sink {self.name!r}: keys apply to merge mode only")
-        if self.txid_column is not None and not _NAME.match(self.txid_column):
-            raise ValueError(f"sink {self.name!r}: bad txid_column {self.txid_column!r}")
+        if self.txid_column is not None:
+            check_name(self.txid_column, COLUMN, what=f"sink {self.name!r}: txid_column")
 
     # -- names -------------------------------------------------------------------------------
 
@@ -180,11 +183,7 @@ class LakeSink(abc.ABC):
         return posixpath.join(self.txid_dir(pipeline, txid), f"a{attempt}-{run}")
 
     def txid_dir(self, pipeline: str, txid: int) -> str:
-        if not _PIPELINE_DIR.match(pipeline):
-            raise ValueError(
-                f"pipeline {pipeline!r}: a lake sink needs a pipeline name of letters, digits, "
-                "'_', '.' and '-' (it names the staging directory)"
-            )
+        check_name(pipeline, PIPELINE)  # it names a directory
         return posixpath.join(self.staging_root, pipeline, f"{txid:020d}")
 
     def to_spec(self) -> dict[str, Any]:

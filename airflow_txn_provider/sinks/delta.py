@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from airflow_txn_provider.names import quote_ident
 from airflow_txn_provider.sinks.base import LakeSink, LakeTable, first_undone_commit, require
 
 if TYPE_CHECKING:
@@ -127,7 +128,7 @@ class DeltaLakeTable(LakeTable):
             import pyarrow.dataset as ds
 
             source = ds.dataset([p for p, _, _ in files], format="parquet").scanner().to_reader()
-            predicate = " AND ".join(f't."{k}" = s."{k}"' for k in merge_keys)
+            predicate = " AND ".join(f"t.{quote_ident(k)} = s.{quote_ident(k)}" for k in merge_keys)
             (
                 dt.merge(
                     source,

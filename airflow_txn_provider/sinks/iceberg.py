@@ -18,6 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from airflow_txn_provider.exceptions import InvalidNameError
+from airflow_txn_provider.names import COLUMN, check_name
 from airflow_txn_provider.sinks.base import LakeSink, LakeTable, first_undone_commit, require
 
 if TYPE_CHECKING:
@@ -48,10 +50,13 @@ class IcebergSink(LakeSink):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.table.count(".") != 1 or not all(self.table.split(".")):
-            raise ValueError(
+        parts = self.table.split(".") if isinstance(self.table, str) else []
+        if len(parts) != 2:
+            raise InvalidNameError(
                 f"sink {self.name!r}: table must be 'namespace.name', got {self.table!r}"
             )
+        for part in parts:  # they name directories of the warehouse
+            check_name(part, COLUMN, what=f"sink {self.name!r}: Iceberg namespace or table")
         wh = self.warehouse.rstrip("/")
         if not wh or ("://" not in wh and not wh.startswith("/")):
             raise ValueError(

@@ -6,7 +6,6 @@ their tables and registry, staging a batch, applying it, reading them. The packa
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -26,6 +25,7 @@ from airflow_txn_provider.exceptions import (
     TxnError,
 )
 from airflow_txn_provider.models import MAP_SUMMARY, STATE_REGISTRY
+from airflow_txn_provider.names import SQL_NAME, check_name, quote_ident
 from airflow_txn_provider.retries import sqlstate
 from airflow_txn_provider.state.kinds import KindRule, rule_for
 from airflow_txn_provider.state.staging import (
@@ -64,7 +64,6 @@ _COMBINERS = {
     "max": ("GREATEST({a}, {b})", "max"),
     "min": ("LEAST({a}, {b})", "min"),
 }
-_IDENT = re.compile(r"^[a-z_][a-z0-9_]{0,39}$")
 _RESERVED = frozenset(
     {"value", "prev_value", "txid", "attempt", "delta", "singleton", STAGE_JOB_COLUMN}
 )
@@ -76,18 +75,7 @@ _DDL_LOCK_KEY = 0x7478_6E5F_7374_61  # "txn_sta"
 
 
 def _ident(value: str, what: str) -> str:
-    if not _IDENT.match(value):
-        raise ValueError(
-            f"{what} {value!r} must be a lower-case SQL identifier "
-            "([a-z_][a-z0-9_]*, at most 40 characters)"
-        )
-    return value
-
-
-def quote_ident(name: str) -> str:
-    """``name`` as a quoted SQL identifier. Every column and table name reaches SQL quoted, so a
-    key column may be a reserved word (``user``, ``order``, ``offset``, ``end``)."""
-    return '"' + name.replace('"', '""') + '"'
+    return check_name(value, SQL_NAME, what=what)
 
 
 def _log_tables() -> frozenset[str]:

@@ -124,7 +124,7 @@ class TestDeclarations:
             ({"table_uri": "/t", "mode": "upsert"}, "mode must be one of"),
             ({"table_uri": "/t", "mode": "merge"}, "merge mode needs the key columns"),
             ({"table_uri": "/t", "keys": ["k"]}, "keys apply to merge mode only"),
-            ({"table_uri": "/t", "txid_column": "bad name"}, "bad txid_column"),
+            ({"table_uri": "/t", "txid_column": "bad name"}, "txid_column 'bad name' is refused"),
         ],
     )
     def test_bad_delta_declarations_are_refused(self, kwargs, message):
@@ -145,7 +145,7 @@ class TestDeclarations:
         ice = IcebergSink("s", table="ns.t", warehouse="/wh")
         assert ice.staging_root == "/wh/ns.db/t/data/txn"
         assert ice.uri == "iceberg://txn/ns/t" and sink.uri == "file:///lake/t"
-        with pytest.raises(ValueError, match="staging directory"):
+        with pytest.raises(ValueError, match="lake staging directory"):
             sink.txid_dir("no/slashes", 1)
 
     def test_staged_files_keep_their_schema_and_rows(self):
@@ -180,7 +180,7 @@ class TestPipelineWithSinks:
             self._pipeline(sinks=[sink], jobs=["a.py", "b.py"])
         with pytest.raises(ValueError, match="names must differ"):
             self._pipeline(sinks=[sink, DeltaSink("events", table_uri="/lake/f")])
-        with pytest.raises(ValueError, match="staging directory"):
+        with pytest.raises(ValueError, match="lake staging directory"):
             self._pipeline(name="has space", sinks=[sink])
 
 
