@@ -9,6 +9,13 @@ healthcheck pings another node; a connection that points at no service or that t
 hooks cannot read; a volume not declared or not shared where the sources read; a required
 variable missing from ``.env.example``; a Dockerfile that installs another pyspark than the
 Makefile, copies what the build context does not hold, or runs as root.
+
+And the stack's safe defaults (docs/deployment.md, "Threat model"): Spark Connect's gRPC port
+published by no service under any profile; the Spark UIs published only by a service under the
+``spark-ui`` profile, on 127.0.0.1; the one bind-address setting moves the Airflow UI only;
+failure injection off unless asked for; the failure sensor's REST connection on an API user of
+its own, not the admin, with the least role of Airflow's auth manager that its calls need (read
+from the api-server's routes), and the admin's password given to no service that runs tasks.
 """
 
 from __future__ import annotations
@@ -22,18 +29,25 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
+import time
 from collections.abc import Iterator, Mapping
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path, PurePosixPath
+from threading import Thread
 from typing import Any
 from unittest import mock
 from urllib.parse import urlsplit
 
+import httpx
 import pytest
 import yaml
 from packaging.specifiers import SpecifierSet
 from sqlalchemy.engine import make_url
 
 from txn_testing.airflow import CELERY_WORKER, AirflowStack
+from txn_testing.postgres import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKER = ROOT / "docker"
@@ -55,9 +69,14 @@ AIRFLOW_SERVICES = {
 SPARK_SERVICES = ("spark-master", "spark-worker", "spark-connect")
 ONE_SHOT = "airflow-init"
 BROKER = "redis"
-EXPECTED_SERVICES = {"postgres", BROKER, ONE_SHOT, *AIRFLOW_SERVICES, *SPARK_SERVICES}
+API_SERVER = "airflow-api-server"
+# The Spark UIs' forwarder, and the profile it runs under: the only way a Spark UI is published
+SPARK_UI, SPARK_UI_PROFILE = "spark-ui", "spark-ui"
+EXPECTED_SERVICES = {"postgres", BROKER, ONE_SHOT, SPARK_UI, *AIRFLOW_SERVICES, *SPARK_SERVICES}
 # Services that run the project's code (all but postgres and redis) and the official images
-IMAGE_SERVICES = {ONE_SHOT, *AIRFLOW_SERVICES, *SPARK_SERVICES}
+IMAGE_SERVICES = {ONE_SHOT, SPARK_UI, *AIRFLOW_SERVICES, *SPARK_SERVICES}
+# The UI admin's password: airflow-init's alone (it writes the password file); tasks never see it
+ADMIN_PASSWORD = "AIRFLOW_ADMIN_PASSWORD"
 OFFICIAL_IMAGES = {"postgres": "postgres:15", BROKER: "redis:7"}
 # The services the CeleryExecutor's broker connects: the scheduler sends, the workers take
 BROKER_CLIENTS = {"airflow-scheduler", WORKER}
@@ -265,6 +284,40 @@ def published_ports(service: dict[str, Any]) -> Iterator[tuple[str, int, int]]:
         yield address, int(host), int(target)
 
 
+def simple_auth_users(env: Mapping[str, str]) -> dict[str, str]:
+    """user -> role of the simple auth manager's ``[core] simple_auth_manager_users``."""
+    value = env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"]
+    return dict(user.strip().split(":")[:2] for user in value.split(","))
+
+
+def forwarder_routes(service: dict[str, Any]) -> list[tuple[str, int, str, int]]:
+    """(listen address, listen port, target host, target port) of each ``[ADDRESS:]PORT=HOST:PORT``
+    argument of the spark-ui forwarder (``python -c SCRIPT ROUTE…``)."""
+    cmd = command(service)
+    assert cmd[:2] == ["python", "-c"], cmd[:2]
+    routes = []
+    for route in cmd[3:]:
+        listen, _, target = route.partition("=")
+        address, _, port = listen.rpartition(":")
+        host, _, target_port = target.rpartition(":")
+        routes.append((address, int(port), host, int(target_port)))
+    return routes
+
+
+def spark_ui_ports(services: dict[str, dict[str, Any]]) -> dict[str, int]:
+    """Spark node -> the container port of its web UI."""
+    return {
+        "spark-master": int(option(command(services["spark-master"]), "--webui-port")),
+        "spark-worker": int(option(command(services["spark-worker"]), "--webui-port")),
+        "spark-connect": int(spark_confs(command(services["spark-connect"]))["spark.ui.port"]),
+    }
+
+
+def spark_connect_port(services: dict[str, dict[str, Any]]) -> int:
+    confs = spark_confs(command(services["spark-connect"]))
+    return int(confs["spark.connect.grpc.binding.port"])
+
+
 # -- the compose file ---------------------------------------------------------------------------
 
 
@@ -300,8 +353,11 @@ def test_services_run_the_project_image(services):
 
 
 def test_airflow_services_share_one_configuration(services):
-    envs = [services[name]["environment"] for name in (ONE_SHOT, *AIRFLOW_SERVICES)]
+    envs = [services[name]["environment"] for name in AIRFLOW_SERVICES]
     assert all(env == envs[0] for env in envs)
+    # airflow-init: the same, plus the admin's password (for the password file), nothing else
+    init = dict(services[ONE_SHOT]["environment"])
+    assert init.pop(ADMIN_PASSWORD) and init == envs[0]
 
 
 def test_long_running_services_have_healthchecks(services):
@@ -331,6 +387,11 @@ def test_healthchecks_probe_what_the_service_serves(services):
     connect = services["spark-connect"]
     grpc_port = spark_confs(command(connect))["spark.connect.grpc.binding.port"]
     assert connect["healthcheck"]["test"][-1].endswith(f"/dev/tcp/127.0.0.1/{grpc_port}")
+    listens = {listen for _, listen, _, _ in forwarder_routes(services[SPARK_UI])}
+    probed = re.fullmatch(
+        r"exec 3<>/dev/tcp/127\.0\.0\.1/(\d+)", services[SPARK_UI]["healthcheck"]["test"][-1]
+    )
+    assert probed and int(probed[1]) in listens
     assert "pg_isready" in services["postgres"]["healthcheck"]["test"][-1]
     # redis-cli pings the default port unless told another (-p)
     ping = services[BROKER]["healthcheck"]["test"]
@@ -482,11 +543,12 @@ def test_airflow_settings_match_the_tested_stack(services):
     for key in SAME_VALUE:
         assert env[key] == tested[key], key
     assert env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
-    # the same fields in the api connection, and the same role for its user
+    # the same fields in the api connection; the tested stack's one user is the admin, as the
+    # deployment's UI user (the API user, the deployment's own, is checked on its own below)
     tested_api = json.loads(tested["AIRFLOW_CONN_AIRFLOW_API_DEFAULT"])
     assert set(tested_api) <= set(connection(services, "airflow_api_default"))
-    role = tested["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"].split(":")[1]
-    assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"].split(":")[1] == role
+    (tested_user,) = simple_auth_users(tested).values()
+    assert tested_user == "admin" and "admin" in simple_auth_users(env).values()
 
 
 def test_celery_broker_and_results_match_the_tested_stack(services):
@@ -658,10 +720,318 @@ def test_published_ports(services):
     seen: dict[int, str] = {}
     for name, service in services.items():
         for address, host, _target in published_ports(service):
-            assert address == "127.0.0.1", f"{name}: loopback unless TXN_BIND_ADDRESS says so"
+            assert address == "127.0.0.1", f"{name}: by default, every port on loopback only"
             assert host not in seen, f"{name} and {seen.get(host)} both publish {host}"
             seen[host] = name
     assert {t for _, _, t in published_ports(services["airflow-api-server"])} == {8080}
+
+
+# -- safe defaults: what is published, failure injection, the API user -------------------------
+
+
+def test_spark_connect_is_published_by_no_service(raw, services):
+    """Whoever reaches Spark Connect's gRPC port runs code on Spark (no authentication): only
+    this stack's network reaches it, under every profile."""
+    grpc = spark_connect_port(services)
+    assert "ports" not in services["spark-connect"], "spark-connect publishes a port"
+    for name, service in services.items():  # every service, profiled or not
+        assert "network_mode" not in service, f"{name} shares a network namespace"
+        for _address, host, target in published_ports(service):
+            assert grpc not in (host, target), f"{name} publishes Spark Connect's port {grpc}"
+    for route in forwarder_routes(services[SPARK_UI]):
+        assert route[2:] != ("spark-connect", grpc), "the UI forwarder forwards Spark Connect"
+    # nor its default port, whatever the conf says
+    assert not re.search(r"\b15002:", COMPOSE.read_text())
+
+
+def test_spark_uis_are_published_only_under_a_profile_on_loopback(raw, services):
+    for name in SPARK_SERVICES:
+        assert "ports" not in services[name], f"{name} publishes its UI without a profile"
+    publishers = {name for name, service in services.items() if service.get("ports")}
+    assert publishers - {API_SERVER} == {SPARK_UI}
+    ui = raw["services"][SPARK_UI]
+    assert ui["profiles"] == [SPARK_UI_PROFILE]
+    # the host address is 127.0.0.1 itself, not a setting that could be 0.0.0.0
+    for spec in ui["ports"]:
+        assert str(spec).startswith("127.0.0.1:"), spec
+    # it forwards exactly the master's UI and the Connect driver's UI, to the ports it publishes
+    uis = spark_ui_ports(services)
+    routes = forwarder_routes(services[SPARK_UI])
+    assert {(host, port) for _, _, host, port in routes} == {
+        ("spark-master", uis["spark-master"]),
+        ("spark-connect", uis["spark-connect"]),
+    }
+    assert all(address == "" for address, _, _, _ in routes), "all the container's interfaces"
+    published = {target for _, _, target in published_ports(services[SPARK_UI])}
+    assert published == {listen for _, listen, _, _ in routes}
+    # no service without the profile needs it (Compose would refuse, or start it)
+    for name, service in services.items():
+        assert SPARK_UI not in (service.get("depends_on") or {}), name
+
+
+def test_the_bind_address_setting_moves_the_airflow_ui_only(raw):
+    """Setting any variable of a published port's address to 0.0.0.0 exposes the api-server
+    (authenticated) and nothing else; by default everything is on 127.0.0.1
+    (test_published_ports)."""
+    settable = set()
+    for service in raw["services"].values():
+        for spec in service.get("ports", []):
+            address = str(spec).rsplit(":", 2)[0]
+            settable |= set(variables_used(address))
+    for variable in settable:
+        compose = _interpolate_all(raw, {**dummy_env(), variable: "0.0.0.0"})
+        exposed = {
+            name
+            for name, service in compose["services"].items()
+            if any(address != "127.0.0.1" for address, _, _ in published_ports(service))
+        }
+        assert exposed == {API_SERVER}, f"{variable}=0.0.0.0 exposes {exposed}"
+    assert settable == {"AIRFLOW_UI_BIND_ADDRESS"}
+    _, optional = env_example()
+    assert optional["AIRFLOW_UI_BIND_ADDRESS"] == "127.0.0.1"
+
+
+def test_failure_injection_is_off_unless_asked_for(raw, monkeypatch):
+    from airflow_txn_provider import failure_injection
+
+    (key,) = failure_injection.ENABLE_ENV
+    value = raw["services"][WORKER]["environment"][key]
+
+    def enabled(env: Mapping[str, str]) -> bool:
+        monkeypatch.setenv(key, interpolate(value, env))
+        return failure_injection.enabled()
+
+    assert not enabled(dummy_env()), "failure injection is on by default"
+    _, optional = env_example()
+    (switch,) = variables_used(value)
+    assert not enabled({**dummy_env(), switch: optional[switch]}), ".env.example turns it on"
+    assert enabled({**dummy_env(), switch: "True"}), f"{switch}=True turns it on"
+
+
+def test_failure_sensor_has_an_api_user_of_its_own(raw, services):
+    conn = connection(services, "airflow_api_default")
+    users = simple_auth_users(airflow_env(services))
+    admins = [user for user, role in users.items() if role.upper() == "ADMIN"]
+    assert len(admins) == 1, users
+    assert conn["login"] in users, "the API user is not a user of the auth manager"
+    assert conn["login"] != admins[0], "the failure sensor uses the admin account"
+    assert users[conn["login"]].upper() != "ADMIN"
+    # its own password, and the admin's given to no service that runs tasks (all read the
+    # connection, and their environment)
+    raw_conn = raw["services"][WORKER]["environment"]["AIRFLOW_CONN_AIRFLOW_API_DEFAULT"]
+    assert ADMIN_PASSWORD not in variables_used(raw_conn)
+    admin_password = dummy_env()[ADMIN_PASSWORD]
+    assert conn["password"] != admin_password
+    for name, service in raw["services"].items():
+        if ADMIN_PASSWORD in variables_used(json.dumps(service)):
+            assert name == ONE_SHOT, f"{name} is given the admin's password"
+    assert admin_password in services[ONE_SHOT]["environment"].values()
+    # the auth manager those users belong to: Airflow's simple one, with no "everyone is admin"
+    env = airflow_env(services)
+    from airflow.configuration import conf
+
+    assert env.get(
+        "AIRFLOW__CORE__AUTH_MANAGER", conf.get_default_value("core", "auth_manager")
+    ) == ("airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager")
+    assert env.get("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS", "False").lower() == "false"
+
+
+def _api_hook_calls(services, monkeypatch) -> list[tuple[str, str]]:
+    """(method, path) of every REST call of AirflowApiHook's methods, on a fake api-server."""
+    from airflow_txn_provider.hooks.airflow_api import AirflowApiHook
+
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_AIRFLOW_API_DEFAULT",
+        airflow_env(services)["AIRFLOW_CONN_AIRFLOW_API_DEFAULT"],
+    )
+    calls: list[tuple[str, str]] = []
+
+    def send(method: str, path: str, **_kwargs: Any) -> httpx.Response:
+        calls.append((method, path))
+        return httpx.Response(200, json={"access_token": "t"} if path == "/auth/token" else {})
+
+    hook = AirflowApiHook()
+    monkeypatch.setattr(hook, "_send", send)
+    day = datetime(2026, 1, 1, tzinfo=UTC)
+    exercised = {
+        "clear_task_instances": lambda: (
+            hook.clear_task_instances("d", ["t"], run_id="r", note="n"),
+            hook.clear_task_instances("d", ["t"], logical_dates=(day, day)),
+        ),
+        "task_instances": lambda: hook.task_instances("d", "r"),
+        "set_run_note": lambda: hook.set_run_note("d", "r", "n"),
+        "finished_runs_through": lambda: hook.finished_runs_through("d", day, limit=5),
+        "delete_dag_run": lambda: hook.delete_dag_run("d", "r"),
+    }
+    for call in exercised.values():
+        call()
+    # every method of the hook that calls the API is exercised here
+    callers = {
+        name
+        for name, member in vars(AirflowApiHook).items()
+        if inspect.isfunction(member)
+        and name not in ("request", "_authorized")
+        and re.search(r"self\.(request|_authorized)\(", inspect.getsource(member))
+    }
+    assert callers <= set(exercised), f"not exercised: {callers - set(exercised)}"
+    return [call for call in calls if call[1] != "/auth/token"]
+
+
+def _dag_permissions(method: str, path: str) -> set[tuple[str, Any]]:
+    """(method, DagAccessEntity) that the api-server's route for ``method path`` checks."""
+    from airflow.api_fastapi.core_api.routes.public import public_router
+    from fastapi.routing import APIRoute
+
+    route = next(
+        r
+        for r in public_router.routes
+        if isinstance(r, APIRoute) and method in r.methods and r.path_regex.fullmatch(path)
+    )
+    checks: set[tuple[str, Any]] = set()
+
+    def walk(dependant: Any) -> None:
+        for dep in dependant.dependencies:
+            qualname = getattr(dep.call, "__qualname__", "")
+            if qualname.startswith("requires_access"):
+                assert qualname == "requires_access_dag.<locals>.inner", f"{path}: {qualname}"
+                found = inspect.getclosurevars(dep.call).nonlocals
+                checks.add((found["method"], found["access_entity"]))
+            walk(dep)
+
+    walk(route.dependant)
+    assert checks, f"{method} {path}: no DAG permission found"
+    return checks
+
+
+def test_api_users_role_is_the_least_that_works(services, monkeypatch):
+    """The role of the failure sensor's user is enough for every call its hook makes, as the
+    api-server's routes check them, and no lower role of the simple auth manager is."""
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
+    from airflow.api_fastapi.auth.managers.simple.simple_auth_manager import (
+        SimpleAuthManager,
+        SimpleAuthManagerRole,
+    )
+    from airflow.api_fastapi.auth.managers.simple.user import SimpleAuthManagerUser
+
+    needed = set()
+    for method, path in _api_hook_calls(services, monkeypatch):
+        needed |= _dag_permissions(method, path)
+    # what the hook does: clear task instances, edit (the note) and delete runs, list them
+    assert {m for m, _ in needed} >= {"GET", "PUT", "DELETE"}
+
+    manager = SimpleAuthManager()
+    login = connection(services, "airflow_api_default")["login"]
+
+    def allowed(role: str) -> bool:
+        user = SimpleAuthManagerUser(username=login, role=role)
+        return all(
+            manager.is_authorized_dag(
+                method=method, access_entity=entity, details=DagDetails(id="d"), user=user
+            )
+            for method, entity in needed
+        )
+
+    role = SimpleAuthManagerRole[simple_auth_users(airflow_env(services))[login].upper()]
+    assert role != SimpleAuthManagerRole.ADMIN
+    assert allowed(role.name), f"role {role.name} cannot make the failure sensor's calls"
+    lower = [r for r in SimpleAuthManagerRole if r.order < role.order]
+    assert lower and not any(allowed(r.name) for r in lower), f"{role.name} is more than needed"
+
+
+def _init_password_script(services: dict[str, dict[str, Any]]) -> str:
+    script = command(services[ONE_SHOT])[2]
+    found = re.search(r"^python - <<'EOF'\n(.*?)^EOF$", script, re.M | re.S)
+    assert found, "airflow-init writes the password file with an inline Python script"
+    return found[1]
+
+
+def _run_init_passwords(services, passwords: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: str(v) for k, v in services[ONE_SHOT]["environment"].items()}
+    env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"] = str(passwords)
+    env["PATH"] = os.environ.get("PATH", "")
+    result = subprocess.run(
+        [sys.executable, "-c", _init_password_script(services)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    return result
+
+
+def test_init_gives_the_admin_and_the_api_user_their_passwords(
+    services, raw, tmp_path, monkeypatch
+):
+    from airflow.api_fastapi.auth.managers.simple.simple_auth_manager import SimpleAuthManager
+
+    passwords = tmp_path / "passwords.json"
+    result = _run_init_passwords(services, passwords)
+    assert result.returncode == 0, result.stderr
+    assert passwords.stat().st_mode & 0o777 == 0o600
+    conn = connection(services, "airflow_api_default")
+    users = simple_auth_users(airflow_env(services))
+    (admin,) = [user for user, role in users.items() if role == "admin"]
+    assert json.loads(passwords.read_text()) == {
+        admin: services[ONE_SHOT]["environment"][ADMIN_PASSWORD],
+        conn["login"]: conn["password"],
+    }
+    # as the api-server's simple auth manager reads them
+    monkeypatch.setenv(
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS",
+        airflow_env(services)["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"],
+    )
+    monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE", str(passwords))
+    roles = {user.username: user.role for user in SimpleAuthManager.get_users()}
+    assert roles == {admin: "admin", conn["login"]: "user"}
+    assert set(SimpleAuthManager.get_passwords()) == set(roles)
+
+    # it refuses an API user that is the admin, or has the admin's password
+    for override, reason in (
+        ({"AIRFLOW_API_USER": admin}, "must be its own user with the role 'user'"),
+        ({"AIRFLOW_API_PASSWORD": dummy_env()[ADMIN_PASSWORD]}, "must differ from"),
+    ):
+        bad = dict(_interpolate_all(raw, {**dummy_env(), **override})["services"])
+        refused = tmp_path / f"refused-{len(reason)}.json"
+        result = _run_init_passwords(bad, refused)
+        assert result.returncode != 0 and reason in result.stderr, (override, result.stderr)
+        assert not refused.exists(), "no password file is written"
+
+
+def test_spark_ui_forwarder_forwards(services):
+    """The spark-ui service's inline forwarder runs, and carries an HTTP exchange both ways."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = f"spark ui at {self.path}".encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *_args: Any) -> None:
+            pass
+
+    upstream = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    Thread(target=upstream.serve_forever, daemon=True).start()
+    listen = free_port()
+    script = command(services[SPARK_UI])[2]
+    route = f"127.0.0.1:{listen}=127.0.0.1:{upstream.server_address[1]}"
+    proc = subprocess.Popen([sys.executable, "-c", script, route], stderr=subprocess.PIPE)
+    try:
+        deadline = datetime.now().timestamp() + 20
+        while True:
+            try:
+                got = httpx.get(f"http://127.0.0.1:{listen}/jobs/", timeout=5)
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+                assert datetime.now().timestamp() < deadline, "the forwarder never listened"
+                time.sleep(0.05)
+        assert got.status_code == 200 and got.text == "spark ui at /jobs/"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+        upstream.shutdown()
 
 
 # -- volumes -----------------------------------------------------------------------------------
