@@ -85,6 +85,12 @@ class SchemaTooOldError(TxnError):
     """The transaction-log schema in Postgres is older than this library and was not migrated."""
 
 
+class SchemaTooNewError(TxnError):
+    """The transaction-log schema in Postgres is at a revision this library does not know: a newer
+    version of the library migrated it. Neither migrating nor running on it is safe; the advice is
+    to upgrade the library on this machine, never to downgrade the database."""
+
+
 class StateAheadOfLogError(TxnError):
     """A state row carries a txid newer than the one being committed (Trident's OpaqueMap rule)."""
 

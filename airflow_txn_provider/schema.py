@@ -3,6 +3,11 @@
 The library applies its own migrations (``upgrade``); a deployment that wants schema changes to be
 a deliberate step opens the log with ``migrate=False`` and gets :class:`SchemaTooOldError` when the
 database is behind.
+
+A database a newer version of the library migrated (a rolling upgrade: one machine runs the new
+version, another still the old one) is at a revision this library does not know: both
+:func:`check` and :func:`upgrade` raise :class:`SchemaTooNewError`, whose advice is to upgrade the
+library where it runs, never to downgrade the database.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import text
 
-from airflow_txn_provider.exceptions import SchemaTooOldError
+from airflow_txn_provider.exceptions import SchemaTooNewError, SchemaTooOldError
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -49,6 +54,26 @@ def head_revision() -> str:
     return head
 
 
+@cache
+def known_revisions() -> frozenset[str]:
+    """Every revision of this library's migrations: a database at another one is newer."""
+    from alembic.script import ScriptDirectory
+
+    return frozenset(
+        s.revision for s in ScriptDirectory.from_config(_alembic_config()).walk_revisions()
+    )
+
+
+def too_new(found: str) -> SchemaTooNewError:
+    """The error for a database at revision ``found``, unknown to this library."""
+    return SchemaTooNewError(
+        f"the transaction log's schema is at revision {found!r}, newer than this library (knows "
+        f"up to {head_revision()!r}): upgrade airflow-txn-provider on this machine (every "
+        "worker, scheduler and api-server) to the version that wrote it; do not downgrade the "
+        "database"
+    )
+
+
 def current_revision(connection: Connection) -> str | None:
     from alembic.runtime.migration import MigrationContext
 
@@ -60,7 +85,8 @@ def ensure(engine: Engine, *, migrate: bool = True) -> None:
     """Make sure the log's schema is at this library's head, once per engine and process.
 
     One query when it is (the common case: a task process opening the log); otherwise
-    :func:`upgrade` (``migrate``) or :func:`check`, which raises :class:`SchemaTooOldError`.
+    :func:`upgrade` (``migrate``) or :func:`check`, which raises :class:`SchemaTooOldError`;
+    both raise :class:`SchemaTooNewError` for a revision this library does not know.
     """
     if engine in _at_head:
         return
@@ -77,7 +103,11 @@ def ensure(engine: Engine, *, migrate: bool = True) -> None:
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
-    """Bring the log schema to ``revision``; safe to call from many processes at once."""
+    """Bring the log schema to ``revision``; safe to call from many processes at once.
+
+    :raises SchemaTooNewError: the database is at a revision this library does not know (a newer
+        version migrated it): nothing is changed.
+    """
     from alembic import command
 
     _at_head.discard(engine)  # a downgrade (tests) must be seen by the next ensure()
@@ -85,6 +115,8 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
     with engine.begin() as conn:
         conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": _MIGRATION_LOCK_KEY})
         before = current_revision(conn)
+        if before is not None and before not in known_revisions():
+            raise too_new(before)  # alembic would say "Can't locate revision"
         if before == head_revision() and revision == "head":
             return
         cfg = _alembic_config()
@@ -94,9 +126,12 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
 
 
 def check(engine: Engine) -> None:
-    """Raise :class:`SchemaTooOldError` unless the schema is at this library's head revision."""
+    """Raise :class:`SchemaTooOldError` unless the schema is at this library's head revision, or
+    :class:`SchemaTooNewError` if it is at a revision this library does not know."""
     with engine.connect() as conn:
         found = current_revision(conn)
+    if found is not None and found not in known_revisions():
+        raise too_new(found)
     if found != head_revision():
         raise SchemaTooOldError(
             f"transaction log schema is at revision {found!r}, this library needs "

@@ -32,12 +32,12 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 
-from sqlalchemy import create_engine, func, select, text, update
+from sqlalchemy import create_engine, delete, exists, func, select, text, tuple_, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import make_url
 
@@ -371,7 +371,7 @@ class TransactionLog:
         declaration already: then it is one read, with no lock and no DDL (every begin calls it,
         each no-data poll included). Returns whether it registered."""
         declaration = declaration_fingerprint(source_kind, max_pending, dag_id, states, keep_txids)
-        if self._declaration(name) == declaration:
+        if self._declaration(name, dag_id) == declaration:
             return False
         self.register_pipeline(
             name,
@@ -387,11 +387,16 @@ class TransactionLog:
         return True
 
     @retry_transient
-    def _declaration(self, name: str) -> str | None:
+    def _declaration(self, name: str, dag_id: str | None = None) -> str | None:
+        """The pipeline's stored declaration; ``None`` while the log holds no pairing of it with
+        ``dag_id`` (deleted by :meth:`forget_pipeline_dags` while the DAG ran another pipeline):
+        registering again records it."""
+        query = select(PIPELINES.c.declaration).where(PIPELINES.c.name == name)
+        if dag_id:
+            paired = (PIPELINE_DAGS.c.pipeline == name) & (PIPELINE_DAGS.c.dag_id == dag_id)
+            query = query.where(exists().where(paired))
         with self.engine.connect() as conn:
-            return conn.execute(
-                select(PIPELINES.c.declaration).where(PIPELINES.c.name == name)
-            ).scalar()
+            return conn.execute(query).scalar()
 
     @retry_transient
     def _set_declaration(self, name: str, declaration: str) -> None:
@@ -417,6 +422,18 @@ class TransactionLog:
             ):
                 found.setdefault(pipeline, set()).add(dag_id)
         return found
+
+    @retry_transient
+    def forget_pipeline_dags(self, pairs: Iterable[tuple[str, str]]) -> int:
+        """Delete these ``(pipeline, dag_id)`` pairings: their DAG was deleted, or its id runs
+        another pipeline now (the rule is the Transactions page's,
+        :func:`airflow_txn_provider.ui.reader.pipeline_dags`). Returns how many there were."""
+        pairs = sorted(set(pairs))
+        if not pairs:
+            return 0
+        pair = tuple_(PIPELINE_DAGS.c.pipeline, PIPELINE_DAGS.c.dag_id)
+        with self.engine.begin() as conn:
+            return conn.execute(delete(PIPELINE_DAGS).where(pair.in_(pairs))).rowcount
 
     @retry_transient
     def view(self, pipeline: str) -> PipelineView:

@@ -35,6 +35,10 @@ BEGIN_TASK_ID = "begin"
 WATCH_TASK_ID = "watch_failures"
 CLAIM_XCOM_KEY = "claim"
 """XCom key of what the claiming task claimed: ``{"txid", "attempt", "metadata"}``."""
+PIPELINE_FIELD = "pipeline_name"
+"""The operators' attribute holding their pipeline's name: a template field, so Airflow keeps it
+in the serialized DAG, where the Transactions page reads which pipeline a DAG runs now (a
+pairing the claiming task recorded counts only while the DAG still declares that pipeline)."""
 
 
 def run_txid(context: Context, pipeline: str) -> int:
@@ -89,6 +93,7 @@ class _TxnOperator(BaseOperator):
     """
 
     ui_color = "#e8f0fe"
+    template_fields: Sequence[str] = (PIPELINE_FIELD,)
 
     def __init__(
         self, *, pipeline: TxnPipeline, claim_task_id: str = BEGIN_TASK_ID, **kwargs: Any
@@ -96,6 +101,7 @@ class _TxnOperator(BaseOperator):
         super().__init__(**kwargs)
         self.pipeline = pipeline
         self.claim_task_id = claim_task_id
+        self.pipeline_name = pipeline.name  # PIPELINE_FIELD (a name has no Jinja: rendered as is)
 
     def txn_log(self) -> TransactionLog:
         return pipeline_log(self.pipeline)
@@ -196,7 +202,7 @@ class TxnProcessOperator(_TxnOperator):
     :param claim: claim the txid first (the only job of the txid).
     """
 
-    template_fields: Sequence[str] = ("job",)
+    template_fields: Sequence[str] = ("job", PIPELINE_FIELD)
 
     def __init__(
         self, *, job: str, finish: bool = True, claim: bool = False, **kwargs: Any

@@ -7,17 +7,25 @@ Who may see what is Airflow's decision: every route depends on Airflow's own ``g
 Bearer token, or the ``_token`` cookie the Airflow UI sets, which the page's iframe sends since it
 is served from the same origin), so an anonymous request gets 401/403 and no data. A pipeline is
 shown to users who may read a DAG that runs it (the auth manager's ``get_authorized_dag_ids``,
-against the DAG ids the log recorded for the pipeline: not a DAG that merely has its name); a
-pipeline without a known DAG only to users who may read all DAGs. The DAG run tab is keyed by the
-DAG id Airflow fills in: it needs read access to that DAG, and shows the pipeline the log records
-that DAG as running.
+against the DAGs that run the pipeline now, :func:`~airflow_txn_provider.ui.reader.pipeline_dags`:
+not a DAG that merely has its name); a pipeline without a known DAG only to users who may read all
+DAGs. The DAG run tab is keyed by the DAG id Airflow fills in: it needs read access to that DAG,
+and shows the pipeline that DAG runs.
+
+Authorisation comes first: a route asks the auth manager before it opens the log (:class:`Reading`
+opens it on first use), so a user who may read no DAG gets the empty list or a 403 whatever state
+the log's database is in. Error pages are generic: a 503 says :data:`~airflow_txn_provider.ui.
+errors.LOG_UNAVAILABLE` (with the schema advice, the one cause that names nothing secret), a 500
+that reading failed; what went wrong (host, role, the driver's words) goes to the server log.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote
@@ -39,6 +47,7 @@ from airflow_txn_provider.timetables import txid_from_run_id
 from airflow_txn_provider.transaction_log import TransactionLog
 from airflow_txn_provider.ui import MOUNT_PATH, model, reader
 from airflow_txn_provider.ui.errors import (
+    READ_FAILED,
     AccessDeniedError,
     DagAccessDeniedError,
     DagError,
@@ -73,8 +82,30 @@ templates.filters["q"] = lambda value: quote(str(value), safe="")
 
 
 def get_log() -> TransactionLog:
-    """The configured transaction log (tests override this dependency)."""
+    """The configured transaction log. Not a dependency: a route opens it through
+    :class:`Reading`, only once the user's access lets them read something."""
     return provider.get()
+
+
+LogOpener = Callable[[], TransactionLog]
+PipelineDags = Mapping[str, frozenset[str]]
+
+
+def log_opener() -> LogOpener:
+    """How a route opens the log (tests stand in for it)."""
+    return get_log
+
+
+def dag_pipelines() -> reader.DagPipelines:
+    """Which pipelines Airflow's DAGs run now (tests stand in for it)."""
+    return reader.airflow_dag_pipelines
+
+
+def get_pipeline_dags(
+    declared: Annotated[reader.DagPipelines, Depends(dag_pipelines)],
+) -> Callable[[TransactionLog], PipelineDags]:
+    """Which DAGs run which pipeline now, read from an opened log (tests stand in for it)."""
+    return lambda txn_log: reader.pipeline_dags(txn_log, declared)
 
 
 def auth_manager() -> BaseAuthManager:
@@ -83,7 +114,7 @@ def auth_manager() -> BaseAuthManager:
 
 
 def access_for(
-    manager: Any, user: Any, pipeline_dags: Callable[[], Mapping[str, frozenset[str]]] | None = None
+    manager: Any, user: Any, pipeline_dags: Callable[[], PipelineDags] | None = None
 ) -> model.DagAccess:
     """Which pipelines ``user`` may read: all if the auth manager grants reading DAGs without
     naming one, else those run by a DAG in ``get_authorized_dag_ids`` (``pipeline_dags`` says
@@ -96,36 +127,73 @@ def access_for(
     )
 
 
-LogDep = Annotated[TransactionLog, Depends(get_log)]
+class Reading:
+    """One request's reading: who asks, decided first and without the log (``dag_access``: the
+    auth manager's answer), and the log, opened on first use. A route checks ``dag_access``
+    before it touches :attr:`log`, so a user who may read no DAG never makes it open."""
+
+    def __init__(
+        self,
+        dag_access: model.DagAccess,
+        open_log: LogOpener,
+        read_pipeline_dags: Callable[[TransactionLog], PipelineDags],
+    ) -> None:
+        self.dag_access = dag_access
+        self._open_log = open_log
+        self._read_pipeline_dags = read_pipeline_dags
+
+    @property
+    def reads_no_dag(self) -> bool:
+        """The user may read no DAG, so no pipeline: nothing to open the log for."""
+        return not self.dag_access.all_dags and not self.dag_access.dag_ids
+
+    @cached_property
+    def log(self) -> TransactionLog:
+        return self._open_log()
+
+    @cached_property
+    def pipeline_dags(self) -> PipelineDags:
+        """Pipeline -> the DAGs that run it now (opens the log)."""
+        return self._read_pipeline_dags(self.log)
+
+    @cached_property
+    def access(self) -> model.DagAccess:
+        """``dag_access`` with the DAGs that run each pipeline, which a user who may not read
+        every DAG needs (opens the log for them)."""
+        if self.dag_access.all_dags or self.reads_no_dag:
+            return self.dag_access
+        return replace(self.dag_access, pipeline_dags=dict(self.pipeline_dags))
 
 
-def get_pipeline_dags(txn_log: LogDep) -> Callable[[], Mapping[str, frozenset[str]]]:
-    """Which DAGs run which pipeline, read when needed (tests stand in for it)."""
-    return lambda: reader.pipeline_dags(txn_log)
-
-
-PipelineDagsDep = Annotated[Callable[[], Mapping[str, frozenset[str]]], Depends(get_pipeline_dags)]
-
-
-def get_access(
+def get_reading(
     user: GetUserDep,
     manager: Annotated[BaseAuthManager, Depends(auth_manager)],
-    pipeline_dags: PipelineDagsDep,
-) -> model.DagAccess:
-    return access_for(manager, user, pipeline_dags)
+    open_log: Annotated[LogOpener, Depends(log_opener)],
+    read_pipeline_dags: Annotated[
+        Callable[[TransactionLog], PipelineDags], Depends(get_pipeline_dags)
+    ],
+) -> Reading:
+    return Reading(access_for(manager, user), open_log, read_pipeline_dags)
 
 
-AccessDep = Annotated[model.DagAccess, Depends(get_access)]
+ReadingDep = Annotated[Reading, Depends(get_reading)]
 PipelineName = Annotated[str, PathParam(min_length=1, max_length=250)]
 DagId = Annotated[str, PathParam(min_length=1, max_length=250)]
 
 
+NOT_YOUR_PIPELINE = "you may not read the DAG of this pipeline, so its transactions are hidden"
+
+
+def authorized(reading: Reading, pipeline: str) -> TransactionLog:
+    """The log, for a user who may read ``pipeline``'s DAG; :class:`AccessDeniedError` otherwise
+    (without opening the log for a user who may read no DAG: ``reading.access`` needs it not)."""
+    require(reading.access, pipeline)
+    return reading.log
+
+
 def require(access: model.DagAccess, pipeline: str) -> None:
     if not access.may_read(pipeline):
-        raise AccessDeniedError(
-            "you may not read the DAG of this pipeline, so its transactions are hidden",
-            pipeline=pipeline,
-        )
+        raise AccessDeniedError(NOT_YOUR_PIPELINE, pipeline=pipeline)
 
 
 def _now() -> datetime:
@@ -167,17 +235,22 @@ def _render(
     return HTMLResponse(html, status_code=status_code)
 
 
+def _pipelines(reading: Reading) -> dict[str, Any]:
+    """The index's payload: empty, without opening the log, for a user who may read no DAG."""
+    if reading.reads_no_dag:
+        return {"pipelines": [], "now": model.iso(_now())}
+    return reader.pipelines_payload(reading.log, reading.access, _now())
+
+
 @app.get("/", response_class=HTMLResponse)
-def index_page(request: Request, access: AccessDep, txn_log: LogDep) -> HTMLResponse:
-    data = reader.pipelines_payload(txn_log, access, _now())
+def index_page(request: Request, reading: ReadingDep) -> HTMLResponse:
+    data = _pipelines(reading)
     return _render(request, "index.html", title="Transactions", api="/api/pipelines", data=data)
 
 
 @app.get("/pipelines/{pipeline}", response_class=HTMLResponse)
-def pipeline_page(
-    request: Request, pipeline: PipelineName, access: AccessDep, txn_log: LogDep
-) -> HTMLResponse:
-    require(access, pipeline)
+def pipeline_page(request: Request, pipeline: PipelineName, reading: ReadingDep) -> HTMLResponse:
+    txn_log = authorized(reading, pipeline)
     data = reader.pipeline_payload(txn_log, pipeline, _now())
     return _render(
         request,
@@ -193,11 +266,10 @@ def run_page(
     request: Request,
     pipeline: PipelineName,
     run_id: str,
-    access: AccessDep,
-    txn_log: LogDep,
+    reading: ReadingDep,
 ) -> HTMLResponse:
     """A txid's attempts, by pipeline name (the txid links of the pipeline page)."""
-    require(access, pipeline)
+    txn_log = authorized(reading, pipeline)
     # The Airflow run link keeps assuming the DAG is named like the pipeline, as before.
     return _run(request, txn_log, pipeline, run_id, dag_id=pipeline)
 
@@ -207,25 +279,24 @@ def dag_run_page(
     request: Request,
     dag_id: DagId,
     run_id: str,
-    access: AccessDep,
-    txn_log: LogDep,
-    pipeline_dags: PipelineDagsDep,
+    reading: ReadingDep,
 ) -> HTMLResponse:
     """The DAG run page's "Transactions" tab (Airflow fills in ``{DAG_ID}`` and ``{RUN_ID}``):
-    the run's txid in the pipeline the log records that DAG as running. Not the pipeline named
-    like the DAG: ``build_dag(pipeline, dag_id=…)`` may name the DAG otherwise."""
-    if not access.may_read_dag(dag_id):
+    the run's txid in the pipeline that DAG runs. Not the pipeline named like the DAG:
+    ``build_dag(pipeline, dag_id=…)`` may name the DAG otherwise."""
+    if not reading.dag_access.may_read_dag(dag_id):  # before the log is opened
         raise DagAccessDeniedError(
             "you may not read this DAG, so its runs' transactions are hidden", dag_id=dag_id
         )
-    pipelines = model.pipelines_run_by(dag_id, pipeline_dags(), access, txn_log.pipelines)
+    txn_log, access = reading.log, reading.access
+    pipelines = model.pipelines_run_by(dag_id, reading.pipeline_dags, access, txn_log.pipelines)
     if not pipelines:
         raise UnknownDagError(
             "no pipeline is recorded for this DAG yet: its begin task records the pipeline it "
             "runs, so the DAG has not begun a txid since, or it is not a transaction DAG",
             dag_id=dag_id,
         )
-    if len(pipelines) > 1:  # rebuilt for another pipeline: the log keeps every pairing
+    if len(pipelines) > 1:  # a DAG that declares several pipelines
         return _render(
             request,
             "dag_run.html",
@@ -273,25 +344,22 @@ def _run(
 
 
 @app.get("/api/pipelines")
-def pipelines_api(access: AccessDep, txn_log: LogDep) -> dict[str, Any]:
-    return reader.pipelines_payload(txn_log, access, _now())
+def pipelines_api(reading: ReadingDep) -> dict[str, Any]:
+    return _pipelines(reading)
 
 
 @app.get("/api/pipelines/{pipeline}")
-def pipeline_api(pipeline: PipelineName, access: AccessDep, txn_log: LogDep) -> dict[str, Any]:
-    require(access, pipeline)
-    return reader.pipeline_payload(txn_log, pipeline, _now())
+def pipeline_api(pipeline: PipelineName, reading: ReadingDep) -> dict[str, Any]:
+    return reader.pipeline_payload(authorized(reading, pipeline), pipeline, _now())
 
 
 @app.get("/api/pipelines/{pipeline}/txids/{txid}")
 def txid_api(
     pipeline: PipelineName,
     txid: Annotated[int, PathParam(ge=1)],
-    access: AccessDep,
-    txn_log: LogDep,
+    reading: ReadingDep,
 ) -> dict[str, Any]:
-    require(access, pipeline)
-    return reader.txid_payload(txn_log, pipeline, txid, _now())
+    return reader.txid_payload(authorized(reading, pipeline), pipeline, txid, _now())
 
 
 # -- errors: JSON under /api, a page elsewhere -----------------------------------------------
@@ -350,24 +418,32 @@ def _dag_access_denied(request: Request, err: DagAccessDeniedError) -> Response:
     return _error(request, 403, f"DAG {err.dag_id!r}: {err.detail}", err)
 
 
+# The detail of a 503 or 500 (the database's host and role, the driver's words) goes to the
+# server log, with its traceback (``exc_info=err``: a sync handler runs in a worker thread, outside
+# the ``except`` that caught the error, where ``log.exception`` would find none); the page says
+# only what failed, and for a schema of another version what to upgrade.
+
+
 @app.exception_handler(LogUnavailableError)
 def _log_unavailable(request: Request, err: LogUnavailableError) -> Response:
-    log.warning("Transactions page: %s", err)
-    return _error(request, 503, str(err), err)
+    log.error("Transactions page: %s", err, exc_info=err)
+    return _error(request, 503, err.public_message, err)
 
 
 @app.exception_handler(TxnError)
 def _txn_error(request: Request, err: TxnError) -> Response:
-    log.error("Transactions page: %s", err)
-    return _error(request, 500, str(err), err)
+    log.error("Transactions page: %s", err, exc_info=err)
+    return _error(request, 500, READ_FAILED, err)
 
 
 @app.exception_handler(SQLAlchemyError)
 def _database_error(request: Request, err: SQLAlchemyError) -> Response:
     if isinstance(err, OperationalError | InterfaceError):
-        return _log_unavailable(request, reader.unreachable(reader.configured_conn_id(), err))
-    log.exception("Transactions page: database error")
-    return _error(request, 500, f"reading the transaction log failed: {type(err).__name__}", err)
+        unavailable = reader.unreachable(reader.configured_conn_id(), err)
+        unavailable.__cause__ = err
+        return _log_unavailable(request, unavailable)
+    log.error("Transactions page: database error", exc_info=err)
+    return _error(request, 500, READ_FAILED, err)
 
 
 @app.exception_handler(StarletteHTTPException)

@@ -2,8 +2,9 @@
 
 The log's own errors keep their meaning: :class:`~airflow_txn_provider.exceptions.
 UnknownPipelineError` is a 404 naming the pipeline. These two are the page's own: the log cannot
-be opened (503, saying what to configure) and the user may not read a pipeline's DAG (403). The
-DAG run tab is keyed by a DAG id, not a pipeline: its errors (:class:`DagError`) name the DAG.
+be opened (503: the page says :data:`LOG_UNAVAILABLE`, the server log says why) and the user may
+not read a pipeline's DAG (403). The DAG run tab is keyed by a DAG id, not a pipeline: its errors
+(:class:`DagError`) name the DAG.
 """
 
 from __future__ import annotations
@@ -12,10 +13,34 @@ from functools import partial
 
 from airflow_txn_provider.exceptions import TxnConfigError, TxnError
 
+LOG_UNAVAILABLE = "the transaction log is unavailable"
+"""What a 503 says, whatever the cause: the cause may name the database's host and role."""
+READ_FAILED = "reading the transaction log failed (see the api-server log)"
+"""What a 500 says."""
+
 
 class LogUnavailableError(TxnConfigError):
     """The transaction log cannot be opened or reached: the connection is missing, the database
-    is down, or its schema is behind. The message says which connection and what to set."""
+    is down, or its schema does not match this library.
+
+    The message says which connection and what went wrong, which may name the database's host,
+    role and the driver's words: it is for the server log only. A page shows
+    :attr:`public_message`: :data:`LOG_UNAVAILABLE`, and ``advice`` where there is advice that
+    names nothing secret (a schema of another version: the revisions and what to upgrade).
+    """
+
+    def __init__(self, message: str, *, advice: str | None = None) -> None:
+        super().__init__(message)
+        self.advice = advice
+
+    def __reduce__(self):  # TxnError's would drop advice
+        return (partial(type(self), advice=self.advice), (self.detail,))
+
+    @property
+    def public_message(self) -> str:
+        if self.advice:
+            return f"{LOG_UNAVAILABLE}: {self.advice}"
+        return f"{LOG_UNAVAILABLE} (see the api-server log)"
 
 
 class AccessDeniedError(TxnError):

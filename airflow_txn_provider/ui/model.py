@@ -43,18 +43,18 @@ RATE_WINDOW_S = 300.0
 class DagAccess:
     """Which pipelines a user may read, from Airflow's auth manager.
 
-    A pipeline is visible if the user may read a DAG that runs it (``pipeline_dags``, as the
-    transaction log recorded them), not a DAG that merely has the pipeline's name: a DAG built
-    with ``build_dag(pipeline, dag_id=…)`` has another id, and a DAG named like the pipeline may
-    be unrelated. A pipeline no known DAG runs (registered by a script, or its DAG never began a
-    txid) is visible only to users who may read all DAGs: nobody else has a permission that
-    covers it.
+    A pipeline is visible if the user may read a DAG that runs it (``pipeline_dags``: the DAGs
+    that run it now, :func:`~airflow_txn_provider.ui.reader.pipeline_dags`), not a DAG that
+    merely has the pipeline's name: a DAG built with ``build_dag(pipeline, dag_id=…)`` has another
+    id, and a DAG named like the pipeline may be unrelated. A pipeline no known DAG runs
+    (registered by a script, its DAG never began a txid, or was deleted) is visible only to users
+    who may read all DAGs: nobody else has a permission that covers it.
     """
 
     all_dags: bool = False
     dag_ids: frozenset[str] = field(default_factory=frozenset)
     pipeline_dags: Mapping[str, frozenset[str]] = field(default_factory=dict)
-    """Pipeline name -> ids of the DAGs that run it."""
+    """Pipeline name -> ids of the DAGs that run it now."""
 
     def may_read(self, pipeline: str) -> bool:
         return self.all_dags or not self.dag_ids.isdisjoint(self.pipeline_dags.get(pipeline, ()))
@@ -73,9 +73,9 @@ def pipelines_run_by(
     access: DagAccess,
     registered: Callable[[], Iterable[str]],
 ) -> list[str]:
-    """The pipelines whose txids a run of ``dag_id`` shows, sorted: those the log records the DAG
-    as running, whatever its name. If it records none (a DAG whose ``begin`` task has not run
-    since the log learnt to record it), the pipeline named like the DAG, but only if it is
+    """The pipelines whose txids a run of ``dag_id`` shows, sorted: those the DAG runs now
+    (``pipeline_dags``), whatever its name. If there is none (a DAG whose ``begin`` task has not
+    run since the log learnt to record it), the pipeline named like the DAG, but only if it is
     ``registered``, ``access`` lets the user read it (the name alone proves nothing, so it may
     not open a pipeline the rules hide) and the log records no DAG for it either (one that does
     is run by those DAGs: this one merely shares its name). ``registered`` is read only then."""

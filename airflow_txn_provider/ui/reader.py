@@ -14,13 +14,19 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable, Collection, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import text
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
 
-from airflow_txn_provider.exceptions import TxnError, UnknownPipelineError
+from airflow_txn_provider.exceptions import (
+    SchemaTooNewError,
+    SchemaTooOldError,
+    TxnError,
+    UnknownPipelineError,
+)
 from airflow_txn_provider.timetables import txid_run_id
 from airflow_txn_provider.ui import model
 from airflow_txn_provider.ui.errors import LogUnavailableError
@@ -97,7 +103,11 @@ class LogProvider:
         engine = engine_from_url(url, connect_args={"connect_timeout": CONNECT_TIMEOUT_S})
         try:
             return TransactionLog(engine, migrate=False, outage_timeout=PAGE_OUTAGE_TIMEOUT)
-        except TxnError as err:  # SchemaTooOldError: says how to upgrade
+        except (SchemaTooOldError, SchemaTooNewError) as err:  # what to upgrade: nothing secret
+            engine.dispose()
+            message = f"connection {conn_id!r}: {err.detail}"
+            raise LogUnavailableError(message, advice=err.detail) from err
+        except TxnError as err:
             engine.dispose()
             raise LogUnavailableError(f"connection {conn_id!r}: {err.detail}") from err
         except SQLAlchemyError as err:
@@ -114,16 +124,85 @@ class LogProvider:
 
 # -- who runs which pipeline ------------------------------------------------------------------
 
+DagPipelines = Callable[[Collection[str]], Mapping[str, frozenset[str]]]
+"""DAG ids -> the pipelines each of those DAGs runs now; a DAG that does not exist is left out
+(:func:`airflow_dag_pipelines`: Airflow's serialized DAGs)."""
 
-def pipeline_dags(txn_log: TransactionLog) -> dict[str, frozenset[str]]:
-    """Pipeline -> ids of the DAGs that run it, as their ``begin`` tasks recorded in the log.
 
-    Recorded by the DAG that runs the pipeline, so it holds whatever ``dag_id`` the DAG was built
-    with; nothing else the page can read (Airflow's serialized DAGs do not carry the pipeline)
-    ties a DAG to its pipeline. A log that records none yet maps nothing: then only users who may
-    read every DAG see pipelines, rather than anyone who may read a DAG named like one.
+def pipeline_dags(
+    txn_log: TransactionLog, dag_pipelines: DagPipelines
+) -> dict[str, frozenset[str]]:
+    """Pipeline -> ids of the DAGs that run it now: the one rule of which DAG grants a pipeline.
+
+    A pipeline's claiming task records its DAG in the log (``txn_pipeline_dag``, the pairing):
+    that is what ties a DAG to a pipeline, whatever the DAG's id (``build_dag(pipeline,
+    dag_id=…)``). A pairing (pipeline P, DAG D) counts only while Airflow still has DAG D and D,
+    as it is now, runs P (``dag_pipelines``: its tasks declare P, see :data:`~airflow_txn_provider.
+    operators.txn.PIPELINE_FIELD`). So a deleted DAG grants nothing, and a DAG id reused for
+    another pipeline grants that pipeline, not the old one, from the moment Airflow has the new
+    DAG. Those pairings are then deleted from the log (best effort: a log the page may not write
+    to keeps them, and they still count for nothing); a DAG that comes back running P records its
+    pairing again at its next claim. A pairing whose DAG exists but declares no pipeline (a DAG
+    serialized by a version before the declaration, or no transaction DAG any more) counts for
+    nothing either, and is kept. A log that records no pairing maps nothing: then only users who
+    may read every DAG see pipelines, rather than anyone who may read a DAG named like one.
     """
-    return {p: frozenset(ids) for p, ids in txn_log.pipeline_dags().items()}
+    recorded = txn_log.pipeline_dags()
+    dag_ids = {dag_id for ids in recorded.values() for dag_id in ids}
+    now = dag_pipelines(dag_ids) if dag_ids else {}
+    current: dict[str, set[str]] = {}
+    gone: list[tuple[str, str]] = []
+    for pipeline, ids in recorded.items():
+        for dag_id in ids:
+            runs = now.get(dag_id)
+            if runs is not None and pipeline in runs:
+                current.setdefault(pipeline, set()).add(dag_id)
+            elif runs is None or runs:  # deleted, or running other pipelines now
+                gone.append((pipeline, dag_id))
+    if gone:
+        _forget(txn_log, gone)
+    return {pipeline: frozenset(ids) for pipeline, ids in current.items()}
+
+
+def _forget(txn_log: TransactionLog, pairs: list[tuple[str, str]]) -> None:
+    try:
+        txn_log.forget_pipeline_dags(pairs)
+    except SQLAlchemyError as err:  # e.g. a read-only role: the pairings still count for nothing
+        log.warning("Transactions page: stale DAG pairings %s not deleted: %s", pairs, err)
+    else:
+        log.info("Transactions page: deleted pairings of DAGs gone or reused: %s", pairs)
+
+
+_DECLARED: dict[tuple[str, str], frozenset[str]] = {}
+"""(serialized DAG's id, its hash) -> the pipelines it declares: deserialized once per version."""
+
+
+def airflow_dag_pipelines(dag_ids: Collection[str]) -> dict[str, frozenset[str]]:
+    """The pipelines each of ``dag_ids`` runs now, as Airflow's metadata database has the DAG:
+    its latest serialized version, whose tasks carry their pipeline's name (the operators'
+    :data:`~airflow_txn_provider.operators.txn.PIPELINE_FIELD`, a template field Airflow keeps).
+    A DAG Airflow does not have (deleted, or never parsed) is left out."""
+    from airflow.models.serialized_dag import SerializedDagModel
+    from airflow.utils.session import create_session
+
+    from airflow_txn_provider.operators.txn import PIPELINE_FIELD
+
+    found: dict[str, frozenset[str]] = {}
+    with create_session() as session:
+        rows = SerializedDagModel.get_latest_serialized_dags(
+            dag_ids=sorted(dag_ids), session=session
+        )
+        for row in rows:
+            key = (str(row.id), str(row.dag_hash))
+            declared = _DECLARED.get(key)
+            if declared is None:
+                names = (getattr(task, PIPELINE_FIELD, None) for task in row.dag.tasks)
+                declared = frozenset(name for name in names if isinstance(name, str) and name)
+                if len(_DECLARED) > 10_000:
+                    _DECLARED.clear()
+                _DECLARED[key] = declared
+            found[row.dag_id] = declared
+    return found
 
 
 # -- payloads ----------------------------------------------------------------------------------
@@ -240,6 +319,8 @@ def _read_state_summaries(engine: Engine, pipeline: str) -> list[dict[str, Any]]
         try:
             with engine.connect() as conn:
                 summaries.append(_state_summary(conn, state, url))
+        except (OperationalError, InterfaceError):
+            raise  # the database, not this state's table: a 503, which names nothing of it
         except SQLAlchemyError as err:
             detail = str(getattr(err, "orig", None) or err).strip().splitlines()[0]
             summaries.append(model.state_error(state.name, detail))

@@ -12,6 +12,7 @@ from airflow_txn_provider.exceptions import (
     NotProcessedError,
     OutOfOrderCommitError,
     PipelineConfigError,
+    SchemaTooNewError,
     SchemaTooOldError,
     SourceError,
     StaleAttemptError,
@@ -330,6 +331,53 @@ class TestErrors:
         TransactionLog(engine, migrate=False)
         assert schema.current_revision(engine.connect()) == schema.head_revision()
         engine.dispose()
+
+    @pytest.mark.parametrize("found", [None, "0007"])
+    def test_a_schema_behind_the_library_is_too_old_with_the_advice_to_upgrade(
+        self, postgres, found
+    ):
+        engine = create_engine(new_database(postgres, migrated=found is not None))
+        if found is not None:
+            stamp(engine, found)
+        with pytest.raises(SchemaTooOldError) as err:
+            schema.check(engine)
+        assert f"revision {found!r}, this library needs {schema.HEAD_REVISION!r}" in str(err.value)
+        assert "run airflow_txn_provider.schema.upgrade(engine)" in str(err.value)
+        engine.dispose()
+
+    def test_a_schema_newer_than_the_library_is_too_new_with_the_advice_to_upgrade_the_library(
+        self, postgres
+    ):
+        """A rolling upgrade: a newer library migrated the log to a revision this one does not
+        know. Alembic's "Can't locate revision" on every task, and the advice to run upgrade
+        (which would fail the same way), were what it got."""
+        engine = create_engine(new_database(postgres))
+        stamp(engine, "9999")
+        expected = (
+            f"the transaction log's schema is at revision '9999', newer than this library "
+            f"(knows up to {schema.HEAD_REVISION!r}): upgrade airflow-txn-provider on this "
+            "machine (every worker, scheduler and api-server) to the version that wrote it; do "
+            "not downgrade the database"
+        )
+        for call in (
+            lambda: schema.check(engine),
+            lambda: schema.upgrade(engine),
+            lambda: TransactionLog(engine, migrate=False),
+            lambda: TransactionLog(engine),  # migrate=True: upgrade() is what it calls
+        ):
+            with pytest.raises(SchemaTooNewError) as err:
+                call()
+            assert str(err.value) == expected
+            assert not isinstance(err.value, SchemaTooOldError)
+        with engine.connect() as conn:  # nothing was touched
+            assert schema.current_revision(conn) == "9999"
+        engine.dispose()
+
+
+def stamp(engine, revision):
+    """Set the log's recorded schema revision, as another version of the library would have."""
+    with engine.begin() as conn:
+        conn.execute(text(f"UPDATE {schema.VERSION_TABLE} SET version_num = :r"), {"r": revision})
 
 
 def statuses_raw(txlog):

@@ -1,6 +1,9 @@
 """The Transactions page on a real Postgres log: a pipeline driven through commits, a failure with
 its cascade and a replay, two states; then the app, mounted as Airflow mounts it, asked as an
-anonymous user, as a user who may read some DAGs, and as one who may read all.
+anonymous user, as a user who may read some DAGs, and as one who may read all; which DAG runs
+which pipeline as Airflow's metadata database has the DAGs (a reused DAG id, a deleted DAG); and
+what an error page tells (nothing of the database's address), with the log's database down or of
+another schema version.
 
 The page's script is run too (with Node, on a minimal DOM) against the JSON the app served: it
 must render the same rows, draw the chart, and keep database text as text.
@@ -9,7 +12,9 @@ must render the same rows, draw the chart, and keep database text as text.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
+import socket
 import subprocess
 from pathlib import Path
 from urllib.parse import quote
@@ -19,10 +24,16 @@ from airflow.api_fastapi.core_api.security import get_user
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import OperationalError
 
+from airflow_txn_provider import schema
 from airflow_txn_provider.commit import commit_states
+from airflow_txn_provider.dag_builder import build_dag
+from airflow_txn_provider.pipeline import TxnPipeline
 from airflow_txn_provider.plugins import TxnProviderPlugin
 from airflow_txn_provider.sources import TransactionalSource
+from airflow_txn_provider.spark.sources import PartitionedParquetSource
 from airflow_txn_provider.state import GlobalState, MapState, stage_states
 from airflow_txn_provider.timetables import txid_run_id
 from airflow_txn_provider.transaction_log import TransactionLog
@@ -31,6 +42,7 @@ from airflow_txn_provider.ui import reader
 from tests.conftest import new_database, set_txn_log_connection
 
 SCRIPT = '<script>alert("x")</script>'
+UNAVAILABLE = "the transaction log is unavailable (see the api-server log)"
 ERROR = f"{SCRIPT} executor lost"
 BATCHES = {1: [("dog", 3), ("cat", 1)], 2: [("dog", 3), ("<i>emu</i>", 5)], 3: [("ant", 1)]}
 
@@ -101,20 +113,37 @@ class FakeAuthManager:
         return set(self.dag_ids)
 
 
+def as_recorded(txlog: TransactionLog | None) -> reader.DagPipelines:
+    """Airflow's DAGs as a stand-in: each DAG the log records exists and runs what it recorded."""
+
+    def dag_pipelines(dag_ids):
+        recorded = txlog.pipeline_dags() if txlog is not None else {}
+        return {d: frozenset(p for p, ds in recorded.items() if d in ds) for d in dag_ids}
+
+    return dag_pipelines
+
+
 def client_for(
     txlog: TransactionLog | None,
     manager: FakeAuthManager | None,
     pipeline_dags: dict[str, set[str]] | None = None,
+    *,
+    airflow: reader.DagPipelines | None = None,
 ) -> TestClient:
     """The plugin's app mounted like Airflow's api-server does; ``manager`` None: no user;
-    ``pipeline_dags``: which DAGs run which pipeline, as the log would have recorded them."""
+    ``txlog`` None: the log of the configured connection; ``pipeline_dags``: which DAGs run which
+    pipeline now; else as the log records them, with Airflow's DAGs as ``airflow`` says (default:
+    every recorded DAG exists as recorded; :func:`reader.airflow_dag_pipelines`: the real one)."""
     app = ui_app.app
     app.dependency_overrides.clear()
     if txlog is not None:
-        app.dependency_overrides[ui_app.get_log] = lambda: txlog
+        app.dependency_overrides[ui_app.log_opener] = lambda: lambda: txlog
     if pipeline_dags is not None:
         dags = {p: frozenset(ids) for p, ids in pipeline_dags.items()}
-        app.dependency_overrides[ui_app.get_pipeline_dags] = lambda: lambda: dags
+        app.dependency_overrides[ui_app.get_pipeline_dags] = lambda: lambda _log: dags
+    elif airflow is not reader.airflow_dag_pipelines:
+        declared = airflow or as_recorded(txlog)
+        app.dependency_overrides[ui_app.dag_pipelines] = lambda: declared
     if manager is not None:
         app.dependency_overrides[get_user] = lambda: "someone"
         app.dependency_overrides[ui_app.auth_manager] = lambda: manager
@@ -191,7 +220,7 @@ def test_a_pipeline_is_authorised_by_the_dag_that_runs_it_not_by_its_name(db):
 
 def test_a_pipeline_no_known_dag_runs_is_shown_only_to_readers_of_every_dag(db):
     """Until the log records which DAG runs a pipeline, a DAG's name proves nothing."""
-    assert reader.pipeline_dags(db[1]) == {}
+    assert reader.pipeline_dags(db[1], as_recorded(db[1])) == {}
     client = client_for(db[1], FakeAuthManager(dag_ids=("words", "secret")))
     assert client.get("/transactions/api/pipelines").json()["pipelines"] == []
     assert client.get("/transactions/api/pipelines/words").status_code == 403
@@ -388,7 +417,7 @@ def renamed(postgres):
 
 
 def test_the_dag_run_tab_shows_the_pipeline_its_dag_runs_not_its_namesake(renamed):
-    assert reader.pipeline_dags(renamed) == {
+    assert reader.pipeline_dags(renamed, as_recorded(renamed)) == {
         "words": frozenset({"words_etl"}),
         "words_etl": frozenset({"other_dag"}),
     }
@@ -501,9 +530,9 @@ def test_a_database_gone_after_opening_is_a_503(db, monkeypatch):
     client = client_for(txlog, FakeAuthManager(all_dags=True))
     response = client.get("/transactions/api/pipelines/words")
     assert response.status_code == 503
-    assert "cannot be reached" in response.json()["detail"]
+    assert response.json()["detail"] == UNAVAILABLE
     page = client.get("/transactions/pipelines/words")
-    assert page.status_code == 503 and "cannot be reached" in page.text
+    assert page.status_code == 503 and UNAVAILABLE in page.text
 
 
 def test_the_configured_airflow_connection_is_read(db, monkeypatch):
@@ -515,6 +544,300 @@ def test_the_configured_airflow_connection_is_read(db, monkeypatch):
     names = [p["name"] for p in client.get("/transactions/api/pipelines").json()["pipelines"]]
     assert names == ["secret", "words"]
     assert ui_app.provider.get() is ui_app.provider.get()  # opened once, then kept
+
+
+# -- authorisation first, error pages that name nothing ----------------------------------------
+
+SECRET_ROLE = "txn_page_secret_role"
+SECRET_DB = "txn_page_secret_db"
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def log_down(postgres, monkeypatch, how: str) -> str:
+    """Point the page's connection at a log it cannot open: ``unreachable`` (nothing listens on
+    its port) or ``unknown role`` (the real Postgres refuses the role). Returns the URL."""
+    if how == "unreachable":
+        url = f"postgresql+psycopg://{SECRET_ROLE}@127.0.0.1:{closed_port()}/{SECRET_DB}"
+    else:
+        url = f"postgresql+psycopg://{SECRET_ROLE}@127.0.0.1:{postgres.port}/{SECRET_DB}"
+    set_txn_log_connection(monkeypatch, "ui_txn_log_down", url)
+    monkeypatch.setenv("AIRFLOW__TXN_PROVIDER__UI_TXN_LOG_CONN_ID", "ui_txn_log_down")
+    monkeypatch.setattr(reader, "PAGE_OUTAGE_TIMEOUT", 0.2)  # a refused port: no 3 s per request
+    return url
+
+
+def assert_names_nothing_of(text: str, url: str) -> None:
+    """The answer names neither the database's host, port, role nor database, nor the URL."""
+    u = make_url(url)
+    for secret in (u.host, f"port {u.port}", f":{u.port}", u.username, u.database, "psycopg"):
+        assert str(secret) not in text, f"{secret!r} is in the answer: {text[:2000]}"
+
+
+ALL_ROUTES = {
+    "/transactions/": 200,
+    "/transactions/api/pipelines": 200,
+    "/transactions/pipelines/words": 403,
+    "/transactions/pipelines/words/runs/txid-000001": 403,
+    "/transactions/dags/words/runs/txid-000001": 403,
+    "/transactions/api/pipelines/words": 403,
+    "/transactions/api/pipelines/words/txids/1": 403,
+}
+
+
+@pytest.mark.parametrize("how", ["unreachable", "unknown role"])
+def test_a_user_who_may_read_no_dag_gets_the_empty_answer_without_the_log_opened(
+    postgres, monkeypatch, how
+):
+    """The log was opened before the DAG check: such a user got a 503 naming the log database's
+    host and role. Now the auth manager is asked first, and the log is never touched."""
+    url = log_down(postgres, monkeypatch, how)
+    client = client_for(None, FakeAuthManager())  # signed in, no DAG
+    for path, status in ALL_ROUTES.items():
+        response = client.get(path)
+        assert response.status_code == status, (path, response.text[:500])
+        assert_names_nothing_of(response.text, url)
+    assert client.get("/transactions/api/pipelines").json()["pipelines"] == []
+    assert "No pipeline you may read" in client.get("/transactions/").text
+    assert ui_app.provider._logs == {}  # never opened
+
+
+def test_a_user_who_may_read_no_dag_never_opens_the_log(db):
+    opened = []
+
+    def open_log():
+        opened.append(1)
+        return db[1]
+
+    client = client_for(db[1], FakeAuthManager())
+    ui_app.app.dependency_overrides[ui_app.log_opener] = lambda: open_log
+    for path, status in ALL_ROUTES.items():
+        assert client.get(path).status_code == status, path
+    assert opened == []
+
+
+@pytest.mark.parametrize("how", ["unreachable", "unknown role"])
+def test_a_503_names_nothing_of_the_database_and_the_server_log_says_why(
+    postgres, monkeypatch, caplog, how
+):
+    url = log_down(postgres, monkeypatch, how)
+    client = client_for(None, FakeAuthManager(all_dags=True))
+    caplog.set_level(logging.ERROR, logger="airflow_txn_provider.ui.app")
+    for path in (
+        "/transactions/api/pipelines",
+        "/transactions/",
+        "/transactions/pipelines/words",
+        "/transactions/dags/words/runs/txid-000001",
+    ):
+        response = client.get(path)
+        assert response.status_code == 503, path
+        assert UNAVAILABLE in response.text
+        assert_names_nothing_of(response.text, url)
+    assert client.get("/transactions/api/pipelines").json()["detail"] == UNAVAILABLE
+    logged = [r for r in caplog.records if r.name == "airflow_txn_provider.ui.app"]
+    assert logged and all(r.exc_info for r in logged)  # with the traceback
+    said = caplog.text
+    assert "'ui_txn_log_down'" in said and "cannot be reached" in said
+    port = make_url(url).port
+    assert (SECRET_ROLE in said) if how == "unknown role" else (f"port {port}" in said)
+
+
+def test_a_database_lost_while_a_state_is_read_is_a_503_naming_nothing(admin, monkeypatch):
+    """A state that cannot be read says why (its table is gone), but a lost database is no
+    state's fault: its error (the host, the port) was shown as that state's error."""
+
+    def lost(conn, state, url=""):
+        raise OperationalError(
+            "SELECT", {}, Exception('connection to server at "10.9.8.7", port 6543 failed')
+        )
+
+    monkeypatch.setattr(reader, "_SUMMARY_CACHE", {})
+    monkeypatch.setattr(reader, "_state_summary", lost)
+    for path in ("/transactions/api/pipelines/words", "/transactions/pipelines/words"):
+        response = admin.get(path)
+        assert response.status_code == 503 and UNAVAILABLE in response.text
+        assert "10.9.8.7" not in response.text and "port 6543" not in response.text
+
+
+@pytest.mark.parametrize(
+    ("revision", "advice", "wrong_advice"),
+    [
+        (
+            "9999",
+            "upgrade airflow-txn-provider on this machine (every worker, scheduler and "
+            "api-server) to the version that wrote it; do not downgrade the database",
+            "run airflow_txn_provider.schema.upgrade",
+        ),
+        ("0007", "run airflow_txn_provider.schema.upgrade(engine)", "newer than this library"),
+    ],
+)
+def test_a_log_of_another_schema_version_is_a_503_with_the_right_advice(
+    postgres, monkeypatch, revision, advice, wrong_advice
+):
+    """A schema newer than the library was said to be too old, with the advice to upgrade it."""
+    url = new_database(postgres)
+    engine = create_engine(url)
+    with engine.begin() as conn:
+        conn.execute(text(f"UPDATE {schema.VERSION_TABLE} SET version_num = :r"), {"r": revision})
+    engine.dispose()
+    set_txn_log_connection(monkeypatch, "ui_txn_log_versioned", url)
+    monkeypatch.setenv("AIRFLOW__TXN_PROVIDER__UI_TXN_LOG_CONN_ID", "ui_txn_log_versioned")
+    client = client_for(None, FakeAuthManager(all_dags=True))
+    response = client.get("/transactions/api/pipelines")
+    assert response.status_code == 503
+    detail = response.json()["detail"]
+    assert detail.startswith("the transaction log is unavailable: ")
+    assert f"revision {revision!r}" in detail and advice in detail
+    assert wrong_advice not in detail
+    assert_names_nothing_of(detail, url)
+    page = client.get("/transactions/")
+    assert page.status_code == 503 and advice in page.text and wrong_advice not in page.text
+
+
+# -- a pairing follows its DAG: Airflow's metadata database as the DAG processor leaves it -------
+
+
+class AirflowDags:
+    """DAGs deployed into Airflow's metadata database (sqlite, migrated once a session), as the
+    DAG processor would: each parse of a DAG file serializes its DAG, ``airflow dags delete``
+    deletes it."""
+
+    def deploy(self, pipeline: str, dag_id: str) -> TxnPipeline:
+        """DAG ``dag_id``, built for ``pipeline`` by ``build_dag``, parsed and serialized."""
+        from airflow.dag_processing.dagbag import DagBag, sync_bag_to_db
+
+        p = TxnPipeline(
+            name=pipeline,
+            source=PartitionedParquetSource("/nonexistent"),
+            jobs=["job.py"],
+            states=[],
+            max_pending=2,
+        )
+        bag = DagBag(dag_folder="/nonexistent", collect_dags=False)
+        bag.dags[dag_id] = build_dag(p, dag_id=dag_id)
+        sync_bag_to_db(bag, "dags-folder", None)
+        return p
+
+    def delete(self, dag_id: str) -> None:
+        from airflow.api.common.delete_dag import delete_dag
+
+        delete_dag(dag_id)
+
+
+@pytest.fixture
+def airflow_dags(airflow_db, monkeypatch):
+    from airflow.dag_processing.bundles.manager import DagBundlesManager
+
+    # A DAG serialized less than 30 s ago is not written again (the DAG processor's default).
+    monkeypatch.setenv("AIRFLOW__CORE__MIN_SERIALIZED_DAG_UPDATE_INTERVAL", "0")
+    DagBundlesManager().sync_bundles_to_db()
+    return AirflowDags()
+
+
+def claim(txlog: TransactionLog, p: TxnPipeline, dag_id: str) -> bool:
+    """What the DAG's claiming task records before it begins a txid (``_TxnOperator.claim``)."""
+    return txlog.ensure_pipeline(
+        p.name,
+        source_kind=p.source.kind,
+        max_pending=p.max_pending,
+        dag_id=dag_id,
+        states=p.states,
+        keep_txids=p.keep_txids,
+    )
+
+
+def listed(client: TestClient) -> list[str]:
+    return [p["name"] for p in client.get("/transactions/api/pipelines").json()["pipelines"]]
+
+
+@pytest.fixture
+def fresh_log(postgres):
+    engine = create_engine(new_database(postgres))
+    yield TransactionLog(engine, migrate=False)
+    engine.dispose()
+
+
+def test_a_reused_dag_id_no_longer_opens_the_pipeline_it_ran(airflow_dags, fresh_log):
+    """DAG D ran pipeline P, then D is redeployed running Q: the pairing (P, D) kept granting
+    P's transactions and state to D's readers. Now it counts only while D, as Airflow has it,
+    runs P; it is deleted once D runs Q, and recorded again if D comes back running P."""
+    txlog, dag = fresh_log, "ui_reused_dag"
+    p = airflow_dags.deploy("ui_reused_p", dag)
+    assert claim(txlog, p, dag) is True
+    txlog.begin(p.name, 1, Batches())
+    readers = client_for(
+        txlog, FakeAuthManager(dag_ids=(dag,)), airflow=reader.airflow_dag_pipelines
+    )
+    assert listed(readers) == ["ui_reused_p"]
+    assert readers.get("/transactions/api/pipelines/ui_reused_p").status_code == 200
+    tab = readers.get(tab_url(dag, txid_run_id(1)))
+    assert 'data-api="/transactions/api/pipelines/ui_reused_p/txids/1"' in tab.text
+
+    q = airflow_dags.deploy("ui_reused_q", dag)  # redeployed: Q's claim has not run yet
+    assert listed(readers) == []
+    assert readers.get("/transactions/api/pipelines/ui_reused_p").status_code == 403
+    assert readers.get("/transactions/pipelines/ui_reused_p/runs/txid-000001").status_code == 403
+    tab = readers.get(tab_url(dag, txid_run_id(1)))
+    assert tab.status_code == 404 and "ui_reused_p" not in tab.text
+    assert txlog.pipeline_dags() == {}  # the stale pairing is gone from the log
+
+    assert claim(txlog, q, dag) is True
+    txlog.begin(q.name, 1, Batches())
+    assert listed(readers) == ["ui_reused_q"]
+    assert readers.get("/transactions/api/pipelines/ui_reused_p").status_code == 403
+    assert 'txids/1"' in readers.get(tab_url(dag, txid_run_id(1))).text
+    # (client_for sets the one app's overrides: a client made earlier asks as the newest user)
+    admin = client_for(txlog, FakeAuthManager(all_dags=True), airflow=reader.airflow_dag_pipelines)
+    tab = admin.get(tab_url(dag, txid_run_id(1)))  # one pipeline: not "several", P not offered
+    assert 'data-api="/transactions/api/pipelines/ui_reused_q/txids/1"' in tab.text
+    assert "ui_reused_p" not in tab.text
+
+    readers = client_for(
+        txlog, FakeAuthManager(dag_ids=(dag,)), airflow=reader.airflow_dag_pipelines
+    )
+    airflow_dags.deploy("ui_reused_p", dag)  # back to P: same declaration as before
+    assert listed(readers) == []
+    assert txlog.pipeline_dags() == {}
+    assert claim(txlog, p, dag) is True  # its pairing was deleted: recorded again
+    assert claim(txlog, p, dag) is False  # then one read, as before
+    assert listed(readers) == ["ui_reused_p"]
+
+
+def test_a_deleted_dag_no_longer_opens_its_pipeline(airflow_dags, fresh_log):
+    """The auth manager may still grant a deleted DAG's id (permissions outlive DAGs, and a new
+    DAG may take the id): the log's pairing no longer does."""
+    txlog, dag = fresh_log, "ui_deleted_dag"
+    r = airflow_dags.deploy("ui_deleted_r", dag)
+    claim(txlog, r, dag)
+    txlog.begin(r.name, 1, Batches())
+    readers = client_for(
+        txlog, FakeAuthManager(dag_ids=(dag,)), airflow=reader.airflow_dag_pipelines
+    )
+    assert listed(readers) == ["ui_deleted_r"]
+
+    airflow_dags.delete(dag)
+    assert listed(readers) == []
+    assert readers.get("/transactions/api/pipelines/ui_deleted_r").status_code == 403
+    assert readers.get("/transactions/api/pipelines/ui_deleted_r/txids/1").status_code == 403
+    assert readers.get(tab_url(dag, txid_run_id(1))).status_code == 404
+    assert txlog.pipeline_dags() == {}  # deleted with its DAG
+    admin = client_for(txlog, FakeAuthManager(all_dags=True), airflow=reader.airflow_dag_pipelines)
+    assert listed(admin) == ["ui_deleted_r"]  # the pipeline itself stays, for readers of all
+
+
+def test_airflow_says_which_pipeline_each_dag_runs(airflow_dags):
+    airflow_dags.deploy("ui_declared_a", "ui_declared_dag")
+    assert reader.airflow_dag_pipelines(["ui_declared_dag", "ui_no_such_dag"]) == {
+        "ui_declared_dag": frozenset({"ui_declared_a"})
+    }
+    airflow_dags.deploy("ui_declared_b", "ui_declared_dag")
+    assert reader.airflow_dag_pipelines(["ui_declared_dag"]) == {
+        "ui_declared_dag": frozenset({"ui_declared_b"})
+    }
 
 
 # -- the page's script -------------------------------------------------------------------------
