@@ -467,8 +467,17 @@ def committable(view: PipelineView) -> TxRecord | None:
 # -- failure and recovery ----------------------------------------------------------------------
 
 
+LEASE_HOLDER_CHARS = 500
+"""A lease holder's name is stored up to this many characters."""
+
+
 def plan_failure(
-    view: PipelineView, txid: int, attempt: int | None = None, *, of_processing: bool = False
+    view: PipelineView,
+    txid: int,
+    attempt: int | None = None,
+    *,
+    of_processing: bool = False,
+    reporter: str | None = None,
 ) -> tuple[int, ...]:
     """Txids whose live attempts a failure of ``(txid, attempt)`` fails, in order.
 
@@ -477,6 +486,10 @@ def plan_failure(
     attempt that replaced it). ``attempt=None`` fails whatever attempt is current.
     ``of_processing``: the failure is its processing's, reported by its task or job; an attempt
     whose output is recorded already is then kept, and commits.
+    ``reporter``: the lease holder name of the process reporting its own processing failure;
+    when another process holds the attempt's lease (a later try of the task took the attempt
+    over, and Airflow stopped this one), the report fails nothing: the holder's own end, or its
+    lease running out, decides.
     """
     if txid <= view.last_committed:
         return ()
@@ -489,6 +502,8 @@ def plan_failure(
             attempt=attempt,
         )
     if attempt is not None and attempt != rec.attempt:
+        return ()
+    if reporter is not None and rec.lease_holder not in (None, reporter[:LEASE_HOLDER_CHARS]):
         return ()
     if of_processing and rec.status is TxStatus.PROCESSED:
         # A processing task that failed after its output was recorded (spark-submit exiting

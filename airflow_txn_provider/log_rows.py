@@ -21,6 +21,7 @@ from sqlalchemy import func, insert, literal, select, update
 from sqlalchemy.dialects.postgresql import JSONB
 
 from airflow_txn_provider.coordinator import PipelineView, TxRecord, TxStatus
+from airflow_txn_provider.credentials import redact_optional
 from airflow_txn_provider.exceptions import CorruptLogError, UnknownPipelineError
 from airflow_txn_provider.models import ATTEMPTS, PIPELINES, TRANSACTIONS
 
@@ -113,6 +114,7 @@ class TxidRows:
         if txid_at is not None:
             txid_values[txid_at] = func.now()
         if status is TxStatus.FAILED:
+            error = redact_optional(error)  # stored, then shown on the page and in run notes
             txid_values.update(last_error=error, failed_by=failed_by)
             attempt_values.update(error=error, failed_by=failed_by)
         self.conn.execute(update(TRANSACTIONS).where(self._txid_row()).values(txid_values))

@@ -14,6 +14,7 @@ rule               where the name goes                           why it is narro
 ``SQL_NAME``       Postgres table and column names (states)      a table name is at most 63 bytes
 ``COLUMN``         lake sink names, merge keys, txid columns,    pasted into a merge predicate
                    Iceberg namespaces and table names            and a warehouse path
+``CONN_ID``        an ``AIRFLOW_CONN_<ID>`` environment variable a ``=`` or NUL would break it
 =================  ============================================  =================================
 """
 
@@ -51,6 +52,13 @@ COLUMN = NameRule(
     "an ASCII identifier ([A-Za-z_][A-Za-z0-9_]*, at most 63 characters)",
 )
 
+CONN_ID = NameRule(
+    "connection id",
+    re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,249}"),
+    "ASCII letters, digits, '_', '.' and '-', at most 250 characters (it names the "
+    "AIRFLOW_CONN_<ID> environment variable)",
+)
+
 
 def check_name(
     value: object, rule: NameRule, *, what: str | None = None, pipeline: str | None = None
@@ -72,4 +80,4 @@ def quote_ident(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
-__all__ = ["COLUMN", "PIPELINE", "SQL_NAME", "NameRule", "check_name", "quote_ident"]
+__all__ = ["COLUMN", "CONN_ID", "PIPELINE", "SQL_NAME", "NameRule", "check_name", "quote_ident"]

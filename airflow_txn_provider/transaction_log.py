@@ -44,6 +44,7 @@ from sqlalchemy.engine import make_url
 from airflow_txn_provider import __version__, schema
 from airflow_txn_provider.coordinator import (
     DEFAULT_KEEP_TXIDS,
+    LEASE_HOLDER_CHARS,
     PRUNE_BATCH,
     PRUNE_EVERY,
     BeginAction,
@@ -870,16 +871,19 @@ class TransactionLog:
         *,
         error: str | None = None,
         of_processing: bool = False,
+        holder: str | None = None,
     ) -> tuple[int, ...]:
         """Fail ``(txid, attempt)`` and every later txid in flight; return the txids failed.
 
         A report from an attempt that is no longer current fails nothing. ``of_processing``: the
         report is a processing task's or job's; an attempt whose output is recorded already is
-        kept (it commits), since the failure came after its work was done.
+        kept (it commits), since the failure came after its work was done. ``holder``: the
+        reporting process's lease holder name; a report from a process whose lease another took
+        over fails nothing (:func:`~airflow_txn_provider.coordinator.plan_failure`).
         """
         with self.engine.begin() as conn:
             view = self._view(conn, pipeline, lock=True)
-            txids = plan_failure(view, txid, attempt, of_processing=of_processing)
+            txids = plan_failure(view, txid, attempt, of_processing=of_processing, reporter=holder)
             self._fail_locked(conn, view, txids, origin=txid, error=error or "failed")
         if txids:
             log.warning(
@@ -945,7 +949,7 @@ class TransactionLog:
                     .where(TRANSACTIONS.c.pipeline == pipeline, TRANSACTIONS.c.txid == txid)
                     .values(
                         lease_expires_at=func.now() + timedelta(seconds=timeout),
-                        lease_holder=holder[:500],
+                        lease_holder=holder[:LEASE_HOLDER_CHARS],
                     )
                 )
         return found

@@ -19,6 +19,7 @@ from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from airflow_txn_provider.coordinator import BeginAction
+from airflow_txn_provider.credentials import connection_env
 from airflow_txn_provider.hooks.txn_log import TxnLogHook
 from airflow_txn_provider.timetables import txid_from_run_id
 from airflow_txn_provider.transaction_log import CLAIM_TIMEOUT
@@ -269,15 +270,26 @@ class TxnProcessOperator(_TxnOperator):
                     outcome = self._runner.run(job, log)
                     return {"status": outcome.status, "staged_rows": dict(outcome.staged_rows)}
                 self._runner = SparkSubmitRunner(
-                    self.job, log_url=hook.log_url(), conn_id=p.spark_conn_id, conf=p.spark_conf
+                    self.job,
+                    log_url=hook.log_url(),
+                    conn_id=p.spark_conn_id,
+                    conf=p.spark_conf,
+                    # the sinks' connections, for the driver: environment, never arguments
+                    env=connection_env(c for sink in p.sinks for c in sink.conn_ids),
                 )
                 self._runner.run(job)
         except BaseException as err:
             # The job fails its attempt itself when it can; this covers what it cannot see
-            # (spark-submit dying, a kill). A stale attempt fails nothing, and an attempt whose
-            # output the job recorded before the bad exit keeps it: it commits.
+            # (spark-submit dying, a kill). A stale attempt fails nothing, an attempt whose
+            # output the job recorded before the bad exit keeps it (it commits), and one that a
+            # later try of this task took over is left to that try (Airflow stopped this one).
             log.fail(
-                p.name, job.txid, job.attempt, error=f"{self.task_id}: {err}", of_processing=True
+                p.name,
+                job.txid,
+                job.attempt,
+                error=f"{self.task_id}: {err}",
+                of_processing=True,
+                holder=lease.holder,
             )
             raise
         info = log.transaction(p.name, job.txid)

@@ -10,6 +10,7 @@ from airflow.sdk.bases.sensor import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_txn_provider.coordinator import TxStatus
+from airflow_txn_provider.credentials import redact
 from airflow_txn_provider.operators.txn import (
     BEGIN_TASK_ID,
     _last_error,
@@ -212,7 +213,7 @@ class TxnFailureSensor(BaseSensorOperator):
             attempt=attempt,
         )
         self.log.error("%s", error)
-        self._api().set_run_note(context["dag"].dag_id, context["dag_run"].run_id, str(error))
+        self._api().set_run_note(context["dag"].dag_id, context["dag_run"].run_id, redact(error))
         # The later txids failed with it: restart their runs now (one request), so their begins
         # wait for this txid and follow it at once when a person reruns it.
         later = [t for t in requeue_set(log.view(p.name), txid) if t > txid]

@@ -186,6 +186,13 @@ class LakeSink(abc.ABC):
         check_name(pipeline, PIPELINE)  # it names a directory
         return posixpath.join(self.staging_root, pipeline, f"{txid:020d}")
 
+    @property
+    def conn_ids(self) -> tuple[str, ...]:
+        """The Airflow connections this sink opens (their credentials reach a ``spark-submit``
+        driver through its environment: :func:`airflow_txn_provider.credentials.connection_env`).
+        """
+        return ()
+
     def to_spec(self) -> dict[str, Any]:
         spec = {"kind": self.kind, "name": self.name, "mode": self.mode, "keys": list(self.keys)}
         return {**spec, "txid_column": self.txid_column, **self._spec()}

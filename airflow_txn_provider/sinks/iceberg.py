@@ -18,8 +18,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from airflow_txn_provider.exceptions import InvalidNameError
-from airflow_txn_provider.names import COLUMN, check_name
+from airflow_txn_provider.credentials import connection_url
+from airflow_txn_provider.exceptions import InvalidNameError, TxnConfigError
+from airflow_txn_provider.names import COLUMN, CONN_ID, check_name
 from airflow_txn_provider.sinks.base import LakeSink, LakeTable, first_undone_commit, require
 
 if TYPE_CHECKING:
@@ -35,9 +36,12 @@ class IcebergSink(LakeSink):
     :param table: ``namespace.name``.
     :param warehouse: where the catalog puts tables it creates (an absolute path or URI); the
         table lives in ``<warehouse>/<namespace>.db/<name>``.
-    :param catalog_uri: the catalog's SQLAlchemy URL; ``None`` (the default): the transaction
-        log's database. A URL with a password travels with the job's arguments: prefer the
-        default, or a password from ``~/.pgpass``.
+    :param catalog_conn_id: the Airflow connection of the catalog's Postgres database (looked
+        up where the catalog is opened: :func:`airflow_txn_provider.credentials.connection_url`).
+        ``None`` with no ``catalog_uri`` (the default): the transaction log's database.
+    :param catalog_uri: the catalog's SQLAlchemy URL, without a password (``~/.pgpass``, a
+        trusted socket): the sink's spec travels in ``spark-submit``'s arguments, so a URL with
+        a password is refused; put it in a connection and pass ``catalog_conn_id``.
     :param catalog_name: the catalog's name (rows of several catalogs can share its tables).
     """
 
@@ -47,6 +51,7 @@ class IcebergSink(LakeSink):
     warehouse: str = ""
     catalog_uri: str | None = None
     catalog_name: str = "txn"
+    catalog_conn_id: str | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -64,6 +69,22 @@ class IcebergSink(LakeSink):
                 f"{self.warehouse!r}"
             )
         object.__setattr__(self, "warehouse", wh)
+        if self.catalog_conn_id is not None:
+            check_name(self.catalog_conn_id, CONN_ID, what=f"sink {self.name!r}: catalog_conn_id")
+        if self.catalog_uri is not None and self.catalog_conn_id is not None:
+            raise TxnConfigError(
+                f"sink {self.name!r}: give catalog_conn_id or catalog_uri, not both"
+            )
+        if self.catalog_uri is not None and _has_password(self.catalog_uri):
+            raise TxnConfigError(
+                f"sink {self.name!r}: catalog_uri holds a password, which would show in the "
+                "job's command line and the task log; put the catalog in an Airflow connection "
+                "and pass catalog_conn_id"
+            )
+
+    @property
+    def conn_ids(self) -> tuple[str, ...]:
+        return () if self.catalog_conn_id is None else (self.catalog_conn_id,)
 
     @property
     def location(self) -> str:
@@ -84,16 +105,30 @@ class IcebergSink(LakeSink):
             "warehouse": self.warehouse,
             "catalog_uri": self.catalog_uri,
             "catalog_name": self.catalog_name,
+            "catalog_conn_id": self.catalog_conn_id,
         }
 
     def open(self, log_url: str | None = None) -> IcebergLakeTable:
-        uri = self.catalog_uri or log_url
+        require("pyiceberg", "iceberg")
+        uri: str | None = self.catalog_uri or log_url
+        if self.catalog_conn_id is not None:
+            uri = connection_url(self.catalog_conn_id, what=f"the catalog of sink {self.name!r}")
         if not uri:
             raise ValueError(
-                f"sink {self.name!r}: no catalog_uri, and no transaction log URL to default to"
+                f"sink {self.name!r}: no catalog_conn_id or catalog_uri, and no transaction log "
+                "URL to default to"
             )
-        require("pyiceberg", "iceberg")
         return IcebergLakeTable(self, uri)
+
+
+def _has_password(uri: str) -> bool:
+    from sqlalchemy.engine import make_url
+
+    try:
+        url = make_url(uri)
+    except Exception:  # not a URL SQLAlchemy reads: the catalog will say so; look for the shape
+        return "@" in uri and ":" in uri.split("@", 1)[0].split("://", 1)[-1]
+    return bool(url.password) or "password" in {k.lower() for k in url.query}
 
 
 _catalogs: dict[tuple[str, str, str], Any] = {}

@@ -31,7 +31,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from sqlalchemy.engine import make_url
+
 from airflow_txn_provider.coordinator import ProcessedAction, TxRecord, attempt_may_stage
+from airflow_txn_provider.credentials import RedactingFilter, register_secret
 from airflow_txn_provider.exceptions import (
     IncompleteBatchError,
     MalformedRecordError,
@@ -421,6 +424,8 @@ def run_job(
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    for handler in logging.getLogger().handlers:  # its lines reach task logs and executors'
+        handler.addFilter(RedactingFilter())
     try:
         job = BatchJob.from_args(sys.argv[1:] if argv is None else argv)
     except SystemExit as exit_:
@@ -429,6 +434,7 @@ def run_job(
     if not url:
         print(f"error: ${LOG_URL_ENV} is not set (the transaction log's URL)", file=sys.stderr)
         return 2
+    register_secret(make_url(url).password)
     txlog = TransactionLog.from_url(url, migrate=False)
     spark = session_factory(job)
     try:

@@ -20,6 +20,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from airflow_txn_provider.coordinator import PipelineView, TxRecord, TxStatus
+from airflow_txn_provider.credentials import redact_optional
 from airflow_txn_provider.sinks.base import OUTPUT_PREFIX
 from airflow_txn_provider.timetables import txid_run_id
 
@@ -281,7 +282,7 @@ def txid_row(tx: TransactionInfo, now: datetime) -> dict[str, Any]:
         "processing_running": processing_running,
         "commit_wait_s": commit_wait_s,
         "commit_wait_running": commit_wait_running,
-        "last_error": tx.last_error,
+        "last_error": redact_optional(tx.last_error),  # rows stored before redaction too
         "failed_by": tx.failed_by,
         "failed_by_earlier": failed_by_earlier(tx.txid, tx.failed_by),
     }
@@ -331,7 +332,7 @@ def attempt_row(a: AttemptInfo, now: datetime) -> dict[str, Any]:
         "processing_s": processing_s,
         "processing_running": processing_running,
         "total_s": seconds_between(a.started_at, a.ended_at),
-        "error": a.error,
+        "error": redact_optional(a.error),
         "failed_by": a.failed_by,
         "failed_by_earlier": failed_by_earlier(a.txid, a.failed_by),
         "timings": dict(a.timings),

@@ -11,11 +11,27 @@ from pathlib import Path
 
 from airflow_txn_provider.dag_builder import build_dag
 from airflow_txn_provider.pipeline import TxnPipeline
+from airflow_txn_provider.sinks import IcebergSink
 from airflow_txn_provider.spark.sources import PartitionedParquetSource
 from airflow_txn_provider.state import MapState
 
 ROOT = Path(__file__).resolve().parents[2]
 NAME = os.environ.get("TXN_TEST_PIPELINE", "txn_words")
+
+# An Iceberg sink instead of the state when its catalog connection is named (the credentials test)
+CATALOG_CONN = os.environ.get("TXN_TEST_ICEBERG_CONN")
+SINKS = (
+    [
+        IcebergSink(
+            "words_lake",
+            table="txn_test.words",
+            warehouse=os.environ["TXN_TEST_ICEBERG_WAREHOUSE"],
+            catalog_conn_id=CATALOG_CONN,
+        )
+    ]
+    if CATALOG_CONN
+    else []
+)
 
 pipeline = TxnPipeline(
     name=NAME,
@@ -24,7 +40,11 @@ pipeline = TxnPipeline(
         max_per_partition=int(os.environ.get("TXN_TEST_BATCH", "50")),
     ),
     jobs=[os.environ.get("TXN_TEST_JOB", str(ROOT / "spark_jobs" / "word_count.py"))],
-    states=[MapState(NAME, f"{NAME}_counts", "transactional", keys={"word": "text"})],
+    states=[]
+    if SINKS
+    else [MapState(NAME, f"{NAME}_counts", "transactional", keys={"word": "text"})],
+    sinks=SINKS,
+    spark=os.environ.get("TXN_TEST_SPARK", "connect"),
     max_pending=int(os.environ.get("TXN_TEST_MAX_PENDING", "4")),
     max_attempts=int(os.environ.get("TXN_TEST_MAX_ATTEMPTS", "2")),
     poll_interval=float(os.environ.get("TXN_TEST_POLL", "0.5")),

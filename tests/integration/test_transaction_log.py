@@ -78,6 +78,13 @@ class TestStormScenarios:
         # txid 1 kept its attempt and processed output and commits as it is.
         assert txlog.commit("p", 1, 1).applied
 
+    def test_a_stored_error_has_its_passwords_redacted(self, four):
+        txlog, _ = four
+        txlog.fail("p", 2, 1, error="catalog postgresql://ice:Pl4nted-S3cret@db/cat is down")
+        info = txlog.transaction("p", 2)
+        assert info.last_error == "catalog postgresql://ice:***@db/cat is down"
+        assert txlog.attempts("p", 2)[0].error == info.last_error
+
     def test_late_processed_from_old_attempt_is_ignored(self, four):
         txlog, src = four
         txlog.fail("p", 2, 1)

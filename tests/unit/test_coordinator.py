@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -294,6 +296,25 @@ class TestFailure:
         assert plan_failure(v, 1, None, of_processing=True) == ()
         # Still processing: it and every later txid fail, as any failure does.
         assert plan_failure(view((1, 1, PROC), (2, 1, DONE)), 1, 1, of_processing=True) == (1, 2)
+
+    def test_a_stopped_try_whose_lease_another_took_over_fails_nothing(self):
+        # Airflow stopped try 1 of a processing task while try 2 had resumed the same attempt
+        # and renewed its lease: try 1's bad exit must not fail the attempt try 2 is processing.
+        v = view((1, 1, PROC), (2, 1, PROC))
+        held = dataclasses.replace(v.in_flight[0], lease_holder="task p (try 2) (host h, pid 2)")
+        v = dataclasses.replace(v, in_flight=(held, v.in_flight[1]))
+        try_1, try_2 = "task p (try 1) (host h, pid 1)", "task p (try 2) (host h, pid 2)"
+        assert plan_failure(v, 1, 1, of_processing=True, reporter=try_1) == ()
+        assert plan_failure(v, 1, 1, of_processing=True, reporter=try_2) == (1, 2)
+        # no holder recorded yet (never renewed), or a report naming no reporter: as before
+        assert plan_failure(view((1, 1, PROC)), 1, 1, of_processing=True, reporter=try_1) == (1,)
+        assert plan_failure(v, 1, 1, of_processing=True) == (1, 2)
+        # a holder name is stored cut to its column's width: a long reporter still matches
+        long = "t" * 600
+        cut = dataclasses.replace(
+            v, in_flight=(dataclasses.replace(held, lease_holder=long[:500]),)
+        )
+        assert plan_failure(cut, 1, 1, of_processing=True, reporter=long) == (1,)
 
     def test_a_failed_commit_or_a_cascade_fails_a_processed_txid(self):
         v = view((1, 1, PROC), (2, 1, DONE), (3, 1, DONE))

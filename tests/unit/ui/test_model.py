@@ -328,3 +328,23 @@ class TestStates:
     def test_global_summary(self):
         assert model.global_state_summary("total", "opaque", Decimal("42"))["value"] == 42
         assert model.global_state_summary("total", "opaque", None)["value"] is None
+
+
+def test_a_password_stored_in_an_error_before_redaction_is_not_shown():
+    leaked = "catalog postgresql://ice:Pl4nted-S3cret@db/cat refused the batch"
+    row = model.txid_row(tx(4, TxStatus.FAILED, error=leaked, failed_by=4), at(10))
+    assert row["last_error"] == "catalog postgresql://ice:***@db/cat refused the batch"
+    attempt = AttemptInfo(
+        pipeline="p",
+        txid=4,
+        attempt=1,
+        status=TxStatus.FAILED,
+        metadata=None,
+        output=None,
+        started_at=at(0),
+        processed_at=None,
+        ended_at=at(3),
+        error=leaked,
+        failed_by=4,
+    )
+    assert "Pl4nted-S3cret" not in model.attempt_row(attempt, at(10))["error"]

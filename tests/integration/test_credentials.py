@@ -1,0 +1,184 @@
+"""A planted catalog password never shows: not in ``ps``, a task log, the log's tables, the
+Transactions page or a run note. On a real Airflow (scheduler, dag-processor, triggerer,
+api-server on a Postgres metadata DB) running its jobs with ``spark-submit``.
+
+The pipeline commits into an Iceberg table whose catalog is the Airflow connection ``ice_cat``,
+created in Airflow's metadata database through the REST API, as a person would in Admin >
+Connections, with a password this test plants. Txid 1 commits through it (so the connection is
+really used, by the job's driver and by the commit). Txid 2's batch holds a marked line, on which
+the job raises an error carrying the catalog's URL, password included, on every attempt: with
+``max_attempts=2`` that is a poison batch, whose error is stored, shown on the page and copied
+into the run's note.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+
+from airflow_txn_provider.sinks import IcebergSink
+from airflow_txn_provider.transaction_log import TransactionLog
+from tests.conftest import new_database, wait_until
+from tests.spark_data import parquet_dataset, random_lines
+from txn_testing.airflow import AirflowStack, txn_log_connection_env
+
+ROOT = Path(__file__).resolve().parents[2]
+PIPELINE = "secret_words"
+BATCH = 20
+SECRET = "Pl4nted-catalog-S3cret"
+MARK = "leakmarker"
+
+
+class ProcessWatch(threading.Thread):
+    """Samples every process's command line, and the environment of ``spark-submit``'s, as ``ps``
+    and a curious user of the machine would, until stopped."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.cmdlines: set[str] = set()
+        self.submit_environs: list[str] = []
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(0.1):
+            for proc in Path("/proc").glob("[0-9]*"):
+                try:
+                    cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                    if "SparkSubmit" in cmdline and PIPELINE in cmdline:
+                        environ = (proc / "environ").read_bytes().decode(errors="replace")
+                        self.submit_environs.append(environ)
+                except OSError:  # gone, or not ours
+                    continue
+                self.cmdlines.add(cmdline)
+
+
+@pytest.fixture
+def stack(postgres, db_url, tmp_path):
+    meta = new_database(postgres, migrated=False)
+    lines = random_lines(26, 3 * BATCH)
+    lines[BATCH + 5] = f"a {MARK} line"  # in txid 2's batch
+    env = {
+        "TXN_TEST_PIPELINE": PIPELINE,
+        "TXN_TEST_DATA": str(parquet_dataset(tmp_path / "data", {"0": lines})),
+        "TXN_TEST_BATCH": str(BATCH),
+        "TXN_TEST_MAX_PENDING": "2",
+        "TXN_TEST_MAX_ATTEMPTS": "2",
+        "TXN_TEST_SPARK": "submit",
+        "TXN_TEST_JOB": str(ROOT / "tests" / "spark_jobs" / "leaky_word_count.py"),
+        "TXN_TEST_ICEBERG_CONN": "ice_cat",
+        "TXN_TEST_ICEBERG_WAREHOUSE": str(tmp_path / "warehouse"),
+        **txn_log_connection_env("txn_log_default", db_url),
+    }
+    airflow = AirflowStack(tmp_path / "airflow", meta, ROOT / "tests" / "dags", env=env)
+    try:
+        airflow.start()
+        yield airflow
+    finally:
+        airflow.stop()
+
+
+def test_a_planted_catalog_password_shows_nowhere(stack, db_url, tmp_path, monkeypatch):
+    api = stack.client()
+    log_db = make_url(db_url)
+    # the catalog: the test's Postgres (trust auth: the password is carried, not checked)
+    api.call(
+        "POST",
+        "/connections",
+        json={
+            "connection_id": "ice_cat",
+            "conn_type": "postgres",
+            "host": log_db.host,
+            "port": log_db.port,
+            "login": log_db.username,
+            "password": SECRET,
+            "schema": log_db.database,
+        },
+    )
+    api.wait_for_dag(PIPELINE)
+    watch = ProcessWatch()
+    watch.start()
+    try:
+        api.unpause(PIPELINE)
+        log = TransactionLog.from_url(db_url, migrate=False)
+
+        def failed_on_the_mark():
+            info = log.transaction(PIPELINE, 2)
+            failed = info is not None and info.status.value == "failed"
+            return failed and "refuses it" in (info.last_error or "") and info.last_error
+
+        last_error = wait_until(failed_on_the_mark, 420, "txid 2 to fail on its mark", stack)
+        wait_until(lambda: log.last_committed(PIPELINE) >= 1, 240, "txid 1 to commit", stack)
+
+        def note():
+            runs = {r["dag_run_id"]: r for r in api.runs(PIPELINE)}
+            found = (runs.get("txid-000002") or {}).get("note") or ""
+            return "POISON BATCH" in found and found  # not the re-queue note before it
+
+        run_note = wait_until(note, 120, "the poison batch's run note", stack)
+    finally:
+        watch.done.set()
+        watch.join()
+
+    # the error went everywhere it goes, with the password replaced
+    assert "refuses it" in last_error and "***" in last_error and SECRET not in last_error
+    assert "POISON BATCH" in run_note and "refuses it" in run_note and SECRET not in run_note
+
+    # ps: the jobs ran (their drivers were seen), the password was in no process's arguments,
+    # and it reached the drivers through their environment, as the task handed it over
+    assert watch.submit_environs, "no spark-submit driver was seen: the ps check saw nothing"
+    assert not [c for c in watch.cmdlines if SECRET in c]
+    assert any("TXN_CONN_URL__ICE_CAT=" in e and SECRET in e for e in watch.submit_environs)
+
+    # the catalog connection worked: txid 1 is in the Iceberg table
+    monkeypatch.setenv("AIRFLOW_CONN_ICE_CAT", db_url)
+    sink = IcebergSink(
+        "words_lake",
+        table="txn_test.words",
+        warehouse=str(tmp_path / "warehouse"),
+        catalog_conn_id="ice_cat",
+    )
+    assert sink.open().committed_txid(PIPELINE) == 1
+
+    # the log's tables: every row of every txn_ table, as text
+    with log.engine.connect() as conn:
+        tables = conn.execute(
+            text("SELECT tablename FROM pg_tables WHERE tablename LIKE 'txn%'")
+        ).scalars()
+        dump = "\n".join(
+            str(row)
+            for table in list(tables)
+            for row in conn.execute(text(f'SELECT t::text FROM "{table}" t')).scalars()
+        )
+    assert "refuses it" in dump and SECRET not in dump
+    log.engine.dispose()
+
+    # the Transactions page, as a signed-in user sees it
+    token = httpx.post(
+        f"{stack.url}/auth/token",
+        json={"username": "admin", "password": stack.password},
+        timeout=30,
+    ).json()["access_token"]
+    headers = {"Authorization": f"Bearer {token}"}
+    pages = [
+        f"{stack.url}/transactions/pipelines/{PIPELINE}",
+        f"{stack.url}/transactions/dags/{PIPELINE}/runs/txid-000002",
+    ]
+    for url in pages:
+        page = httpx.get(url, headers=headers, timeout=30)
+        assert page.status_code == 200, (url, page.status_code, page.text[:500])
+        assert "refuses it" in page.text and SECRET not in page.text, url
+
+    # every file Airflow wrote: task logs (the driver's traceback carried the URL), the
+    # components' own logs, its configuration
+    seen_error = False
+    for path in stack.home.rglob("*"):
+        if path.is_file():
+            content = path.read_bytes()
+            assert SECRET.encode() not in content, path
+            seen_error = seen_error or b"refuses it" in content
+    assert seen_error, "no log holds the job's error: the task-log check saw nothing"
