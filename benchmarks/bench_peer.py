@@ -158,32 +158,65 @@ def run_peer(data: Path, pg_port: int, name: str, workdir: Path) -> dict[str, An
     }
 
 
-AIRFLOW = "Airflow (services and task processes)"
+SCHEDULER = "Airflow scheduler (and its executor)"
+TRIGGERER = "Airflow triggerer"
+API_SERVER = "Airflow api-server"
+DAG_PROCESSOR = "Airflow dag-processor"
+TASKS = "Airflow task processes (supervisor + task)"
+AIRFLOW_GROUPS = (SCHEDULER, TRIGGERER, API_SERVER, DAG_PROCESSOR, TASKS)
+AIRFLOW = "Airflow, all of it"
 IDLE_SAMPLE = 10.0
 """Seconds Airflow's CPU use is sampled with no txid to run."""
+# Process titles Airflow sets (setproctitle) or the command lines it starts, by group.
+_TITLES = (
+    (("airflow worker --", "airflow supervisor:", "airflow task supervisor"), TASKS),
+    (("airflow executor", "LocalExecutor", "airflow scheduler", "serve-logs"), SCHEDULER),
+    (("airflow triggerer",), TRIGGERER),
+    (("api_server", "api-server", "uvicorn", "gunicorn"), API_SERVER),
+    (("dag-processor", "dag_processor", "dag processor"), DAG_PROCESSOR),
+)
+
+
+def _airflow_group(cmdline: str) -> str | None:
+    for titles, group in _TITLES:
+        if any(t in cmdline for t in titles):
+            return group
+    return None
 
 
 def cpu_by_group() -> Counter[str]:
     """CPU seconds used so far by this process and every process under it, by group. A process
     that exits is counted by the one that reaped it (its ``children_*`` times): Postgres backends
-    by the postmaster, task processes by the Airflow worker that forked them."""
+    by the postmaster, and a task's supervisor and task process, which end with the task, by the
+    executor process that started them, whose reaped children's times count as task processes.
+    A process Airflow did not title takes the group of its nearest titled ancestor."""
     me = psutil.Process()
     used: Counter[str] = Counter()
-    for proc in [me, *me.children(recursive=True)]:
+    groups: dict[int, str] = {}
+    for proc in [me, *me.children(recursive=True)]:  # parents before their children
         try:
             times, name = proc.cpu_times(), proc.name()
+            cmdline = " ".join(proc.cmdline())
+            parent = proc.ppid()
         except psutil.Error:  # gone meanwhile: its parent counts it
             continue
-        group = (
-            "driver (this process)"
-            if proc.pid == me.pid
-            else "Spark (JVM)"
-            if name == "java"
-            else "Postgres"
-            if name.startswith("postgres")
-            else AIRFLOW
-        )
-        used[group] += times.user + times.system + times.children_user + times.children_system
+        if proc.pid == me.pid:
+            group = "driver (this process)"
+        elif name == "java":
+            group = "Spark (JVM)"
+        elif name.startswith("postgres"):
+            group = "Postgres"
+        else:
+            group = _airflow_group(cmdline) or groups.get(parent, SCHEDULER)
+        groups[proc.pid] = group
+        own = times.user + times.system
+        reaped = times.children_user + times.children_system
+        if group == SCHEDULER and ("executor" in cmdline or "LocalExecutor" in cmdline):
+            used[group] += own
+            used[TASKS] += reaped  # the supervisors and tasks it started, once they ended
+        else:
+            used[group] += own + reaped
+    used[AIRFLOW] = sum(used[g] for g in AIRFLOW_GROUPS)
     return used
 
 
@@ -443,7 +476,12 @@ def main(argv: list[str] | None = None) -> int:
         sides = [peer[name]["cpu"], core[name]["cpu"], ours[name]["cpu"]]
         for group in [*sorted(set().union(*sides)), "all"]:
             cells = [
-                (sum(side.values()) if group == "all" else side.get(group, 0.0)) / batches
+                (
+                    sum(v for g, v in side.items() if g != AIRFLOW)
+                    if group == "all"
+                    else side.get(group, 0.0)
+                )
+                / batches
                 for side in sides
             ]
             label = f"**{group}**" if group == "all" else group
