@@ -6,9 +6,17 @@ log line or an Airflow task failure always says *which* transaction went wrong.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 
 class TxnError(Exception):
-    """Base class: an error about one pipeline and, where known, one txid and attempt."""
+    """Base class: an error about one pipeline and, where known, one txid and attempt.
+
+    A subclass that says more (where a bad record is, which state) names those keyword arguments
+    in ``fields``: they become attributes (``None`` when not given) and survive pickling.
+    """
+
+    fields: ClassVar[tuple[str, ...]] = ()
 
     def __init__(
         self,
@@ -17,7 +25,13 @@ class TxnError(Exception):
         pipeline: str | None = None,
         txid: int | None = None,
         attempt: int | None = None,
+        **fields: str | None,
     ) -> None:
+        unknown = sorted(set(fields) - set(self.fields))
+        if unknown:
+            raise TypeError(f"{type(self).__name__} takes no argument(s) {unknown}")
+        for name in self.fields:
+            setattr(self, name, fields.get(name))
         self.pipeline = pipeline
         self.txid = txid
         self.attempt = attempt
@@ -27,14 +41,12 @@ class TxnError(Exception):
         super().__init__(where + message)
 
     def __reduce__(self):  # keep the keyword arguments across pickling (multiprocessing, Airflow)
-        return (
-            _rebuild,
-            (type(self), self.detail, self.pipeline, self.txid, self.attempt),
-        )
+        fields = {name: getattr(self, name) for name in self.fields}
+        return (_rebuild, (type(self), self.detail, self.pipeline, self.txid, self.attempt, fields))
 
 
-def _rebuild(cls, message, pipeline, txid, attempt):
-    return cls(message, pipeline=pipeline, txid=txid, attempt=attempt)
+def _rebuild(cls, message, pipeline, txid, attempt, fields=None):
+    return cls(message, pipeline=pipeline, txid=txid, attempt=attempt, **(fields or {}))
 
 
 class UnknownPipelineError(TxnError):
@@ -114,6 +126,9 @@ class MalformedRecordError(SourceError):
     the txid commits nothing until it is.
     """
 
+    fields = ("location",)
+    location: str | None
+
     def __init__(
         self,
         message: str,
@@ -123,22 +138,11 @@ class MalformedRecordError(SourceError):
         attempt: int | None = None,
         location: str | None = None,
     ) -> None:
-        self.location = location
         where = f" at {location}" if location else ""
-        super().__init__(f"{message}{where}", pipeline=pipeline, txid=txid, attempt=attempt)
-        self.detail = message
-
-    def __reduce__(self):
-        return (
-            _rebuild_malformed,
-            (self.detail, self.pipeline, self.txid, self.attempt, self.location),
+        super().__init__(
+            f"{message}{where}", pipeline=pipeline, txid=txid, attempt=attempt, location=location
         )
-
-
-def _rebuild_malformed(message, pipeline, txid, attempt, location):
-    return MalformedRecordError(
-        message, pipeline=pipeline, txid=txid, attempt=attempt, location=location
-    )
+        self.detail = message
 
 
 class LeaseExpiredError(TxnError):
@@ -173,62 +177,18 @@ class MalformedOutputError(TxnError):
     delta, a value of the wrong type. Refused before anything is staged, so it can never turn a
     committed value into NULL or NaN; ``state`` and ``row`` say which state and which row."""
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        pipeline: str | None = None,
-        txid: int | None = None,
-        attempt: int | None = None,
-        state: str | None = None,
-        row: str | None = None,
-    ) -> None:
-        self.state = state
-        self.row = row
-        super().__init__(message, pipeline=pipeline, txid=txid, attempt=attempt)
-
-    def __reduce__(self):
-        return (
-            _rebuild_output,
-            (self.detail, self.pipeline, self.txid, self.attempt, self.state, self.row),
-        )
-
-
-def _rebuild_output(message, pipeline, txid, attempt, state, row):
-    return MalformedOutputError(
-        message, pipeline=pipeline, txid=txid, attempt=attempt, state=state, row=row
-    )
+    fields = ("state", "row")
+    state: str | None
+    row: str | None
 
 
 class StateValueOutOfRangeError(TxnError):
     """A commit would take a state's value out of its type's range (a bigint sum past 2**63 - 1):
     permanent, so the txid fails at once; ``state`` and ``key`` say where."""
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        pipeline: str | None = None,
-        txid: int | None = None,
-        attempt: int | None = None,
-        state: str | None = None,
-        key: str | None = None,
-    ) -> None:
-        self.state = state
-        self.key = key
-        super().__init__(message, pipeline=pipeline, txid=txid, attempt=attempt)
-
-    def __reduce__(self):
-        return (
-            _rebuild_range,
-            (self.detail, self.pipeline, self.txid, self.attempt, self.state, self.key),
-        )
-
-
-def _rebuild_range(detail, pipeline, txid, attempt, state, key):
-    return StateValueOutOfRangeError(
-        detail, pipeline=pipeline, txid=txid, attempt=attempt, state=state, key=key
-    )
+    fields = ("state", "key")
+    state: str | None
+    key: str | None
 
 
 class IncompleteBatchError(SourceError):
