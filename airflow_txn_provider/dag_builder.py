@@ -7,8 +7,10 @@ One run per txid (:class:`~airflow_txn_provider.timetables.TxidTimetable`), at m
     begin >> [process_<job> ...] >> processed >> commit      (several jobs, in parallel)
     watch_failures                           (the failure sensor, beside the work from the start)
 
-Three tasks per txid with one job (docs/airflow.md, "Tasks of a txid", says why): each task is a
-new process on a worker, and on a small machine those starts compete with Spark for the cores.
+Three tasks per txid with one job (docs/airflow.md, "Tasks of a txid", says why), of which only
+the processing starts on a worker when the txid commits without failing: ``commit`` and
+``watch_failures`` start and end in the triggerer. A worker-task start costs more CPU than the
+commit's SQL, and on a small machine those starts compete with Spark for the cores.
 """
 
 from __future__ import annotations
@@ -46,8 +48,19 @@ away) never exhausts them. A failure sensor that gave up would leave its txid un
 COORDINATION_MAX_RETRY_DELAY = timedelta(seconds=30)
 
 
-def build_dag(pipeline: TxnPipeline, *, dag_id: str | None = None, **dag_kwargs: Any) -> DAG:
-    """The DAG of ``pipeline``; extra keyword arguments go to ``DAG`` (tags, doc_md, …)."""
+def build_dag(
+    pipeline: TxnPipeline,
+    *,
+    dag_id: str | None = None,
+    triggerer_start: bool = True,
+    **dag_kwargs: Any,
+) -> DAG:
+    """The DAG of ``pipeline``; extra keyword arguments go to ``DAG`` (tags, doc_md, …).
+
+    :param triggerer_start: start ``commit`` and ``watch_failures`` in the triggerer (Airflow's
+        ``start_from_trigger``): a txid that commits without failing starts one worker task, its
+        processing. ``False``: they start on a worker, then defer (as before issue 27).
+    """
     # retry_delay also paces a task that the failure sensor cleared while it was still finishing
     # (Airflow then puts it up for retry): seconds, not the default five minutes.
     default_args = {
@@ -92,12 +105,16 @@ def build_dag(pipeline: TxnPipeline, *, dag_id: str | None = None, **dag_kwargs:
             )
             for job in pipeline.jobs
         ]
-        commit = TxnCommitOperator(task_id="commit", **coordination, **common)
+        commit = TxnCommitOperator(
+            task_id="commit", triggerer_start=triggerer_start, **coordination, **common
+        )
         if single:
             jobs[0] >> commit
         else:
             begin = TxnBeginOperator(task_id=BEGIN_TASK_ID, **coordination, **common)
             processed = TxnRecordProcessedOperator(task_id="processed", **coordination, **common)
             begin >> jobs >> processed >> commit
-        TxnFailureSensor(task_id=WATCH_TASK_ID, **coordination, **common)
+        TxnFailureSensor(
+            task_id=WATCH_TASK_ID, triggerer_start=triggerer_start, **coordination, **common
+        )
     return dag

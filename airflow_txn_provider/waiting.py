@@ -90,6 +90,18 @@ def txid_outcome(view: PipelineView, txid: int) -> TxStatus | None:
     return None
 
 
+def awaits_commit(view: PipelineView, txid: int) -> bool:
+    """Whether ``txid`` could commit now and has not: its current attempt is processed and
+    ``txid - 1`` committed. Held for long, nobody else is about to commit it (the task that
+    recorded the output, or an earlier txid's commit, commits what is ready at once)."""
+    rec = view.record(txid)
+    return (
+        rec is not None
+        and rec.status is TxStatus.PROCESSED
+        and commit_gate(view, txid, rec.attempt) is GateState.OPEN
+    )
+
+
 def should_retry(failed_attempts: int, max_attempts: int) -> bool:
     """Poison-batch policy: replay a failed txid until it has failed ``max_attempts`` times, then
     stop the pipeline at it (no silent skip: later txids wait for it)."""

@@ -382,11 +382,18 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="cold task processes: no airflow_local_settings.py warming them (for comparison)",
     )
+    parser.add_argument(
+        "--worker-start",
+        action="store_true",
+        help="commit and watch_failures start on a worker, as before issue 27 (for comparison)",
+    )
     args = parser.parse_args(argv)
     sizes = [tuple(int(float(x)) for x in s.split(":")) for s in args.sizes.split(",")]
     print(
         f"bench-peer: seed {args.seed}, sizes {sizes}, max_pending {args.max_pending}, "
-        f"task processes {'cold' if args.no_preload else 'warm (airflow_txn_provider.preload)'}"
+        f"task processes {'cold' if args.no_preload else 'warm (airflow_txn_provider.preload)'}, "
+        "commit and watch_failures start "
+        + ("on a worker" if args.worker_start else "in the triggerer")
     )
     workdir = Path(tempfile.mkdtemp(prefix="bench-peer-"))
     workdir.chmod(0o755)
@@ -418,6 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         env = {
             "BENCH_PEER_PIPELINES": json.dumps(specs),
             "BENCH_PEER_MAX_PENDING": str(args.max_pending),
+            "BENCH_PEER_TRIGGERER_START": "0" if args.worker_start else "1",
             **txn_log_connection_env("txn_log_default", pg.url.replace("+psycopg2", "")),
         }
         meta = pg.url.rsplit("/", 1)[0] + "/meta"

@@ -23,7 +23,7 @@ from airflow_txn_provider.credentials import connection_env
 from airflow_txn_provider.hooks.txn_log import TxnLogHook
 from airflow_txn_provider.timetables import txid_from_run_id
 from airflow_txn_provider.transaction_log import CLAIM_TIMEOUT
-from airflow_txn_provider.triggers.txn_log import TxnLogTrigger, WaitFor
+from airflow_txn_provider.triggers.txn_log import RUN_TXID, TxnLogTrigger, WaitFor
 from airflow_txn_provider.waiting import GateState
 
 if TYPE_CHECKING:
@@ -182,6 +182,26 @@ class _TxnOperator(BaseOperator):
         return claim
 
 
+def start_in_triggerer(
+    task: BaseOperator, trigger: TxnLogTrigger, next_method: str, enabled: bool = True
+) -> None:
+    """Start ``task`` in the triggerer (``start_from_trigger``), waiting on ``trigger``, whose
+    txid and attempt the trigger reads from its run (``RUN_TXID``, ``FIRST_WATCHED``): no worker
+    process unless the trigger wakes ``next_method``. Most txids then need one worker-task start
+    in all, their processing: a task start costs more CPU than the commit's SQL (issue 27).
+    ``dag.test()`` and a worker that runs such a task anyway call ``execute``, which waits the
+    classic way (deferring from the worker)."""
+    from airflow.triggers.base import StartTriggerArgs
+
+    if not enabled:
+        return
+    path, kwargs = trigger.serialize()
+    task.start_from_trigger = True
+    task.start_trigger_args = StartTriggerArgs(
+        trigger_cls=path, trigger_kwargs=kwargs, next_method=next_method, timeout=None
+    )
+
+
 class TxnBeginOperator(_TxnOperator):
     """Claim this run's txid (see :meth:`_TxnOperator.claim`), for a pipeline of several jobs:
     they then process it in parallel. With one job, its processing task claims by itself."""
@@ -329,19 +349,36 @@ class TxnCommitOperator(_TxnOperator):
     Skipped, as before, when the claim skipped the run (a rerun of a committed txid).
     """
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, triggerer_start: bool = True, **kwargs: Any) -> None:
         kwargs.setdefault("trigger_rule", "none_skipped")
         super().__init__(**kwargs)
         if self.pipeline.sinks and not self.outlets:
             # An Asset event per committed txid: downstream DAGs schedule on committed data only.
             self.outlets = self.pipeline.assets
+        # Usually the txid committed already (its processing task commits what is ready): the
+        # task then ends in the triggerer. It wakes on a worker to commit, to fail a stale
+        # attempt, or to emit its Asset events (a task ending in the triggerer emits none).
+        start_in_triggerer(
+            self,
+            TxnLogTrigger(
+                txn_log_conn_id=self.pipeline.txn_log_conn_id,
+                pipeline=self.pipeline.name,
+                txid=RUN_TXID,
+                wait_for=WaitFor.COMMITTED,
+                poll_interval=self.pipeline.poll_interval,
+                end_task_on_commit=not self.outlets,
+            ),
+            "execute_complete",
+            enabled=triggerer_start,
+        )
 
     def execute(self, context: Context) -> dict[str, Any]:
         return self._commit_or_wait(context)
 
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         """Back from the triggerer: ``txid - 1`` committed (or this attempt went stale, or the
-        txid committed meanwhile). The gate is asked again: the log, not the event, decides."""
+        txid committed meanwhile; or, started there, the txid needs this task). The gate is asked
+        again: the log, not the event, decides."""
         return self._commit_or_wait(context)
 
     def _commit_or_wait(self, context: Context) -> dict[str, Any]:

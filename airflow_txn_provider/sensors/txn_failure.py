@@ -17,9 +17,10 @@ from airflow_txn_provider.operators.txn import (
     is_scheduled_txid_run,
     pipeline_log,
     run_txid,
+    start_in_triggerer,
 )
 from airflow_txn_provider.timetables import txid_run_id
-from airflow_txn_provider.triggers.txn_log import TxnLogTrigger, WaitFor
+from airflow_txn_provider.triggers.txn_log import FIRST_WATCHED, RUN_TXID, TxnLogTrigger, WaitFor
 from airflow_txn_provider.waiting import first_watched_attempt
 
 if TYPE_CHECKING:
@@ -62,17 +63,30 @@ class TxnFailureSensor(BaseSensorOperator):
     keeps the count and what was done about each failure, so an Airflow retry of this task
     neither replays a poison batch once more nor restarts a run twice.
 
-    Only scheduled txid runs are watched: a manual run (``dag.test``) has nobody to restart it.
+    It starts in the triggerer (``start_from_trigger``): a txid that commits without failing
+    never starts it on a worker. Only scheduled txid runs are watched: a manual run (``dag.test``)
+    has nobody to restart it.
     """
 
     ui_color = "#fde8e8"
 
     def __init__(
-        self, *, pipeline: TxnPipeline, claim_task_id: str = BEGIN_TASK_ID, **kwargs: Any
+        self,
+        *,
+        pipeline: TxnPipeline,
+        claim_task_id: str = BEGIN_TASK_ID,
+        triggerer_start: bool = True,
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.pipeline = pipeline
         self.claim_task_id = claim_task_id
+        start_in_triggerer(
+            self,
+            self._trigger(RUN_TXID, FIRST_WATCHED),
+            "on_failure",
+            enabled=triggerer_start,
+        )
 
     def txn_log(self) -> TransactionLog:
         return pipeline_log(self.pipeline)
@@ -93,18 +107,18 @@ class TxnFailureSensor(BaseSensorOperator):
     def _watch(self, txid: int, attempt: int, *, requeue: bool = False) -> NoReturn:
         """Defer until the txid commits, an attempt after ``attempt`` fails, or its lease runs
         out; with ``requeue``, also if failed ``attempt`` waits too long for its run to restart."""
-        self.defer(
-            trigger=TxnLogTrigger(
-                txn_log_conn_id=self.pipeline.txn_log_conn_id,
-                pipeline=self.pipeline.name,
-                txid=txid,
-                attempt=attempt,
-                wait_for=WaitFor.OUTCOME,
-                poll_interval=self.pipeline.poll_interval,
-                end_task_on_commit=True,
-                requeue_timeout=REQUEUE_TIMEOUT if requeue else None,
-            ),
-            method_name="on_failure",
+        self.defer(trigger=self._trigger(txid, attempt, requeue=requeue), method_name="on_failure")
+
+    def _trigger(self, txid: int, attempt: int, *, requeue: bool = False) -> TxnLogTrigger:
+        return TxnLogTrigger(
+            txn_log_conn_id=self.pipeline.txn_log_conn_id,
+            pipeline=self.pipeline.name,
+            txid=txid,
+            attempt=attempt,
+            wait_for=WaitFor.OUTCOME,
+            poll_interval=self.pipeline.poll_interval,
+            end_task_on_commit=True,
+            requeue_timeout=REQUEUE_TIMEOUT if requeue else None,
         )
 
     def on_failure(self, context: Context, event: dict[str, Any], **_legacy: Any) -> None:
@@ -119,8 +133,10 @@ class TxnFailureSensor(BaseSensorOperator):
         )
 
         p = self.pipeline
-        txid = run_txid(context, p.name)
         state = event.get("state")
+        if state == "manual_run":  # started in the triggerer, which knows no manual run's txid
+            raise AirflowSkipException("a manual run is not restarted on failure")
+        txid = run_txid(context, p.name)
         if state == "committed":
             return
         log = self.txn_log()

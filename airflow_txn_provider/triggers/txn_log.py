@@ -27,13 +27,32 @@ from typing import TYPE_CHECKING, Any
 from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 
 from airflow_txn_provider.coordinator import PipelineView, TxStatus, lease_expired
+from airflow_txn_provider.exceptions import UnknownPipelineError
 from airflow_txn_provider.retries import DEFAULT_OUTAGE_TIMEOUT, is_transient
-from airflow_txn_provider.waiting import awaits_requeue, commit_gate, may_begin_now, txid_outcome
+from airflow_txn_provider.timetables import txid_from_run_id
+from airflow_txn_provider.waiting import (
+    awaits_commit,
+    awaits_requeue,
+    commit_gate,
+    first_watched_attempt,
+    may_begin_now,
+    txid_outcome,
+)
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
 DEFAULT_TRIGGER_POOL_SIZE = 4
+RUN_TXID = 0
+"""``txid`` of a trigger that starts its task (``start_from_trigger``: its kwargs are fixed when
+the DAG is parsed): the txid of the run its task instance belongs to."""
+FIRST_WATCHED = -1
+"""``attempt`` of an ``OUTCOME`` trigger that starts its task: the attempt the run's claim holds,
+read at the first poll (:func:`~airflow_txn_provider.waiting.first_watched_attempt`)."""
+READY_POLLS = 2
+"""A ``COMMITTED`` trigger wakes its task to commit a txid only once the txid was ready to commit
+(processed, ``txid - 1`` committed) on this many polls in a row: the task that recorded its output
+commits it a few milliseconds later, and waking a worker for that would be a wasted task start."""
 
 _SHARED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, AsyncEngine]] = (
     weakref.WeakKeyDictionary()
@@ -79,6 +98,9 @@ class WaitFor(enum.StrEnum):
     """``txid`` may begin: ``txid - 1`` is (re-)initialised and the window has room."""
     COMMIT_GATE = "commit_gate"
     """``txid - 1`` committed (or the attempt went stale, or the txid committed)."""
+    COMMITTED = "committed"
+    """The txid committed; or its commit needs a worker: its current attempt failed (the commit
+    task fails, the run restarts), or it stays ready to commit for ``READY_POLLS`` polls."""
     OUTCOME = "outcome"
     """The txid committed, an attempt newer than ``attempt`` failed, or the current attempt's lease
     ran out (its process is gone); with a ``requeue_timeout``, also: failed ``attempt`` could
@@ -93,10 +115,12 @@ def evaluate(
     *,
     stuck_for: float = 0.0,
     requeue_timeout: float | None = None,
+    ready_polls: int = 0,
 ) -> dict[str, Any] | None:
     """The event to fire now, or ``None`` to keep waiting (pure: unit-tested with plain views).
 
     :param stuck_for: seconds for which :func:`awaits_requeue` has held without a break.
+    :param ready_polls: polls in a row (this one included) on which :func:`awaits_commit` held.
     """
     if wait_for is WaitFor.CAN_BEGIN:
         return {"state": "can_begin"} if may_begin_now(view, txid) else None
@@ -108,6 +132,12 @@ def evaluate(
         return {"state": "committed"}
     rec = view.record(txid)
     if rec is None:
+        return None
+    if wait_for is WaitFor.COMMITTED:
+        if outcome is TxStatus.FAILED:
+            return {"state": "stale", "attempt": rec.attempt}
+        if ready_polls >= READY_POLLS:
+            return {"state": "open", "attempt": rec.attempt}
         return None
     if outcome is TxStatus.FAILED:
         if rec.attempt > attempt:
@@ -128,8 +158,10 @@ class TxnLogTrigger(BaseTrigger):
 
     :param txn_log_conn_id: the ``txn_log`` connection.
     :param pipeline: pipeline name.
-    :param txid: the txid the waiting task belongs to.
-    :param attempt: the attempt it holds (``COMMIT_GATE``) or last handled (``OUTCOME``).
+    :param txid: the txid the waiting task belongs to (``RUN_TXID``: its run's; a run that is no
+        txid's fires ``{"state": "manual_run"}`` at once).
+    :param attempt: the attempt it holds (``COMMIT_GATE``) or last handled (``OUTCOME``;
+        ``FIRST_WATCHED``: the one its run's claim holds).
     :param wait_for: a :class:`WaitFor` value.
     :param end_task_on_commit: on "committed", end the waiting task successfully here in the
         triggerer (no worker slot, no task start): for a task with nothing left to do then.
@@ -185,9 +217,15 @@ class TxnLogTrigger(BaseTrigger):
         from airflow_txn_provider.hooks.txn_log import TxnLogHook
         from airflow_txn_provider.log_rows import load_view
 
+        txid = self.txid or txid_from_run_id(getattr(self.task_instance, "run_id", "") or "")
+        if txid is None:  # started from the triggerer in a manual run: its task knows the txid
+            yield TriggerEvent({"state": "manual_run"})
+            return
+        attempt = self.attempt
         url = await TxnLogHook(txn_log_conn_id=self.txn_log_conn_id).async_sqlalchemy_url()
         engine = shared_engine(url)
         pipeline = self.pipeline
+        ready_polls = 0  # polls in a row on which the txid was ready to commit (COMMITTED)
         stuck_since: float | None = None  # since when the txid awaits a re-queue (OUTCOME)
         outage: float | None = None  # when the log became unreachable
         failures = 0
@@ -195,6 +233,11 @@ class TxnLogTrigger(BaseTrigger):
             try:
                 async with engine.connect() as conn:
                     view = await conn.run_sync(lambda c: load_view(c, pipeline))
+            except UnknownPipelineError:
+                # A trigger that starts its task may poll before the pipeline's first claim
+                # registers it: nothing has begun yet, which is a reason to wait.
+                await asyncio.sleep(self.poll_interval)
+                continue
             except Exception as err:
                 if not is_transient(err):
                     raise
@@ -209,7 +252,7 @@ class TxnLogTrigger(BaseTrigger):
                     "pipeline=%s txid=%s: the transaction log is unreachable for %.0f s of "
                     "at most %.0f (%s); polling again in %.1f s",
                     pipeline,
-                    self.txid,
+                    txid,
                     down,
                     self.outage_timeout,
                     str(err).strip().splitlines()[0][:200],
@@ -220,24 +263,28 @@ class TxnLogTrigger(BaseTrigger):
             if outage is not None:
                 self.log.info("pipeline=%s: the transaction log is back", pipeline)
                 outage, failures = None, 0
+            if attempt == FIRST_WATCHED:
+                attempt = first_watched_attempt(view, txid)
             now = time.monotonic()
-            if self.requeue_timeout is not None and awaits_requeue(view, self.txid, self.attempt):
+            if self.requeue_timeout is not None and awaits_requeue(view, txid, attempt):
                 stuck_since = stuck_since or now
             else:
                 stuck_since = None
+            ready_polls = ready_polls + 1 if awaits_commit(view, txid) else 0
             event = evaluate(
                 self.wait_for,
                 view,
-                self.txid,
-                self.attempt,
+                txid,
+                attempt,
                 stuck_for=0.0 if stuck_since is None else now - stuck_since,
                 requeue_timeout=self.requeue_timeout,
+                ready_polls=ready_polls,
             )
             if event is not None:
-                self.log.info("pipeline=%s txid=%s: %s", pipeline, self.txid, event)
+                self.log.info("pipeline=%s txid=%s: %s", pipeline, txid, event)
                 if self.end_task_on_commit and event["state"] == "committed":
                     yield TaskSuccessEvent()
                 else:
-                    yield TriggerEvent({**event, "txid": self.txid})
+                    yield TriggerEvent({**event, "txid": txid})
                 return
             await asyncio.sleep(self.poll_interval)

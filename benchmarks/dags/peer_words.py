@@ -22,4 +22,6 @@ for spec in json.loads(os.environ.get("BENCH_PEER_PIPELINES", "[]")):
         states=[MapState(spec["name"], f"{spec['name']}_counts", keys={"word": "text"})],
         max_pending=int(os.environ.get("BENCH_PEER_MAX_PENDING", "4")),
     )
-    globals()[spec["name"]] = build_dag(pipeline)
+    globals()[spec["name"]] = build_dag(
+        pipeline, triggerer_start=os.environ.get("BENCH_PEER_TRIGGERER_START", "1") == "1"
+    )

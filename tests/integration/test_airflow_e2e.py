@@ -175,3 +175,11 @@ def test_failures_requeue_and_a_ui_clear_replays_in_order(stack, db_url):
         f for f in last if "warm: the Spark Connect client was preloaded" not in f.read_text()
     ]
     assert not not_warm, {str(f): f.read_text()[-2000:] for f in not_warm}
+
+    # -- a txid that commits without failing starts one worker task: commit and watch_failures
+    # start and end in the triggerer (their logs are the triggerer's only) --------------------
+    for t in (1, 2):  # committed before txid 3's failure, which fails later txids only
+        folder = airflow.home / "logs" / f"dag_id={PIPELINE}" / f"run_id={txid_run_id(t)}"
+        for task_id in ("commit", "watch_failures"):
+            logs = sorted(f.name for f in folder.glob(f"task_id={task_id}/*.log"))
+            assert logs and all(".log.trigger." in f for f in logs), (t, task_id, logs)

@@ -160,3 +160,24 @@ def test_a_dag_still_on_the_minute_grid_gets_no_new_run_until_migrated(caplog):
     )
     assert info is None
     assert "migrate-runs" in caplog.text
+
+
+@pytest.mark.parametrize("triggerer_start", [True, False])
+def test_the_commit_and_the_watch_start_in_the_triggerer_unless_told_not_to(triggerer_start):
+    from airflow.serialization.serialized_objects import BaseSerialization, DagSerialization
+
+    from airflow_txn_provider.triggers.txn_log import FIRST_WATCHED, RUN_TXID
+
+    built = build_dag(_pipeline(), triggerer_start=triggerer_start)
+    # as the scheduler and the triggerer see it: from the serialized DAG
+    dag = DagSerialization.from_dict(DagSerialization.to_dict(built))
+    commit, watch = dag.get_task("commit"), dag.get_task("watch_failures")
+    assert commit.start_from_trigger is watch.start_from_trigger is triggerer_start
+    assert not dag.get_task("process_word_count").start_from_trigger
+    if triggerer_start:
+        kwargs = BaseSerialization.deserialize(watch.start_trigger_args.trigger_kwargs)
+        assert (kwargs["txid"], kwargs["attempt"]) == (RUN_TXID, FIRST_WATCHED)
+        assert kwargs["end_task_on_commit"] and watch.start_trigger_args.next_method == "on_failure"
+        kwargs = BaseSerialization.deserialize(commit.start_trigger_args.trigger_kwargs)
+        assert (kwargs["wait_for"], kwargs["end_task_on_commit"]) == ("committed", True)
+        assert commit.start_trigger_args.next_method == "execute_complete"

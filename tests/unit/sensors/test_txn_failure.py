@@ -145,7 +145,9 @@ def test_injected_failure_by_attempt():
 
 
 def _run_trigger_once(trigger, monkeypatch, v):
-    """Run ``trigger`` against a fixed view instead of a database."""
+    """Run ``trigger`` against a fixed view instead of a database (a list: one view or error
+    per poll, the last one repeated)."""
+    polls = list(v) if isinstance(v, list) else [v]
     import sqlalchemy.ext.asyncio
 
     import airflow_txn_provider.hooks.txn_log as hooks
@@ -158,7 +160,10 @@ def _run_trigger_once(trigger, monkeypatch, v):
             return False
 
         async def run_sync(self, fn):
-            return v
+            item = polls.pop(0) if len(polls) > 1 else polls[0]
+            if isinstance(item, Exception):
+                raise item
+            return item
 
     class FakeEngine:
         def connect(self):
@@ -214,3 +219,91 @@ def test_blocked_by_names_the_oldest_failed_txid_before():
     v = failed(view((3, 1, DONE), (4, 1, PROC), (5, 1, PROC), (6, 1, PROC), last=2), 4)
     assert blocked_by(v, 6).txid == 4 and blocked_by(v, 4) is None
     assert blocked_by(view((3, 1, DONE), last=2), 4) is None
+
+
+# -- started in the triggerer (start_from_trigger): txid and attempt read from the run ---------
+
+
+def _started_trigger(wait_for, run_id, *, end_task_on_commit=True, attempt=0):
+    from types import SimpleNamespace
+
+    from airflow_txn_provider.triggers.txn_log import RUN_TXID
+
+    trigger = TxnLogTrigger(
+        txn_log_conn_id="c",
+        pipeline="p",
+        txid=RUN_TXID,
+        attempt=attempt,
+        wait_for=wait_for,
+        end_task_on_commit=end_task_on_commit,
+        poll_interval=0.01,
+    )
+    trigger.task_instance = SimpleNamespace(run_id=run_id, task_id="t")
+    return trigger
+
+
+def test_a_started_watch_reads_its_txid_from_the_run_and_watches_the_claimed_attempt(monkeypatch):
+    from airflow_txn_provider.triggers.txn_log import FIRST_WATCHED
+
+    # the claim failed at once (attempt 2), before the watch's first poll: its failure counts
+    v = failed(view((3, 2, PROC), last=2), 3)
+    watch = _started_trigger(WaitFor.OUTCOME, "txid-000003", attempt=FIRST_WATCHED)
+    event = _run_trigger_once(watch, monkeypatch, v)
+    assert event.payload == {"state": "failed", "attempt": 2, "txid": 3}
+    committed = _started_trigger(WaitFor.OUTCOME, "txid-000003", attempt=FIRST_WATCHED)
+    assert isinstance(_run_trigger_once(committed, monkeypatch, view(last=3)), TaskSuccessEvent)
+
+
+def test_a_started_trigger_of_a_manual_run_hands_over_to_its_task(monkeypatch):
+    trigger = _started_trigger(WaitFor.COMMITTED, "manual__2026-01-01T00:00:00+00:00")
+    event = _run_trigger_once(trigger, monkeypatch, view(last=3))
+    assert type(event) is TriggerEvent and event.payload == {"state": "manual_run"}
+
+
+@pytest.mark.parametrize(
+    ("v", "end_task_on_commit", "expected"),
+    [
+        (view(last=3), True, "success"),  # committed by its processing task: ends here
+        (view(last=3), False, "committed"),  # it has Asset events to emit: on a worker
+        (failed(view((3, 2, DONE), last=2), 3), True, "stale"),
+    ],
+)
+def test_a_started_commit_ends_in_the_triggerer_or_wakes_its_task(
+    monkeypatch, v, end_task_on_commit, expected
+):
+    trigger = _started_trigger(WaitFor.COMMITTED, "txid-000003", end_task_on_commit=True)
+    trigger.end_task_on_commit = end_task_on_commit
+    event = _run_trigger_once(trigger, monkeypatch, v)
+    if expected == "success":
+        assert isinstance(event, TaskSuccessEvent)
+    else:
+        assert type(event) is TriggerEvent and event.payload["state"] == expected
+        assert event.payload["txid"] == 3
+
+
+def test_a_started_commit_wakes_its_task_only_when_nobody_else_commits():
+    from airflow_txn_provider.triggers.txn_log import READY_POLLS, evaluate
+    from airflow_txn_provider.waiting import awaits_commit
+
+    ready = view((3, 1, DONE), last=2)
+    waiting = view((2, 1, PROC), (3, 1, DONE), last=1)
+    assert awaits_commit(ready, 3) and not awaits_commit(waiting, 3)
+    assert not awaits_commit(view((3, 1, PROC), last=2), 3)
+    assert evaluate(WaitFor.COMMITTED, ready, 3, 0, ready_polls=READY_POLLS - 1) is None
+    assert evaluate(WaitFor.COMMITTED, ready, 3, 0, ready_polls=READY_POLLS) == {
+        "state": "open",
+        "attempt": 1,
+    }
+    assert evaluate(WaitFor.COMMITTED, waiting, 3, 0, ready_polls=0) is None
+    assert evaluate(WaitFor.COMMITTED, view((3, 1, PROC), last=2), 3, 0) is None
+
+
+def test_a_started_watch_waits_for_the_pipelines_first_claim(monkeypatch):
+    from airflow_txn_provider.exceptions import UnknownPipelineError
+    from airflow_txn_provider.triggers.txn_log import FIRST_WATCHED
+
+    unknown = UnknownPipelineError("pipeline is not registered", pipeline="p")
+    watch = _started_trigger(WaitFor.OUTCOME, "txid-000003", attempt=FIRST_WATCHED)
+    polls = [unknown, unknown, failed(view((3, 1, PROC), last=2), 3)]
+    event = _run_trigger_once(watch, monkeypatch, polls)
+    assert event.payload == {"state": "failed", "attempt": 1, "txid": 3}
