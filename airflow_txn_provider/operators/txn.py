@@ -20,7 +20,6 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from airflow_txn_provider.coordinator import BeginAction
 from airflow_txn_provider.credentials import connection_env
-from airflow_txn_provider.hooks.txn_log import TxnLogHook
 from airflow_txn_provider.timetables import txid_from_run_id
 from airflow_txn_provider.transaction_log import CLAIM_TIMEOUT
 from airflow_txn_provider.triggers.txn_log import RUN_TXID, TxnLogTrigger, WaitFor
@@ -82,6 +81,10 @@ def claimed(context: Context, claim_task_id: str = BEGIN_TASK_ID) -> dict[str, A
 def pipeline_log(pipeline: TxnPipeline) -> TransactionLog:
     """The pipeline's transaction log, as every task of its DAG opens it: the hook shares one
     engine per process and checks the schema once per process."""
+    # Imported here, not at the top: the Postgres provider's import is most of a DAG file's
+    # parse, which Airflow repeats in every task start and for every callback.
+    from airflow_txn_provider.hooks.txn_log import TxnLogHook
+
     return TxnLogHook(txn_log_conn_id=pipeline.txn_log_conn_id).get_log()
 
 
@@ -266,6 +269,8 @@ class TxnProcessOperator(_TxnOperator):
             finish=self.finish,
             sinks=tuple(p.sinks),
         )
+        from airflow_txn_provider.hooks.txn_log import TxnLogHook
+
         hook = TxnLogHook(txn_log_conn_id=p.txn_log_conn_id)
         log = hook.get_log()
         ti = context["ti"]
@@ -546,6 +551,8 @@ def fail_attempt_on_task_failure(context: Context) -> None:
         exception = context.get("exception")
         if exception is not None:
             error += f": {type(exception).__name__}: {str(exception)[:500]}"
+        from airflow_txn_provider.hooks.txn_log import TxnLogHook
+
         TxnLogHook(txn_log_conn_id=pipeline.txn_log_conn_id).get_log(migrate=False).fail(
             pipeline.name, claim["txid"], claim["attempt"], error=error, of_processing=True
         )
