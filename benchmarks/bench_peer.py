@@ -21,9 +21,12 @@ and their ratio; per-batch latency p50/p95 (the peer's trigger duration; this pr
 committed); where a txid's time goes, from the log's timestamps, the job's own timings and
 Airflow's task-instance timestamps; and the CPU seconds each side spends per batch, by process
 group (every process of the run is a child of this one: Spark's JVMs, Postgres, Airflow and its
-task processes, this driver), which on two cores bounds the rows/s any side can reach.
+task processes, this driver), which on two cores bounds the rows/s any side can reach. First, on
+the same Airflow, its floor: CPU per DAG run of two DAGs whose tasks do nothing
+(``benchmarks/dags/airflow_floor.py``), one worker task per run and this provider's shape.
 
 Usage: python benchmarks/bench_peer.py [--sizes 100000:20,1000000:10] [--max-pending 4]
+       [--floor-runs 20] [--worker-start] [--no-preload]
 """
 
 from __future__ import annotations
@@ -319,6 +322,37 @@ def run_ours(stack: AirflowStack, log: TransactionLog, name: str, batches: int) 
     }
 
 
+FLOOR_DAGS = ("floor_one_task", "floor_txn_shape")
+"""benchmarks/dags/airflow_floor.py: DAG runs with no work, one run per 'txid'."""
+
+
+def run_floor(stack: AirflowStack, dag_id: str, runs: int) -> dict[str, Any]:
+    """Airflow's CPU per DAG run of ``dag_id``, whose tasks do nothing, in steady state: from
+    its fourth successful run to ``runs`` runs later (runs still in flight at either end cancel
+    out), then paused. Run states are read every 2 s (each read costs the api-server a little)."""
+    api = stack.client()
+    api.wait_for_dag(dag_id)
+    api.unpause(dag_id)
+    deadline = time.monotonic() + 900
+
+    def succeeded(at_least: int) -> int:
+        while True:
+            done = sum(r["state"] == "success" for r in api.runs(dag_id))
+            if done >= at_least:
+                return done
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{dag_id}: {done} runs succeeded\n{stack.tail()}")
+            time.sleep(2.0)
+
+    first = succeeded(4)
+    cpu, started = cpu_by_group(), time.perf_counter()
+    last = succeeded(first + runs)
+    used, wall = cpu_since(cpu), time.perf_counter() - started
+    api.pause(dag_id)
+    done = last - first
+    return {"runs": done, "cpu": {g: v / done for g, v in used.items()}, "wall": wall / done}
+
+
 def when(value: str | None) -> datetime | None:
     return datetime.fromisoformat(value) if value else None
 
@@ -383,6 +417,9 @@ def main(argv: list[str] | None = None) -> int:
         help="cold task processes: no airflow_local_settings.py warming them (for comparison)",
     )
     parser.add_argument(
+        "--floor-runs", type=int, default=20, help="runs of each no-work DAG (Airflow's floor)"
+    )
+    parser.add_argument(
         "--worker-start",
         action="store_true",
         help="commit and watch_failures start on a worker, as before issue 27 (for comparison)",
@@ -405,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
         datasets[name] = (workdir / name, rows, batches, truth)
         print(f"  data {name}: {rows * batches} rows in {time.perf_counter() - t0:.1f} s")
 
-    peer, core, ours = {}, {}, {}
+    peer, core, ours, floors = {}, {}, {}, {}
     with EmbeddedPostgres(durable=False) as pg:
         for name, (data, rows, batches, truth) in datasets.items():
             print(f"peer (Structured Streaming foreachBatch): {name}", flush=True)
@@ -446,6 +483,10 @@ def main(argv: list[str] | None = None) -> int:
                 preload=not args.no_preload,
             )
             with stack:
+                # First, while no pipeline run exists (a paused pipeline's runs still poll)
+                for dag_id in FLOOR_DAGS:
+                    print(f"Airflow's floor, runs with no work: {dag_id}", flush=True)
+                    floors[dag_id] = run_floor(stack, dag_id, args.floor_runs)
                 for name, (_, _rows, batches, truth) in datasets.items():
                     print(f"this project on Airflow: {name}", flush=True)
                     found = run_ours(stack, log, name, batches)
@@ -500,6 +541,20 @@ def main(argv: list[str] | None = None) -> int:
                     f"| {rows:.0e} | of which Airflow idle (its rate with no txid, "
                     f"{IDLE_SAMPLE:.0f} s sampled) | — | — | {idle:.2f} |"
                 )
+    print(
+        "\nAirflow's floor: CPU seconds per DAG run whose tasks do nothing, same stack "
+        "(benchmarks/dags/airflow_floor.py; max_active_runs 4)"
+    )
+    print("| process group | " + " | ".join(FLOOR_DAGS) + " |")
+    print("|---|" + "---|" * len(FLOOR_DAGS))
+    for group in [*AIRFLOW_GROUPS, AIRFLOW]:
+        cells = [f"{floors[d]['cpu'].get(group, 0.0):.2f}" for d in FLOOR_DAGS]
+        print(f"| {group} | " + " | ".join(cells) + " |")
+    print(
+        "| wall seconds per run | "
+        + " | ".join(f"{floors[d]['wall']:.2f}" for d in FLOOR_DAGS)
+        + " |"
+    )
     for name in datasets:
         print(
             f"\nwhere a txid's time goes, {name} (seconds, p50 over {len(ours[name]['infos'])} "

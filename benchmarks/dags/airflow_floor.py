@@ -1,0 +1,65 @@
+"""What Airflow itself spends per DAG run when the run does no work: the floor under any
+pipeline that keeps one run per txid in the grid (``make bench-peer`` prints it beside the
+pipelines' figures). Two shapes, paused until the benchmark unpauses them:
+
+* ``floor_one_task``: one no-op task per run, started on a worker (the least a run can be);
+* ``floor_txn_shape``: this provider's shape with no work: a no-op worker task, then a task that
+  starts and ends in the triggerer, and another one beside them from the run's start (as
+  ``process_<job>`` >> ``commit``, and ``watch_failures``).
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from airflow.sdk import DAG, BaseOperator, task
+from airflow.triggers.base import StartTriggerArgs
+
+from airflow_txn_provider.timetables import TXID_EPOCH, TxidTimetable
+
+PAST = datetime(2000, 1, 1, tzinfo=UTC)
+
+
+class InTriggerer(BaseOperator):
+    """Starts in the triggerer on a trigger that fires at once and ends the task there (as
+    ``commit`` and ``watch_failures`` do when their txid commits)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.start_from_trigger = True
+        self.start_trigger_args = StartTriggerArgs(
+            trigger_cls="airflow.providers.standard.triggers.temporal.DateTimeTrigger",
+            trigger_kwargs={"moment": PAST, "end_from_trigger": True},
+            next_method="execute_complete",
+        )
+
+    def execute(self, context: Any) -> None:  # only if a worker runs it anyway
+        return None
+
+    def execute_complete(self, context: Any, event: Any = None) -> None:
+        return None
+
+
+def _dag(dag_id: str) -> DAG:
+    return DAG(
+        dag_id,
+        schedule=TxidTimetable(),
+        start_date=TXID_EPOCH,
+        catchup=True,
+        max_active_runs=4,
+        is_paused_upon_creation=True,
+    )
+
+
+@task
+def noop() -> None:
+    return None
+
+
+with _dag("floor_one_task") as floor_one_task:
+    noop()
+
+with _dag("floor_txn_shape") as floor_txn_shape:
+    noop() >> InTriggerer(task_id="commit")
+    InTriggerer(task_id="watch_failures")
