@@ -50,8 +50,8 @@ PARSE_MODULES = (
 )
 """What a pipeline's DAG file imports. Airflow parses the file in a process forked per task start
 and, in the dag-processor, per task callback: a task that ends in the triggerer (``commit``,
-``watch_failures``) has one, so about two per txid. Preloaded, a parse costs the file's own few
-milliseconds instead of the Postgres provider's import (about 0.2 CPU-s on this 2-core machine)."""
+``watch_failures``) has one, so about two per txid. Preloaded, a parse runs the file itself, not
+the Postgres provider's import, which was most of it."""
 
 
 def task_process_warmth() -> str:

@@ -16,6 +16,7 @@ from airflow_txn_provider.coordinator import (
     PipelineView,
     TxRecord,
     TxStatus,
+    committable,
     plan_begin,
     plan_commit,
 )
@@ -91,15 +92,12 @@ def txid_outcome(view: PipelineView, txid: int) -> TxStatus | None:
 
 
 def awaits_commit(view: PipelineView, txid: int) -> bool:
-    """Whether ``txid`` could commit now and has not: its current attempt is processed and
-    ``txid - 1`` committed. Held for long, nobody else is about to commit it (the task that
-    recorded the output, or an earlier txid's commit, commits what is ready at once)."""
-    rec = view.record(txid)
-    return (
-        rec is not None
-        and rec.status is TxStatus.PROCESSED
-        and commit_gate(view, txid, rec.attempt) is GateState.OPEN
-    )
+    """Whether ``txid`` is the one txid that may commit now (the coordinator's
+    :func:`~airflow_txn_provider.coordinator.committable`) and has not. Held for long, nobody
+    else is about to commit it (the task that recorded the output, or an earlier txid's commit,
+    commits what is ready at once)."""
+    rec = committable(view)
+    return rec is not None and rec.txid == txid
 
 
 def should_retry(failed_attempts: int, max_attempts: int) -> bool:

@@ -110,7 +110,9 @@ class _TxnOperator(BaseOperator):
     def txn_log(self) -> TransactionLog:
         return pipeline_log(self.pipeline)
 
-    def trigger(self, txid: int, wait_for: WaitFor, attempt: int = 0) -> TxnLogTrigger:
+    def trigger(
+        self, txid: int, wait_for: WaitFor, attempt: int = 0, *, end_task_on_commit: bool = False
+    ) -> TxnLogTrigger:
         return TxnLogTrigger(
             txn_log_conn_id=self.pipeline.txn_log_conn_id,
             pipeline=self.pipeline.name,
@@ -118,6 +120,7 @@ class _TxnOperator(BaseOperator):
             attempt=attempt,
             wait_for=wait_for,
             poll_interval=self.pipeline.poll_interval,
+            end_task_on_commit=end_task_on_commit,
         )
 
     def claim(self, context: Context) -> dict[str, Any]:
@@ -365,14 +368,7 @@ class TxnCommitOperator(_TxnOperator):
         # attempt, or to emit its Asset events (a task ending in the triggerer emits none).
         start_in_triggerer(
             self,
-            TxnLogTrigger(
-                txn_log_conn_id=self.pipeline.txn_log_conn_id,
-                pipeline=self.pipeline.name,
-                txid=RUN_TXID,
-                wait_for=WaitFor.COMMITTED,
-                poll_interval=self.pipeline.poll_interval,
-                end_task_on_commit=not self.outlets,
-            ),
+            self.trigger(RUN_TXID, WaitFor.COMMITTED, end_task_on_commit=not self.outlets),
             "execute_complete",
             enabled=triggerer_start,
         )

@@ -270,7 +270,8 @@ class TxnLogTrigger(BaseTrigger):
                 stuck_since = stuck_since or now
             else:
                 stuck_since = None
-            ready_polls = ready_polls + 1 if awaits_commit(view, txid) else 0
+            if self.wait_for is WaitFor.COMMITTED:
+                ready_polls = ready_polls + 1 if awaits_commit(view, txid) else 0
             event = evaluate(
                 self.wait_for,
                 view,
