@@ -201,6 +201,14 @@ class OffsetsWentBackError(SourceError):
     partition was rewritten or renumbered). Clamping would stall, then skip records."""
 
 
+class OffsetGapError(SourceError):
+    """A source's files, named by their first offset, skip or repeat offsets: the file named
+    for the next offset is missing while a later one is there, or a file's first offset is not
+    the one its name says. Crossing the gap would lose (or repeat) records."""
+
+    fields = ("partition", "file")
+
+
 class LakeSinkError(TxnError):
     """A lake sink (Delta Lake, Apache Iceberg) cannot stage or commit a txid's output."""
 

@@ -19,7 +19,7 @@ import pytest
 
 from airflow_txn_provider.exceptions import OffsetsWentBackError
 from airflow_txn_provider.sources import next_offset_ranges
-from airflow_txn_provider.spark import file_index
+from airflow_txn_provider.spark import file_index, parquet_index
 from airflow_txn_provider.spark.sources import LandingDirectorySource, PartitionedParquetSource
 
 SEEDS = [1, 2, 3, 4, 5, 6, 7, 8]
@@ -30,7 +30,7 @@ def new_process() -> None:
     """What a new task process starts with: no footer read, no index loaded, no prefetch."""
     file_index.file_offsets.cache_clear()
     file_index.loaded_indexes.clear()
-    file_index.loaded_partitions.clear()
+    parquet_index.loaded_partitions.clear()
     file_index.prefetched.clear()
 
 
@@ -86,11 +86,22 @@ def write_parquet(path: Path, offsets: range) -> None:
     pq.write_table(table, path)
 
 
+def offset_ranges(directory: Path, column: str) -> list[tuple[Path, tuple[int, int]]]:
+    """Each Parquet file under ``directory`` with its lowest and highest ``column`` value."""
+    found = []
+    for file in sorted(directory.rglob("*.parquet")):
+        if any(part.startswith((".", "_")) for part in file.relative_to(directory).parts):
+            continue  # Spark's and Hadoop's hidden files (_SUCCESS, .crc, _temporary)
+        st = file.stat()
+        found.append((file, file_index.file_offsets(str(file), st.st_mtime_ns, st.st_size, column)))
+    return found
+
+
 def full_listing(source: PartitionedParquetSource) -> dict[str, int]:
     """The latest offsets as every begin found them before: every footer of every file."""
     file_index.file_offsets.cache_clear()
     return {
-        p: file_index.max_offset(d, source.offset_column) + 1
+        p: max((high for _, (_, high) in offset_ranges(d, source.offset_column)), default=-1) + 1
         for p, d in source.partitions().items()
     }
 
@@ -98,8 +109,7 @@ def full_listing(source: PartitionedParquetSource) -> dict[str, int]:
 def full_ranges(source: PartitionedParquetSource, partition: str) -> dict[str, tuple[int, int]]:
     directory = Path(source.path) / f"p={partition}"
     return {
-        str(f.relative_to(directory)): r
-        for f, r in file_index.offset_ranges(directory, source.offset_column)
+        str(f.relative_to(directory)): r for f, r in offset_ranges(directory, source.offset_column)
     }
 
 
@@ -204,7 +214,7 @@ def test_unchanged_partition_folders_are_not_listed(tmp_path, footers_read, fs_c
     # the dataset's folder (which partitions) and the index folder (gone partitions' indexes)
     assert fs_calls["list"] == [
         str(root),
-        str(file_index.parquet_index_folder(str(ix), str(root), "offset")),
+        str(parquet_index.parquet_index_folder(str(ix), str(root), "offset")),
     ]
     # per partition: its folder, its sub-folder, the file holding the newest offset; no file
     # of the history
