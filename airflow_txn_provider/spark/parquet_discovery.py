@@ -97,7 +97,7 @@ def discover(
                     changed = refresh_by_listing(part, root, column, stamps)
                 else:
                     changed = refresh_by_name(part, root, column, stamps, names, p)
-                    if changed and index.compaction_due(part):
+                    if changed and part.at is not None and index.compaction_due(part):
                         # Written whole anyway: list once, so files deleted since (retention)
                         # leave the table; amortised over the appends before it.
                         refresh_by_listing(part, root, column, stamps, relist=True)
@@ -290,14 +290,15 @@ def _listing(
         replaced = old is not None and old[0] != st.st_ino
         if replaced:  # every name is looked at again
             gone |= {rel_dir + name for name in known}
-            known = ()
-        elif known:
+            known = set()
+        new = [name for name in listed if name not in known]
+        if len(listed) - len(new) != len(known):  # some known names are gone
             present = set(listed)
             gone |= {rel_dir + name for name in known if name not in present}
         trusted = True
-        for name in listed:
-            if name in known or name.startswith((".", "_")):
-                continue  # known, or Spark's and Hadoop's hidden files (_SUCCESS, .crc)
+        for name in new:
+            if name.startswith((".", "_")):
+                continue  # Spark's and Hadoop's hidden files (_SUCCESS, .crc, _temporary)
             rel = rel_dir + name
             if rel + "/" in before and not replaced:
                 pending.append(rel + "/")
