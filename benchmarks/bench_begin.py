@@ -1,9 +1,12 @@
 """What a txid's begin costs as the source's history grows: 10, 1 000 and 100 000 files.
 
-Run with ``make bench-begin``. For ``PartitionedParquetSource`` and ``LandingDirectorySource``,
-a dataset of each history size (``--partitions`` partitions, files spread round-robin, a few
-small records each) is generated once and kept under ``--cache`` (the system temp dir by
-default). Then, for each dataset:
+Run with ``make bench-begin``. Three kinds of source: ``parquet`` (``PartitionedParquetSource``,
+files with no offset in their name: changed folders are listed), ``parquet-named`` (the same
+source with ``file_name_template``: files named by their first offset, Kafka Connect's
+convention, looked up by name) and ``landing`` (``LandingDirectorySource``). For each, a dataset
+of each history size (``--partitions`` partitions, files spread round-robin, a few small records
+each) is generated once and kept under ``--cache`` (the system temp dir by default). Then, for
+each dataset:
 
 * a first begin (the previous txid's, untimed in the table's p50/p95 but printed as "first")
   runs in a fresh process against an empty temp dir (``TMPDIR``), so no on-disk cache exists;
@@ -22,7 +25,7 @@ files and for idle polls ("no new data" rows). The files added by a run
 are deleted at the start of the next run, so the cached datasets keep their size.
 
 Usage: python benchmarks/bench_begin.py [--sizes 10,1000,100000] [--repeat 7] [--new-files 2]
-       [--partitions 4] [--seed 11] [--cache DIR]
+       [--partitions 4] [--seed 11] [--kinds parquet,parquet-named,landing] [--cache DIR]
 """
 
 from __future__ import annotations
@@ -44,6 +47,13 @@ from typing import Any
 
 ROWS_PER_FILE = 5
 SEED = 11
+NAMED = "part-{offset:010d}.parquet"
+"""The ``parquet-named`` kind's files: named by their first offset."""
+KINDS = {
+    "parquet": "PartitionedParquetSource",
+    "parquet-named": "PartitionedParquetSource, offset-named files",
+    "landing": "LandingDirectorySource",
+}
 
 CHILD = """
 import json, sys, time
@@ -95,11 +105,14 @@ def dataset(cache: Path, kind: str, files: int, partitions: int, seed: int) -> P
     started = time.perf_counter()
     rng = random.Random(f"{seed}/{kind}/{files}")
     for i, count in enumerate(_spread(files, partitions)):
-        if kind == "parquet":
+        if kind.startswith("parquet"):
             folder = root / f"p={i}"
             folder.mkdir(parents=True)
             for k in range(count):
-                _parquet_file(folder / f"part-{k:06d}.parquet", k * ROWS_PER_FILE, rng)
+                first = k * ROWS_PER_FILE
+                named = kind == "parquet-named"
+                name = NAMED.format(offset=first) if named else f"part-{k:06d}.parquet"
+                _parquet_file(folder / name, first, rng)
         else:
             folder = root / f"p{i}"
             folder.mkdir(parents=True)
@@ -117,6 +130,10 @@ def reset(root: Path, kind: str, files: int, partitions: int) -> None:
         if kind == "parquet":
             for extra in (root / f"p={i}").glob("new-*.parquet"):
                 extra.unlink()
+        elif kind == "parquet-named":
+            for extra in (root / f"p={i}").glob("part-*.parquet"):
+                if int(extra.name[5:15]) >= count * ROWS_PER_FILE:
+                    extra.unlink()
         else:
             for extra in (root / f"p{i}").iterdir():
                 match = re.fullmatch(r"(\d+)\.jsonl", extra.name)
@@ -156,8 +173,11 @@ def measure(
     reset(root, kind, files, args.partitions)
     counts = _spread(files, args.partitions)
     rng = random.Random(f"{args.seed}/new/{kind}/{files}")
-    if kind == "parquet":
-        source: Any = PartitionedParquetSource(str(root), max_per_partition=1_000_000)
+    if kind.startswith("parquet"):
+        template = NAMED if kind == "parquet-named" else None
+        source: Any = PartitionedParquetSource(
+            str(root), max_per_partition=1_000_000, file_name_template=template
+        )
         names = [f"{i}" for i in range(args.partitions)]
         ends = {p: n * ROWS_PER_FILE for p, n in zip(names, counts, strict=True)}
     else:
@@ -179,8 +199,10 @@ def measure(
             for i, p in enumerate(names):
                 end = ends.get(p, 0)
                 for _ in range(args.new_files):
-                    if kind == "parquet":
+                    if kind.startswith("parquet"):
                         name = f"new-{added:06d}.parquet"
+                        if kind == "parquet-named":
+                            name = NAMED.format(offset=end)
                         _parquet_file(root / f"p={i}" / name, end, rng)
                         end += ROWS_PER_FILE
                     else:
@@ -215,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-files", type=int, default=2, help="files landed per partition")
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--seed", type=int, default=SEED)
-    parser.add_argument("--kinds", default="parquet,landing")
+    parser.add_argument("--kinds", default=",".join(KINDS), help=f"of {', '.join(KINDS)}")
     parser.add_argument(
         "--cache",
         type=Path,
@@ -225,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
     kinds = args.kinds.split(",")
+    if set(kinds) - set(KINDS):
+        parser.error(f"--kinds: {sorted(set(kinds) - set(KINDS))} unknown")
     print(
         f"bench-begin: seed {args.seed}, sizes {sizes}, {args.partitions} partitions, "
         f"{args.new_files} new files per partition per txid, {args.repeat} begins each, "
@@ -244,7 +268,6 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
 
-    labels = {"parquet": "PartitionedParquetSource", "landing": "LandingDirectorySource"}
     header = " | ".join(f"{n} files p50 / p95" for n in sizes)
     print(
         f"\n| begin, ms (fresh process) | {header} | first begin at {sizes[-1]} | "
@@ -261,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
             large = statistics.median(results[kind, sizes[-1]][column])
             first = f"{results[kind, sizes[-1]][0] * 1000:.1f}" if column == 1 else "-"
             print(
-                f"| {labels[kind]}{suffix} | {' | '.join(cells)} | {first} | {large / small:.1f}x |"
+                f"| {KINDS[kind]}{suffix} | {' | '.join(cells)} | {first} | {large / small:.1f}x |"
             )
     return 0
 
