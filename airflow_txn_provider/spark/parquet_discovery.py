@@ -59,7 +59,7 @@ class OffsetNames:
                 problems.append(f"{{{field}}} takes no conversion or format")
             elif field == "offset" and not _OFFSET_SPEC.fullmatch(spec):
                 problems.append(f"{{offset:{spec}}}: use {{offset}} or {{offset:0<width>d}}")
-        if not template.endswith(".parquet") or template.startswith((".", "_", "{partition}")):
+        if not template.endswith(".parquet") or template.startswith((".", "_")):
             problems.append("must end with .parquet and not start with '.' or '_'")
         if problems:
             raise ValueError(f"file_name_template {template!r}: {'; '.join(problems)}")
@@ -214,7 +214,7 @@ def _gap_is_young(
         return True
     raise OffsetGapError(
         f"partition {partition!r}: no file {expected} (offset {end}) but {full} holds offsets "
-        f"from {low}: a gap in the files' names; the partition waits for the missing file",
+        f"from {low}: a gap in the files' names (every begin fails until the missing file lands)",
         partition=partition,
         file=full,
     )

@@ -377,6 +377,9 @@ class ParquetPartitionIndex:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 return  # another process is writing its own (also right) change: keep it
+            except OSError:  # no flock here (some network file systems): never append
+                self._write_whole(part)
+                return
             st = os.fstat(fd)
             if (st.st_ino, st.st_size) != part.at[:2] or os.stat(self.file).st_ino != st.st_ino:
                 return  # changed (or replaced) since read: that version stands
