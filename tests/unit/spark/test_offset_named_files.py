@@ -5,6 +5,7 @@ listing its folder, and gives what a full listing gives; a gap in the names is a
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import re
@@ -172,6 +173,52 @@ def test_deleted_files_leave_the_index(history, watched):
     new_process()
     assert source.latest_offsets() == {"0": 105}
     assert "p=0" not in watched["listed"]
+
+
+def test_compaction_drops_files_deleted_while_new_ones_kept_landing(history, monkeypatch):
+    """A stream never leaves the folder without a next name, so no begin lists it; the index's
+    compaction does, once, and files deleted meanwhile leave the table."""
+    source, root = history
+    monkeypatch.setattr(parquet_index, "COMPACT_MIN_BYTES", 0)
+    (index,) = Path(source.index_dir).glob("parquet-*/*.idx")
+    sizes = []
+    for i in range(20, 40):
+        land(root, "0", i * 5, 5, i)
+        (root / "p=0" / TEMPLATE.format(offset=(i - 20) * 5)).unlink()  # retention
+        new_process()
+        assert source.latest_offsets() == {"0": i * 5 + 5}
+        sizes.append(index.stat().st_size)
+    assert any(b < a for a, b in itertools.pairwise(sizes))  # compacted at least once
+    new_process()
+    table = parquet_index.ParquetPartitionIndex(
+        str(index.parent), "p=0", source.path, "offset"
+    ).load(table=True)
+    kept = set(table.table())
+    assert kept >= {TEMPLATE.format(offset=o) for o in range(100, 200, 5)}  # the present files
+    assert len(kept - {f.name for f in (root / "p=0").iterdir()}) < 10  # few deleted ones left
+
+
+def test_a_file_landing_between_the_prefetch_and_the_lock_is_seen(history):
+    source, root = history
+    land(root, "0", 100, 2, None)
+    new_process()
+    source.prefetch()
+    land(root, "0", 102, 3, None)  # after the prefetch: the folder changed, looked at again
+    assert source.initialize_transaction(5, {"0": [95, 100]}) == {"0": [100, 105]}
+
+
+def test_a_file_landing_within_the_folders_timestamp_tick_is_found(history):
+    """A probe's look at a folder is never trusted: a file landing in the same timestamp tick
+    (the folder's modification time unchanged) is found by the next begin."""
+    source, root = history
+    land(root, "0", 100, 2, None)
+    new_process()
+    assert source.latest_offsets() == {"0": 102}
+    folder = (root / "p=0").stat()
+    land(root, "0", 102, 3, None)
+    os.utime(root / "p=0", ns=(folder.st_atime_ns, folder.st_mtime_ns))  # the same tick
+    new_process()
+    assert source.latest_offsets() == {"0": 105}
 
 
 def test_a_partition_added_later_is_listed_once_then_probed(history, watched):
