@@ -138,7 +138,7 @@ def refresh_by_name(
         stamps[root] = (st.st_ino, st.st_mtime_ns)
     old = part.dirs.get("")
     same = old is not None and old[0] == st.st_ino and old[1] == st.st_mtime_ns
-    if same and old[1] < old[2] - INDEX_MARGIN_NS:
+    if same and old is not None and old[1] < old[2] - INDEX_MARGIN_NS:
         return verify_newest(part, root, column, {}, {}, list(part.newest))
     before = part.end
     found, waiting = _probe(part, root, column, names, partition)
