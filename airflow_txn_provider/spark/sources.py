@@ -47,14 +47,12 @@ from airflow_txn_provider.sources import (
 from airflow_txn_provider.spark.file_index import (
     INDEX_MARGIN_NS,
     DiscoveryIndex,
-    ParquetPartition,
-    ParquetPartitionIndex,
-    StaleIndexError,
-    parquet_index_folder,
     prefetched,
-    prune_parquet_indexes,
     take_prefetched,
 )
+from airflow_txn_provider.spark.parquet_discovery import OffsetNames, discover
+from airflow_txn_provider.spark.parquet_index import ParquetPartition
+from airflow_txn_provider.spark.parquet_read import read_with_partition_column
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -181,6 +179,10 @@ class PartitionedParquetSource(TransactionalSource, SparkSource):
         folders as last listed, each file's offset range; so a begin in a new process lists only
         changed folders and reads only new files' footers); ``None``: a private folder under
         the system temp dir (:func:`default_index_dir`).
+    :param file_name_template: when every file is named by its first offset (Kafka Connect's
+        convention), the name of the file holding offset ``{offset}`` of partition
+        ``{partition}``, e.g. ``"part-{offset:010d}.parquet"``: a begin then looks up the next
+        names instead of listing a changed partition folder (``docs/sources.md``).
     """
 
     path: str
@@ -189,12 +191,15 @@ class PartitionedParquetSource(TransactionalSource, SparkSource):
     offset_column: str = "offset"
     required_columns: tuple[str, ...] = ()
     index_dir: str | None = None
+    file_name_template: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "path", os.fspath(self.path))
         object.__setattr__(self, "required_columns", tuple(self.required_columns))
         if self.max_per_partition < 1:
             raise ValueError(f"max_per_partition must be >= 1, got {self.max_per_partition}")
+        if self.file_name_template is not None:
+            OffsetNames(self.file_name_template)  # a ValueError that says what is wrong
 
     # Airflow side -------------------------------------------------------------------------------
 
@@ -214,7 +219,9 @@ class PartitionedParquetSource(TransactionalSource, SparkSource):
         Files are immutable once complete (new data is new files; a file may be deleted), so the
         discovery index (``index_dir``) keeps, per partition, its highest offset and each file's
         offset range: a partition folder unchanged since it was listed is not listed again; a
-        changed one is listed by name, and only new names are looked at (``stat``, footer). The
+        changed one is listed by name, and only new names are looked at (``stat``, footer);
+        with ``file_name_template``, the names after the partition's end are looked up instead
+        of a listing (``spark/parquet_discovery.py``). The
         files holding the newest offsets are looked at on every call (a rewrite in place of one
         of them is seen; of an older file, not: ``docs/sources.md``)."""
         return self._latest(None)
@@ -238,22 +245,17 @@ class PartitionedParquetSource(TransactionalSource, SparkSource):
         ``complete``: ``partitions`` are all there are (the others' indexes are deleted);
         ``stamps``: filled with every folder looked at (``(inode, mtime_ns)``); ``table``: with
         each file's offset range loaded (the Spark side)."""
-        folder = parquet_index_folder(self.index_dir, self.path, self.offset_column)
-        found: dict[str, ParquetPartition] = {}
-        for p, directory in partitions.items():
-            index = ParquetPartitionIndex(folder, directory.name, self.path, self.offset_column)
-            part = index.load(table=table)
-            try:
-                changed = part.refresh(str(directory), self.offset_column, stamps)
-            except StaleIndexError:  # replaced by another process meanwhile: start from it
-                part = index.load(table=True)
-                changed = part.refresh(str(directory), self.offset_column, stamps)
-            if changed:
-                index.save(part)
-            found[p] = part
-        if complete:
-            prune_parquet_indexes(folder, {d.name for d in partitions.values()})
-        return found
+        template = self.file_name_template
+        return discover(
+            partitions,
+            dataset=self.path,
+            column=self.offset_column,
+            index_dir=self.index_dir,
+            names=OffsetNames(template) if template is not None else None,
+            complete=complete,
+            stamps=stamps,
+            table=table,
+        )
 
     def _prefetch_key(self) -> tuple[str, ...]:
         return (os.path.realpath(self.path), self.partition_column, self.offset_column)
@@ -293,13 +295,18 @@ class PartitionedParquetSource(TransactionalSource, SparkSource):
         base = self.path.rstrip("/")
         files = {p: self._files_holding(base, p, a, b) for p, (a, b) in sorted(ranges.items())}
         # One scan of the batch's files (a scan per partition, unioned, took 1.4x as long: make
-        # bench-read). Each row is labelled with the partition value of the metadata, as a
-        # string, by the file it came from: Spark's partition discovery would infer p=01 as 1
-        # (also p=1.50, p=+5), and a comparison with the directory's name then matched nothing.
-        scan = spark.read.parquet(*[f for paths in files.values() for f in paths])
-        label = self._label_by_file(scan, files)
-        if label is None:
-            return self._read_by_partition(spark, files, ranges)
+        # bench-read), each row with the metadata's partition value, as a string: from its
+        # directory where Spark reads that back exactly, else looked up by the file it came from.
+        scan = read_with_partition_column(spark, base, self.partition_column, files)
+        from_directory = scan is not None
+        if scan is not None:
+            label = F.col(self.partition_column)
+        else:
+            scan = spark.read.parquet(*[f for paths in files.values() for f in paths])
+            by_file = self._label_by_file(scan, files)
+            if by_file is None:
+                return self._read_by_partition(spark, files, ranges)
+            label = by_file
         offset = F.col(self.offset_column)
         # The offset filter goes down to the Parquet reader (row groups outside are skipped).
         low, high = min(a for a, _ in ranges.values()), max(b for _, b in ranges.values())
@@ -310,6 +317,8 @@ class PartitionedParquetSource(TransactionalSource, SparkSource):
                 [(label == p) & (offset >= a) & (offset < b) for p, (a, b) in ranges.items()],
             )
         located = [F.col("_metadata.file_path").alias(LOCATION)] if self.required_columns else []
+        if from_directory:  # the partition column is in place already
+            return scan.where(within).select("*", *located)
         return scan.where(within).select("*", label.alias(self.partition_column), *located)
 
     def _label_by_file(self, scan: DataFrame, files: Mapping[str, list[str]]) -> Column | None:

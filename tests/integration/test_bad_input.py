@@ -354,6 +354,45 @@ def test_one_scan_labels_each_row_with_its_partition_exactly(tmp_path, any_sessi
     assert rows(source._read_by_partition(any_session, files, ranges)) == expected
 
 
+def test_partition_values_come_from_their_directories_when_spark_reads_them_back(
+    tmp_path, any_session
+):
+    """Where Spark's partition discovery reads a directory's value back exactly (no ``%``
+    escape), the scan takes each row's partition from its directory, as a string (``01`` stays
+    ``01``), with no lookup per row; the rows equal the metadata's, partitions at different
+    offsets included. A batch with a ``%`` name is labelled by file instead, as exactly."""
+    from airflow_txn_provider.spark.parquet_read import read_with_partition_column
+    from airflow_txn_provider.spark.sources import PartitionedParquetSource
+
+    data = {
+        "01": random_lines(8, 40),
+        "1.50": random_lines(9, 12),
+        "+5": random_lines(10, 9),
+        "a b": random_lines(11, 30),
+        "x#y": random_lines(12, 7),
+    }
+    source = PartitionedParquetSource(str(parquet_dataset(tmp_path / "ds", data, file_rows=8)), 10)
+    metadata = {"01": [25, 35], "1.50": [0, 10], "+5": [2, 9], "a b": [10, 20], "x#y": [0, 7]}
+    files = {p: source._files_holding(source.path, p, a, b) for p, (a, b) in metadata.items()}
+    assert read_with_partition_column(any_session, source.path, "p", files) is not None
+    expected = sorted(
+        (p, offset, data[p][offset]) for p, (a, b) in metadata.items() for offset in range(a, b)
+    )
+    batch = source.read_batch(any_session, metadata)
+    assert sorted((r["p"], r["offset"], r["line"]) for r in batch.collect()) == expected
+    counts = source.batch_counts(metadata)
+    found = batch.agg(*[c.alias(n) for n, c in counts.items()]).collect()[0].asDict()
+    assert source.counts_mismatch(found, metadata) is None
+
+    escaped = {"5%": random_lines(13, 5), "01": random_lines(14, 5)}
+    other = PartitionedParquetSource(str(parquet_dataset(tmp_path / "esc", escaped)), 10)
+    meta = {"5%": [0, 5], "01": [0, 5]}
+    held = {p: other._files_holding(other.path, p, a, b) for p, (a, b) in meta.items()}
+    assert read_with_partition_column(any_session, other.path, "p", held) is None
+    got = sorted((r["p"], r["offset"]) for r in other.read_batch(any_session, meta).collect())
+    assert got == sorted((p, o) for p in meta for o in range(5))
+
+
 @pytest.fixture(params=["classic", "connect"])
 def any_session(request):
     """A classic session (the completeness counts in a pass of their own) or a Spark Connect
