@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
     from airflow_txn_provider.hooks.spark_submit import TxnSparkSubmitHook
+    from airflow_txn_provider.spark.connect_sessions import SessionSlot
     from airflow_txn_provider.transaction_log import TransactionLog
 
 log = logging.getLogger(__name__)
@@ -204,6 +205,9 @@ class SparkConnectRunner:
     :param conn_id: the provider's ``spark_connect`` connection (``sc://host:15002``).
     :param url: a Spark Connect URL, instead of ``conn_id``.
     :param connect_timeout: seconds to wait for an unreachable (restarting) server.
+    :param reuse_sessions: attach to a server session of one of the pipeline's slots, kept from
+        txid to txid (:mod:`~airflow_txn_provider.spark.connect_sessions`); ``False``: a new
+        server session per txid.
     """
 
     def __init__(
@@ -213,6 +217,7 @@ class SparkConnectRunner:
         conn_id: str = DEFAULT_SPARK_CONNECT_CONN,
         url: str | None = None,
         connect_timeout: float = 180.0,
+        reuse_sessions: bool = True,
     ) -> None:
         if isinstance(transform, (str, os.PathLike)):
             transform = cast(Transform, load_job_module(transform).transform)
@@ -220,6 +225,7 @@ class SparkConnectRunner:
         self.conn_id = conn_id
         self.url = url
         self.connect_timeout = connect_timeout
+        self.reuse_sessions = reuse_sessions
         self.session: SparkSession | None = None
 
     def connection_url(self) -> str:
@@ -230,30 +236,53 @@ class SparkConnectRunner:
         return str(SparkConnectHook(self.conn_id).get_connection_url())
 
     def run(self, job: BatchJob, txlog: TransactionLog) -> ProcessOutcome:
-        from pyspark.sql import SparkSession
-
         from airflow_txn_provider.spark.job import process_batch
 
-        # A new session per txid (create, not getOrCreate): its temp views, settings and
-        # operations are its own, and interrupting it cannot touch another txid's work.
-        with keep_classic_mode():
-            connecting = time.monotonic()
-            self.session = self._connect(SparkSession)
-            connect = {"connect": time.monotonic() - connecting}
+        with keep_classic_mode(), self._session(job, txlog) as (session, connect):
+            self.session = session
             try:
-                return process_batch(self.session, txlog, job, self.transform, timings=connect)
+                return process_batch(session, txlog, job, self.transform, timings=connect)
             finally:
-                session, self.session = self.session, None
+                self.session = None
+
+    @contextlib.contextmanager
+    def _session(
+        self, job: BatchJob, txlog: TransactionLog
+    ) -> Iterator[tuple[SparkSession, dict[str, float]]]:
+        """The txid's session: the server session of a slot of the pipeline that this process
+        leased (:mod:`~airflow_txn_provider.spark.connect_sessions`), or one of its own. A
+        failure releases it on the server, so nothing the failed attempt left there reaches
+        another txid; a success leaves a slot's session to the slot's next txid."""
+        from pyspark.sql import SparkSession
+
+        from airflow_txn_provider.spark.connect_sessions import leased_slot
+
+        url = self.connection_url()
+        started = time.monotonic()
+        with contextlib.ExitStack() as stack:
+            slot = None
+            if self.reuse_sessions and "session_id=" not in url:
+                slot = stack.enter_context(leased_slot(txlog.engine, job.pipeline, url))
+            session: Any  # a Spark Connect session
+            session, shared = self._connect(SparkSession, url, slot)
+            failed = True
+            try:
+                yield session, {"connect": time.monotonic() - started}
+                failed = False
+            finally:
+                session.release_session_on_close = failed or not shared
                 session.stop()
 
-    def _connect(self, session_class: Any) -> SparkSession:
-        """A new session, waiting (with backoff, up to ``connect_timeout`` seconds) for a Spark
-        Connect server that is restarting: a replay then runs once it is back, instead of
-        failing again at once and counting toward the poison-batch limit."""
+    def _connect(
+        self, session_class: Any, url: str, slot: SessionSlot | None
+    ) -> tuple[SparkSession, bool]:
+        """A session, and whether it is the slot's, waiting (with backoff, up to
+        ``connect_timeout`` seconds) for a Spark Connect server that is restarting: a replay
+        then runs once it is back, instead of failing again at once and counting toward the
+        poison-batch limit."""
         from tenacity import Retrying, retry_if_exception_type, stop_after_delay
         from tenacity import wait_random_exponential as backoff
 
-        url = self.connection_url()
         for attempt in Retrying(
             retry=retry_if_exception_type(Exception),
             wait=backoff(multiplier=0.5, max=10),
@@ -266,19 +295,34 @@ class SparkConnectRunner:
             reraise=True,
         ):
             with attempt:
-                session = session_class.builder.remote(url).create()
-                try:
-                    # The first call reaches the server (an analysis, not a query: a query's
-                    # collect costs ~0.1 s of round trips here).
-                    _ = session.version
-                except BaseException:
-                    with contextlib.suppress(Exception):
-                        session.stop()
-                    raise
-        return cast("SparkSession", session)
+                return _open_session(session_class, url, slot)
+        raise AssertionError("unreachable")  # Retrying returns or re-raises
 
     def kill(self) -> None:
         session = self.session
         if session is not None:
             interrupted = session.interruptAll()
             log.info("Interrupted Spark Connect operations %s", interrupted)
+
+
+def _open_session(session_class: Any, url: str, slot: SessionSlot | None) -> tuple[Any, bool]:
+    """The slot's session at its first generation the server has not closed, else (no slot, or
+    every generation closed) a session of its own; and whether it is the slot's."""
+    from airflow_txn_provider.spark.connect_sessions import is_session_closed, with_session_id
+
+    candidates = [with_session_id(url, s) for s in slot.session_ids()] if slot else []
+    for candidate in [*candidates, url]:
+        session = session_class.builder.remote(candidate).create()
+        try:
+            # The first call reaches the server: an analysis, not a query (a query's collect
+            # costs ~0.1 s of round trips here).
+            _ = session.version
+        except BaseException as err:
+            session.release_session_on_close = False
+            with contextlib.suppress(Exception):
+                session.stop()
+            if candidate != url and is_session_closed(err):
+                continue  # released after a failure, or expired: the slot's next generation
+            raise
+        return session, candidate != url
+    raise AssertionError("unreachable")  # the last candidate returns or raises

@@ -1,0 +1,52 @@
+"""The pure parts of spark/connect_sessions.py: ids, URLs, lock keys."""
+
+from __future__ import annotations
+
+import uuid
+
+from airflow_txn_provider.spark.connect_sessions import (
+    ROTATION_SECONDS,
+    SLOTS,
+    _slot_key,
+    is_session_closed,
+    slot_session_id,
+    with_session_id,
+)
+
+
+def test_a_slots_id_is_stable_within_a_period_and_changes_with_everything_else():
+    at = 10 * ROTATION_SECONDS + 5
+    one = slot_session_id("p", "sc://h:1", 0, 0, at)
+    assert uuid.UUID(one)  # the server accepts only UUIDs
+    assert one == slot_session_id("p", "sc://h:1", 0, 0, at + ROTATION_SECONDS - 10)
+    others = {
+        slot_session_id("p", "sc://h:1", 0, 0, at + ROTATION_SECONDS),
+        slot_session_id("p", "sc://h:1", 0, 1, at),
+        slot_session_id("p", "sc://h:1", 1, 0, at),
+        slot_session_id("q", "sc://h:1", 0, 0, at),
+        slot_session_id("p", "sc://h:2", 0, 0, at),
+    }
+    assert one not in others and len(others) == 5
+
+
+def test_the_session_id_joins_the_urls_parameters():
+    assert with_session_id("sc://h:1", "abc") == "sc://h:1/;session_id=abc"
+    assert with_session_id("sc://h:1/;token=t;use_ssl=true", "abc") == (
+        "sc://h:1/;token=t;use_ssl=true;session_id=abc"
+    )
+    assert with_session_id("sc://h:1/;session_id=old;x=1", "abc") == "sc://h:1/;x=1;session_id=abc"
+
+
+def test_slot_keys_are_int4_and_a_pipelines_slots_distinct():
+    keys = {_slot_key("pipeline", n) for n in range(SLOTS)}
+    assert len(keys) == SLOTS
+    assert all(0 <= k < 2**31 for k in keys)
+
+
+def test_a_closed_session_is_recognised_by_its_condition():
+    class Closed(Exception):
+        def getCondition(self):
+            return "INVALID_HANDLE.SESSION_CLOSED"
+
+    assert is_session_closed(Closed("handle invalid"))
+    assert not is_session_closed(ConnectionError("connection refused"))
