@@ -46,6 +46,10 @@ class TxnPipeline:
     :param max_attempts: poison-batch policy: a txid that failed this many times stops the
         pipeline (visibly: its run fails and later txids wait) instead of retrying forever.
     :param spark: ``connect`` (Spark Connect server, no JVM start per txid) or ``submit``.
+    :param reuse_spark_sessions: with ``spark="connect"``, a txid attaches to one of the
+        pipeline's server sessions, kept from txid to txid (a temporary view or setting a
+        transform makes may still be there later; ``docs/deployment.md``); ``False``: a new
+        server session per txid.
     :param poll_interval: seconds between the deferred sensors' looks at the log (> 0).
     :param lease_timeout: seconds after which a processing attempt whose process stopped renewing
         its lease (killed, out of memory, a lost worker) is failed and replayed. A live job renews
@@ -72,6 +76,7 @@ class TxnPipeline:
     txn_log_conn_id: str = "txn_log_default"
     spark_conn_id: str = "spark_default"
     spark_connect_conn_id: str = "spark_connect_default"
+    reuse_spark_sessions: bool = True
     airflow_api_conn_id: str = "airflow_api_default"
     poll_interval: float = 1.0
     lease_timeout: float = 30.0

@@ -294,7 +294,11 @@ class TxnProcessOperator(_TxnOperator):
             with lease:
                 maybe_inject_failure(p.name, job.txid, job.attempt)
                 if p.spark == "connect":
-                    self._runner = SparkConnectRunner(self.job, conn_id=p.spark_connect_conn_id)
+                    self._runner = SparkConnectRunner(
+                        self.job,
+                        conn_id=p.spark_connect_conn_id,
+                        reuse_sessions=p.reuse_spark_sessions,
+                    )
                     outcome = self._runner.run(job, log)
                     return {"status": outcome.status, "staged_rows": dict(outcome.staged_rows)}
                 self._runner = SparkSubmitRunner(

@@ -51,10 +51,6 @@ _SLOT_LOCK_CLASS = 0x7478_6E53  # "txnS": the first key of the two-key advisory 
 _NAMESPACE = uuid.UUID("6f1c54a2-8a57-4a39-9d0e-3c1b2f8a7e11")
 
 
-class SessionClosedError(Exception):
-    """The server closed this session id (released after a failure, or expired idle)."""
-
-
 def slot_session_id(pipeline: str, url: str, slot: int, generation: int, now: float) -> str:
     """The server session id of ``slot`` of ``pipeline`` on the server ``url`` (without its
     parameters), for this rotation period and ``generation``."""
@@ -67,10 +63,13 @@ def with_session_id(url: str, session_id: str) -> str:
     """``url`` (``sc://host:port``, maybe with ``/;key=value`` parameters) naming ``session_id``."""
     base, _, params = url.partition("/;")
     kept = [p for p in params.split(";") if p and not p.startswith("session_id=")]
-    return f"{base}/;" + ";".join([*kept, f"session_id={session_id}"])
+    # An Airflow connection's URL ends in "/" (sc://host:port/): one slash before the parameters.
+    return f"{base.rstrip('/')}/;" + ";".join([*kept, f"session_id={session_id}"])
 
 
 def is_session_closed(err: BaseException) -> bool:
+    """Whether ``err`` says the server closed the session id (released after a failure, or
+    expired idle): it never opens that id again."""
     condition = getattr(err, "getCondition", None)
     found = condition() if callable(condition) else None
     return found == "INVALID_HANDLE.SESSION_CLOSED" or "SESSION_CLOSED" in str(err)[:300]
@@ -84,9 +83,10 @@ class SessionSlot:
         self._conn: Connection | None = conn
 
     def session_ids(self) -> Iterator[str]:
-        now = time.time()
+        # The server's address, not its parameters (a token): sc://host:port
+        now, server = time.time(), self.url.partition("/;")[0].rstrip("/")
         for generation in range(GENERATIONS):
-            yield slot_session_id(self.pipeline, self.url, self.slot, generation, now)
+            yield slot_session_id(self.pipeline, server, self.slot, generation, now)
 
     def release(self) -> None:
         conn, self._conn = self._conn, None

@@ -280,11 +280,12 @@ class SparkConnectRunner:
         ``connect_timeout`` seconds) for a Spark Connect server that is restarting: a replay
         then runs once it is back, instead of failing again at once and counting toward the
         poison-batch limit."""
-        from tenacity import Retrying, retry_if_exception_type, stop_after_delay
+        from tenacity import Retrying, retry_if_exception, stop_after_delay
         from tenacity import wait_random_exponential as backoff
 
         for attempt in Retrying(
-            retry=retry_if_exception_type(Exception),
+            # A bad URL (PySpark's ValueError) will not heal by waiting: it fails at once.
+            retry=retry_if_exception(lambda err: not isinstance(err, (ValueError, TypeError))),
             wait=backoff(multiplier=0.5, max=10),
             stop=stop_after_delay(self.connect_timeout),
             before_sleep=lambda state: log.warning(

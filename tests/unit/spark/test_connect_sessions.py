@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import uuid
 
+import pytest
+
 from airflow_txn_provider.spark.connect_sessions import (
     ROTATION_SECONDS,
     SLOTS,
@@ -31,6 +33,9 @@ def test_a_slots_id_is_stable_within_a_period_and_changes_with_everything_else()
 
 def test_the_session_id_joins_the_urls_parameters():
     assert with_session_id("sc://h:1", "abc") == "sc://h:1/;session_id=abc"
+    # what the Spark provider's SparkConnectHook builds from a connection
+    assert with_session_id("sc://h:1/", "abc") == "sc://h:1/;session_id=abc"
+    assert with_session_id("sc://h:1/;token=t", "abc") == "sc://h:1/;token=t;session_id=abc"
     assert with_session_id("sc://h:1/;token=t;use_ssl=true", "abc") == (
         "sc://h:1/;token=t;use_ssl=true;session_id=abc"
     )
@@ -50,3 +55,19 @@ def test_a_closed_session_is_recognised_by_its_condition():
 
     assert is_session_closed(Closed("handle invalid"))
     assert not is_session_closed(ConnectionError("connection refused"))
+
+
+def test_a_bad_url_fails_at_once_instead_of_waiting_for_a_server():
+    import time
+
+    from pyspark.sql import SparkSession
+
+    from airflow_txn_provider.spark.submit import SparkConnectRunner, keep_classic_mode
+
+    runner = SparkConnectRunner(
+        lambda batch: batch, url="sc://127.0.0.1:1//bad", connect_timeout=60
+    )
+    started = time.monotonic()
+    with keep_classic_mode(), pytest.raises(ValueError, match="INVALID_CONNECT_URL"):
+        runner._connect(SparkSession, runner.connection_url(), None)
+    assert time.monotonic() - started < 10  # not retried as if the server were restarting
