@@ -13,6 +13,7 @@
 # make bench-begin: a txid's begin in a fresh process after 10, 1 000 and 100 000 source files
 # make bench-retention: log table sizes and the page's state read over 10k txids, with/without retention
 # make bench-lake : rows/s into a Delta / Iceberg table vs Spark writing the same Parquet directly
+# make bench-sessions: a txid on a new Spark Connect server session vs on its pipeline's reused one
 # make chaos : the seeded chaos suite (faults caused for real; both tiers print their tables)
 # make chaos-lake: both chaos tiers on lake-sink pipelines (a Delta table, then an Iceberg table)
 
@@ -23,7 +24,7 @@ STAMP  := $(VENV)/.installed-stamp
 PYSPARK_VERSION := 4.3.0
 PYTEST_ARGS ?=
 
-.PHONY: demo demo-stop demo-core install system-deps test test-unit test-integration lint chaos chaos-fast chaos-airflow chaos-lake bench-core bench-stage bench-spark bench-airflow bench-peer bench-read bench-preload bench-begin bench-retention bench-lake clean
+.PHONY: demo demo-stop demo-core install system-deps test test-unit test-integration lint chaos chaos-fast chaos-airflow chaos-lake bench-core bench-stage bench-spark bench-airflow bench-peer bench-read bench-preload bench-begin bench-retention bench-lake bench-sessions clean
 
 install: $(STAMP)
 
@@ -123,6 +124,9 @@ bench-retention: install
 
 bench-lake: install
 	$(PY) benchmarks/bench_lake.py
+
+bench-sessions: install
+	$(PY) benchmarks/bench_sessions.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis var
