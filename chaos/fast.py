@@ -1142,7 +1142,8 @@ def warm_up(spark_url: str, workdir: Path) -> float:
     """Run the word count once on the server (its first job compiles for ~15 s): no run pays it."""
     from pyspark.sql import SparkSession
 
-    from chaos.worker import CONNECT_MODE_ENV, load_transform
+    from airflow_txn_provider.spark.job import CONNECT_MODE_ENV
+    from chaos.worker import load_transform
 
     started = time.monotonic()
     saved = {name: os.environ.get(name) for name in CONNECT_MODE_ENV}

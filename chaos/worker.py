@@ -3,22 +3,16 @@
 ``python -m chaos.worker --pipeline P --txid T --attempt A --source JSON --spark-url sc://…
 [--sink JSON --state NAME]`` (the log's URL in ``$TXN_LOG_URL``) processes one attempt on Spark
 Connect under a :class:`~airflow_txn_provider.lease.LeaseKeeper`, exactly as the Spark Connect
-path of the processing operator does: a new remote session,
+path of the processing operator does, with its runner
+(:class:`~airflow_txn_provider.spark.submit.SparkConnectRunner`: the pipeline's slot session,
 :func:`~airflow_txn_provider.spark.job.process_batch` (read, transform, stage fenced by the
-attempt, mark processed), the session stopped. If the attempt
-is failed meanwhile, the keeper interrupts the session's Spark work.
+attempt, mark processed), the session released if the attempt failed). If the attempt is
+failed meanwhile, the keeper interrupts the session's Spark work.
 
 With ``--sink`` (a :meth:`~airflow_txn_provider.sinks.LakeSink.to_spec`), the job also writes
 the word count into that lake sink: the executors stage it as Parquet in the attempt's own
 directory, recorded with the attempt's output (``BatchJob(..., sinks=(sink,))``); ``--state``
 names the map state that gets the same word count, as before.
-
-It does not go through :class:`~airflow_txn_provider.spark.submit.SparkConnectRunner` because
-importing ``spark.submit`` used to import Airflow (``TxnSparkSubmitHook``'s base class), which
-costs ~1.1 s of CPU per process here, a third of a worker's life. It no longer does: the hook is in
-``airflow_txn_provider.hooks.spark_submit``, imported only when a job is submitted.
-:class:`_ConnectRun` below is still that class's ``run``/``kill`` without its wait for an
-unreachable server (``connect_timeout``, with backoff) and its first probing query.
 
 With ``--jobs 2`` the attempt is processed as a txid of two jobs is: two Spark jobs (the words
 before ``m`` and the rest, both into the one map state, each staged with ``finish=False``
@@ -47,19 +41,13 @@ from typing import TYPE_CHECKING
 from airflow_txn_provider.exceptions import TxnError
 from airflow_txn_provider.lease import LeaseKeeper, holder_name
 from airflow_txn_provider.sinks import LakeSink, sink_from_spec
-from airflow_txn_provider.spark.job import (
-    CONNECT_MODE_ENV,
-    LOG_URL_ENV,
-    BatchJob,
-    ProcessOutcome,
-    Transform,
-    process_batch,
-)
+from airflow_txn_provider.spark.job import LOG_URL_ENV, BatchJob, ProcessOutcome, Transform
 from airflow_txn_provider.spark.sources import source_from_spec
+from airflow_txn_provider.spark.submit import SparkConnectRunner
 from airflow_txn_provider.transaction_log import TransactionLog
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import DataFrame
 
 log = logging.getLogger("chaos.worker")
 
@@ -115,32 +103,6 @@ def split_jobs(transform: Transform) -> tuple[Transform, Transform]:
     return first, rest
 
 
-class _ConnectRun:
-    """``SparkConnectRunner.run`` / ``.kill`` (see the module docstring for why not the class)."""
-
-    def __init__(self, transform: Transform, url: str) -> None:
-        self.transform = transform
-        self.url = url
-        self.session: SparkSession | None = None
-
-    def run(self, job: BatchJob, txlog: TransactionLog) -> ProcessOutcome:
-        from pyspark.sql import SparkSession
-
-        for name in CONNECT_MODE_ENV:  # what a remote session leaves behind (one job per process)
-            os.environ.pop(name, None)
-        self.session = SparkSession.builder.remote(self.url).create()
-        try:
-            return process_batch(self.session, txlog, job, self.transform)
-        finally:
-            session, self.session = self.session, None
-            session.stop()
-
-    def kill(self) -> None:
-        session = self.session
-        if session is not None:
-            log.info("interrupted Spark Connect operations %s", session.interruptAll())
-
-
 def load_transform(path: Path = WORD_COUNT) -> Transform:
     import importlib.util
 
@@ -164,7 +126,7 @@ def to_state_and_sinks(transform: Transform, state: str, sinks: Sequence[str]) -
 
 
 def run_two_jobs(
-    runner: _ConnectRun, job: BatchJob, txlog: TransactionLog, pause_between: str | None
+    runner: SparkConnectRunner, job: BatchJob, txlog: TransactionLog, pause_between: str | None
 ) -> ProcessOutcome:
     """Process the attempt as two jobs (``runner``'s transform split by :func:`split_jobs`),
     then record its output, as a txid of two processing tasks does; ``pause_between``: the
@@ -233,7 +195,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     source = source_from_spec(args.source)
     job = BatchJob(args.pipeline, args.txid, args.attempt, source, sinks=sinks)
     txlog = TransactionLog.from_url(url, migrate=False, outage_timeout=args.outage_timeout)
-    runner = _ConnectRun(transform, args.spark_url)
+    # The processing operator's own runner: a slot's server session, released on failure.
+    runner = SparkConnectRunner(transform, url=args.spark_url, connect_timeout=30.0)
     holder = holder_name(f"chaos worker txid {job.txid} attempt {job.attempt}")
     try:
         with LeaseKeeper(
