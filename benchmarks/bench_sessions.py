@@ -16,17 +16,13 @@ Usage: python benchmarks/bench_sessions.py [--rows 100000] [--batches 12] [--war
 from __future__ import annotations
 
 import argparse
-import random
 import statistics
 import sys
 import tempfile
 import time
-from collections import Counter
 from pathlib import Path
 
 import psutil
-import pyarrow as pa
-import pyarrow.parquet as pq
 
 from airflow_txn_provider.commit import commit_registered
 from airflow_txn_provider.spark.job import BatchJob
@@ -37,29 +33,12 @@ from airflow_txn_provider.transaction_log import TransactionLog
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script: the repository's txn_testing
+from benchmarks.bench_peer import write_dataset  # noqa: E402  (the same data as bench-peer)
 from txn_testing.postgres import EmbeddedPostgres  # noqa: E402
 from txn_testing.spark import SparkConnectServer  # noqa: E402
 
 PARTITIONS = 4
 CONF = {"spark.sql.shuffle.partitions": "4", "spark.ui.enabled": "false"}
-
-
-def write_dataset(root: Path, rows: int, batches: int, seed: int) -> Counter[str]:
-    """One file per partition per batch, ``line`` = one word; returns the word counts."""
-    rng = random.Random(seed)
-    words = [f"w{i}" for i in range(1000)]
-    truth: Counter[str] = Counter()
-    per = rows // PARTITIONS
-    for b in range(batches):
-        for p in range(PARTITIONS):
-            lines = rng.choices(words, k=per)
-            truth.update(lines)
-            folder = root / f"p={p}"
-            folder.mkdir(parents=True, exist_ok=True)
-            offsets = pa.array(range(b * per, (b + 1) * per), pa.int64())
-            table = pa.table({"offset": offsets, "line": pa.array(lines)})
-            pq.write_table(table, folder / f"part-{b:05d}.parquet")
-    return truth
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -315,8 +315,8 @@ def _open_session(session_class: Any, url: str, slot: SessionSlot | None) -> tup
     for candidate in [*candidates, url]:
         session = session_class.builder.remote(candidate).create()
         try:
-            # The first call reaches the server: an analysis, not a query (a query's collect
-            # costs ~0.1 s of round trips here).
+            # The first call reaches the server: an analysis, not a query (a collect is an
+            # execution on the server and more round trips).
             _ = session.version
         except BaseException as err:
             session.release_session_on_close = False
