@@ -161,6 +161,35 @@ def run_peer(data: Path, pg_port: int, name: str, workdir: Path) -> dict[str, An
     }
 
 
+def run_spark_floor(data: Path, batches: int) -> dict[str, Any]:
+    """Spark's own floor per batch: each batch's files read, transformed and collected in one
+    classic session, with nothing around them (no stream, no log, no Postgres, no session per
+    batch): the least Spark CPU any side can spend on this batch and this transform."""
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder.master("local[2]").appName("Spark's floor")
+    for key, value in SPARK_CONF.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    files = [sorted(str(f) for f in data.glob(f"p=*/part-{b:05d}.parquet")) for b in range(batches)]
+    cpu = cpu_by_group()
+    started = time.perf_counter()
+    latency = []
+    for batch_files in files:
+        t0 = time.perf_counter()
+        batch = (
+            spark.read.schema("offset long, line string, p string")
+            .option("basePath", str(data))
+            .parquet(*batch_files)
+        )
+        transform(batch).collect()
+        latency.append(time.perf_counter() - t0)
+    seconds = time.perf_counter() - started
+    used = cpu_since(cpu)
+    spark.stop()
+    return {"seconds": seconds, "latency": latency, "cpu": used}
+
+
 SCHEDULER = "Airflow scheduler (and its executor)"
 TRIGGERER = "Airflow triggerer"
 API_SERVER = "Airflow api-server"
@@ -168,6 +197,7 @@ DAG_PROCESSOR = "Airflow dag-processor"
 TASKS = "Airflow task processes (supervisor + task)"
 AIRFLOW_GROUPS = (SCHEDULER, TRIGGERER, API_SERVER, DAG_PROCESSOR, TASKS)
 AIRFLOW = "Airflow, all of it"
+SPARK = "Spark (JVM)"
 IDLE_SAMPLE = 10.0
 """Seconds Airflow's CPU use is sampled with no txid to run."""
 # Process titles Airflow sets (setproctitle) or the command lines it starts, by group.
@@ -206,7 +236,7 @@ def cpu_by_group() -> Counter[str]:
         if proc.pid == me.pid:
             group = "driver (this process)"
         elif name == "java":
-            group = "Spark (JVM)"
+            group = SPARK
         elif name.startswith("postgres"):
             group = "Postgres"
         else:
@@ -442,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
         datasets[name] = (workdir / name, rows, batches, truth)
         print(f"  data {name}: {rows * batches} rows in {time.perf_counter() - t0:.1f} s")
 
-    peer, core, ours, floors = {}, {}, {}, {}
+    peer, core, ours, floors, spark_floor = {}, {}, {}, {}, {}
     with EmbeddedPostgres(durable=False) as pg:
         for name, (data, rows, batches, truth) in datasets.items():
             print(f"peer (Structured Streaming foreachBatch): {name}", flush=True)
@@ -450,6 +480,8 @@ def main(argv: list[str] | None = None) -> int:
             assert found["got"] == dict(truth), f"{name}: Structured Streaming result is wrong"
             assert found["rows"] == rows * batches, found["rows"]
             peer[name] = found
+            print(f"Spark's own floor (read, transform, collect; nothing else): {name}", flush=True)
+            spark_floor[name] = run_spark_floor(data, batches)
 
         admin = create_engine(pg.url, isolation_level="AUTOCOMMIT")
         with admin.connect() as conn:
@@ -555,6 +587,27 @@ def main(argv: list[str] | None = None) -> int:
         + " | ".join(f"{floors[d]['wall']:.2f}" for d in FLOOR_DAGS)
         + " |"
     )
+    print(
+        "\nThe floor on Airflow, from this run: rows/s <= 2 cores x rows per batch / (Spark's own "
+        "CPU-s per batch + Airflow's CPU-s per run of a DAG that does nothing), against Structured "
+        "Streaming's rows/s"
+    )
+    print(
+        "| batch rows | Spark's own floor CPU-s (SSS's Spark) | Airflow's floor CPU-s "
+        "| bound rows/s | bound / SSS |"
+    )
+    print("|---|---|---|---|---|")
+    for name, (_, rows, batches, _) in datasets.items():
+        own = spark_floor[name]["cpu"].get(SPARK, 0.0) / batches
+        sss_spark = peer[name]["cpu"].get(SPARK, 0.0) / batches
+        sss_rate = peer[name]["rows"] / peer[name]["seconds"]
+        for dag_id in FLOOR_DAGS:
+            airflow = floors[dag_id]["cpu"].get(AIRFLOW, 0.0)
+            bound = 2 * rows / (own + airflow)
+            print(
+                f"| {rows:.0e} | {own:.2f} ({sss_spark:.2f}) | {airflow:.2f} ({dag_id}) "
+                f"| {bound:,.0f} | {bound / sss_rate:.2f}x |"
+            )
     for name in datasets:
         print(
             f"\nwhere a txid's time goes, {name} (seconds, p50 over {len(ours[name]['infos'])} "

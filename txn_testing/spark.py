@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from airflow_txn_provider.spark.connect_sessions import bound_client_retries
 from airflow_txn_provider.spark.submit import keep_classic_mode, spark_env, stop_process_group
 from txn_testing.postgres import free_port
 
@@ -155,8 +157,12 @@ class SparkConnectServer:
             if not self._proc.alive():
                 raise RuntimeError(f"Spark Connect server exited:\n{self._proc.tail()}")
             try:
+                # The port first: a gRPC channel that failed to connect backs off (up to
+                # minutes) before it tries again, so a session is opened only once it listens.
+                socket.create_connection((LOOPBACK, self.port), timeout=1).close()
                 with keep_classic_mode():
                     session = SparkSession.builder.remote(self.url).create()
+                    bound_client_retries(session)
                     try:
                         session.range(1).collect()
                     finally:

@@ -32,7 +32,7 @@ import uuid
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import text
 
@@ -47,8 +47,35 @@ ROTATION_SECONDS = 1800
 GENERATIONS = 32
 """Generations a lessee tries (each one a failed attempt since the rotation) before it takes a
 session of its own."""
+RETRY_MAX_BACKOFF_MS = 4000
+RETRY_MAX_RETRIES = 12
+"""The Spark Connect client's retries: 50 ms doubling to 4 s, 12 tries (~26 s in all)."""
+
 _SLOT_LOCK_CLASS = 0x7478_6E53  # "txnS": the first key of the two-key advisory locks of slots
 _NAMESPACE = uuid.UUID("6f1c54a2-8a57-4a39-9d0e-3c1b2f8a7e11")
+
+
+def bound_client_retries(session: Any) -> None:
+    """Bound how long ``session``'s client waits for an unreachable server.
+
+    PySpark's default policy tolerates 10 minutes, its waits growing fourfold to a minute: a
+    server back 15 s after a restart was seen ~50 s later (a test fixture's first session, the
+    chaos tier's killed Connect server). Here the waits double up to :data:`RETRY_MAX_BACKOFF_MS`,
+    for about half a minute in all; the runner's own retry (``connect_timeout``) waits longer
+    for a session, and a job whose server went away fails and is replayed.
+    """
+    from pyspark.sql.connect.client.retries import DefaultPolicy
+
+    session.client.set_retry_policies(
+        [
+            DefaultPolicy(
+                max_retries=RETRY_MAX_RETRIES,
+                backoff_multiplier=2.0,
+                initial_backoff=50,
+                max_backoff=RETRY_MAX_BACKOFF_MS,
+            )
+        ]
+    )
 
 
 def slot_session_id(pipeline: str, url: str, slot: int, generation: int, now: float) -> str:

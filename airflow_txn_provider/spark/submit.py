@@ -286,7 +286,7 @@ class SparkConnectRunner:
         for attempt in Retrying(
             # A bad URL (PySpark's ValueError) will not heal by waiting: it fails at once.
             retry=retry_if_exception(lambda err: not isinstance(err, (ValueError, TypeError))),
-            wait=backoff(multiplier=0.5, max=10),
+            wait=backoff(multiplier=0.5, max=4),
             stop=stop_after_delay(self.connect_timeout),
             before_sleep=lambda state: log.warning(
                 "Spark Connect server %s unreachable (%s); retrying",
@@ -309,12 +309,17 @@ class SparkConnectRunner:
 def _open_session(session_class: Any, url: str, slot: SessionSlot | None) -> tuple[Any, bool]:
     """The slot's session at its first generation the server has not closed, else (no slot, or
     every generation closed) a session of its own; and whether it is the slot's."""
-    from airflow_txn_provider.spark.connect_sessions import is_session_closed, with_session_id
+    from airflow_txn_provider.spark.connect_sessions import (
+        bound_client_retries,
+        is_session_closed,
+        with_session_id,
+    )
 
     candidates = [with_session_id(url, s) for s in slot.session_ids()] if slot else []
     for candidate in [*candidates, url]:
         session = session_class.builder.remote(candidate).create()
         try:
+            bound_client_retries(session)
             # The first call reaches the server: an analysis, not a query (a collect is an
             # execution on the server and more round trips).
             _ = session.version
