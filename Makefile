@@ -1,4 +1,5 @@
-# make test   : create .venv, install the pinned dependencies, run the whole suite
+# make test   : create .venv, install the pinned dependencies, run the suite CI runs
+# make test-scenarios: the long end-to-end scenarios CI leaves out (make test-all: both)
 # make demo   : the example DAGs on a real Airflow + Spark Connect + Postgres, all in ./var/demo;
 #               prints the UI's URL and login, shows commits; Ctrl-C or `make demo-stop` stops it;
 #               a second run continues where the first stopped
@@ -24,7 +25,7 @@ STAMP  := $(VENV)/.installed-stamp
 PYSPARK_VERSION := 4.3.0
 PYTEST_ARGS ?=
 
-.PHONY: demo demo-stop demo-core install system-deps test test-unit test-integration lint chaos chaos-fast chaos-airflow chaos-lake bench-core bench-stage bench-spark bench-airflow bench-peer bench-read bench-preload bench-begin bench-retention bench-lake bench-sessions clean
+.PHONY: demo demo-stop demo-core install system-deps test test-scenarios test-all test-unit test-integration lint chaos chaos-fast chaos-airflow chaos-lake bench-core bench-stage bench-spark bench-airflow bench-peer bench-read bench-preload bench-begin bench-retention bench-lake bench-sessions clean
 
 install: $(STAMP)
 
@@ -51,10 +52,20 @@ demo-core: install
 system-deps:
 	bash scripts/system-deps.sh
 
-# Lint and types first, then the whole suite. pytest exits 5 when it collects no test: make treats
-# that as a failure, as it should.
+# Lint and types first, then the suite on two pytest workers (the machine's cores; an Airflow test
+# spends most of its time waiting on Airflow's loops, so two share the cores well), a test file to
+# a worker. The long end-to-end scenarios (marker `scenario`) run in `make test-scenarios`. pytest
+# exits 5 when it collects no test: make treats that as a failure, as it should.
+TEST_WORKERS ?= 2
 test: install lint
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not scenario" $(PYTEST_ARGS)
+
+# The long scenarios CI leaves out (each is listed in tests/README.md with what it guards).
+test-scenarios: install
+	$(PY) -m pytest -m scenario $(PYTEST_ARGS)
+
+# Everything: the suite, then the scenarios.
+test-all: test test-scenarios
 
 test-unit: install
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)

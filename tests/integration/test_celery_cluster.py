@@ -38,6 +38,8 @@ from txn_testing.airflow import (
 from txn_testing.redis import RedisServer
 from txn_testing.spark import SparkConnectServer, StandaloneCluster
 
+pytestmark = pytest.mark.scenario  # make test-scenarios: a whole cluster's shape, ~5 minutes
+
 DAGS = Path(__file__).resolve().parents[1] / "dags"
 PIPELINE = "celery_words"
 TXIDS = 18
@@ -108,6 +110,8 @@ def _worker_running(airflow: AirflowStack, log: TransactionLog) -> tuple[int, st
     return None
 
 
+# Its fixture alone starts Redis, four JVMs and six Airflow processes: minutes on a slow day.
+@pytest.mark.timeout(1200)
 def test_celery_workers_and_a_standalone_cluster_survive_a_killed_worker(cluster, db_url):
     airflow, connect, spark, lines = cluster
     api = airflow.client()

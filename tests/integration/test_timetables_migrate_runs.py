@@ -9,6 +9,7 @@ import sys
 from datetime import timedelta
 
 import pendulum
+import pytest
 from airflow.models.dag import DagModel
 from airflow.models.dagbundle import DagBundleModel
 from airflow.timetables.base import DataInterval, TimeRestriction
@@ -25,6 +26,8 @@ from airflow_txn_provider.timetables import (
 )
 from tests.conftest import new_database
 from txn_testing.airflow import AirflowStack
+
+pytestmark = pytest.mark.scenario  # make test-scenarios: 70 000 legacy runs in Airflow's database
 
 LEGACY_TXIDS = 70_000  # past 60 001: a minute-grid date collides with a millisecond-grid one
 
