@@ -21,9 +21,9 @@ from sqlalchemy import func, insert, literal, select, update
 from sqlalchemy.dialects.postgresql import JSONB
 
 from airflow_txn_provider.coordinator import PipelineView, TxRecord, TxStatus
-from airflow_txn_provider.credentials import redact_optional
 from airflow_txn_provider.exceptions import CorruptLogError, UnknownPipelineError
 from airflow_txn_provider.models import ATTEMPTS, PIPELINES, TRANSACTIONS
+from airflow_txn_provider.redaction import redact_optional
 
 if TYPE_CHECKING:
     from sqlalchemy import ColumnElement

@@ -7,7 +7,12 @@ Spark provider's own ``spark`` type (this provider registers no connection type 
 from __future__ import annotations
 
 import logging
+import os
+import signal
+import subprocess
+import time
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any, cast
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
@@ -15,11 +20,13 @@ from airflow.sdk import Connection
 from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_txn_provider.spark.job import LOG_URL_ENV
-from airflow_txn_provider.spark.submit import DEFAULT_MASTER, DEFAULT_SPARK_CONN, stop_process_group
 
 log = logging.getLogger(__name__)
 
 K8S_SECRET_REF = "spark.kubernetes.driver.secretKeyRef."
+DEFAULT_SPARK_CONN = "spark_default"
+DEFAULT_MASTER = "local[*]"
+"""The master of a missing ``spark`` connection: a laptop or a CI runner works unconfigured."""
 
 
 class TxnSparkSubmitHook(SparkSubmitHook):
@@ -114,3 +121,34 @@ class TxnSparkSubmitHook(SparkSubmitHook):
             self.log.info("Stopping spark-submit process group %s", process.pid)
             stop_process_group(process)
         super().on_kill()
+
+
+def stop_process_group(popen: subprocess.Popen[Any], *, timeout: float = 20.0) -> None:
+    """SIGTERM the process group ``popen`` leads, then SIGKILL what is left after ``timeout``."""
+    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(popen.pid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and group_alive(popen.pid):
+            popen.poll()
+            time.sleep(0.1)
+        if not group_alive(popen.pid):
+            break
+    popen.poll()
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether a process of process group ``pgid`` still runs (zombies do not count)."""
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            return True
+    return False

@@ -10,7 +10,6 @@ from airflow.sdk.bases.sensor import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_txn_provider.coordinator import TxStatus
-from airflow_txn_provider.credentials import redact
 from airflow_txn_provider.operators.txn import (
     BEGIN_TASK_ID,
     _last_error,
@@ -19,6 +18,7 @@ from airflow_txn_provider.operators.txn import (
     run_txid,
     start_in_triggerer,
 )
+from airflow_txn_provider.redaction import redact
 from airflow_txn_provider.timetables import txid_run_id
 from airflow_txn_provider.triggers.txn_log import FIRST_WATCHED, RUN_TXID, TxnLogTrigger, WaitFor
 from airflow_txn_provider.waiting import first_watched_attempt

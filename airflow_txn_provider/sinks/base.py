@@ -24,12 +24,11 @@ only when a table is opened.
 from __future__ import annotations
 
 import abc
-import json
 import logging
 import posixpath
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from airflow_txn_provider.coordinator import SinkAction, plan_sink_commit
 from airflow_txn_provider.exceptions import (
@@ -38,6 +37,7 @@ from airflow_txn_provider.exceptions import (
     LakeSinkError,
 )
 from airflow_txn_provider.names import COLUMN, PIPELINE, check_name
+from airflow_txn_provider.specs import from_spec, to_spec
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -194,11 +194,8 @@ class LakeSink(abc.ABC):
         return ()
 
     def to_spec(self) -> dict[str, Any]:
-        spec = {"kind": self.kind, "name": self.name, "mode": self.mode, "keys": list(self.keys)}
-        return {**spec, "txid_column": self.txid_column, **self._spec()}
-
-    @abc.abstractmethod
-    def _spec(self) -> dict[str, Any]: ...
+        """JSON-compatible description: ``{"class": "module:Name", "args": {...}}``."""
+        return to_spec(self)
 
     # -- the table ---------------------------------------------------------------------------
 
@@ -517,15 +514,7 @@ def list_staged(directory: str) -> StagedFiles:
 
 def sink_from_spec(spec: Mapping[str, Any] | str) -> LakeSink:
     """The sink described by :meth:`LakeSink.to_spec` (a dict or its JSON)."""
-    from airflow_txn_provider.sinks.delta import DeltaSink
-    from airflow_txn_provider.sinks.iceberg import IcebergSink
-
-    value = dict(json.loads(spec) if isinstance(spec, str) else spec)
-    kinds: dict[str, type[LakeSink]] = {"delta": DeltaSink, "iceberg": IcebergSink}
-    kind = value.pop("kind", None)
-    if kind not in kinds:
-        raise ValueError(f"unknown lake sink kind {kind!r}; known: {sorted(kinds)}")
-    return kinds[kind](**value)
+    return cast(LakeSink, from_spec(spec, LakeSink, what="lake sink"))
 
 
 def first_undone_commit(

@@ -60,9 +60,6 @@ class DeltaSink(LakeSink):
     def uri(self) -> str:
         return self.table_uri if "://" in self.table_uri else f"file://{self.table_uri}"
 
-    def _spec(self) -> dict[str, Any]:
-        return {"table_uri": self.table_uri}
-
     def open(self, log_url: str | None = None) -> DeltaLakeTable:
         require("deltalake", "delta")
         return DeltaLakeTable(self.table_uri)

@@ -99,15 +99,6 @@ class IcebergSink(LakeSink):
     def uri(self) -> str:
         return f"iceberg://{self.catalog_name}/{self.table.replace('.', '/')}"
 
-    def _spec(self) -> dict[str, Any]:
-        return {
-            "table": self.table,
-            "warehouse": self.warehouse,
-            "catalog_uri": self.catalog_uri,
-            "catalog_name": self.catalog_name,
-            "catalog_conn_id": self.catalog_conn_id,
-        }
-
     def open(self, log_url: str | None = None) -> IcebergLakeTable:
         require("pyiceberg", "iceberg")
         uri: str | None = self.catalog_uri or log_url

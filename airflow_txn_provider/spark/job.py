@@ -34,7 +34,6 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.engine import make_url
 
 from airflow_txn_provider.coordinator import ProcessedAction, TxRecord, attempt_may_stage
-from airflow_txn_provider.credentials import RedactingFilter, register_secret
 from airflow_txn_provider.exceptions import (
     IncompleteBatchError,
     MalformedRecordError,
@@ -44,6 +43,7 @@ from airflow_txn_provider.exceptions import (
     TxnError,
 )
 from airflow_txn_provider.log_rows import TxidRows
+from airflow_txn_provider.redaction import RedactingFilter, register_secret
 from airflow_txn_provider.sinks.base import LakeSink, StagedFiles, sink_from_spec
 from airflow_txn_provider.spark.sources import LOCATION, RECORD, SparkSource, source_from_spec
 from airflow_txn_provider.state import MapState, load_states

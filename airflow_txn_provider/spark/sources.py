@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib
-import json
 import logging
 import operator
 import os
@@ -34,7 +32,7 @@ import time
 from abc import abstractmethod
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import unquote, urlparse
 
 from airflow_txn_provider.sources import (
@@ -53,6 +51,7 @@ from airflow_txn_provider.spark.file_index import (
 from airflow_txn_provider.spark.parquet_discovery import OffsetNames, discover
 from airflow_txn_provider.spark.parquet_index import ParquetPartition
 from airflow_txn_provider.spark.parquet_read import read_with_partition_column
+from airflow_txn_provider.specs import from_spec, to_spec
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -123,27 +122,12 @@ class SparkSource(Source):
 
     def to_spec(self) -> dict[str, Any]:
         """JSON-compatible description: ``{"class": "module:Name", "args": {...}}``."""
-        if not dataclasses.is_dataclass(self):
-            raise TypeError(f"{type(self).__name__} must be a dataclass to be passed to a job")
-        cls = type(self)
-        return {"class": f"{cls.__module__}:{cls.__qualname__}", "args": dataclasses.asdict(self)}
+        return to_spec(self)
 
 
 def source_from_spec(spec: Mapping[str, Any] | str) -> SparkSource:
     """Rebuild a source from :meth:`SparkSource.to_spec` output (a mapping or its JSON text)."""
-    if isinstance(spec, str):
-        spec = json.loads(spec)
-    assert isinstance(spec, Mapping)
-    try:
-        module_name, _, qualname = str(spec["class"]).partition(":")
-        obj: Any = importlib.import_module(module_name)
-        for part in qualname.split("."):
-            obj = getattr(obj, part)
-    except (KeyError, ImportError, AttributeError, ValueError) as err:
-        raise ValueError(f"cannot load source from spec {spec!r}: {err}") from err
-    if not (isinstance(obj, type) and issubclass(obj, SparkSource)):
-        raise ValueError(f"{spec['class']} is not a SparkSource")
-    return obj(**dict(spec.get("args") or {}))
+    return cast(SparkSource, from_spec(spec, SparkSource, what="source"))
 
 
 def _local_path(file_uri: str) -> str:

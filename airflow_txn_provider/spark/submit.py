@@ -20,7 +20,6 @@ import contextlib
 import importlib.util
 import logging
 import os
-import signal
 import sys
 import time
 from collections.abc import Iterator, Mapping
@@ -37,8 +36,6 @@ from airflow_txn_provider.spark.job import (
 )
 
 if TYPE_CHECKING:
-    import subprocess
-
     from pyspark.sql import SparkSession
 
     from airflow_txn_provider.hooks.spark_submit import TxnSparkSubmitHook
@@ -47,9 +44,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SPARK_CONN = "spark_default"
 DEFAULT_SPARK_CONNECT_CONN = "spark_connect_default"
-DEFAULT_MASTER = "local[*]"
 
 
 def spark_env(**extra: str) -> dict[str, str]:
@@ -82,43 +77,13 @@ def keep_classic_mode() -> Iterator[None]:
                 os.environ[name] = value
 
 
-def stop_process_group(popen: subprocess.Popen[Any], *, timeout: float = 20.0) -> None:
-    """SIGTERM the process group ``popen`` leads, then SIGKILL what is left after ``timeout``."""
-    for sig, wait in ((signal.SIGTERM, timeout), (signal.SIGKILL, 10.0)):
-        try:
-            os.killpg(popen.pid, sig)
-        except ProcessLookupError:
-            break
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline and group_alive(popen.pid):
-            popen.poll()
-            time.sleep(0.1)
-        if not group_alive(popen.pid):
-            break
-    popen.poll()
-
-
-def group_alive(pgid: int) -> bool:
-    """Whether a process of process group ``pgid`` still runs (zombies do not count)."""
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = Path(entry.path, "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            return True
-    return False
-
-
 class SparkSubmitRunner:
     """Run a job file of ``spark_jobs/`` for one txid with ``spark-submit``.
 
     :param application: path of the job file (its ``main`` calls ``run_job``).
     :param log_url: the transaction log's URL, handed to the job in ``$TXN_LOG_URL``.
-    :param conn_id: the ``spark`` connection (master, deploy mode, spark-binary).
+    :param conn_id: the ``spark`` connection (master, deploy mode, spark-binary); default the
+        hook's, ``spark_default``.
     :param conf: extra Spark settings (``--conf``).
     :param env: extra environment of the job.
     :param hook_kwargs: any other ``SparkSubmitHook`` argument (executor_memory, py_files, …).
@@ -129,7 +94,7 @@ class SparkSubmitRunner:
         application: str | os.PathLike[str],
         *,
         log_url: str,
-        conn_id: str = DEFAULT_SPARK_CONN,
+        conn_id: str | None = None,
         conf: Mapping[str, Any] | None = None,
         env: Mapping[str, str] | None = None,
         **hook_kwargs: Any,
@@ -149,7 +114,7 @@ class SparkSubmitRunner:
 
         conf = {"spark.pyspark.python": sys.executable, **self.conf}
         return TxnSparkSubmitHook(
-            conn_id=self.conn_id,
+            **({"conn_id": self.conn_id} if self.conn_id else {}),
             application_args=job.to_args(),
             name=job.app_name,
             conf=conf,

@@ -20,7 +20,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
 from airflow_txn_provider.coordinator import PipelineView, TxRecord, TxStatus
-from airflow_txn_provider.credentials import redact_optional
+from airflow_txn_provider.redaction import redact_optional
 from airflow_txn_provider.sinks.base import OUTPUT_PREFIX
 from airflow_txn_provider.timetables import txid_run_id
 

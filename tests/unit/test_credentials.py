@@ -1,4 +1,5 @@
-"""Credentials stay out of arguments and of every text stored or shown (credentials.py)."""
+"""Credentials stay out of arguments (credentials.py) and of every text stored or shown
+(redaction.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 
 import pytest
 
-from airflow_txn_provider import credentials
+from airflow_txn_provider import credentials, redaction
 from airflow_txn_provider.exceptions import InvalidNameError, TxnConfigError
 from airflow_txn_provider.sinks import IcebergSink, sink_from_spec
 from airflow_txn_provider.spark.job import BatchJob
@@ -19,7 +20,7 @@ SECRET = "pl4nted-S3cret"
 
 @pytest.fixture(autouse=True)
 def _fresh_registry(monkeypatch):
-    monkeypatch.setattr(credentials, "_secrets", set())
+    monkeypatch.setattr(redaction, "_secrets", set())
 
 
 class TestRedact:
@@ -35,23 +36,23 @@ class TestRedact:
         ],
     )
     def test_passwords_in_urls_and_keyword_strings(self, text):
-        out = credentials.redact(text)
+        out = redaction.redact(text)
         assert SECRET not in out and "***" in out
 
     def test_a_registered_secret_anywhere_in_a_text(self):
         text = f"the job printed {SECRET} in its error"
-        assert credentials.redact(text) == text  # not known yet, not URL-shaped
-        credentials.register_secret(SECRET)
-        assert credentials.redact(text) == "the job printed *** in its error"
+        assert redaction.redact(text) == text  # not known yet, not URL-shaped
+        redaction.register_secret(SECRET)
+        assert redaction.redact(text) == "the job printed *** in its error"
 
     def test_texts_without_secrets_are_kept(self):
         text = "pipeline=p txid=3 attempt=1: processing failed: ValueError: bad row 'a:b@c'"
-        assert credentials.redact(text) == text
-        assert credentials.redact_optional(None) is None
+        assert redaction.redact(text) == text
+        assert redaction.redact_optional(None) is None
 
     def test_very_short_secrets_are_not_replaced_everywhere(self):
-        credentials.register_secret("ab")
-        assert credentials.redact("table abc") == "table abc"
+        redaction.register_secret("ab")
+        assert redaction.redact("table abc") == "table abc"
 
 
 class TestIcebergCatalogCredentials:
@@ -79,7 +80,7 @@ class TestIcebergCatalogCredentials:
         args = BatchJob("p", 1, 1, GeneratedTextSource(), sinks=(sink,)).to_args()
         assert SECRET not in " ".join(args)
         spec = json.loads(args[args.index("--sinks") + 1])[0]
-        assert spec["catalog_conn_id"] == "ice_cat" and spec["catalog_uri"] is None
+        assert spec["args"]["catalog_conn_id"] == "ice_cat" and spec["args"]["catalog_uri"] is None
         assert sink_from_spec(spec) == sink and sink.conn_ids == ("ice_cat",)
 
 
@@ -87,10 +88,10 @@ def test_a_connection_is_looked_up_by_airflow_from_the_environment_and_registere
     """In a process of its own: Airflow's lookup reads AIRFLOW_CONN_<ID>, and the password is
     known to the redaction from then on."""
     code = (
-        "from airflow_txn_provider import credentials as c\n"
+        "from airflow_txn_provider import credentials as c, redaction as r\n"
         "url = c.connection_url('ice_cat')\n"
         "print(url)\n"
-        f"print(c.redact('driver said: ' + {SECRET!r}))\n"
+        f"print(r.redact('driver said: ' + {SECRET!r}))\n"
     )
     env = {
         "PATH": "/usr/bin:/bin",
@@ -121,9 +122,9 @@ def test_a_task_hands_its_driver_the_url_in_the_environment(monkeypatch, tmp_pat
     env = credentials.connection_env(["ice_cat", "ice_cat"])
     assert env == {"TXN_CONN_URL__ICE_CAT": f"postgresql+psycopg://ice:{SECRET}@127.0.0.1:5432/cat"}
     code = (
-        "from airflow_txn_provider import credentials as c\n"
+        "from airflow_txn_provider import credentials as c, redaction as r\n"
         "print(c.connection_url('ice_cat'))\n"
-        f"print(c.redact('driver said: ' + {SECRET!r}))\n"
+        f"print(r.redact('driver said: ' + {SECRET!r}))\n"
         "import sys; print('airflow' in sys.modules)\n"
     )
     child_env = {
@@ -141,11 +142,11 @@ def test_a_task_hands_its_driver_the_url_in_the_environment(monkeypatch, tmp_pat
 def test_a_driver_log_line_is_redacted_before_it_leaves_the_process(caplog):
     import logging
 
-    credentials.register_secret(SECRET)
+    redaction.register_secret(SECRET)
     logger = logging.getLogger("txn.test.redacting")
     handler = logging.StreamHandler()
-    handler.addFilter(credentials.RedactingFilter())
-    caplog.handler.addFilter(credentials.RedactingFilter())
+    handler.addFilter(redaction.RedactingFilter())
+    caplog.handler.addFilter(redaction.RedactingFilter())
     logger.addHandler(handler)
     try:
         logger.warning("catalog %s said %s", f"postgresql://u:{SECRET}@h/db", SECRET)

@@ -18,12 +18,12 @@ from sqlalchemy import text
 from airflow_txn_provider.commit import commit_registered
 from airflow_txn_provider.coordinator import TxStatus
 from airflow_txn_provider.exceptions import MalformedRecordError, ProcessingError
+from airflow_txn_provider.hooks.spark_submit import group_alive
 from airflow_txn_provider.spark.job import BatchJob, process_batch
 from airflow_txn_provider.spark.sources import LandingDirectorySource, PartitionedParquetSource
 from airflow_txn_provider.spark.submit import (
     SparkConnectRunner,
     SparkSubmitRunner,
-    group_alive,
     load_job_module,
 )
 from airflow_txn_provider.state import MapState

@@ -10,8 +10,7 @@ from pathlib import Path
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 
-from airflow_txn_provider.hooks.spark_submit import TxnSparkSubmitHook
-from airflow_txn_provider.spark.submit import group_alive
+from airflow_txn_provider.hooks.spark_submit import TxnSparkSubmitHook, group_alive
 
 
 def test_overrides_no_private_method_of_the_provider():
