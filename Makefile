@@ -1,5 +1,6 @@
 # make test   : create .venv, install the pinned dependencies, run the suite CI runs
 # make test-scenarios: the long end-to-end scenarios CI leaves out (make test-all: both)
+# make screenshots: the README's screenshots, retaken by the browser test (docs/screenshots/)
 # make demo   : the example DAGs on a real Airflow + Spark Connect + Postgres, all in ./var/demo;
 #               prints the UI's URL and login, shows commits; Ctrl-C or `make demo-stop` stops it;
 #               a second run continues where the first stopped
@@ -25,7 +26,7 @@ STAMP  := $(VENV)/.installed-stamp
 PYSPARK_VERSION := 4.3.0
 PYTEST_ARGS ?=
 
-.PHONY: demo demo-stop demo-core install system-deps test test-scenarios test-all test-unit test-integration lint chaos chaos-fast chaos-airflow chaos-lake bench-core bench-stage bench-spark bench-airflow bench-peer bench-read bench-preload bench-begin bench-retention bench-lake bench-sessions clean
+.PHONY: demo demo-stop demo-core install system-deps test test-scenarios test-all screenshots test-unit test-integration lint chaos chaos-fast chaos-airflow chaos-lake bench-core bench-stage bench-spark bench-airflow bench-peer bench-read bench-preload bench-begin bench-retention bench-lake bench-sessions clean
 
 install: $(STAMP)
 
@@ -66,6 +67,10 @@ test-scenarios: install
 
 # Everything: the suite, then the scenarios.
 test-all: test test-scenarios
+
+# The README's screenshots, taken by the browser test on today's UI (docs/screenshots/).
+screenshots: install
+	TXN_README_SCREENSHOTS=$(CURDIR)/docs/screenshots $(PY) -m pytest tests/integration/test_browser.py $(PYTEST_ARGS)
 
 test-unit: install
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)

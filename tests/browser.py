@@ -2,13 +2,16 @@
 
 Never a downloaded browser, and no traffic beyond loopback: the flags turn off Chromium's
 background networking (updates, sync, safe browsing), which this machine's closed network would
-refuse anyway. Screenshots go to ``$TXN_TEST_ARTIFACTS`` (default ``test-artifacts/``).
+refuse anyway. Screenshots go to ``$TXN_TEST_ARTIFACTS`` (default ``test-artifacts/``); those the
+README shows (:data:`README_SCREENSHOTS`) also to ``$TXN_README_SCREENSHOTS`` when it is set:
+``make screenshots`` sets it to ``docs/screenshots/``, so the README shows the UI of the code.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,6 +21,13 @@ CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = Path(
     os.environ.get("TXN_TEST_ARTIFACTS", Path(__file__).resolve().parents[1] / "test-artifacts")
 )
+README_SCREENSHOTS = (
+    "airflow-grid",
+    "transactions-page",
+    "airflow-poison-run",
+    "transactions-txid-attempts",
+)
+"""The screenshots README.md shows (docs/screenshots/<name>.png)."""
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",  # root in a container: Chromium's sandbox needs user namespaces
@@ -62,6 +72,10 @@ def screenshot(page: Any, name: str, *, full_page: bool = False) -> Path:
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     path = ARTIFACTS / f"{name}.png"
     page.screenshot(path=str(path), full_page=full_page)
+    readme = os.environ.get("TXN_README_SCREENSHOTS")
+    if readme and name in README_SCREENSHOTS:
+        Path(readme).mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, Path(readme) / path.name)
     return path
 
 

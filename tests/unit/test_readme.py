@@ -1,4 +1,5 @@
-"""The README's architecture table names every module of the package, and nothing that is gone."""
+"""The README: its architecture table names every module of the package (and nothing that is
+gone), and its screenshots are those the browser test retakes."""
 
 from __future__ import annotations
 
@@ -43,3 +44,13 @@ def test_every_module_has_its_room_in_the_readme():
     assert not missing, f"modules the README's architecture table does not name: {missing}"
     gone = {n for n in named if not (PACKAGE / n).exists()}
     assert not gone, f"the README's architecture table names what does not exist: {gone}"
+
+
+def test_the_readmes_screenshots_are_those_the_browser_test_retakes():
+    """``make screenshots`` retakes what the README shows: the same names, each file present."""
+    from tests.browser import README_SCREENSHOTS
+
+    readme = (ROOT / "README.md").read_text()
+    shown = re.findall(r"\(docs/screenshots/([\w-]+)\.png\)", readme)
+    assert sorted(shown) == sorted(README_SCREENSHOTS)
+    assert all((ROOT / "docs" / "screenshots" / f"{name}.png").is_file() for name in shown)
