@@ -53,13 +53,13 @@ demo-core: install
 system-deps:
 	bash scripts/system-deps.sh
 
-# Lint and types first, then the suite on two pytest workers (the machine's cores; an Airflow test
-# spends most of its time waiting on Airflow's loops, so two share the cores well), a test file to
-# a worker. The long end-to-end scenarios (marker `scenario`) run in `make test-scenarios`. pytest
-# exits 5 when it collects no test: make treats that as a failure, as it should.
+# Lint and types first, then the suite on two pytest workers (the machine's cores): the tests that
+# start a whole Airflow one after another on one worker, everything else on the other
+# (tests/conftest.py groups them). The long end-to-end scenarios (marker `scenario`) run in
+# `make test-scenarios`. pytest exits 5 when it collects no test: make treats that as a failure.
 TEST_WORKERS ?= 2
 test: install lint
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not scenario" $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not scenario" $(PYTEST_ARGS)
 
 # The long scenarios CI leaves out (each is listed in tests/README.md with what it guards).
 test-scenarios: install

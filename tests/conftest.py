@@ -45,10 +45,33 @@ TEMPLATE_DB = "txn_template"
 _db_counter = itertools.count(1)
 
 
+AIRFLOW_STACKS = frozenset(
+    {
+        "test_airflow_e2e.py",
+        "test_browser.py",
+        "test_celery_cluster.py",
+        "test_chaos_airflow.py",
+        "test_credentials.py",
+        "test_demo_airflow.py",
+        "test_timetables_migrate_runs.py",
+    }
+)
+"""Integration test files that start a whole Airflow (scheduler, triggerer, api-server, …)."""
+
+
+# tryfirst: before pytest-xdist reads the xdist_group marks this adds.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark integration tests; on two pytest-xdist workers (``make test``: ``--dist loadgroup``)
+    the tests that start a whole Airflow run one after another on one worker, first, while the
+    other worker runs everything else: two Airflow deployments at once on two cores starve each
+    other's timing-bound waits."""
     for item in items:
         if "/integration/" in str(item.path):
             item.add_marker(pytest.mark.integration)
+        if item.path.name in AIRFLOW_STACKS and "/integration/" in str(item.path):
+            item.add_marker(pytest.mark.xdist_group("airflow"))
+    items.sort(key=lambda item: item.path.name not in AIRFLOW_STACKS)  # stable: order kept
 
 
 @pytest.fixture(scope="session")
