@@ -41,9 +41,10 @@ from airflow_txn_provider.state import BucketCountState, MapState, load_states
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
 
-    from airflow_txn_provider.coordinator import TxRecord
+    from airflow_txn_provider.pipeline_transitions import CommitResult
+    from airflow_txn_provider.records import TxRecord
     from airflow_txn_provider.sinks.base import LakeSink
-    from airflow_txn_provider.transaction_log import CommitResult, TransactionLog
+    from airflow_txn_provider.transaction_log import TransactionLog
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +158,7 @@ def record_processed(txlog: TransactionLog, pipeline: str, txid: int, attempt: i
     tell. So the rows present are compared with the counts the jobs recorded: if any are gone,
     the attempt is failed (and replays) with :class:`StagedOutputMismatchError` instead of
     recording what is left. Returns the
-    :class:`~airflow_txn_provider.coordinator.ProcessedAction` value.
+    :class:`~airflow_txn_provider.vocabulary.ProcessedAction` value.
     """
     states = [s for s in load_states(txlog.engine, pipeline).values() if s.derived_from is None]
 

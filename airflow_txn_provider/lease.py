@@ -25,7 +25,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from airflow_txn_provider.coordinator import LeaseRenewal
+from airflow_txn_provider.vocabulary import LeaseRenewal
 
 if TYPE_CHECKING:
     from airflow_txn_provider.transaction_log import TransactionLog

@@ -1,11 +1,12 @@
 """The transaction log's rows: a txid's two rows written together, a pipeline read as one view.
 
 A txid has two rows: its current attempt in ``txn_transaction`` and one row per attempt in
-``txn_attempt`` (:mod:`airflow_txn_provider.models`). :class:`TxidRows` is their one writer, so
-the two never disagree about an attempt's status, output or error. :func:`load_view` reads a
-pipeline as the pure coordinator sees it (:class:`~airflow_txn_provider.coordinator.PipelineView`).
-Every function runs in the caller's database transaction; the locking is the caller's
-(:class:`~airflow_txn_provider.transaction_log.TransactionLog`).
+``txn_attempt`` (:mod:`airflow_txn_provider.models`). :class:`TxidRows` is their one writer (every
+insert, update and retention's delete), so the two never disagree about an attempt's status,
+output or error. :func:`load_view` reads a pipeline as the pure coordinator sees it
+(:class:`~airflow_txn_provider.records.PipelineView`). Every function runs in the caller's
+database transaction; the locking is the caller's (the transitions of
+:class:`~airflow_txn_provider.transaction_log.TransactionLog`).
 """
 
 from __future__ import annotations
@@ -13,17 +14,19 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Iterator, Mapping
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import cast as sa_cast
-from sqlalchemy import func, insert, literal, select, update
+from sqlalchemy import func, insert, literal, select, text, update
 from sqlalchemy.dialects.postgresql import JSONB
 
-from airflow_txn_provider.coordinator import PipelineView, TxRecord, TxStatus
+from airflow_txn_provider.config import LEASE_HOLDER_CHARS
 from airflow_txn_provider.exceptions import CorruptLogError, UnknownPipelineError
 from airflow_txn_provider.models import ATTEMPTS, PIPELINES, TRANSACTIONS
+from airflow_txn_provider.records import PipelineView, TxRecord
 from airflow_txn_provider.redaction import redact_optional
+from airflow_txn_provider.vocabulary import FailureResponse, TxStatus
 
 if TYPE_CHECKING:
     from sqlalchemy import ColumnElement
@@ -40,7 +43,8 @@ _REACHED_AT: Mapping[TxStatus, tuple[str | None, str]] = {
 
 
 class TxidRows:
-    """The one writer of ``(pipeline, txid)``'s rows in ``txn_transaction`` and ``txn_attempt``."""
+    """The one writer of ``(pipeline, txid)``'s rows in ``txn_transaction`` and ``txn_attempt``
+    (and, with :meth:`prune`, of retention's delete of committed txids' rows)."""
 
     def __init__(self, conn: Connection, pipeline: str, txid: int) -> None:
         self.conn = conn
@@ -143,6 +147,32 @@ class TxidRows:
             .values(timings=func.coalesce(ATTEMPTS.c.timings, cast_jsonb({})).op("||")(rounded))
         )
 
+    def extend_claim(self, until: Any) -> None:
+        """Let the current attempt's lease last at least ``until`` (a begin resuming a processing
+        attempt gives its processing time to (re)start); a longer lease is kept."""
+        self.conn.execute(
+            update(TRANSACTIONS)
+            .where(self._txid_row())
+            .values(lease_expires_at=func.greatest(TRANSACTIONS.c.lease_expires_at, until))
+        )
+
+    def renew_lease(self, holder: str, timeout: float) -> None:
+        """The current attempt's lease lasts ``timeout`` more seconds, held by ``holder``."""
+        self.conn.execute(
+            update(TRANSACTIONS)
+            .where(self._txid_row())
+            .values(
+                lease_expires_at=func.now() + timedelta(seconds=timeout),
+                lease_holder=holder[:LEASE_HOLDER_CHARS],
+            )
+        )
+
+    def record_response(self, attempt: int, response: FailureResponse) -> None:
+        """Record what the failure sensor decided about failed ``attempt``."""
+        self.conn.execute(
+            update(ATTEMPTS).where(self._attempt_row(attempt)).values(response=response)
+        )
+
     def record_staged(self, attempt: int, job: str, counts: Mapping[str, int]) -> None:
         """Record what ``job`` of ``attempt`` staged (rows per output key), replacing what an
         earlier run of the same job recorded: call it in the transaction of the job's COPY."""
@@ -171,6 +201,12 @@ class TxidRows:
         ).one_or_none()
         return None if row is None else dict(row.output or {})
 
+    def current_attempt(self) -> int | None:
+        """The txid's current attempt (``None``: never begun, or pruned)."""
+        return self.conn.execute(
+            select(TRANSACTIONS.c.attempt).where(self._txid_row())
+        ).scalar_one_or_none()
+
     def locked_record(self) -> TxRecord | None:
         """The txid's record holding its row lock (``None``: never begun, or pruned)."""
         with naming_pipeline(self.pipeline):
@@ -185,6 +221,42 @@ class TxidRows:
                 raise UnknownPipelineError("pipeline is not registered", pipeline=self.pipeline)
             return None
         return record_of(row)
+
+    @staticmethod
+    def prune(conn: Connection, pipeline: str, due: range) -> int:
+        """Delete the rows of committed txids ``due`` and add them to the pipeline's ``pruned_*``
+        totals, in one statement (so the totals never disagree with what is gone); returns how
+        many txids went. Only committed rows below the last committed txid go: an in-flight txid
+        is never touched, whatever ``due`` says. The caller holds the pipeline's lock."""
+        result = conn.execute(
+            text(
+                """
+                WITH doomed AS (
+                    SELECT t.txid FROM txn_transaction t JOIN txn_pipeline p ON p.name = t.pipeline
+                    WHERE t.pipeline = :p AND t.txid BETWEEN :lo AND :hi
+                      AND t.txid < p.last_committed_txid AND t.status = 'committed'
+                ), attempts AS (
+                    DELETE FROM txn_attempt a USING doomed d
+                    WHERE a.pipeline = :p AND a.txid = d.txid
+                    RETURNING a.status
+                ), txids AS (
+                    DELETE FROM txn_transaction t USING doomed d
+                    WHERE t.pipeline = :p AND t.txid = d.txid
+                    RETURNING t.txid
+                )
+                UPDATE txn_pipeline SET
+                    pruned_txids = pruned_txids + (SELECT count(*) FROM txids),
+                    pruned_attempts = pruned_attempts + (SELECT count(*) FROM attempts),
+                    pruned_failed_attempts = pruned_failed_attempts
+                        + (SELECT count(*) FROM attempts WHERE status = 'failed'),
+                    pruned_through_txid = GREATEST(pruned_through_txid, :hi)
+                WHERE name = :p
+                RETURNING (SELECT count(*) FROM txids) AS txids
+                """
+            ),
+            {"p": pipeline, "lo": due.start, "hi": due.stop - 1},
+        ).one()
+        return int(result.txids)
 
 
 def cast_jsonb(value: Mapping[str, Any]) -> Any:

@@ -42,14 +42,9 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-from airflow_txn_provider.coordinator import (
-    DEFAULT_KEEP_TXIDS,
-    FailureResponse,
-    SourceKind,
-    StateKind,
-    TxStatus,
-)
+from airflow_txn_provider.config import DEFAULT_KEEP_TXIDS
 from airflow_txn_provider.exceptions import CorruptLogError
+from airflow_txn_provider.vocabulary import FailureResponse, SourceKind, StateKind, TxStatus
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -61,7 +56,7 @@ NAMING_CONVENTION = {
 
 
 class StrEnumText(TypeDecorator[enum.StrEnum]):
-    """A ``str`` enum of the coordinator stored as its value in a ``VARCHAR(20)``: queries bind and
+    """A ``str`` enum of the vocabulary stored as its value in a ``VARCHAR(20)``: queries bind and
     read the enum, never a retyped literal.
 
     Not SQLAlchemy's ``Enum``: a value the enum does not know (a CHECK constraint keeps them out,

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from airflow_txn_provider.coordinator import (
+from airflow_txn_provider.config import (
     DEFAULT_KEEP_TXIDS,
     validate_keep_txids,
     validate_max_pending,

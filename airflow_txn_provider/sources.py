@@ -26,8 +26,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from airflow_txn_provider.coordinator import SourceKind
 from airflow_txn_provider.exceptions import OffsetsWentBackError, UnreadableMetadataError
+from airflow_txn_provider.vocabulary import SourceKind
 
 Metadata = Any
 """JSON-compatible metadata: dicts with str keys, lists, str, int, finite float, bool, None."""

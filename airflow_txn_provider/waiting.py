@@ -9,23 +9,15 @@ from __future__ import annotations
 import enum
 from collections.abc import Sequence
 
-from airflow_txn_provider.coordinator import (
-    BeginAction,
-    CommitAction,
-    FailureResponse,
-    PipelineView,
-    TxRecord,
-    TxStatus,
-    committable,
-    plan_begin,
-    plan_commit,
-)
+from airflow_txn_provider.coordinator import committable, plan_begin, plan_commit
 from airflow_txn_provider.exceptions import (
     NotBegunError,
     NotProcessedError,
     OutOfOrderCommitError,
     StaleAttemptError,
 )
+from airflow_txn_provider.records import PipelineView, TxRecord
+from airflow_txn_provider.vocabulary import BeginAction, CommitAction, FailureResponse, TxStatus
 
 # -- waiting (what the Airflow triggers watch for) ---------------------------------------------
 

@@ -80,13 +80,10 @@ if str(ROOT) not in sys.path:  # run as a script: chaos/ and tests/ are packages
     sys.path.insert(0, str(ROOT))
 
 from airflow_txn_provider.commit import commit_registered  # noqa: E402
-from airflow_txn_provider.coordinator import (  # noqa: E402
-    BeginAction,
-    PipelineView,
-    TxStatus,
-    committable,
-)
+from airflow_txn_provider.coordinator import committable  # noqa: E402
 from airflow_txn_provider.exceptions import StagedOutputMismatchError, TxnError  # noqa: E402
+from airflow_txn_provider.log_reads import TransactionInfo  # noqa: E402
+from airflow_txn_provider.records import PipelineView  # noqa: E402
 from airflow_txn_provider.sinks import DeltaSink, IcebergSink, LakeSink, StagedFiles  # noqa: E402
 from airflow_txn_provider.spark.job import LOG_URL_ENV  # noqa: E402
 from airflow_txn_provider.spark.sources import (  # noqa: E402
@@ -94,7 +91,8 @@ from airflow_txn_provider.spark.sources import (  # noqa: E402
     PartitionedParquetSource,
 )
 from airflow_txn_provider.state import MapState  # noqa: E402
-from airflow_txn_provider.transaction_log import TransactionInfo, TransactionLog  # noqa: E402
+from airflow_txn_provider.transaction_log import TransactionLog  # noqa: E402
+from airflow_txn_provider.vocabulary import BeginAction, TxStatus  # noqa: E402
 from chaos.committer import TABLE_COMMITTED  # noqa: E402
 from chaos.report import FaultResult, print_table  # noqa: E402
 from tests.spark_data import (  # noqa: E402

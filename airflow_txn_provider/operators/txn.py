@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from airflow_txn_provider.coordinator import BeginAction
+from airflow_txn_provider.config import CLAIM_TIMEOUT
 from airflow_txn_provider.credentials import connection_env
 from airflow_txn_provider.timetables import txid_from_run_id
-from airflow_txn_provider.transaction_log import CLAIM_TIMEOUT
 from airflow_txn_provider.triggers.txn_log import RUN_TXID, TxnLogTrigger, WaitFor
+from airflow_txn_provider.vocabulary import BeginAction
 from airflow_txn_provider.waiting import GateState
 
 if TYPE_CHECKING:
@@ -478,7 +478,8 @@ def prune_airflow_runs(
     commit). Best effort: never raises (a commit must never fail for it); a failure is a warning
     and the next prune deletes what this one left. The timetable derives the next run from the
     newest run only, so deleting old runs never makes Airflow create them again."""
-    from airflow_txn_provider.coordinator import PRUNE_EVERY, retention_horizon
+    from airflow_txn_provider.config import PRUNE_EVERY
+    from airflow_txn_provider.coordinator import retention_horizon
 
     if not any(t % PRUNE_EVERY == 0 for t in committed):
         return []

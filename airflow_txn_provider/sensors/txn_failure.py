@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from airflow.sdk.bases.sensor import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
-from airflow_txn_provider.coordinator import TxStatus
 from airflow_txn_provider.operators.txn import (
     BEGIN_TASK_ID,
     _last_error,
@@ -21,6 +20,7 @@ from airflow_txn_provider.operators.txn import (
 from airflow_txn_provider.redaction import redact
 from airflow_txn_provider.timetables import txid_run_id
 from airflow_txn_provider.triggers.txn_log import FIRST_WATCHED, RUN_TXID, TxnLogTrigger, WaitFor
+from airflow_txn_provider.vocabulary import TxStatus
 from airflow_txn_provider.waiting import first_watched_attempt
 
 if TYPE_CHECKING:
@@ -124,7 +124,7 @@ class TxnFailureSensor(BaseSensorOperator):
     def on_failure(self, context: Context, event: dict[str, Any], **_legacy: Any) -> None:
         """Answer a failed attempt of the run's txid (``_legacy``: a deferral made by an older
         version of this sensor carried ``own_failures``; the log counts them now)."""
-        from airflow_txn_provider.coordinator import FailureResponse
+        from airflow_txn_provider.vocabulary import FailureResponse
         from airflow_txn_provider.waiting import (
             known_failed_attempt,
             own_failures,
@@ -213,8 +213,8 @@ class TxnFailureSensor(BaseSensorOperator):
         behind the runs waiting for it. The stop is recorded in the log last: a person's rerun
         after it starts a new count of the txid's own failures.
         """
-        from airflow_txn_provider.coordinator import FailureResponse
         from airflow_txn_provider.exceptions import PoisonBatchError
+        from airflow_txn_provider.vocabulary import FailureResponse
         from airflow_txn_provider.waiting import requeue_set
 
         p = self.pipeline

@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
-from airflow_txn_provider.coordinator import SinkAction, plan_sink_commit
+from airflow_txn_provider.coordinator import plan_sink_commit
 from airflow_txn_provider.exceptions import (
     InvalidNameError,
     LakeSchemaMismatchError,
@@ -38,6 +38,7 @@ from airflow_txn_provider.exceptions import (
 )
 from airflow_txn_provider.names import COLUMN, PIPELINE, check_name
 from airflow_txn_provider.specs import from_spec, to_spec
+from airflow_txn_provider.vocabulary import SinkAction
 
 if TYPE_CHECKING:
     import pyarrow as pa

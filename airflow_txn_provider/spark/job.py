@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import make_url
 
-from airflow_txn_provider.coordinator import ProcessedAction, TxRecord, attempt_may_stage
 from airflow_txn_provider.exceptions import (
     IncompleteBatchError,
     MalformedRecordError,
@@ -42,12 +41,15 @@ from airflow_txn_provider.exceptions import (
     StateDefinitionError,
     TxnError,
 )
+from airflow_txn_provider.fencing import attempt_may_stage
 from airflow_txn_provider.log_rows import TxidRows
+from airflow_txn_provider.records import TxRecord
 from airflow_txn_provider.redaction import RedactingFilter, register_secret
 from airflow_txn_provider.sinks.base import LakeSink, StagedFiles, sink_from_spec
 from airflow_txn_provider.spark.sources import LOCATION, RECORD, SparkSource, source_from_spec
 from airflow_txn_provider.state import MapState, load_states
 from airflow_txn_provider.transaction_log import TransactionLog
+from airflow_txn_provider.vocabulary import ProcessedAction
 
 if TYPE_CHECKING:
     import pyarrow as pa

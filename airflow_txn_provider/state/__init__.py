@@ -30,7 +30,6 @@ Modules: :mod:`~.maps` (the states: tables, registry, stage, apply, read) and :m
 class per kind's rule).
 """
 
-from airflow_txn_provider.coordinator import StateKind
 from airflow_txn_provider.state.kinds import rule_for
 from airflow_txn_provider.state.maps import (
     KEY_TYPES,
@@ -44,6 +43,7 @@ from airflow_txn_provider.state.maps import (
     quote_ident,
     stage_states,
 )
+from airflow_txn_provider.vocabulary import StateKind
 
 __all__ = [
     "KEY_TYPES",

@@ -15,7 +15,6 @@ from sqlalchemy import delete, select, text
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import DataError
 
-from airflow_txn_provider.coordinator import StateKind
 from airflow_txn_provider.exceptions import (
     MalformedOutputError,
     StagedOutputMismatchError,
@@ -35,6 +34,7 @@ from airflow_txn_provider.state.staging import (
     check_rows,
     copy_rows,
 )
+from airflow_txn_provider.vocabulary import StateKind
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -26,10 +26,12 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 
-from airflow_txn_provider.coordinator import PipelineView, TxStatus, lease_expired
 from airflow_txn_provider.exceptions import UnknownPipelineError
+from airflow_txn_provider.fencing import lease_expired
+from airflow_txn_provider.records import PipelineView
 from airflow_txn_provider.retries import DEFAULT_OUTAGE_TIMEOUT, is_transient
 from airflow_txn_provider.timetables import txid_from_run_id
+from airflow_txn_provider.vocabulary import TxStatus
 from airflow_txn_provider.waiting import (
     awaits_commit,
     awaits_requeue,
@@ -76,7 +78,7 @@ def shared_engine(url: Any) -> AsyncEngine:
     opening another. One snapshot per poll (see TransactionLog.view): triggers only read."""
     from sqlalchemy.ext.asyncio import create_async_engine
 
-    from airflow_txn_provider.transaction_log import SNAPSHOT
+    from airflow_txn_provider.log_reads import SNAPSHOT
 
     engines = _SHARED.setdefault(asyncio.get_running_loop(), {})
     key = url if isinstance(url, str) else url.render_as_string(hide_password=False)

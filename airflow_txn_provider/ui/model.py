@@ -19,13 +19,14 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from airflow_txn_provider.coordinator import PipelineView, TxRecord, TxStatus
+from airflow_txn_provider.records import PipelineView, TxRecord
 from airflow_txn_provider.redaction import redact_optional
 from airflow_txn_provider.sinks.base import OUTPUT_PREFIX
 from airflow_txn_provider.timetables import txid_run_id
+from airflow_txn_provider.vocabulary import TxStatus
 
 if TYPE_CHECKING:
-    from airflow_txn_provider.transaction_log import AttemptInfo, TransactionInfo
+    from airflow_txn_provider.log_reads import AttemptInfo, TransactionInfo
 
 STATUSES: tuple[str, ...] = tuple(s.value for s in TxStatus)
 """Statuses in the order the page lists them."""

@@ -15,7 +15,6 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from airflow_txn_provider.commit import commit_states, record_processed
-from airflow_txn_provider.coordinator import TxStatus
 from airflow_txn_provider.exceptions import (
     MalformedOutputError,
     StagedOutputMismatchError,
@@ -24,6 +23,7 @@ from airflow_txn_provider.sources import TransactionalSource
 from airflow_txn_provider.state import GlobalState, MapState
 from airflow_txn_provider.transaction_log import TransactionLog
 from airflow_txn_provider.ui import reader
+from airflow_txn_provider.vocabulary import TxStatus
 from tests.spark_data import lines_in_ranges, parquet_dataset, random_lines, word_counts
 from txn_testing.postgres import EmbeddedPostgres, postgres_bindir
 

@@ -10,7 +10,7 @@ txid commits, in txid order, and the state equals word counts computed in plain 
 
 Retention runs too (``keep_txids`` 2): the 16th commit deletes the DAG runs of txids up to 14
 through the real REST API, the 18th prunes the log's rows of txids up to 16 (both act once 16
-txids are due: coordinator.PRUNE_EVERY).
+txids are due: config.PRUNE_EVERY).
 """
 
 from __future__ import annotations

@@ -21,13 +21,13 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from airflow_txn_provider.commit import commit_registered, commit_states, record_processed
-from airflow_txn_provider.coordinator import TxStatus
 from airflow_txn_provider.exceptions import LakeSchemaMismatchError, StagedOutputMismatchError
 from airflow_txn_provider.sinks import DeltaSink, IcebergSink
 from airflow_txn_provider.sinks.base import list_staged
 from airflow_txn_provider.sources import OpaqueSource, TransactionalSource
 from airflow_txn_provider.state import GlobalState, MapState
 from airflow_txn_provider.transaction_log import TransactionLog
+from airflow_txn_provider.vocabulary import TxStatus
 from txn_testing.postgres import EmbeddedPostgres
 
 

@@ -17,7 +17,7 @@ import pytest
 from sqlalchemy import text
 
 from airflow_txn_provider.commit import commit_states
-from airflow_txn_provider.coordinator import PRUNE_EVERY
+from airflow_txn_provider.config import PRUNE_EVERY
 from airflow_txn_provider.sources import OpaqueSource
 from airflow_txn_provider.state import MapState
 from airflow_txn_provider.transaction_log import TransactionLog

@@ -6,7 +6,6 @@ import pytest
 from sqlalchemy import create_engine, event, text
 
 from airflow_txn_provider import schema
-from airflow_txn_provider.coordinator import BeginAction, LeaseRenewal, ProcessedAction, TxStatus
 from airflow_txn_provider.exceptions import (
     CorruptLogError,
     NotProcessedError,
@@ -21,6 +20,7 @@ from airflow_txn_provider.exceptions import (
 )
 from airflow_txn_provider.sources import OpaqueSource, TransactionalSource
 from airflow_txn_provider.transaction_log import TransactionLog, engine_from_url
+from airflow_txn_provider.vocabulary import BeginAction, LeaseRenewal, ProcessedAction, TxStatus
 from tests.conftest import new_database
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from airflow_txn_provider.coordinator import PipelineView, SourceKind, TxRecord, TxStatus
+from airflow_txn_provider.records import PipelineView, TxRecord
+from airflow_txn_provider.vocabulary import SourceKind, TxStatus
 
 PROC, DONE, FAIL = TxStatus.PROCESSING, TxStatus.PROCESSED, TxStatus.FAILED
 

@@ -8,29 +8,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from airflow_txn_provider.config import validate_keep_txids, validate_max_pending
 from airflow_txn_provider.coordinator import (
-    BeginAction,
-    CommitAction,
-    LeaseRenewal,
-    ProcessedAction,
-    SourceKind,
-    TxRecord,
-    TxStatus,
     committable,
     expired_lease,
-    lease_expired,
-    lease_renewal,
     next_to_begin,
     plan_begin,
     plan_commit,
     plan_expiry,
     plan_failure,
-    plan_processed,
     plan_recovery,
     prune_range,
     retention_horizon,
-    validate_keep_txids,
-    validate_max_pending,
 )
 from airflow_txn_provider.exceptions import (
     ConflictingOutputError,
@@ -39,6 +28,16 @@ from airflow_txn_provider.exceptions import (
     NotProcessedError,
     OutOfOrderCommitError,
     StaleAttemptError,
+)
+from airflow_txn_provider.fencing import lease_expired, lease_renewal, plan_processed
+from airflow_txn_provider.records import TxRecord
+from airflow_txn_provider.vocabulary import (
+    BeginAction,
+    CommitAction,
+    LeaseRenewal,
+    ProcessedAction,
+    SourceKind,
+    TxStatus,
 )
 from tests.unit.builders import DONE, FAIL, NOW, PROC, leased, view
 

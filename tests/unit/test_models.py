@@ -1,9 +1,8 @@
-"""The log's typed columns: the coordinator's enums in, the coordinator's enums out."""
+"""The log's typed columns: the vocabulary's enums in, the vocabulary's enums out."""
 
 import pytest
 from sqlalchemy.dialects import postgresql
 
-from airflow_txn_provider.coordinator import FailureResponse, SourceKind, StateKind, TxStatus
 from airflow_txn_provider.exceptions import CorruptLogError
 from airflow_txn_provider.models import (
     ATTEMPTS,
@@ -13,6 +12,7 @@ from airflow_txn_provider.models import (
     StrEnumText,
     one_of,
 )
+from airflow_txn_provider.vocabulary import FailureResponse, SourceKind, StateKind, TxStatus
 
 DIALECT = postgresql.dialect()
 

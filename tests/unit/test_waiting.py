@@ -7,8 +7,8 @@ import importlib
 
 import pytest
 
-from airflow_txn_provider.coordinator import TxStatus
 from airflow_txn_provider.triggers.txn_log import TxnLogTrigger, WaitFor, evaluate
+from airflow_txn_provider.vocabulary import TxStatus
 from airflow_txn_provider.waiting import (
     GateState,
     commit_gate,

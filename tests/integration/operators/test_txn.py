@@ -8,12 +8,12 @@ from types import SimpleNamespace
 import pytest
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException, TaskDeferred
 
-from airflow_txn_provider.coordinator import FailureResponse
 from airflow_txn_provider.dag_builder import build_dag
 from airflow_txn_provider.pipeline import TxnPipeline
 from airflow_txn_provider.spark.sources import PartitionedParquetSource
 from airflow_txn_provider.state import MapState
 from airflow_txn_provider.triggers.txn_log import TxnLogTrigger, WaitFor
+from airflow_txn_provider.vocabulary import FailureResponse
 from tests.conftest import set_txn_log_connection
 from tests.spark_data import parquet_dataset, random_lines
 

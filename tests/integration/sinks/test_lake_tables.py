@@ -12,7 +12,6 @@ import pyarrow.compute as pc
 import pytest
 
 from airflow_txn_provider.commit import commit_registered
-from airflow_txn_provider.coordinator import TxStatus
 from airflow_txn_provider.exceptions import (
     LakeSchemaMismatchError,
     LakeSinkError,
@@ -23,6 +22,7 @@ from airflow_txn_provider.exceptions import (
 from airflow_txn_provider.sinks import DeltaSink, IcebergSink, StagedFiles
 from airflow_txn_provider.spark.job import BatchJob
 from airflow_txn_provider.spark.submit import SparkConnectRunner
+from airflow_txn_provider.vocabulary import TxStatus
 from tests.spark_data import lines_in_ranges, parquet_dataset, random_lines, word_counts
 
 WORD_COUNT = Path(__file__).resolve().parents[3] / "spark_jobs" / "word_count.py"

@@ -16,7 +16,6 @@ import pytest
 from sqlalchemy import text
 
 from airflow_txn_provider.commit import commit_registered
-from airflow_txn_provider.coordinator import TxStatus
 from airflow_txn_provider.exceptions import MalformedRecordError, ProcessingError
 from airflow_txn_provider.hooks.spark_submit import group_alive
 from airflow_txn_provider.spark.job import BatchJob, process_batch
@@ -27,6 +26,7 @@ from airflow_txn_provider.spark.submit import (
     load_job_module,
 )
 from airflow_txn_provider.state import MapState
+from airflow_txn_provider.vocabulary import TxStatus
 from tests.spark_data import (
     lines_in_ranges,
     parquet_dataset,

@@ -17,7 +17,7 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from airflow_txn_provider.coordinator import PRUNE_EVERY
+from airflow_txn_provider.config import PRUNE_EVERY
 from airflow_txn_provider.hooks.airflow_api import AirflowApiHook
 from airflow_txn_provider.operators import txn
 from airflow_txn_provider.timetables import txid_logical_date, txid_run_id

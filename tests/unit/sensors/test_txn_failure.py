@@ -9,13 +9,15 @@ from dataclasses import replace
 import pytest
 from airflow.triggers.base import TaskSuccessEvent, TriggerEvent
 
-from airflow_txn_provider.coordinator import FailureResponse, PipelineView, TxRecord, plan_failure
+from airflow_txn_provider.coordinator import plan_failure
 from airflow_txn_provider.failure_injection import InjectedFailureRule as Rule
 from airflow_txn_provider.failure_injection import (
     injected_failure,
     parse_failure_injection,
 )
+from airflow_txn_provider.records import PipelineView, TxRecord
 from airflow_txn_provider.triggers.txn_log import TxnLogTrigger, WaitFor
+from airflow_txn_provider.vocabulary import FailureResponse
 from airflow_txn_provider.waiting import (
     first_watched_attempt,
     known_failed_attempt,

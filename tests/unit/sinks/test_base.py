@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from airflow_txn_provider.coordinator import SinkAction, plan_sink_commit
+from airflow_txn_provider.coordinator import plan_sink_commit
 from airflow_txn_provider.exceptions import LakeSchemaMismatchError, LakeTableOutOfSyncError
 from airflow_txn_provider.pipeline import TxnPipeline
 from airflow_txn_provider.sinks import DeltaSink, IcebergSink, StagedFiles, sink_from_spec
@@ -17,6 +17,7 @@ from airflow_txn_provider.sinks.base import (
 )
 from airflow_txn_provider.spark.job import BatchJob
 from airflow_txn_provider.spark.sources import GeneratedTextSource
+from airflow_txn_provider.vocabulary import SinkAction
 
 WHERE = {"pipeline": "p", "attempt": 2, "sink": "s"}
 

@@ -2,7 +2,6 @@
 
 import pytest
 
-from airflow_txn_provider.coordinator import StateKind
 from airflow_txn_provider.state.kinds import (
     RULES,
     NonTransactionalRule,
@@ -10,6 +9,7 @@ from airflow_txn_provider.state.kinds import (
     TransactionalRule,
     rule_for,
 )
+from airflow_txn_provider.vocabulary import StateKind
 
 
 def plus(a: str, b: str) -> str:

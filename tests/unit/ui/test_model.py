@@ -7,9 +7,10 @@ from decimal import Decimal
 
 import pytest
 
-from airflow_txn_provider.coordinator import PipelineView, SourceKind, TxRecord, TxStatus
-from airflow_txn_provider.transaction_log import AttemptInfo, TransactionInfo
+from airflow_txn_provider.log_reads import AttemptInfo, TransactionInfo
+from airflow_txn_provider.records import PipelineView, TxRecord
 from airflow_txn_provider.ui import model
+from airflow_txn_provider.vocabulary import SourceKind, TxStatus
 
 PROC, DONE, COMMIT, FAIL = (
     TxStatus.PROCESSING,

@@ -1,0 +1,42 @@
+"""The log's settings: its defaults and limits, and the checks of what a pipeline declares.
+
+One place for every number a newcomer may want to tune or look up (how long a claim lasts, how
+many txids retention keeps, how much it prunes at a time), so the rules, the log and the
+declaration of a pipeline read the same values.
+"""
+
+from __future__ import annotations
+
+# -- leases ------------------------------------------------------------------------------------
+
+CLAIM_TIMEOUT = 120.0
+"""Seconds a freshly begun attempt's lease lasts: time for its processing task to start and take
+the lease over (it renews every few seconds from then on)."""
+LEASE_TIMEOUT = 30.0
+"""Seconds a processing attempt's lease lasts after each renewal, unless the pipeline says."""
+LEASE_HOLDER_CHARS = 500
+"""A lease holder's name is stored up to this many characters."""
+
+# -- retention ---------------------------------------------------------------------------------
+
+DEFAULT_KEEP_TXIDS = 1000
+"""Committed txids whose rows (current record and attempt history) the log keeps, by default."""
+PRUNE_BATCH = 500
+"""At most this many txids are pruned by one call: a commit never stalls on a large backlog
+(a log upgraded after a million txids catches up over a few thousand commits)."""
+PRUNE_EVERY = 16
+"""Pruning waits until this many txids are due: one DELETE per 16 commits, not one per commit."""
+
+# -- checks of a declaration -------------------------------------------------------------------
+
+
+def validate_max_pending(max_pending: int) -> int:
+    if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
+        raise ValueError(f"max_pending must be an int >= 1, got {max_pending!r}")
+    return max_pending
+
+
+def validate_keep_txids(keep_txids: int) -> int:
+    if isinstance(keep_txids, bool) or not isinstance(keep_txids, int) or keep_txids < 1:
+        raise ValueError(f"keep_txids must be an int >= 1, got {keep_txids!r}")
+    return keep_txids

@@ -1,0 +1,100 @@
+"""Retention: deleting the rows of old committed txids, so the log does not grow forever.
+
+The rule of what may go is the coordinator's
+(:func:`~airflow_txn_provider.coordinator.prune_range`): the rows of txids older than the newest
+``keep_txids`` committed ones, a bounded batch at a time. A commit prunes now and then under the
+pipeline's lock it holds anyway (:func:`prune_locked`); :meth:`LogRetention.prune` does the same on
+demand, and :meth:`LogRetention.retention` reports the totals. The delete itself is the txid rows'
+one writer's (:meth:`~airflow_txn_provider.log_rows.TxidRows.prune`).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from sqlalchemy import select
+
+from airflow_txn_provider.config import PRUNE_BATCH
+from airflow_txn_provider.coordinator import prune_range
+from airflow_txn_provider.exceptions import UnknownPipelineError
+from airflow_txn_provider.log_rows import TxidRows
+from airflow_txn_provider.models import PIPELINES
+from airflow_txn_provider.retries import retry_transient
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection, Engine
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RetentionInfo:
+    """A pipeline's retention setting and what it pruned so far (every pruned txid committed)."""
+
+    pipeline: str
+    keep_txids: int
+    pruned_txids: int
+    pruned_attempts: int
+    pruned_failed_attempts: int
+    """Attempts of pruned txids that had failed (each was replayed before its txid committed)."""
+    pruned_through_txid: int
+    """Every txid up to this one was pruned (0: none)."""
+
+
+def prune_locked(conn: Connection, pipeline: str, due: range) -> int:
+    """Delete the rows of committed txids ``due`` (holding the pipeline's lock) and add them
+    to the pipeline's totals, in one statement. Only committed rows at or below the last
+    committed txid go: an in-flight txid is never touched, whatever ``due`` says."""
+    pruned = TxidRows.prune(conn, pipeline, due)
+    log.info("pipeline=%s retention pruned %s txid(s) %s..%s", pipeline, pruned, due.start, due[-1])
+    return pruned
+
+
+class LogRetention:
+    """Pruning on demand, and what retention pruned so far."""
+
+    engine: Engine
+    outage_timeout: float
+
+    @retry_transient
+    def prune(self, pipeline: str, *, batch: int = PRUNE_BATCH) -> int:
+        """Delete the rows of up to ``batch`` txids that retention lets go (what each commit does
+        now and then, by itself); returns how many txids were pruned. Takes the pipeline's lock:
+        safe beside commits, and idempotent."""
+        with self.engine.begin() as conn:
+            row = conn.execute(
+                select(
+                    PIPELINES.c.last_committed_txid,
+                    PIPELINES.c.keep_txids,
+                    PIPELINES.c.pruned_through_txid,
+                )
+                .where(PIPELINES.c.name == pipeline)
+                .with_for_update()
+            ).one_or_none()
+            if row is None:
+                raise UnknownPipelineError("pipeline is not registered", pipeline=pipeline)
+            due = prune_range(
+                int(row.last_committed_txid),
+                int(row.keep_txids),
+                int(row.pruned_through_txid),
+                batch=batch,
+            )
+            return prune_locked(conn, pipeline, due) if due else 0
+
+    @retry_transient
+    def retention(self, pipeline: str) -> RetentionInfo:
+        """The pipeline's ``keep_txids`` and the totals of what retention pruned."""
+        with self.engine.connect() as conn:
+            row = conn.execute(select(PIPELINES).where(PIPELINES.c.name == pipeline)).one_or_none()
+        if row is None:
+            raise UnknownPipelineError("pipeline is not registered", pipeline=pipeline)
+        return RetentionInfo(
+            pipeline=pipeline,
+            keep_txids=int(row.keep_txids),
+            pruned_txids=int(row.pruned_txids),
+            pruned_attempts=int(row.pruned_attempts),
+            pruned_failed_attempts=int(row.pruned_failed_attempts),
+            pruned_through_txid=int(row.pruned_through_txid),
+        )
