@@ -1,5 +1,5 @@
-"""What every lake sink shares: the declaration, the staged files of an attempt, the schema check,
-the ordered exactly-once commit, reads "as of txid N", and cleanup.
+"""The lake sink protocol, what every lake sink shares: the declaration, the staged files of an
+attempt, the ordered exactly-once commit, reads "as of txid N", and cleanup.
 
 The protocol, for one txid (docs/lake.md has the picture):
 
@@ -17,8 +17,9 @@ The protocol, for one txid (docs/lake.md has the picture):
 3. **Clean up** (:meth:`LakeSink.cleanup`, after the log's commit): every other directory of
    the txid (failed attempts, duplicate runs, merged-away files) is deleted.
 
-Nothing here imports Spark; a sink's table library (``deltalake``, ``pyiceberg``) is imported
-only when a table is opened.
+The schema check is in :mod:`~airflow_txn_provider.sinks.schema`, and the formats' rule for
+rewinding a table in :mod:`~airflow_txn_provider.sinks.rewind`. Nothing here imports Spark; a
+sink's table library (``deltalake``, ``pyiceberg``) is imported only when a table is opened.
 """
 
 from __future__ import annotations
@@ -31,12 +32,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from airflow_txn_provider.coordinator import plan_sink_commit
-from airflow_txn_provider.exceptions import (
-    InvalidNameError,
-    LakeSchemaMismatchError,
-    LakeSinkError,
-)
+from airflow_txn_provider.exceptions import InvalidNameError, LakeSinkError
 from airflow_txn_provider.names import COLUMN, PIPELINE, check_name
+from airflow_txn_provider.sinks.schema import check_schema
 from airflow_txn_provider.specs import from_spec, to_spec
 from airflow_txn_provider.vocabulary import SinkAction
 
@@ -394,61 +392,6 @@ class LakeTable(abc.ABC):
         return found[-1]
 
 
-# -- schema --------------------------------------------------------------------------------------
-
-
-def _canonical(t: pa.DataType) -> str:
-    """A column type as both formats and Spark agree on it (string flavours are one type)."""
-    import pyarrow as pa
-
-    if pa.types.is_dictionary(t):
-        return _canonical(t.value_type)
-    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t):
-        return "string"
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t) or pa.types.is_binary_view(t):
-        return "binary"
-    if pa.types.is_timestamp(t):
-        return "timestamp with time zone" if t.tz else "timestamp"
-    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_list_view(t):
-        return f"list<{_canonical(t.value_type)}>"
-    if pa.types.is_struct(t):
-        inner = ", ".join(
-            f"{t.field(i).name}: {_canonical(t.field(i).type)}" for i in range(t.num_fields)
-        )
-        return f"struct<{inner}>"
-    if pa.types.is_map(t):
-        return f"map<{_canonical(t.key_type)}, {_canonical(t.item_type)}>"
-    return str(t)
-
-
-def schema_problems(table: pa.Schema, batch: pa.Schema) -> list[str]:
-    """How the batch's columns differ from the table's (order aside); empty when they match."""
-    have = {f.name: _canonical(f.type) for f in batch}
-    want = {f.name: _canonical(f.type) for f in table}
-    problems = [f"missing column {c!r} ({want[c]})" for c in want if c not in have]
-    problems += [f"extra column {c!r} ({have[c]})" for c in have if c not in want]
-    problems += [
-        f"column {c!r} is {have[c]}, the table has {want[c]}"
-        for c in want
-        if c in have and have[c] != want[c]
-    ]
-    return problems
-
-
-def check_schema(
-    table: pa.Schema, batch: pa.Schema, *, sink: str, pipeline: str, txid: int, attempt: int
-) -> None:
-    problems = schema_problems(table, batch)
-    if problems:
-        raise LakeSchemaMismatchError(
-            f"lake sink {sink!r}: the batch does not match the table's schema: "
-            + "; ".join(problems),
-            pipeline=pipeline,
-            txid=txid,
-            attempt=attempt,
-        )
-
-
 # -- files ---------------------------------------------------------------------------------------
 
 
@@ -518,56 +461,12 @@ def sink_from_spec(spec: Mapping[str, Any] | str) -> LakeSink:
     return cast(LakeSink, from_spec(spec, LakeSink, what="lake sink"))
 
 
-def first_undone_commit(
-    commits: Sequence[tuple[int, str | None, int | None]],
-    *,
-    pipeline: str,
-    keep_txid: int,
-    sink: str,
-) -> int | None:
-    """The oldest of ``pipeline``'s table commits that a rewind to ``keep_txid`` undoes (those of
-    a txid above ``keep_txid``): the rewind goes back to the version before it (``None``: no
-    commit to undo).
-
-    :param commits: ``(version, pipeline, txid)`` of the table's commits, newest first, back to
-        (at least) the pipeline's newest commit of a txid <= ``keep_txid``; ``pipeline`` and
-        ``txid`` are ``None`` for another writer's commit.
-    Raises :class:`LakeTableOutOfSyncError` when another writer committed after the oldest of
-    them: going back would lose its rows."""
-    from airflow_txn_provider.exceptions import LakeTableOutOfSyncError
-
-    undone: list[int] = []  # positions in ``commits``: versions need not be ordered (Iceberg)
-    foreign: list[int] = []
-    for i, (_, by, txid) in enumerate(commits):
-        if by == pipeline and txid is not None:
-            if txid <= keep_txid:
-                break
-            undone.append(i)
-        else:
-            foreign.append(i)
-    if not undone:
-        return None
-    oldest = undone[-1]
-    newer = [commits[i][0] for i in foreign if i < oldest]
-    if newer:
-        raise LakeTableOutOfSyncError(
-            f"lake sink {sink!r}: another writer committed to the table (versions {newer}) after "
-            f"this pipeline's commit of a txid above {keep_txid}; rewinding would lose its rows",
-            pipeline=pipeline,
-            txid=keep_txid + 1,
-        )
-    return commits[oldest][0]
-
-
 __all__ = [
     "MODES",
     "LakeSink",
     "LakeTable",
     "SinkCommit",
     "StagedFiles",
-    "check_schema",
-    "first_undone_commit",
     "list_staged",
-    "schema_problems",
     "sink_from_spec",
 ]

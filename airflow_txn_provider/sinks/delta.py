@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_txn_provider.names import quote_ident
-from airflow_txn_provider.sinks.base import LakeSink, LakeTable, first_undone_commit, require
+from airflow_txn_provider.sinks.base import LakeSink, LakeTable, require
+from airflow_txn_provider.sinks.rewind import first_undone_commit
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from airflow_txn_provider.credentials import connection_url
 from airflow_txn_provider.exceptions import InvalidNameError, TxnConfigError
 from airflow_txn_provider.names import COLUMN, CONN_ID, check_name
-from airflow_txn_provider.sinks.base import LakeSink, LakeTable, first_undone_commit, require
+from airflow_txn_provider.sinks.base import LakeSink, LakeTable, require
+from airflow_txn_provider.sinks.rewind import first_undone_commit
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -10,7 +10,8 @@ import uuid
 from typing import TYPE_CHECKING
 
 from airflow_txn_provider.retries import DEFAULT_OUTAGE_TIMEOUT, retrying
-from airflow_txn_provider.sinks.base import LakeSink, StagedFiles, check_schema, list_staged
+from airflow_txn_provider.sinks.base import LakeSink, StagedFiles, list_staged
+from airflow_txn_provider.sinks.schema import check_schema
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -26,23 +26,24 @@ Staged rows are counted when staged and counted again when applied; a mismatch (
 is emptied by a Postgres crash) raises :class:`StagedOutputMismatchError` instead of committing a
 partial batch.
 
-Modules: :mod:`~.maps` (the states: tables, registry, stage, apply, read) and :mod:`~.kinds` (one
-class per kind's rule).
+Modules: :mod:`~.maps` (the states users declare, composed of the parts below),
+:mod:`~.backing` (a state's tables: DDL, stage, apply, read), :mod:`~.kinds` (one class per kind's
+rule), :mod:`~.registry` (which pipeline owns which state), :mod:`~.summary` (a keyed state's key
+count, sum and top keys) and :mod:`~.staging` (the value domain and the binary COPY).
 """
 
+from airflow_txn_provider.names import quote_ident
+from airflow_txn_provider.state.backing import KEY_TYPES, VALUE_TYPES
 from airflow_txn_provider.state.kinds import rule_for
 from airflow_txn_provider.state.maps import (
-    KEY_TYPES,
-    STAGE_JOB_COLUMN,
-    VALUE_TYPES,
     ApplyResult,
     BucketCountState,
     GlobalState,
     MapState,
     load_states,
-    quote_ident,
     stage_states,
 )
+from airflow_txn_provider.state.staging import STAGE_JOB_COLUMN
 from airflow_txn_provider.vocabulary import StateKind
 
 __all__ = [

@@ -2,7 +2,7 @@
 ``TransactionalMap`` and ``OpaqueMap``).
 
 A rule says two things, both in SQL since a batch applies in one statement
-(:meth:`~airflow_txn_provider.state.maps.MapState.apply`):
+(:meth:`~airflow_txn_provider.state.backing.BackingTable.apply`):
 
 * which bookkeeping columns the state table stores beside the keys and the value;
 * how one key's row takes the batch's delta: the ``INSERT … ON CONFLICT DO UPDATE`` parts.

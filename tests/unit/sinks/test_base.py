@@ -9,12 +9,9 @@ from airflow_txn_provider.coordinator import plan_sink_commit
 from airflow_txn_provider.exceptions import LakeSchemaMismatchError, LakeTableOutOfSyncError
 from airflow_txn_provider.pipeline import TxnPipeline
 from airflow_txn_provider.sinks import DeltaSink, IcebergSink, StagedFiles, sink_from_spec
-from airflow_txn_provider.sinks.base import (
-    check_schema,
-    first_undone_commit,
-    schema_problems,
-    schema_to_hex,
-)
+from airflow_txn_provider.sinks.base import schema_to_hex
+from airflow_txn_provider.sinks.rewind import first_undone_commit
+from airflow_txn_provider.sinks.schema import check_schema, schema_problems
 from airflow_txn_provider.spark.job import BatchJob
 from airflow_txn_provider.spark.sources import GeneratedTextSource
 from airflow_txn_provider.vocabulary import SinkAction
