@@ -89,10 +89,8 @@ from airflow_txn_provider.coordinator import (  # noqa: E402
 from airflow_txn_provider.exceptions import StagedOutputMismatchError, TxnError  # noqa: E402
 from airflow_txn_provider.sinks import DeltaSink, IcebergSink, LakeSink, StagedFiles  # noqa: E402
 from airflow_txn_provider.spark.job import LOG_URL_ENV  # noqa: E402
-from airflow_txn_provider.spark.sources import (  # noqa: E402
-    LandingDirectorySource,
-    PartitionedParquetSource,
-)
+from airflow_txn_provider.spark.landing_source import LandingDirectorySource  # noqa: E402
+from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource  # noqa: E402
 from airflow_txn_provider.state import MapState  # noqa: E402
 from airflow_txn_provider.transaction_log import TransactionInfo, TransactionLog  # noqa: E402
 from chaos.committer import TABLE_COMMITTED  # noqa: E402

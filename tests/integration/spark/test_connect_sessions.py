@@ -16,7 +16,7 @@ from airflow_txn_provider.spark.connect_sessions import (
     leased_slot,
 )
 from airflow_txn_provider.spark.job import BatchJob
-from airflow_txn_provider.spark.sources import PartitionedParquetSource
+from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
 from airflow_txn_provider.spark.submit import SparkConnectRunner
 from airflow_txn_provider.state import MapState
 from tests.spark_data import lines_in_ranges, parquet_dataset, random_lines, word_counts

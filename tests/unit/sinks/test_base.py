@@ -15,8 +15,8 @@ from airflow_txn_provider.sinks.base import (
     schema_problems,
     schema_to_hex,
 )
+from airflow_txn_provider.spark.generated_source import GeneratedTextSource
 from airflow_txn_provider.spark.job import BatchJob
-from airflow_txn_provider.spark.sources import GeneratedTextSource
 
 WHERE = {"pipeline": "p", "attempt": 2, "sink": "s"}
 
