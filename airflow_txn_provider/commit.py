@@ -25,6 +25,10 @@ attempt, an unprocessed txid or a commit out of order: the rule is
 
 Any error in 1-3 rolls all of it back and fails the txid with the cascade: it replays whole. After
 the Postgres transaction, each sink deletes the txid's staging leftovers (best effort).
+
+After a commit, a task of the txid's DAG run commits what else may commit now, in order
+(:func:`commit_ready`), and now and then deletes old DAG runs through Airflow's REST API
+(:func:`prune_airflow_runs`): the commit-time steps the operators share.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from airflow_txn_provider.config import PRUNE_EVERY
+from airflow_txn_provider.coordinator import committable, retention_horizon
 from airflow_txn_provider.exceptions import StagedOutputMismatchError, StateDefinitionError
 from airflow_txn_provider.log_rows import TxidRows
 from airflow_txn_provider.sinks.base import OUTPUT_PREFIX, StagedFiles
@@ -41,6 +47,7 @@ from airflow_txn_provider.state import BucketCountState, MapState, load_states
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
 
+    from airflow_txn_provider.pipeline import TxnPipeline
     from airflow_txn_provider.pipeline_transitions import CommitResult
     from airflow_txn_provider.records import TxRecord
     from airflow_txn_provider.sinks.base import LakeSink
@@ -191,4 +198,93 @@ def record_processed(txlog: TransactionLog, pipeline: str, txid: int, attempt: i
         raise
 
 
-__all__ = ["commit_registered", "commit_states", "record_processed"]
+# -- after a commit, on Airflow's side ------------------------------------------------------------
+
+
+def commit_ready(log: TransactionLog, pipeline: TxnPipeline, logger: Any) -> list[int]:
+    """Commit, in order, the txids that may commit now (the oldest uncommitted, while it is
+    processed): the gap between two commits is then a database round trip, not a trigger poll
+    plus a task start. Never raises: each txid's own commit task commits it otherwise."""
+    done: list[int] = []
+    for _ in range(pipeline.max_pending):
+        try:
+            rec = committable(log.view(pipeline.name))
+            if rec is None:
+                break
+            commit_registered(log, pipeline.name, rec.txid, rec.attempt, pipeline.sinks)
+        except Exception as err:  # its own run commits it (or reports why it cannot)
+            logger.warning("committing what is ready stopped: %s", err)
+            break
+        logger.info("txid %s attempt %s committed", rec.txid, rec.attempt)
+        done.append(rec.txid)
+    return done
+
+
+RUN_PRUNE_BATCH = 50
+"""At most this many old DAG runs are deleted by one commit task (one request each)."""
+RUN_PRUNE_TIMEOUT = 10.0
+"""Seconds the run pruning waits for the api-server: it is best effort, the commit is done."""
+
+
+def airflow_runs_prune_due(committed: Sequence[int]) -> bool:
+    """Whether a task that committed the txids ``committed`` prunes Airflow's DAG runs: when one
+    of them is a multiple of ``PRUNE_EVERY``. The rule for DAG runs, kept apart from the log's own
+    (:func:`~airflow_txn_provider.coordinator.prune_range`, from where it pruned last): a task
+    does not know where the last prune of the runs stopped."""
+    return any(t % PRUNE_EVERY == 0 for t in committed)
+
+
+def prune_airflow_runs(
+    pipeline: TxnPipeline, dag_id: str, committed: Sequence[int], logger: Any
+) -> list[str]:
+    """Retention on Airflow's side: after a task committed ``committed``, delete the finished DAG
+    runs (with their task instances and XComs) of txids older than the newest
+    ``pipeline.keep_txids`` committed ones, through the REST API, at most ``RUN_PRUNE_BATCH``.
+    Only every ``PRUNE_EVERY`` txids (one list request and a few deletes, not a request per
+    commit). Best effort: never raises (a commit must never fail for it); a failure is a warning
+    and the next prune deletes what this one left. The timetable derives the next run from the
+    newest run only, so deleting old runs never makes Airflow create them again."""
+    if not airflow_runs_prune_due(committed):
+        return []
+    through = retention_horizon(max(committed), pipeline.keep_txids)
+    if through < 1:
+        return []
+    try:
+        from airflow_txn_provider.hooks.airflow_api import AirflowApiHook
+
+        hook = AirflowApiHook(
+            pipeline.airflow_api_conn_id,
+            timeout=RUN_PRUNE_TIMEOUT,
+            outage_timeout=RUN_PRUNE_TIMEOUT,
+        )
+        deleted = hook.prune_txid_runs(dag_id, through, limit=RUN_PRUNE_BATCH)
+    except Exception as err:
+        logger.warning(
+            "pipeline=%s: retention could not delete DAG runs of txids up to %s (retried at a "
+            "later commit): %s",
+            pipeline.name,
+            through,
+            err,
+        )
+        return []
+    if deleted:
+        logger.info(
+            "pipeline=%s retention deleted %d DAG run(s): %s … %s",
+            pipeline.name,
+            len(deleted),
+            deleted[0],
+            deleted[-1],
+        )
+    return deleted
+
+
+__all__ = [
+    "RUN_PRUNE_BATCH",
+    "RUN_PRUNE_TIMEOUT",
+    "airflow_runs_prune_due",
+    "commit_ready",
+    "commit_registered",
+    "commit_states",
+    "prune_airflow_runs",
+    "record_processed",
+]

@@ -21,8 +21,6 @@ from typing import Any
 from airflow.sdk import DAG
 
 from airflow_txn_provider.operators.txn import (
-    BEGIN_TASK_ID,
-    WATCH_TASK_ID,
     TxnBeginOperator,
     TxnCommitOperator,
     TxnProcessOperator,
@@ -31,6 +29,7 @@ from airflow_txn_provider.operators.txn import (
     job_task_id,
 )
 from airflow_txn_provider.pipeline import TxnPipeline
+from airflow_txn_provider.run_context import BEGIN_TASK_ID, WATCH_TASK_ID
 from airflow_txn_provider.sensors.txn_failure import TxnFailureSensor
 from airflow_txn_provider.timetables import TXID_EPOCH, TxidTimetable
 

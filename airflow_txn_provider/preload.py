@@ -40,6 +40,9 @@ TASK_MODULES = (
     "airflow_txn_provider.spark.job",
     "airflow_txn_provider.spark.submit",
     "airflow_txn_provider.spark.sources",
+    "airflow_txn_provider.spark.parquet_source",
+    "airflow_txn_provider.spark.landing_source",
+    "airflow_txn_provider.spark.generated_source",
     "airflow_txn_provider.lease",
     "airflow_txn_provider.state",
 )

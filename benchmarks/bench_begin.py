@@ -167,7 +167,8 @@ def measure(
     cache: Path, kind: str, files: int, args: argparse.Namespace
 ) -> tuple[float, list[float], list[float]]:
     """(first begin's seconds, steady begins' seconds, idle polls' seconds) for one dataset."""
-    from airflow_txn_provider.spark.sources import LandingDirectorySource, PartitionedParquetSource
+    from airflow_txn_provider.spark.landing_source import LandingDirectorySource
+    from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
 
     root = dataset(cache, kind, files, args.partitions, args.seed)
     reset(root, kind, files, args.partitions)

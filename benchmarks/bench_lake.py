@@ -241,7 +241,7 @@ class LakeSide:
         batch_rows: int,
         name: str,
     ) -> None:
-        from airflow_txn_provider.spark.sources import PartitionedParquetSource
+        from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
         from airflow_txn_provider.spark.submit import SparkConnectRunner
 
         self.kind, self.log, self.name, self.rows = kind, log, name, batch_rows

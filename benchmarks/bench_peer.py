@@ -284,7 +284,7 @@ def run_core(
     """Begin, process (Spark Connect), commit, one txid after another, in this process."""
     from airflow_txn_provider.commit import commit_registered
     from airflow_txn_provider.spark.job import BatchJob
-    from airflow_txn_provider.spark.sources import PartitionedParquetSource
+    from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
     from airflow_txn_provider.spark.submit import SparkConnectRunner
 
     source = PartitionedParquetSource(str(data), max_per_partition=rows // PARTITIONS)

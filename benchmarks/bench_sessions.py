@@ -26,7 +26,7 @@ import psutil
 
 from airflow_txn_provider.commit import commit_registered
 from airflow_txn_provider.spark.job import BatchJob
-from airflow_txn_provider.spark.sources import PartitionedParquetSource
+from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
 from airflow_txn_provider.spark.submit import SparkConnectRunner
 from airflow_txn_provider.state import MapState
 from airflow_txn_provider.transaction_log import TransactionLog

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from airflow_txn_provider.commit import commit_registered
 from airflow_txn_provider.spark.job import BatchJob, process_batch
-from airflow_txn_provider.spark.sources import PartitionedParquetSource
+from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
 from airflow_txn_provider.spark.submit import SparkConnectRunner, SparkSubmitRunner, load_job_module
 from airflow_txn_provider.state import MapState
 from airflow_txn_provider.transaction_log import TransactionLog

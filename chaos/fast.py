@@ -86,10 +86,8 @@ from airflow_txn_provider.log_reads import TransactionInfo  # noqa: E402
 from airflow_txn_provider.records import PipelineView  # noqa: E402
 from airflow_txn_provider.sinks import DeltaSink, IcebergSink, LakeSink, StagedFiles  # noqa: E402
 from airflow_txn_provider.spark.job import LOG_URL_ENV  # noqa: E402
-from airflow_txn_provider.spark.sources import (  # noqa: E402
-    LandingDirectorySource,
-    PartitionedParquetSource,
-)
+from airflow_txn_provider.spark.landing_source import LandingDirectorySource  # noqa: E402
+from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource  # noqa: E402
 from airflow_txn_provider.state import MapState  # noqa: E402
 from airflow_txn_provider.transaction_log import TransactionLog  # noqa: E402
 from airflow_txn_provider.vocabulary import BeginAction, TxStatus  # noqa: E402

@@ -26,7 +26,7 @@ from __future__ import annotations
 from airflow_txn_provider.dag_builder import build_dag
 from airflow_txn_provider.pipeline import TxnPipeline
 from airflow_txn_provider.sinks import DeltaSink
-from airflow_txn_provider.spark.sources import GeneratedTextSource
+from airflow_txn_provider.spark.generated_source import GeneratedTextSource
 from txn_examples import examples_data_dir, spark_job
 
 NAME = "example_txn_delta_words"

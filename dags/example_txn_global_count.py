@@ -5,8 +5,8 @@ lines of its batch on Spark and the commit adds that count to a single
 :class:`~airflow_txn_provider.state.GlobalState`, in the same Postgres transaction as the txid's
 "committed" mark. The state stores the txid that last updated it, so a replayed commit of the
 same txid cannot add twice. Lines come from
-:class:`~airflow_txn_provider.spark.sources.GeneratedTextSource` (3 partitions x 10 lines a
-second), so the DAG runs out of the box.
+:class:`~airflow_txn_provider.spark.generated_source.GeneratedTextSource` (3 partitions x 10
+lines a second), so the DAG runs out of the box.
 
 Failure injection: the Airflow Variable ``txn_inject_failure__example_txn_global_count`` (``5``,
 ``5@10``, ``5:*``; see ``docs/airflow.md``). However often txids replay, the value equals the
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from airflow_txn_provider.dag_builder import build_dag
 from airflow_txn_provider.pipeline import TxnPipeline
-from airflow_txn_provider.spark.sources import GeneratedTextSource
+from airflow_txn_provider.spark.generated_source import GeneratedTextSource
 from airflow_txn_provider.state import GlobalState
 from txn_examples import spark_job
 

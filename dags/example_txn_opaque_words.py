@@ -2,8 +2,8 @@
 
 Storm's opaque transactional spout. The source is a landing folder with one sub-folder per
 partition of numbered JSON-lines files
-(:class:`~airflow_txn_provider.spark.sources.LandingDirectorySource`); here a simulated producer
-lands files as batches are chosen (:class:`~txn_examples.SimulatedLandingSource`,
+(:class:`~airflow_txn_provider.spark.landing_source.LandingDirectorySource`); here a simulated
+producer lands files as batches are chosen (:class:`~txn_examples.SimulatedLandingSource`,
 3 partitions, 30 files a minute each, in ``opaque_landing`` under ``$TXN_EXAMPLES_DATA``, by
 default ``$AIRFLOW_HOME/txn_examples``).
 

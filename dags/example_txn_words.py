@@ -1,9 +1,9 @@
 """Words: counts per word and counts per count-bucket, updated in one transaction.
 
 Storm's ``TransactionalWords``. Each txid reads a batch of generated lines (no data set needed:
-:class:`~airflow_txn_provider.spark.sources.GeneratedTextSource` writes 2 x 20 lines a second,
-and a replay reads exactly the same lines), Spark counts its words, and the commit applies two
-states in one Postgres transaction with the txid's "committed" mark:
+:class:`~airflow_txn_provider.spark.generated_source.GeneratedTextSource` writes 2 x 20 lines a
+second, and a replay reads exactly the same lines), Spark counts its words, and the commit applies
+two states in one Postgres transaction with the txid's "committed" mark:
 
 * ``example_txn_words_counts``: the count of every word;
 * ``example_txn_words_buckets``: how many words have a count in 0-9, 10-19, … A word crossing
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from airflow_txn_provider.dag_builder import build_dag
 from airflow_txn_provider.pipeline import TxnPipeline
-from airflow_txn_provider.spark.sources import GeneratedTextSource
+from airflow_txn_provider.spark.generated_source import GeneratedTextSource
 from airflow_txn_provider.state import BucketCountState, MapState
 from txn_examples import spark_job
 

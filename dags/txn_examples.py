@@ -4,7 +4,7 @@ A helper module of the examples, not a DAG file (``.airflowignore`` keeps Airflo
 and not part of the provider: copy it with the examples into the dags folder, which Airflow puts
 on ``sys.path``, so ``from txn_examples import ...`` finds it there.
 
-The words and global-count examples read :class:`~airflow_txn_provider.spark.sources.
+The words and global-count examples read :class:`~airflow_txn_provider.spark.generated_source.
 GeneratedTextSource`, which needs no data at all. The opaque example reads a landing folder of
 files, like a real opaque source; :class:`SimulatedLandingSource` is that source with a producer
 built in: before choosing each batch it writes the files that "producers" would have landed since
@@ -34,7 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from airflow_txn_provider.sources import Metadata
-from airflow_txn_provider.spark.sources import DEFAULT_VOCABULARY, LandingDirectorySource
+from airflow_txn_provider.spark.generated_source import DEFAULT_VOCABULARY
+from airflow_txn_provider.spark.landing_source import LandingDirectorySource
 
 EXAMPLES_DATA_ENV = "TXN_EXAMPLES_DATA"
 _STARTED = "_producer.json"

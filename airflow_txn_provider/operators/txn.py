@@ -20,7 +20,15 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from airflow_txn_provider.config import CLAIM_TIMEOUT
 from airflow_txn_provider.credentials import connection_env
-from airflow_txn_provider.timetables import txid_from_run_id
+from airflow_txn_provider.run_context import (
+    BEGIN_TASK_ID,
+    CLAIM_XCOM_KEY,
+    claimed,
+    last_error,
+    pipeline_log,
+    run_txid,
+    start_in_triggerer,
+)
 from airflow_txn_provider.triggers.txn_log import RUN_TXID, TxnLogTrigger, WaitFor
 from airflow_txn_provider.vocabulary import BeginAction
 from airflow_txn_provider.waiting import GateState
@@ -31,35 +39,10 @@ if TYPE_CHECKING:
     from airflow_txn_provider.pipeline import TxnPipeline
     from airflow_txn_provider.transaction_log import TransactionLog
 
-BEGIN_TASK_ID = "begin"
-WATCH_TASK_ID = "watch_failures"
-CLAIM_XCOM_KEY = "claim"
-"""XCom key of what the claiming task claimed: ``{"txid", "attempt", "metadata"}``."""
 PIPELINE_FIELD = "pipeline_name"
 """The operators' attribute holding their pipeline's name: a template field, so Airflow keeps it
 in the serialized DAG, where the Transactions page reads which pipeline a DAG runs now (a
 pairing the claiming task recorded counts only while the DAG still declares that pipeline)."""
-
-
-def run_txid(context: Context, pipeline: str) -> int:
-    """The txid of the running DAG run: from its run id ``txid-000042`` (the runs the timetable
-    schedules), or from ``{"txid": 42}`` in the conf of a manual run (``dag.test``, debugging)."""
-    dag_run = context["dag_run"]
-    txid = txid_from_run_id(dag_run.run_id)
-    if txid is not None:
-        return txid
-    conf_txid = (getattr(dag_run, "conf", None) or {}).get("txid")
-    if isinstance(conf_txid, int) and not isinstance(conf_txid, bool) and conf_txid >= 1:
-        return conf_txid
-    raise AirflowFailException(
-        f"pipeline={pipeline}: run {dag_run.run_id!r} is not a transaction (run ids are "
-        "txid-000042): transactions start by themselves once the DAG is unpaused; to run one txid "
-        'by hand (dag.test, debugging) pass the conf {"txid": 42}'
-    )
-
-
-def is_scheduled_txid_run(context: Context) -> bool:
-    return txid_from_run_id(context["dag_run"].run_id) is not None
 
 
 def is_airflow_retry(ti: Any, retries: int | None) -> bool:
@@ -68,24 +51,6 @@ def is_airflow_retry(ti: Any, retries: int | None) -> bool:
     to ``try_number + retries``, a retry does not (Airflow's ``get_first_reschedule_date`` finds
     a task's first try the same way)."""
     return int(ti.try_number) > int(ti.max_tries) - int(retries or 0) + 1
-
-
-def claimed(context: Context, claim_task_id: str = BEGIN_TASK_ID) -> dict[str, Any]:
-    """What the run's claiming task claimed: ``{"txid", "attempt", "metadata"}``."""
-    value = context["ti"].xcom_pull(task_ids=claim_task_id, key=CLAIM_XCOM_KEY)
-    if not value:
-        raise AirflowFailException(f"task {claim_task_id} recorded no claimed attempt for this run")
-    return dict(value)
-
-
-def pipeline_log(pipeline: TxnPipeline) -> TransactionLog:
-    """The pipeline's transaction log, as every task of its DAG opens it: the hook shares one
-    engine per process and checks the schema once per process."""
-    # Imported here, not at the top: the Postgres provider's import is most of a DAG file's
-    # parse, which Airflow repeats in every task start and for every callback.
-    from airflow_txn_provider.hooks.txn_log import TxnLogHook
-
-    return TxnLogHook(txn_log_conn_id=pipeline.txn_log_conn_id).get_log()
 
 
 class _TxnOperator(BaseOperator):
@@ -188,26 +153,6 @@ class _TxnOperator(BaseOperator):
         return claim
 
 
-def start_in_triggerer(
-    task: BaseOperator, trigger: TxnLogTrigger, next_method: str, enabled: bool = True
-) -> None:
-    """Start ``task`` in the triggerer (``start_from_trigger``), waiting on ``trigger``, whose
-    txid and attempt the trigger reads from its run (``RUN_TXID``, ``FIRST_WATCHED``): no worker
-    process unless the trigger wakes ``next_method``. Most txids then need one worker-task start
-    in all, their processing: a task start costs more CPU than the commit's SQL (issue 27).
-    ``dag.test()`` and a worker that runs such a task anyway call ``execute``, which waits the
-    classic way (deferring from the worker)."""
-    from airflow.triggers.base import StartTriggerArgs
-
-    if not enabled:
-        return
-    path, kwargs = trigger.serialize()
-    task.start_from_trigger = True
-    task.start_trigger_args = StartTriggerArgs(
-        trigger_cls=path, trigger_kwargs=kwargs, next_method=next_method, timeout=None
-    )
-
-
 class TxnBeginOperator(_TxnOperator):
     """Claim this run's txid (see :meth:`_TxnOperator.claim`), for a pipeline of several jobs:
     they then process it in parallel. With one job, its processing task claims by itself."""
@@ -253,6 +198,8 @@ class TxnProcessOperator(_TxnOperator):
             # never by an Airflow retry of this task (retries cover the claim, and a lost process).
             raise AirflowFailException(f"{type(err).__name__}: {err}") from err
         if self.finish and result.get("status") == "processed":
+            from airflow_txn_provider.commit import commit_ready, prune_airflow_runs
+
             result["committed"] = commit_ready(self.txn_log(), self.pipeline, self.log)
             prune_airflow_runs(self.pipeline, self.dag_id, result["committed"], self.log)
         return result
@@ -336,7 +283,7 @@ class TxnRecordProcessedOperator(_TxnOperator):
     """After several jobs of one txid: record the processed output (staged counts)."""
 
     def execute(self, context: Context) -> str:
-        from airflow_txn_provider.commit import record_processed
+        from airflow_txn_provider.commit import commit_ready, prune_airflow_runs, record_processed
 
         claim = claimed(context, self.claim_task_id)
         action = record_processed(
@@ -387,7 +334,7 @@ class TxnCommitOperator(_TxnOperator):
         return self._commit_or_wait(context)
 
     def _commit_or_wait(self, context: Context) -> dict[str, Any]:
-        from airflow_txn_provider.commit import commit_registered
+        from airflow_txn_provider.commit import commit_ready, commit_registered, prune_airflow_runs
         from airflow_txn_provider.waiting import commit_gate
 
         p = self.pipeline
@@ -440,86 +387,6 @@ class TxnCommitOperator(_TxnOperator):
             }
 
 
-def commit_ready(log: TransactionLog, pipeline: TxnPipeline, logger: Any) -> list[int]:
-    """Commit, in order, the txids that may commit now (the oldest uncommitted, while it is
-    processed): the gap between two commits is then a database round trip, not a trigger poll
-    plus a task start. Never raises: each txid's own commit task commits it otherwise."""
-    from airflow_txn_provider.commit import commit_registered
-    from airflow_txn_provider.coordinator import committable
-
-    done: list[int] = []
-    for _ in range(pipeline.max_pending):
-        try:
-            rec = committable(log.view(pipeline.name))
-            if rec is None:
-                break
-            commit_registered(log, pipeline.name, rec.txid, rec.attempt, pipeline.sinks)
-        except Exception as err:  # its own run commits it (or reports why it cannot)
-            logger.warning("committing what is ready stopped: %s", err)
-            break
-        logger.info("txid %s attempt %s committed", rec.txid, rec.attempt)
-        done.append(rec.txid)
-    return done
-
-
-RUN_PRUNE_BATCH = 50
-"""At most this many old DAG runs are deleted by one commit task (one request each)."""
-RUN_PRUNE_TIMEOUT = 10.0
-"""Seconds the run pruning waits for the api-server: it is best effort, the commit is done."""
-
-
-def prune_airflow_runs(
-    pipeline: TxnPipeline, dag_id: str, committed: Sequence[int], logger: Any
-) -> list[str]:
-    """Retention on Airflow's side: after a task committed ``committed``, delete the finished DAG
-    runs (with their task instances and XComs) of txids older than the newest
-    ``pipeline.keep_txids`` committed ones, through the REST API, at most ``RUN_PRUNE_BATCH``.
-    Only every ``PRUNE_EVERY`` txids (one list request and a few deletes, not a request per
-    commit). Best effort: never raises (a commit must never fail for it); a failure is a warning
-    and the next prune deletes what this one left. The timetable derives the next run from the
-    newest run only, so deleting old runs never makes Airflow create them again."""
-    from airflow_txn_provider.config import PRUNE_EVERY
-    from airflow_txn_provider.coordinator import retention_horizon
-
-    if not any(t % PRUNE_EVERY == 0 for t in committed):
-        return []
-    through = retention_horizon(max(committed), pipeline.keep_txids)
-    if through < 1:
-        return []
-    try:
-        from airflow_txn_provider.hooks.airflow_api import AirflowApiHook
-
-        hook = AirflowApiHook(
-            pipeline.airflow_api_conn_id,
-            timeout=RUN_PRUNE_TIMEOUT,
-            outage_timeout=RUN_PRUNE_TIMEOUT,
-        )
-        deleted = hook.prune_txid_runs(dag_id, through, limit=RUN_PRUNE_BATCH)
-    except Exception as err:
-        logger.warning(
-            "pipeline=%s: retention could not delete DAG runs of txids up to %s (retried at a "
-            "later commit): %s",
-            pipeline.name,
-            through,
-            err,
-        )
-        return []
-    if deleted:
-        logger.info(
-            "pipeline=%s retention deleted %d DAG run(s): %s … %s",
-            pipeline.name,
-            len(deleted),
-            deleted[0],
-            deleted[-1],
-        )
-    return deleted
-
-
-def _last_error(log: TransactionLog, pipeline: str, txid: int) -> str:
-    info = log.transaction(pipeline, txid)
-    return (info.last_error if info else None) or "(none recorded)"
-
-
 def _why_waiting(log: TransactionLog, pipeline: TxnPipeline, txid: int) -> str:
     """Which txid this one waits for, and why: what the UI and a person reading the log need."""
     from airflow_txn_provider.waiting import blocked_by
@@ -527,7 +394,7 @@ def _why_waiting(log: TransactionLog, pipeline: TxnPipeline, txid: int) -> str:
     view = log.view(pipeline.name)
     blocker = blocked_by(view, txid)
     if blocker is not None:
-        error = _last_error(log, pipeline.name, blocker.txid)
+        error = last_error(log, pipeline.name, blocker.txid)
         return f"blocked by txid {blocker.txid} (failed, attempt {blocker.attempt}: {error})"
     if txid > view.next_new_txid:
         return f"txid {txid - 1} has not begun yet"

@@ -9,15 +9,15 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from airflow.sdk.bases.sensor import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
-from airflow_txn_provider.operators.txn import (
+from airflow_txn_provider.redaction import redact
+from airflow_txn_provider.run_context import (
     BEGIN_TASK_ID,
-    _last_error,
     is_scheduled_txid_run,
+    last_error,
     pipeline_log,
     run_txid,
     start_in_triggerer,
 )
-from airflow_txn_provider.redaction import redact
 from airflow_txn_provider.timetables import txid_run_id
 from airflow_txn_provider.triggers.txn_log import FIRST_WATCHED, RUN_TXID, TxnLogTrigger, WaitFor
 from airflow_txn_provider.vocabulary import TxStatus
@@ -219,7 +219,7 @@ class TxnFailureSensor(BaseSensorOperator):
 
         p = self.pipeline
         log = self.txn_log()
-        last = _last_error(log, p.name, txid)
+        last = last_error(log, p.name, txid)
         error = PoisonBatchError(
             f"POISON BATCH, pipeline stopped: failed {own} times on its own "
             f"(max_attempts={p.max_attempts}), last error: {last}. Later txids wait for it. "

@@ -1,5 +1,6 @@
-"""The Spark side of :class:`~airflow_txn_provider.spark.sources.PartitionedParquetSource`: one
-scan of a batch's files, each row carrying the partition value of its directory.
+"""The Spark side of
+:class:`~airflow_txn_provider.spark.parquet_source.PartitionedParquetSource`: one scan of a batch's
+files, each row carrying the partition value of its directory.
 
 The partition value is what the txid's metadata names, exactly, as a string. Spark's partition
 discovery infers types (``p=01`` would read as ``1``, also ``p=1.50``, ``p=+5``), so the scan is

@@ -13,7 +13,8 @@ from airflow_txn_provider.models import Base
 from airflow_txn_provider.pipeline import TxnPipeline
 from airflow_txn_provider.schema import VERSION_TABLE
 from airflow_txn_provider.sources import next_offset_ranges, validate_metadata
-from airflow_txn_provider.spark.sources import GeneratedTextSource, LandingDirectorySource
+from airflow_txn_provider.spark.generated_source import GeneratedTextSource
+from airflow_txn_provider.spark.landing_source import LandingDirectorySource
 from airflow_txn_provider.state import BucketCountState, GlobalState, MapState
 from txn_examples import SimulatedLandingSource
 

@@ -12,8 +12,8 @@ import pytest
 from airflow_txn_provider import credentials, redaction
 from airflow_txn_provider.exceptions import InvalidNameError, TxnConfigError
 from airflow_txn_provider.sinks import IcebergSink, sink_from_spec
+from airflow_txn_provider.spark.generated_source import GeneratedTextSource
 from airflow_txn_provider.spark.job import BatchJob
-from airflow_txn_provider.spark.sources import GeneratedTextSource
 
 SECRET = "pl4nted-S3cret"
 

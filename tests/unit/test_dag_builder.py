@@ -14,7 +14,7 @@ from airflow_txn_provider.dag_builder import (
     build_dag,
 )
 from airflow_txn_provider.pipeline import TxnPipeline
-from airflow_txn_provider.spark.sources import PartitionedParquetSource
+from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
 from airflow_txn_provider.state import MapState
 from airflow_txn_provider.timetables import (
     MINUTE_STEP,

@@ -11,7 +11,7 @@ from airflow_txn_provider.exceptions import InvalidNameError
 from airflow_txn_provider.names import COLUMN, PIPELINE, SQL_NAME, check_name, quote_ident
 from airflow_txn_provider.pipeline import TxnPipeline
 from airflow_txn_provider.sinks import DeltaSink, IcebergSink
-from airflow_txn_provider.spark.sources import GeneratedTextSource
+from airflow_txn_provider.spark.generated_source import GeneratedTextSource
 from airflow_txn_provider.state import MapState
 
 HOSTILE = [

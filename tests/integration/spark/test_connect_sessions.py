@@ -16,9 +16,10 @@ from airflow_txn_provider.spark.connect_sessions import (
     leased_slot,
 )
 from airflow_txn_provider.spark.job import BatchJob
-from airflow_txn_provider.spark.sources import PartitionedParquetSource
+from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
 from airflow_txn_provider.spark.submit import SparkConnectRunner
 from airflow_txn_provider.state import MapState
+from tests.conftest import wait_until
 from tests.spark_data import lines_in_ranges, parquet_dataset, random_lines, word_counts
 
 MARKER = "txn_test_left_by_an_earlier_txid"
@@ -105,6 +106,16 @@ def test_processes_at_once_lease_different_slots_and_a_dead_holder_frees_its_own
         with engine.connect() as admin:
             admin.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid})
             admin.commit()
+            # pg_terminate_backend only signals: wait until the backend has exited (and its
+            # locks with it), as a killed worker's would by the time anyone looks
+            gone = text("SELECT NOT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = :p)")
+
+            def exited() -> bool:
+                answer = bool(admin.execute(gone, {"p": pid}).scalar())
+                admin.commit()  # a new snapshot of pg_stat_activity at each look
+                return answer
+
+            wait_until(exited, 30, "the backend to exit")
         # The holder's connection died (a killed worker): its lock, and slot, went with it.
         with leased_slot(engine, "slots", url) as third:
             assert third.slot == 0

@@ -19,7 +19,8 @@ from airflow_txn_provider.commit import commit_registered
 from airflow_txn_provider.exceptions import MalformedRecordError, ProcessingError
 from airflow_txn_provider.hooks.spark_submit import group_alive
 from airflow_txn_provider.spark.job import BatchJob, process_batch
-from airflow_txn_provider.spark.sources import LandingDirectorySource, PartitionedParquetSource
+from airflow_txn_provider.spark.landing_source import LandingDirectorySource
+from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
 from airflow_txn_provider.spark.submit import (
     SparkConnectRunner,
     SparkSubmitRunner,

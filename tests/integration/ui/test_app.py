@@ -33,7 +33,7 @@ from airflow_txn_provider.dag_builder import build_dag
 from airflow_txn_provider.pipeline import TxnPipeline
 from airflow_txn_provider.plugins import TxnProviderPlugin
 from airflow_txn_provider.sources import TransactionalSource
-from airflow_txn_provider.spark.sources import PartitionedParquetSource
+from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
 from airflow_txn_provider.state import GlobalState, MapState, stage_states
 from airflow_txn_provider.timetables import txid_run_id
 from airflow_txn_provider.transaction_log import TransactionLog

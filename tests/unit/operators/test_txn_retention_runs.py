@@ -17,9 +17,9 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
+from airflow_txn_provider import commit
 from airflow_txn_provider.config import PRUNE_EVERY
 from airflow_txn_provider.hooks.airflow_api import AirflowApiHook
-from airflow_txn_provider.operators import txn
 from airflow_txn_provider.timetables import txid_logical_date, txid_run_id
 
 
@@ -129,14 +129,14 @@ def test_the_commit_path_prunes_every_few_txids_and_never_raises(airflow, monkey
         "airflow_txn_provider.hooks.airflow_api.AirflowApiHook", lambda *a, **k: hook
     )
     logger = logging.getLogger("test")
-    assert txn.prune_airflow_runs(Pipeline(), "words", [PRUNE_EVERY + 1], logger) == []
+    assert commit.prune_airflow_runs(Pipeline(), "words", [PRUNE_EVERY + 1], logger) == []
     assert server.requests == []  # not a pruning txid: no request at all
-    deleted = txn.prune_airflow_runs(
+    deleted = commit.prune_airflow_runs(
         Pipeline(), "words", [2 * PRUNE_EVERY - 1, 2 * PRUNE_EVERY], logger
     )
     assert deleted == [txid_run_id(t) for t in range(1, 2 * PRUNE_EVERY - 10 + 1)]
 
     server.fail = 500  # the api-server is failing: a warning, the commit goes on
     with caplog.at_level(logging.WARNING):
-        assert txn.prune_airflow_runs(Pipeline(), "words", [3 * PRUNE_EVERY], logger) == []
+        assert commit.prune_airflow_runs(Pipeline(), "words", [3 * PRUNE_EVERY], logger) == []
     assert "could not delete DAG runs" in caplog.text

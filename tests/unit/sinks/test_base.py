@@ -12,8 +12,8 @@ from airflow_txn_provider.sinks import DeltaSink, IcebergSink, StagedFiles, sink
 from airflow_txn_provider.sinks.base import schema_to_hex
 from airflow_txn_provider.sinks.rewind import first_undone_commit
 from airflow_txn_provider.sinks.schema import check_schema, schema_problems
+from airflow_txn_provider.spark.generated_source import GeneratedTextSource
 from airflow_txn_provider.spark.job import BatchJob
-from airflow_txn_provider.spark.sources import GeneratedTextSource
 from airflow_txn_provider.vocabulary import SinkAction
 
 WHERE = {"pipeline": "p", "attempt": 2, "sink": "s"}

@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from airflow_txn_provider.spark import file_index, parquet_discovery, parquet_index
-from airflow_txn_provider.spark.sources import PartitionedParquetSource
+from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
 
 
 def _write(path, offsets):

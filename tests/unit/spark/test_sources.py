@@ -20,7 +20,8 @@ import pytest
 from airflow_txn_provider.exceptions import OffsetsWentBackError
 from airflow_txn_provider.sources import next_offset_ranges
 from airflow_txn_provider.spark import file_index, parquet_index
-from airflow_txn_provider.spark.sources import LandingDirectorySource, PartitionedParquetSource
+from airflow_txn_provider.spark.landing_source import LandingDirectorySource
+from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
 
 SEEDS = [1, 2, 3, 4, 5, 6, 7, 8]
 OLD = time.time_ns() - 3600 * 10**9  # an hour ago: old enough for the index to keep

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from airflow_txn_provider.spark.generated_source import GeneratedTextSource
 from airflow_txn_provider.spark.job import LOG_URL_ENV, BatchJob
-from airflow_txn_provider.spark.sources import GeneratedTextSource
 from airflow_txn_provider.spark.submit import SparkSubmitRunner
 
 JOB = Path(__file__).resolve().parents[3] / "spark_jobs" / "word_count.py"

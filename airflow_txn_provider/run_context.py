@@ -1,0 +1,91 @@
+"""What the tasks of a txid's DAG run share: which txid the run is, what it claimed, its log.
+
+The operators (:mod:`airflow_txn_provider.operators.txn`) and the failure sensor
+(:mod:`airflow_txn_provider.sensors.txn_failure`) both read a run's context the same way. So the
+helpers live here, apart from either: the sensor does not import the operators.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from airflow.sdk.exceptions import AirflowFailException
+
+from airflow_txn_provider.timetables import txid_from_run_id
+
+if TYPE_CHECKING:
+    from airflow.sdk import BaseOperator, Context
+
+    from airflow_txn_provider.pipeline import TxnPipeline
+    from airflow_txn_provider.transaction_log import TransactionLog
+    from airflow_txn_provider.triggers.txn_log import TxnLogTrigger
+
+BEGIN_TASK_ID = "begin"
+WATCH_TASK_ID = "watch_failures"
+CLAIM_XCOM_KEY = "claim"
+"""XCom key of what the claiming task claimed: ``{"txid", "attempt", "metadata"}``."""
+
+
+def run_txid(context: Context, pipeline: str) -> int:
+    """The txid of the running DAG run: from its run id ``txid-000042`` (the runs the timetable
+    schedules), or from ``{"txid": 42}`` in the conf of a manual run (``dag.test``, debugging)."""
+    dag_run = context["dag_run"]
+    txid = txid_from_run_id(dag_run.run_id)
+    if txid is not None:
+        return txid
+    conf_txid = (getattr(dag_run, "conf", None) or {}).get("txid")
+    if isinstance(conf_txid, int) and not isinstance(conf_txid, bool) and conf_txid >= 1:
+        return conf_txid
+    raise AirflowFailException(
+        f"pipeline={pipeline}: run {dag_run.run_id!r} is not a transaction (run ids are "
+        "txid-000042): transactions start by themselves once the DAG is unpaused; to run one txid "
+        'by hand (dag.test, debugging) pass the conf {"txid": 42}'
+    )
+
+
+def is_scheduled_txid_run(context: Context) -> bool:
+    return txid_from_run_id(context["dag_run"].run_id) is not None
+
+
+def claimed(context: Context, claim_task_id: str = BEGIN_TASK_ID) -> dict[str, Any]:
+    """What the run's claiming task claimed: ``{"txid", "attempt", "metadata"}``."""
+    value = context["ti"].xcom_pull(task_ids=claim_task_id, key=CLAIM_XCOM_KEY)
+    if not value:
+        raise AirflowFailException(f"task {claim_task_id} recorded no claimed attempt for this run")
+    return dict(value)
+
+
+def pipeline_log(pipeline: TxnPipeline) -> TransactionLog:
+    """The pipeline's transaction log, as every task of its DAG opens it: the hook shares one
+    engine per process and checks the schema once per process."""
+    # Imported here, not at the top: the Postgres provider's import is most of a DAG file's
+    # parse, which Airflow repeats in every task start and for every callback.
+    from airflow_txn_provider.hooks.txn_log import TxnLogHook
+
+    return TxnLogHook(txn_log_conn_id=pipeline.txn_log_conn_id).get_log()
+
+
+def start_in_triggerer(
+    task: BaseOperator, trigger: TxnLogTrigger, next_method: str, enabled: bool = True
+) -> None:
+    """Start ``task`` in the triggerer (``start_from_trigger``), waiting on ``trigger``, whose
+    txid and attempt the trigger reads from its run (``RUN_TXID``, ``FIRST_WATCHED``): no worker
+    process unless the trigger wakes ``next_method``. Most txids then need one worker-task start
+    in all, their processing: a task start costs more CPU than the commit's SQL (issue 27).
+    ``dag.test()`` and a worker that runs such a task anyway call ``execute``, which waits the
+    classic way (deferring from the worker)."""
+    from airflow.triggers.base import StartTriggerArgs
+
+    if not enabled:
+        return
+    path, kwargs = trigger.serialize()
+    task.start_from_trigger = True
+    task.start_trigger_args = StartTriggerArgs(
+        trigger_cls=path, trigger_kwargs=kwargs, next_method=next_method, timeout=None
+    )
+
+
+def last_error(log: TransactionLog, pipeline: str, txid: int) -> str:
+    """The last error recorded for ``txid``, or ``(none recorded)``: what a task reports."""
+    info = log.transaction(pipeline, txid)
+    return (info.last_error if info else None) or "(none recorded)"

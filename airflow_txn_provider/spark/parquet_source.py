@@ -1,0 +1,307 @@
+"""The partitioned Parquet source: a dataset with an increasing offset column (transactional).
+
+A txid's metadata is ``{p: [start, end)}``, one offset range per partition. The Airflow side finds
+new offsets from Parquet footers (``spark/parquet_discovery.py``); the Spark side reads a batch
+with partition pruning and offset pushdown, never by scanning the dataset.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import operator
+import os
+import re
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
+
+from airflow_txn_provider.sources import Metadata, TransactionalSource, next_offset_ranges
+from airflow_txn_provider.spark.file_index import prefetched, take_prefetched
+from airflow_txn_provider.spark.parquet_discovery import OffsetNames, discover
+from airflow_txn_provider.spark.parquet_index import ParquetPartition
+from airflow_txn_provider.spark.parquet_read import read_with_partition_column
+from airflow_txn_provider.spark.sources import LOCATION, RECORD, SparkSource, local_path
+
+if TYPE_CHECKING:
+    from pyspark.sql import Column, DataFrame, SparkSession
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionedParquetSource(TransactionalSource, SparkSource):
+    """A Parquet dataset ``<path>/<partition_column>=<p>/*.parquet`` with an increasing offset.
+
+    Each partition's rows carry consecutive offsets: every appended row takes the next one (as in
+    a Kafka partition). A txid takes at most ``max_per_partition`` new offsets of every partition;
+    its metadata is ``{p: [start, end)}``, so its batch holds ``end - start`` records of ``p``; a
+    batch that reads another number fails its txid
+    (:class:`~airflow_txn_provider.exceptions.IncompleteBatchError`). Appends must only add
+    offsets above the existing ones, as new files: a file is immutable once complete (it may be
+    deleted; rewriting one in place is not supported, ``docs/sources.md``), so the batch of a
+    txid is the same on every replay. The
+    partition column is the directory's value as a string, exactly (``p=01`` is ``"01"``).
+
+    New offsets are found from Parquet footers (the column's max statistic), not by reading data.
+
+    :param path: dataset root (local path or any URI Spark reads; footers are read locally).
+    :param max_per_partition: batch size cap per partition.
+    :param partition_column: name of the partition column (directory ``<name>=<value>``).
+    :param offset_column: name of the offset column.
+    :param required_columns: columns that must not be null; a null is a malformed record.
+    :param index_dir: folder of the discovery index (per partition: its highest offset, its
+        folders as last listed, each file's offset range; so a begin in a new process lists only
+        changed folders and reads only new files' footers); ``None``: a private folder under
+        the system temp dir (:func:`default_index_dir`).
+    :param file_name_template: when every file is named by its first offset (Kafka Connect's
+        convention), the name of the file holding offset ``{offset}`` of partition
+        ``{partition}``, e.g. ``"part-{offset:010d}.parquet"``: a begin then looks up the next
+        names instead of listing a changed partition folder (``docs/sources.md``).
+    """
+
+    path: str
+    max_per_partition: int = 100_000
+    partition_column: str = "p"
+    offset_column: str = "offset"
+    required_columns: tuple[str, ...] = ()
+    index_dir: str | None = None
+    file_name_template: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "path", os.fspath(self.path))
+        object.__setattr__(self, "required_columns", tuple(self.required_columns))
+        if self.max_per_partition < 1:
+            raise ValueError(f"max_per_partition must be >= 1, got {self.max_per_partition}")
+        if self.file_name_template is not None:
+            OffsetNames(self.file_name_template)  # a ValueError that says what is wrong
+
+    # Airflow side -------------------------------------------------------------------------------
+
+    def partitions(self) -> dict[str, Path]:
+        """Partition value -> directory, for the partitions present now."""
+        prefix = f"{self.partition_column}="
+        try:
+            with os.scandir(self.path) as it:
+                entries = [e for e in it if e.name.startswith(prefix) and e.is_dir()]
+        except OSError as err:
+            raise OSError(f"Parquet dataset {self.path} cannot be listed: {err}") from err
+        return {unquote(e.name[len(prefix) :]): Path(e.path) for e in entries}
+
+    def latest_offsets(self) -> dict[str, int]:
+        """For each partition, one past its highest offset, from footer statistics.
+
+        Files are immutable once complete (new data is new files; a file may be deleted), so the
+        discovery index (``index_dir``) keeps, per partition, its highest offset and each file's
+        offset range: a partition folder unchanged since it was listed is not listed again; a
+        changed one is listed by name, and only new names are looked at (``stat``, footer);
+        with ``file_name_template``, the names after the partition's end are looked up instead
+        of a listing (``spark/parquet_discovery.py``). The
+        files holding the newest offsets are looked at on every call (a rewrite in place of one
+        of them is seen; of an older file, not: ``docs/sources.md``)."""
+        return self._latest(None)
+
+    def _latest(self, stamps: dict[str, tuple[int, int]] | None) -> dict[str, int]:
+        if stamps is not None:
+            root = os.stat(self.path)
+            stamps[self.path] = (root.st_ino, root.st_mtime_ns)
+        found = self._discover(self.partitions(), complete=True, stamps=stamps)
+        return {p: part.end for p, part in found.items()}
+
+    def _discover(
+        self,
+        partitions: Mapping[str, Path],
+        *,
+        complete: bool,
+        stamps: dict[str, tuple[int, int]] | None = None,
+        table: bool = False,
+    ) -> dict[str, ParquetPartition]:
+        """Each partition's discovery state, brought up to date (and saved when it changed).
+        ``complete``: ``partitions`` are all there are (the others' indexes are deleted);
+        ``stamps``: filled with every folder looked at (``(inode, mtime_ns)``); ``table``: with
+        each file's offset range loaded (the Spark side)."""
+        template = self.file_name_template
+        return discover(
+            partitions,
+            dataset=self.path,
+            column=self.offset_column,
+            index_dir=self.index_dir,
+            names=OffsetNames(template) if template is not None else None,
+            complete=complete,
+            stamps=stamps,
+            table=table,
+        )
+
+    def _prefetch_key(self) -> tuple[str, ...]:
+        return (os.path.realpath(self.path), self.partition_column, self.offset_column)
+
+    def prefetch(self) -> None:
+        """The begin's one pass over the dataset, outside the lock: the step under the lock
+        (:meth:`initialize_transaction`, in the same process) reuses its answer while no folder
+        it looked at has changed since (one ``stat`` per folder)."""
+        key = self._prefetch_key()
+        prefetched.pop(key, None)
+        stamps: dict[str, tuple[int, int]] = {}
+        latest = self._latest(stamps)
+        prefetched[key] = (time.monotonic(), stamps, latest)
+
+    def initialize_transaction(self, txid: int, prev_metadata: Metadata | None) -> Metadata | None:
+        latest = take_prefetched(self._prefetch_key())
+        if latest is None:
+            latest = self.latest_offsets()
+        return next_offset_ranges(
+            prev_metadata,
+            latest,
+            max_per_partition=self.max_per_partition,
+            txid=txid,
+        )
+
+    # Spark side ---------------------------------------------------------------------------------
+
+    def _ranges(self, metadata: Metadata) -> dict[str, tuple[int, int]]:
+        return {str(p): (int(r[0]), int(r[1])) for p, r in dict(metadata).items() if r[1] > r[0]}
+
+    def read_batch(self, spark: SparkSession, metadata: Metadata) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        ranges = self._ranges(metadata)
+        if not ranges:
+            raise ValueError(f"metadata {metadata!r} names no records")
+        base = self.path.rstrip("/")
+        files = {p: self._files_holding(base, p, a, b) for p, (a, b) in sorted(ranges.items())}
+        # One scan of the batch's files (a scan per partition, unioned, took 1.4x as long: make
+        # bench-read), each row with the metadata's partition value, as a string: from its
+        # directory where Spark reads that back exactly, else looked up by the file it came from.
+        scan = read_with_partition_column(spark, base, self.partition_column, files)
+        from_directory = scan is not None
+        if scan is not None:
+            label = F.col(self.partition_column)
+        else:
+            scan = spark.read.parquet(*[f for paths in files.values() for f in paths])
+            by_file = self._label_by_file(scan, files)
+            if by_file is None:
+                return self._read_by_partition(spark, files, ranges)
+            label = by_file
+        offset = F.col(self.offset_column)
+        # The offset filter goes down to the Parquet reader (row groups outside are skipped).
+        low, high = min(a for a, _ in ranges.values()), max(b for _, b in ranges.values())
+        within = (offset >= low) & (offset < high)
+        if len(set(ranges.values())) > 1:  # partitions at different offsets: each its own range
+            within = within & functools.reduce(
+                operator.or_,
+                [(label == p) & (offset >= a) & (offset < b) for p, (a, b) in ranges.items()],
+            )
+        located = [F.col("_metadata.file_path").alias(LOCATION)] if self.required_columns else []
+        if from_directory:  # the partition column is in place already
+            return scan.where(within).select("*", *located)
+        return scan.where(within).select("*", label.alias(self.partition_column), *located)
+
+    def _label_by_file(self, scan: DataFrame, files: Mapping[str, list[str]]) -> Column | None:
+        """The partition value of each row of ``scan``, looked up by its file's path as Spark
+        names it (``_metadata.file_path``); ``None`` if a file Spark lists is not under exactly one
+        of the batch's partitions (then each partition is read on its own)."""
+        from pyspark.sql import functions as F
+
+        owners = {path.rstrip("/"): p for p, paths in files.items() for path in paths}
+        pairs: list[Column] = []
+        for uri in scan.inputFiles():
+            local = local_path(uri)
+            found = {
+                p
+                for path, p in owners.items()
+                for name in (uri, local)
+                if name == path or name.startswith(path + "/")
+            }
+            if len(found) != 1:
+                return None
+            value = F.lit(found.pop())
+            # inputFiles() names a local file file:///x, _metadata.file_path file:/x (the same
+            # percent-encoding otherwise): the map holds both.
+            for name in {uri, re.sub(r"^file:///", "file:/", uri)}:
+                pairs += [F.lit(name), value]
+        return F.create_map(*pairs)[F.col("_metadata.file_path")] if pairs else None
+
+    def _read_by_partition(
+        self,
+        spark: SparkSession,
+        files: Mapping[str, list[str]],
+        ranges: Mapping[str, tuple[int, int]],
+    ) -> DataFrame:
+        """A scan per partition, labelled by the metadata's partition value, unioned."""
+        from pyspark.sql import functions as F
+
+        offset = F.col(self.offset_column)
+        # The file of each row, for malformed_records (a union does not carry _metadata).
+        located = [F.col("_metadata.file_path").alias(LOCATION)] if self.required_columns else []
+        frames = [
+            spark.read.parquet(*files[p])
+            .where((offset >= a) & (offset < b))
+            .select("*", F.lit(p).alias(self.partition_column), *located)
+            for p, (a, b) in sorted(ranges.items())
+        ]
+        return functools.reduce(lambda x, y: x.unionByName(y, allowMissingColumns=True), frames)
+
+    def _files_holding(self, base: str, partition: str, start: int, end: int) -> list[str]:
+        """The files of ``partition`` whose offsets meet ``[start, end)``, from their footers: a
+        batch opens its own files only, however many earlier batches wrote (reading the whole
+        directory, Spark opened every file to skip it by its statistics). The directory itself
+        when its files cannot be listed here (a remote path) or none qualifies (the completeness
+        check then reports what is missing)."""
+        directory = f"{base}/{self.partition_column}={partition}"
+        try:
+            found = self._discover({partition: Path(directory)}, complete=False, table=True)
+            ranges = found[partition].ranges()
+        except OSError:
+            return [directory]
+        files = [
+            f"{directory}/{rel}"
+            for rel, (low, high) in sorted(ranges.items(), key=lambda item: item[0].split("/"))
+            if low < end and high >= start
+        ]
+        return files or [directory]
+
+    def records(self, batch: DataFrame) -> DataFrame:
+        return batch.drop(LOCATION)
+
+    def batch_counts(self, metadata: Metadata) -> dict[str, Column] | None:
+        """The records read of each partition of the batch (``n_0``, ``n_1``, … in partition
+        order)."""
+        from pyspark.sql import functions as F
+
+        part = F.col(self.partition_column)
+        return {
+            f"n_{i}": F.sum(F.when(part == F.lit(p), 1).otherwise(0))
+            for i, p in enumerate(sorted(self._ranges(metadata)))
+        }
+
+    def counts_mismatch(self, counts: Mapping[str, Any], metadata: Metadata) -> str | None:
+        """Offsets are consecutive (each appended row takes the next one), so ``[start, end)``
+        of a partition is ``end - start`` records: fewer (a directory that does not match its
+        metadata, files gone) or more (offsets written twice) is reported, never committed."""
+        ranges = self._ranges(metadata)
+        found = {p: int(counts.get(f"n_{i}") or 0) for i, p in enumerate(sorted(ranges))}
+        problems = [
+            f"partition {p!r} offsets [{a}, {b}): {found[p]} records read, {b - a} expected"
+            for p, (a, b) in sorted(ranges.items())
+            if found[p] != b - a
+        ]
+        return "; ".join(problems) or None
+
+    def malformed_records(self, batch: DataFrame) -> DataFrame | None:
+        if not self.required_columns:
+            return None
+        from pyspark.sql import functions as F
+
+        missing = functools.reduce(operator.or_, [F.col(c).isNull() for c in self.required_columns])
+        columns = [F.col(c) for c in batch.columns if c != LOCATION]
+        return batch.where(missing).select(
+            F.concat(
+                F.col(LOCATION),
+                F.lit(f" {self.offset_column}="),
+                F.col(self.offset_column),
+            ).alias(LOCATION),
+            F.to_json(F.struct(*columns)).alias(RECORD),
+        )
+
+    def describe_location(self, location: str, record: str) -> str:
+        return local_path(location)
