@@ -59,7 +59,7 @@ system-deps:
 # `make test-scenarios`. pytest exits 5 when it collects no test: make treats that as a failure.
 TEST_WORKERS ?= 2
 test: install lint
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup -m "not scenario" $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not scenario" $(PYTEST_ARGS)
 
 # The long scenarios CI leaves out (each is listed in tests/README.md with what it guards).
 test-scenarios: install

@@ -13,6 +13,7 @@ import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import hypothesis  # noqa: F401  (imported early: see below)
@@ -59,19 +60,35 @@ AIRFLOW_STACKS = frozenset(
 """Integration test files that start a whole Airflow (scheduler, triggerer, api-server, …)."""
 
 
-# tryfirst: before pytest-xdist reads the xdist_group marks this adds.
-@pytest.hookimpl(tryfirst=True)
+def _starts_airflow(path: str) -> bool:
+    return "/integration/" in path and Path(path).name in AIRFLOW_STACKS
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark integration tests; on two pytest-xdist workers (``make test``: ``--dist loadgroup``)
-    the tests that start a whole Airflow run one after another on one worker, first, while the
-    other worker runs everything else: two Airflow deployments at once on two cores starve each
-    other's timing-bound waits."""
+    """Mark integration tests, and put those that start a whole Airflow first (see below)."""
     for item in items:
         if "/integration/" in str(item.path):
             item.add_marker(pytest.mark.integration)
-        if item.path.name in AIRFLOW_STACKS and "/integration/" in str(item.path):
-            item.add_marker(pytest.mark.xdist_group("airflow"))
-    items.sort(key=lambda item: item.path.name not in AIRFLOW_STACKS)  # stable: order kept
+    items.sort(key=lambda item: not _starts_airflow(str(item.path)))  # stable: order kept
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``make test``'s ``--dist loadfile`` on two pytest-xdist workers, with one change: the
+    tests that start a whole Airflow are one unit, run first and one after another on one
+    worker, while the other worker runs the rest a file at a time. Two Airflow deployments at
+    once on two cores starve each other's timing-bound waits. (xdist's own ``loadgroup`` marks
+    do not reach its scheduler under pytest 9.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class AirflowApart(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "airflow" if _starts_airflow(path) else path
+
+    return AirflowApart(config, log)
 
 
 @pytest.fixture(scope="session")
