@@ -124,11 +124,11 @@ class MapState:
 
     @property
     def table(self) -> str:
-        return f"txn_state_{self.name}"
+        return self.backing.table
 
     @property
     def stage_table(self) -> str:
-        return f"txn_stage_{self.name}"
+        return self.backing.stage_table
 
     @property
     def output_key(self) -> str:
