@@ -50,6 +50,8 @@ from spark_jobs.word_count import transform  # noqa: E402
 from txn_testing.spark import SparkConnectServer, keep_classic_mode  # noqa: E402
 
 PARTITIONS = 4
+SCHEMA = "offset BIGINT, line STRING"
+"""The files' columns, as a user declares them (``PartitionedParquetSource(schema=)``)."""
 SEED = 7
 
 
@@ -80,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     write(root, args.rows, args.batches, args.seed)
     per = args.rows // PARTITIONS
     source = PartitionedParquetSource(str(root), max_per_partition=per)
+    declared = PartitionedParquetSource(str(root), max_per_partition=per, schema=SCHEMA)
 
     from pyspark.sql import DataFrame, Observation, SparkSession
     from pyspark.sql import functions as F
@@ -98,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             def in_batch(b: int) -> Any:
                 return (offset >= b * per) & (offset < (b + 1) * per)
 
-            def observed(b: int) -> DataFrame:
+            def observed(b: int, source: PartitionedParquetSource = source) -> DataFrame:
                 counts = source.batch_counts(metadata(b)) or {}
                 obs = Observation(f"bench_{b}_{time.monotonic_ns()}")
                 batch = source.read_batch(spark, metadata(b))
@@ -126,6 +129,13 @@ def main(argv: list[str] | None = None) -> int:
 
             variants: dict[str, Callable[[int], DataFrame]] = {
                 "one scan of the batch's files": lambda b: spark.read.parquet(*files(b)),
+                "one scan, schema declared (as Structured Streaming's file source)": (
+                    lambda b: (
+                        spark.read.schema(f"{SCHEMA}, p STRING")
+                        .option("basePath", str(root))
+                        .parquet(*files(b))
+                    )
+                ),
                 "+ offset filter": lambda b: spark.read.parquet(*files(b)).where(in_batch(b)),
                 "one scan per partition, unioned": lambda b: functools.reduce(
                     DataFrame.unionByName, [spark.read.parquet(f) for f in files(b)]
@@ -137,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
                 "this project: read_batch": lambda b: source.read_batch(spark, metadata(b)),
                 "this project: + completeness check, observed": observed,
                 "this project: + completeness check, own pass": own_pass,
+                "this project: + completeness check, observed, schema declared": (
+                    lambda b: observed(b, declared)
+                ),
             }
             seconds: dict[str, list[float]] = {name: [] for name in variants}
             for round_ in range(args.rounds + 1):  # round 0 warms the JVM up

@@ -60,6 +60,8 @@ from txn_testing.postgres import EmbeddedPostgres  # noqa: E402
 from txn_testing.spark import SparkConnectServer  # noqa: E402
 
 PARTITIONS = 4
+DATA_SCHEMA = "offset BIGINT, line STRING"
+"""The files' columns, declared on both sides: Structured Streaming's file source asks for them."""
 SEED = 12
 VOCABULARY = [f"w{i}" for i in range(1000)]
 SPARK_CONF = {
@@ -128,7 +130,7 @@ def run_peer(data: Path, pg_port: int, name: str, workdir: Path) -> dict[str, An
             )
 
     stream = (
-        spark.readStream.schema("offset long, line string, p string")
+        spark.readStream.schema(f"{DATA_SCHEMA}, p STRING")
         .option("maxFilesPerTrigger", PARTITIONS)
         .parquet(str(data))
     )
@@ -172,7 +174,7 @@ def spark_floor_batches(data: Path, batches: int) -> None:
     for b in range(batches):
         files = sorted(str(f) for f in data.glob(f"p=*/part-{b:05d}.parquet"))
         batch = (
-            spark.read.schema("offset long, line string, p string")
+            spark.read.schema(f"{DATA_SCHEMA}, p STRING")
             .option("basePath", str(data))
             .parquet(*files)
         )
@@ -287,7 +289,9 @@ def run_core(
     from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
     from airflow_txn_provider.spark.submit import SparkConnectRunner
 
-    source = PartitionedParquetSource(str(data), max_per_partition=rows // PARTITIONS)
+    source = PartitionedParquetSource(
+        str(data), max_per_partition=rows // PARTITIONS, schema=DATA_SCHEMA
+    )
     state = MapState(name, f"{name}_counts", keys={"word": "text"})
     log.ensure_pipeline(name, source_kind="transactional", max_pending=1, states=[state])
     runner = SparkConnectRunner(ROOT / "spark_jobs" / "word_count.py", url=connect_url)
@@ -510,7 +514,12 @@ def main(argv: list[str] | None = None) -> int:
             conn.execute(text("CREATE DATABASE meta"))
         admin.dispose()
         specs = [
-            {"name": name, "data": str(data), "per_partition": rows // PARTITIONS}
+            {
+                "name": name,
+                "data": str(data),
+                "per_partition": rows // PARTITIONS,
+                "schema": DATA_SCHEMA,
+            }
             for name, (data, rows, _, _) in datasets.items()
         ]
         env = {

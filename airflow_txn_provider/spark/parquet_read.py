@@ -28,10 +28,13 @@ def read_with_partition_column(
     base: str,
     partition_column: str,
     files: Mapping[str, list[str]],
+    schema: str | None = None,
 ) -> DataFrame | None:
     """One scan of ``files`` (partition value -> its files under ``base``) with the column
     ``partition_column`` holding each row's partition value as a string; ``None`` when a value
-    or a path is one Spark would not read back as exactly that value (see the module's doc)."""
+    or a path is one Spark would not read back as exactly that value (see the module's doc).
+    ``schema``: the files' columns as a Spark DDL string, declared by the user; ``None``: read
+    from a footer, which costs the server a Spark job per batch."""
     paths = [path for values in files.values() for path in values]
     if not paths or not all(
         _reads_back(base, partition_column, value, path)
@@ -39,6 +42,9 @@ def read_with_partition_column(
         for path in paths_of
     ):
         return None
+    if schema is not None:  # declared: no footer to read, as Structured Streaming's file source
+        full = f"{schema}, {quote_identifier(partition_column)} STRING"
+        return spark.read.schema(full).option("basePath", base).parquet(*paths)
     from pyspark.sql.types import StringType, StructField, StructType
 
     # The schema a plain read of these files infers (from one footer, as Spark does without
@@ -48,6 +54,11 @@ def read_with_partition_column(
         return None  # the files hold a column of that name: Spark would refuse the clash
     schema = StructType([*data.fields, StructField(partition_column, StringType(), True)])
     return spark.read.schema(schema).option("basePath", base).parquet(*paths)
+
+
+def quote_identifier(name: str) -> str:
+    """``name`` as a Spark SQL identifier in back-quotes (a back-quote in it doubled)."""
+    return "`" + name.replace("`", "``") + "`"
 
 
 def _reads_back(base: str, partition_column: str, value: str, path: str) -> bool:

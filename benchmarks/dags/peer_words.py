@@ -1,5 +1,6 @@
 """The word-count pipelines of ``make bench-peer``, one per batch size, declared from the
-environment (``BENCH_PEER_PIPELINES``: JSON list of ``{"name", "data", "per_partition"}``)."""
+environment (``BENCH_PEER_PIPELINES``: JSON list of ``{"name", "data", "per_partition",
+"schema"}``)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ JOB = Path(__file__).resolve().parents[2] / "spark_jobs" / "word_count.py"
 for spec in json.loads(os.environ.get("BENCH_PEER_PIPELINES", "[]")):
     pipeline = TxnPipeline(
         name=spec["name"],
-        source=PartitionedParquetSource(spec["data"], max_per_partition=spec["per_partition"]),
+        source=PartitionedParquetSource(
+            spec["data"], max_per_partition=spec["per_partition"], schema=spec.get("schema")
+        ),
         jobs=[JOB],
         states=[MapState(spec["name"], f"{spec['name']}_counts", keys={"word": "text"})],
         max_pending=int(os.environ.get("BENCH_PEER_MAX_PENDING", "4")),

@@ -5,6 +5,8 @@ clearly; a batch never commits emptier than its metadata."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 import subprocess
 from decimal import Decimal
@@ -383,6 +385,11 @@ def test_partition_values_come_from_their_directories_when_spark_reads_them_back
     counts = source.batch_counts(metadata)
     found = batch.agg(*[c.alias(n) for n, c in counts.items()]).collect()[0].asDict()
     assert source.counts_mismatch(found, metadata) is None
+    # the files' columns declared (no footer read): the same rows, the partition a string still
+    declared = dataclasses.replace(source, schema="offset BIGINT, line STRING")
+    batch = declared.read_batch(any_session, metadata)
+    assert sorted((r["p"], r["offset"], r["line"]) for r in batch.collect()) == expected
+    assert dict(batch.dtypes)["p"] == "string"
 
     escaped = {"5%": random_lines(13, 5), "01": random_lines(14, 5)}
     other = PartitionedParquetSource(str(parquet_dataset(tmp_path / "esc", escaped)), 10)

@@ -561,3 +561,23 @@ def test_a_corrupt_landing_index_is_rebuilt(tmp_path):
     new_process()
     assert source.initialize_transaction(2, {"p0": [0, 3]}) is None
     assert json.loads(index.read_text())["entries"]["p0"][2] == 2
+
+
+@pytest.mark.parametrize(
+    "schema",
+    ["", "   ", "p STRING, offset BIGINT", "offset BIGINT, `p` STRING", "offset BIGINT,P INT"],
+)
+def test_a_declared_schema_is_the_files_columns_only(tmp_path, schema):
+    """A declared schema that is empty or names the partition column (the source adds it, as
+    a string) is refused when the source is built, not when a txid's batch is read."""
+    with pytest.raises(ValueError, match="schema"):
+        PartitionedParquetSource(str(tmp_path), schema=schema)
+
+
+def test_a_declared_schema_travels_in_the_spec(tmp_path):
+    from airflow_txn_provider.specs import from_spec, to_spec
+    from airflow_txn_provider.spark.sources import SparkSource
+
+    source = PartitionedParquetSource(str(tmp_path), schema="offset BIGINT, pid STRING")
+    again = from_spec(json.dumps(to_spec(source)), SparkSource, what="source")
+    assert again == source and again.schema == "offset BIGINT, pid STRING"
