@@ -7,7 +7,8 @@ async (psycopg 3) connection and asks the coordinator's pure rules whether to wa
 A trigger outlives the processes it watches, which makes it the place that notices an attempt
 whose process died: the failure sensor's trigger wakes its task when the attempt's lease runs out.
 It also rides out a restarting database (polls that fail to connect are retried with backoff for
-``outage_timeout`` seconds) instead of failing the task it waits for.
+``outage_timeout`` seconds: :func:`outage_backoff`, a
+:class:`~airflow_txn_provider.retries.Backoff`) instead of failing the task it waits for.
 
 Every trigger of one triggerer polls through one shared pool per log (:func:`shared_engine`,
 ``[txn_provider] trigger_pool_size`` connections): a poll holds a connection for milliseconds, so
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import random
 import time
 import weakref
 from collections.abc import AsyncIterator
@@ -29,7 +29,7 @@ from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 from airflow_txn_provider.exceptions import UnknownPipelineError
 from airflow_txn_provider.fencing import lease_expired
 from airflow_txn_provider.records import PipelineView
-from airflow_txn_provider.retries import DEFAULT_OUTAGE_TIMEOUT, is_transient
+from airflow_txn_provider.retries import DEFAULT_OUTAGE_TIMEOUT, Backoff, is_transient
 from airflow_txn_provider.timetables import txid_from_run_id
 from airflow_txn_provider.vocabulary import TxStatus
 from airflow_txn_provider.waiting import (
@@ -61,6 +61,18 @@ _SHARED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, AsyncEng
 )
 """The triggerer runs every trigger in one event loop; an async engine belongs to the loop that
 opened its connections, so pools are kept per loop (and go with it)."""
+
+
+def outage_backoff(poll_interval: float, outage_timeout: float) -> Backoff:
+    """The waits between polls of a log that cannot be reached: ``poll_interval`` doubled per
+    failure, four times at most and to 10 s at most, each 50-100 % of that; for
+    ``outage_timeout`` seconds from the first failure."""
+    return Backoff(
+        first=2 * poll_interval,
+        cap=min(10.0, 16 * poll_interval),
+        deadline=outage_timeout,
+        floor=0.5,
+    )
 
 
 def trigger_pool_size() -> int:
@@ -231,6 +243,7 @@ class TxnLogTrigger(BaseTrigger):
         stuck_since: float | None = None  # since when the txid awaits a re-queue (OUTCOME)
         outage: float | None = None  # when the log became unreachable
         failures = 0
+        backoff = outage_backoff(self.poll_interval, self.outage_timeout)
         while True:
             try:
                 async with engine.connect() as conn:
@@ -245,11 +258,10 @@ class TxnLogTrigger(BaseTrigger):
                     raise
                 outage = outage or time.monotonic()
                 down = time.monotonic() - outage
-                if down > self.outage_timeout:
+                if backoff.out_of_time(down):
                     raise
                 failures += 1
-                pause = min(10.0, self.poll_interval * 2 ** min(failures, 4))
-                pause *= random.uniform(0.5, 1.0)
+                pause = backoff.wait(failures)
                 self.log.warning(
                     "pipeline=%s txid=%s: the transaction log is unreachable for %.0f s of "
                     "at most %.0f (%s); polling again in %.1f s",
