@@ -22,6 +22,7 @@ import enum
 import time
 import weakref
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
@@ -31,8 +32,10 @@ from airflow_txn_provider.fencing import lease_expired
 from airflow_txn_provider.records import PipelineView
 from airflow_txn_provider.retries import DEFAULT_OUTAGE_TIMEOUT, Backoff, is_transient
 from airflow_txn_provider.timetables import txid_from_run_id
-from airflow_txn_provider.vocabulary import TxStatus
+from airflow_txn_provider.vocabulary import EventState, TxStatus
 from airflow_txn_provider.waiting import (
+    GateState,
+    TxnEvent,
     awaits_commit,
     awaits_requeue,
     commit_gate,
@@ -130,45 +133,47 @@ def evaluate(
     stuck_for: float = 0.0,
     requeue_timeout: float | None = None,
     ready_polls: int = 0,
-) -> dict[str, Any] | None:
-    """The event to fire now, or ``None`` to keep waiting (pure: unit-tested with plain views).
+) -> TxnEvent | None:
+    """The event to fire now, or ``None`` to keep waiting (pure: unit-tested with plain views);
+    its txid is the trigger's to add.
 
     :param stuck_for: seconds for which :func:`awaits_requeue` has held without a break.
     :param ready_polls: polls in a row (this one included) on which :func:`awaits_commit` held.
     """
     if wait_for is WaitFor.CAN_BEGIN:
-        return {"state": "can_begin"} if may_begin_now(view, txid) else None
+        return TxnEvent(EventState.CAN_BEGIN) if may_begin_now(view, txid) else None
     if wait_for is WaitFor.COMMIT_GATE:
         gate = commit_gate(view, txid, attempt)
-        return None if gate.value == "wait" else {"state": gate.value}
+        return None if gate is GateState.WAIT else TxnEvent(EventState(gate.value))
     outcome = txid_outcome(view, txid)
     if outcome is TxStatus.COMMITTED:
-        return {"state": "committed"}
+        return TxnEvent(EventState.COMMITTED)
     rec = view.record(txid)
     if rec is None:
         return None
     if wait_for is WaitFor.COMMITTED:
         if outcome is TxStatus.FAILED:
-            return {"state": "stale", "attempt": rec.attempt}
+            return TxnEvent(EventState.STALE, rec.attempt)
         if ready_polls >= READY_POLLS:
-            return {"state": "open", "attempt": rec.attempt}
+            return TxnEvent(EventState.OPEN, rec.attempt)
         return None
     if outcome is TxStatus.FAILED:
         if rec.attempt > attempt:
-            return {"state": "failed", "attempt": rec.attempt}
+            return TxnEvent(EventState.FAILED, rec.attempt)
         if (
             requeue_timeout is not None
             and stuck_for >= requeue_timeout
             and awaits_requeue(view, txid, attempt)
         ):
-            return {"state": "not_requeued", "attempt": rec.attempt}
+            return TxnEvent(EventState.NOT_REQUEUED, rec.attempt)
     elif lease_expired(rec, view.now):
-        return {"state": "lease_expired", "attempt": rec.attempt}
+        return TxnEvent(EventState.LEASE_EXPIRED, rec.attempt)
     return None
 
 
 class TxnLogTrigger(BaseTrigger):
-    """Poll the log every ``poll_interval`` seconds until :func:`evaluate` returns an event.
+    """Poll the log every ``poll_interval`` seconds until :func:`evaluate` returns an event; it
+    fires that event's payload (:meth:`~airflow_txn_provider.waiting.TxnEvent.to_payload`).
 
     :param txn_log_conn_id: the ``txn_log`` connection.
     :param pipeline: pipeline name.
@@ -233,7 +238,7 @@ class TxnLogTrigger(BaseTrigger):
 
         txid = self.txid or txid_from_run_id(getattr(self.task_instance, "run_id", "") or "")
         if txid is None:  # started from the triggerer in a manual run: its task knows the txid
-            yield TriggerEvent({"state": "manual_run"})
+            yield TriggerEvent(TxnEvent(EventState.MANUAL_RUN).to_payload())
             return
         attempt = self.attempt
         url = await TxnLogHook(txn_log_conn_id=self.txn_log_conn_id).async_sqlalchemy_url()
@@ -296,10 +301,10 @@ class TxnLogTrigger(BaseTrigger):
                 ready_polls=ready_polls,
             )
             if event is not None:
-                self.log.info("pipeline=%s txid=%s: %s", pipeline, txid, event)
-                if self.end_task_on_commit and event["state"] == "committed":
+                self.log.info("pipeline=%s txid=%s: %s", pipeline, txid, event.to_payload())
+                if self.end_task_on_commit and event.state is EventState.COMMITTED:
                     yield TaskSuccessEvent()
                 else:
-                    yield TriggerEvent({**event, "txid": txid})
+                    yield TriggerEvent(replace(event, txid=txid).to_payload())
                 return
             await asyncio.sleep(self.poll_interval)

@@ -292,7 +292,7 @@ def test_a_started_commit_wakes_its_task_only_when_nobody_else_commits():
     assert awaits_commit(ready, 3) and not awaits_commit(waiting, 3)
     assert not awaits_commit(view((3, 1, PROC), last=2), 3)
     assert evaluate(WaitFor.COMMITTED, ready, 3, 0, ready_polls=READY_POLLS - 1) is None
-    assert evaluate(WaitFor.COMMITTED, ready, 3, 0, ready_polls=READY_POLLS) == {
+    assert evaluate(WaitFor.COMMITTED, ready, 3, 0, ready_polls=READY_POLLS).to_payload() == {
         "state": "open",
         "attempt": 1,
     }
