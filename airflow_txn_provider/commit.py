@@ -42,7 +42,7 @@ from airflow_txn_provider.coordinator import committable, retention_horizon
 from airflow_txn_provider.exceptions import StagedOutputMismatchError, StateDefinitionError
 from airflow_txn_provider.log_rows import TxidRows
 from airflow_txn_provider.sinks.base import OUTPUT_PREFIX, StagedFiles
-from airflow_txn_provider.state import BucketCountState, MapState, load_states
+from airflow_txn_provider.state import BucketCountState, MapState, counted_states, load_states
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
@@ -167,16 +167,16 @@ def record_processed(txlog: TransactionLog, pipeline: str, txid: int, attempt: i
     recording what is left. Returns the
     :class:`~airflow_txn_provider.vocabulary.ProcessedAction` value.
     """
-    states = [s for s in load_states(txlog.engine, pipeline).values() if s.derived_from is None]
+    states = counted_states(txlog.engine, pipeline)
 
     def count(conn: Connection) -> dict[str, int]:
-        recorded: dict[str, int] = {state.output_key: 0 for state in states}
+        recorded = dict.fromkeys(states, 0)
         for counts in TxidRows(conn, pipeline, txid).staged_by_job(attempt).values():
             for key, rows in counts.items():
                 recorded[key] = recorded.get(key, 0) + int(rows)
         lost = {
             state.name: (recorded[state.output_key], present)
-            for state in states
+            for state in states.values()
             if (present := state.staged_count(conn, txid, attempt)) != recorded[state.output_key]
         }
         if lost:

@@ -154,6 +154,11 @@ class RequeueError(TxnError):
     """The failure sensor could not restart a txid's run through the Airflow REST API."""
 
 
+class MalformedEventError(TxnError):
+    """A task resumed with a trigger event this provider's trigger does not fire (an unknown
+    state, a txid or attempt missing or not an integer): refused rather than guessed at."""
+
+
 class PoisonBatchError(TxnError):
     """A txid failed on its own ``max_attempts`` times: the pipeline stops at it until a person
     fixes the cause and reruns it (Clear in the Airflow UI)."""

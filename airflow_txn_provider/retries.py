@@ -10,22 +10,32 @@ failed attempt fails nothing more, a repeated ``stage_output`` is a duplicate.
 
 This is the shape of Airflow's own ``run_with_db_retries`` (``airflow/utils/retries.py``):
 tenacity, random exponential backoff, ``reraise=True``.
+
+Every retry loop of the provider takes its backoff from :class:`Backoff`, here: the log's calls
+(:func:`retrying`), the triggers' polls of an unreachable log
+(:mod:`airflow_txn_provider.triggers.txn_log`), the REST hook
+(:mod:`airflow_txn_provider.hooks.airflow_api`) and the Spark Connect runner's first session
+(:mod:`airflow_txn_provider.spark.submit`). Each loop keeps its own numbers, what it retries and
+its log lines. The two with rules of their own between tries (the trigger yields its event and
+waits out an unregistered pipeline; the REST hook returns its last answer when out of time and
+never resends a POST that may have been processed) call :meth:`Backoff.wait` and
+:meth:`Backoff.out_of_time` themselves; the others run tenacity through :meth:`Backoff.retrying`.
+Not ours: PySpark's client retries within a Spark Connect call (bounded by
+:func:`~airflow_txn_provider.spark.connect_sessions.bound_client_retries`) and Airflow's task
+retries (:mod:`airflow_txn_provider.dag_builder`).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import random
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
-from tenacity import (
-    RetryCallState,
-    Retrying,
-    stop_after_delay,
-    wait_random_exponential,
-)
+from tenacity import RetryCallState, Retrying, stop_after_delay
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +73,39 @@ _PERMANENT_MESSAGES = (
 does not cure: reported at once."""
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Random exponential backoff within a deadline: the one shape of every wait between retries.
+
+    Retry ``n`` (from 1) waits a random share, at least ``floor``, of ``first * 2 ** (n - 1)``
+    capped at ``cap`` seconds: jittered, so that many waiters do not come back at once. A loop
+    gives up once ``deadline`` seconds have passed, counted from where it says.
+    """
+
+    first: float
+    cap: float
+    deadline: float
+    floor: float = 0.0
+    """The lowest share of the grown wait drawn (0: anything from nothing up to it)."""
+
+    def wait(self, attempt: int) -> float:
+        """Seconds to wait before retry ``attempt`` (1: the first retry)."""
+        grown = min(self.cap, self.first * 2.0 ** min(max(attempt - 1, 0), 64))
+        return grown * random.uniform(self.floor, 1.0)
+
+    def out_of_time(self, elapsed: float) -> bool:
+        """Whether a loop that has been retrying for ``elapsed`` seconds gives up."""
+        return elapsed >= self.deadline
+
+    def __call__(self, state: RetryCallState) -> float:  # tenacity's ``wait``
+        return self.wait(state.attempt_number)
+
+    def retrying(self, **kwargs: Any) -> Retrying:
+        """A tenacity ``Retrying`` with this wait and deadline; ``kwargs``: what to retry, what
+        to log (``retry``, ``before_sleep``, ``reraise``, …)."""
+        return Retrying(wait=self, stop=stop_after_delay(max(self.deadline, 0.0)), **kwargs)
 
 
 def sqlstate(err: BaseException) -> str | None:
@@ -131,13 +174,8 @@ def retrying(outage_timeout: float, what: str = "the transaction log") -> Retryi
             return (state.seconds_since_start or 0.0) < DISK_FULL_RETRY
         return is_transient(err)
 
-    return Retrying(
-        retry=retry,
-        wait=wait_random_exponential(multiplier=0.5, max=10),
-        stop=stop_after_delay(max(outage_timeout, 0.0)),
-        before_sleep=before_sleep,
-        reraise=True,
-    )
+    backoff = Backoff(first=0.5, cap=10.0, deadline=outage_timeout)
+    return backoff.retrying(retry=retry, before_sleep=before_sleep, reraise=True)
 
 
 def retry_transient(method: F) -> F:

@@ -1,10 +1,10 @@
 """The vocabulary: the enums every room of the provider speaks.
 
-A txid's status, a source's and a state's kind, the failure sensor's answer, and what each rule
-may answer (:mod:`airflow_txn_provider.coordinator`, :mod:`airflow_txn_provider.fencing`). They
-live apart from the rules so the log's columns (:mod:`airflow_txn_provider.models`), the states,
-the sources and the Airflow side can name them without importing any rule. Each is a ``str``
-enum: stored and shown as its value.
+A txid's status, a source's and a state's kind, the failure sensor's answer, what a trigger's
+event says, and what each rule may answer (:mod:`airflow_txn_provider.coordinator`,
+:mod:`airflow_txn_provider.fencing`). They live apart from the rules so the log's columns
+(:mod:`airflow_txn_provider.models`), the states, the sources and the Airflow side can name them
+without importing any rule. Each is a ``str`` enum: stored and shown as its value.
 """
 
 from __future__ import annotations
@@ -60,6 +60,31 @@ class FailureResponse(enum.StrEnum):
     STOP = "stop"
     """Poison batch: the txid failed on its own ``max_attempts`` times. Its run is not restarted,
     says why, and every later txid waits for it (no silent skip) until a person reruns it."""
+
+
+class EventState(enum.StrEnum):
+    """What a trigger's event tells the task it wakes (its payload's ``state``; the event:
+    :class:`~airflow_txn_provider.waiting.TxnEvent`)."""
+
+    CAN_BEGIN = "can_begin"
+    """The txid may begin: ``txid - 1`` is (re-)initialised and the window has room."""
+    OPEN = "open"
+    """The attempt may commit now: ``txid - 1`` committed (or, started in the triggerer, nobody
+    else commits the ready txid)."""
+    COMMITTED = "committed"
+    """The txid committed."""
+    STALE = "stale"
+    """The attempt was failed or replaced: it must not commit."""
+    UNFINISHED = "unfinished"
+    """The attempt still processes although the tasks before the commit ended."""
+    FAILED = "failed"
+    """An attempt newer than the watched one failed."""
+    NOT_REQUEUED = "not_requeued"
+    """The failed attempt could replay but its run was not restarted in time."""
+    LEASE_EXPIRED = "lease_expired"
+    """The processing attempt's lease ran out: its process is gone."""
+    MANUAL_RUN = "manual_run"
+    """Started in the triggerer for a run that is no txid's: its task knows what to do."""
 
 
 # -- what the rules answer ---------------------------------------------------------------------

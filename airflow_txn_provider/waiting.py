@@ -1,23 +1,32 @@
 """The Airflow side's waiting policy: what the deferred tasks and the failure sensor watch the
-log for, and how the sensor answers a failure. Pure, like the rules it reads
-(:mod:`airflow_txn_provider.coordinator`), which decide every transition; this module only says
-when a task may stop waiting and what it does next.
+log for, the event a trigger wakes a task with (:class:`TxnEvent`), and how the sensor answers a
+failure. Pure, like the rules it reads (:mod:`airflow_txn_provider.coordinator`), which decide
+every transition; this module only says when a task may stop waiting and what it does next.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from airflow_txn_provider.coordinator import committable, plan_begin, plan_commit
 from airflow_txn_provider.exceptions import (
+    MalformedEventError,
     NotBegunError,
     NotProcessedError,
     OutOfOrderCommitError,
     StaleAttemptError,
 )
 from airflow_txn_provider.records import PipelineView, TxRecord
-from airflow_txn_provider.vocabulary import BeginAction, CommitAction, FailureResponse, TxStatus
+from airflow_txn_provider.vocabulary import (
+    BeginAction,
+    CommitAction,
+    EventState,
+    FailureResponse,
+    TxStatus,
+)
 
 # -- waiting (what the Airflow triggers watch for) ---------------------------------------------
 
@@ -34,6 +43,69 @@ class GateState(enum.StrEnum):
     UNFINISHED = "unfinished"
     """The attempt is still processing although the gate's tasks upstream have ended: they stopped
     without recording its output. Its lease or failure callback fails it, and its run restarts."""
+
+
+ATTEMPT_NEEDED = frozenset({EventState.LEASE_EXPIRED})
+"""Events whose attempt the woken task acts on (the sensor expires that very attempt's lease)."""
+
+
+@dataclass(frozen=True)
+class TxnEvent:
+    """The event a trigger wakes its task with: what happened, to which txid and attempt.
+
+    Airflow stores its payload (:meth:`to_payload`: a JSON-able dict, ``state`` then ``attempt``
+    and ``txid`` where set) and hands it to the resumed task, which reads it back with
+    :meth:`from_payload`. Only a ``MANUAL_RUN`` event has no txid (its trigger knows none).
+    """
+
+    state: EventState
+    attempt: int | None = None
+    txid: int | None = None
+
+    def to_payload(self) -> dict[str, Any]:
+        payload: dict[str, Any] = {"state": self.state.value}
+        if self.attempt is not None:
+            payload["attempt"] = self.attempt
+        if self.txid is not None:
+            payload["txid"] = self.txid
+        return payload
+
+    @classmethod
+    def from_payload(cls, payload: Any, *, pipeline: str | None = None) -> TxnEvent:
+        """The event ``payload`` holds; :class:`MalformedEventError` (naming ``pipeline`` and
+        the payload's txid) if its state is unknown, its txid is missing or not an integer, or
+        its attempt is not an integer or missing where the task acts on it. Other keys are
+        ignored."""
+        if not isinstance(payload, Mapping):
+            raise MalformedEventError(
+                f"trigger event {payload!r} is not a mapping", pipeline=pipeline
+            )
+        state, txid, attempt = payload.get("state"), payload.get("txid"), payload.get("attempt")
+
+        def malformed(problem: str) -> MalformedEventError:
+            return MalformedEventError(
+                f"trigger event {dict(payload)!r}: {problem}",
+                pipeline=pipeline,
+                txid=txid if _is_int(txid) else None,
+                attempt=attempt if _is_int(attempt) else None,
+            )
+
+        if not isinstance(state, str) or state not in {s.value for s in EventState}:
+            raise malformed(f"unknown state {state!r}")
+        kind = EventState(state)
+        if txid is None and kind is not EventState.MANUAL_RUN:
+            raise malformed("no txid")
+        if txid is not None and not _is_int(txid):
+            raise malformed(f"txid {txid!r} is not an integer")
+        if attempt is None and kind in ATTEMPT_NEEDED:
+            raise malformed(f"a {state} event names no attempt")
+        if attempt is not None and not _is_int(attempt):
+            raise malformed(f"attempt {attempt!r} is not an integer")
+        return cls(kind, attempt, txid)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def commit_gate(view: PipelineView, txid: int, attempt: int) -> GateState:

@@ -4,12 +4,13 @@ Tasks cannot touch Airflow's database (Airflow 3), so the failure sensor restart
 UI does: ``POST /api/v2/dags/{dag_id}/clearTaskInstances`` with a JWT from ``POST /auth/token``;
 retention deletes the runs of old txids with ``DELETE /api/v2/dags/{dag_id}/dagRuns/{run_id}``.
 Credentials come from an Airflow connection and never appear in a log line or an error.
+While the api-server is away a request is sent again with :meth:`AirflowApiHook.backoff`'s waits
+(a :class:`~airflow_txn_provider.retries.Backoff`).
 """
 
 from __future__ import annotations
 
 import itertools
-import random
 import time
 from collections.abc import Sequence
 from datetime import datetime
@@ -20,6 +21,7 @@ import httpx
 from airflow.sdk import BaseHook
 
 from airflow_txn_provider.exceptions import RequeueError
+from airflow_txn_provider.retries import Backoff
 
 RETRY_STATUS = frozenset({500, 502, 503, 504})
 """Answers of an api-server that is restarting or overloaded: asked again, not reported."""
@@ -70,6 +72,11 @@ class AirflowApiHook(BaseHook):
             "relabeling": {"schema": "Scheme", "login": "Username"},
             "placeholders": {"host": "127.0.0.1", "port": "8080", "schema": "http"},
         }
+
+    def backoff(self) -> Backoff:
+        """Waits between sends: 1 s doubling to 10 s, each 50-100 % of that, for
+        ``outage_timeout`` seconds from the first send."""
+        return Backoff(first=1.0, cap=10.0, deadline=self.outage_timeout, floor=0.5)
 
     def base_url(self) -> str:
         conn = self.get_connection(self.airflow_api_conn_id)
@@ -228,8 +235,9 @@ class AirflowApiHook(BaseHook):
         url = self.base_url() + path
         repeatable = method != "POST" if repeatable is None else repeatable
         retry_status = RETRY_STATUS if repeatable else UNPROCESSED_STATUS
+        backoff = self.backoff()
         started = time.monotonic()
-        for attempt in itertools.count():
+        for attempt in itertools.count(1):
             try:
                 with httpx.Client(timeout=self.timeout) as client:
                     response = client.request(method, url, headers=headers, **kwargs)
@@ -246,11 +254,11 @@ class AirflowApiHook(BaseHook):
                     ) from err
                 response, problem = None, f"{type(err).__name__}: {err}"
             waited = time.monotonic() - started
-            if waited >= self.outage_timeout:
+            if backoff.out_of_time(waited):
                 if response is not None:
                     return response  # the caller reports the status and body
                 raise RequeueError(f"{method} {url} failed for {waited:.0f} s: {problem}") from None
-            pause = min(2.0**attempt, 10.0) * random.uniform(0.5, 1.0)
+            pause = backoff.wait(attempt)
             self.log.warning(
                 "%s %s: %s (the api-server may be restarting); retrying in %.1f s, %.0f of %.0f s",
                 method,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -31,7 +31,7 @@ from airflow_txn_provider.run_context import (
 )
 from airflow_txn_provider.triggers.txn_log import RUN_TXID, TxnLogTrigger, WaitFor
 from airflow_txn_provider.vocabulary import BeginAction
-from airflow_txn_provider.waiting import GateState
+from airflow_txn_provider.waiting import GateState, TxnEvent
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -74,6 +74,14 @@ class _TxnOperator(BaseOperator):
 
     def txn_log(self) -> TransactionLog:
         return pipeline_log(self.pipeline)
+
+    def woken_by(self, event: Any) -> TxnEvent | None:
+        """The log trigger's event this task resumed with, checked
+        (:class:`~airflow_txn_provider.exceptions.MalformedEventError` if it is not one);
+        ``None`` at a first start or after the no-data timer (whose event is its moment)."""
+        if event is None or isinstance(event, datetime):
+            return None
+        return TxnEvent.from_payload(event, pipeline=self.pipeline.name)
 
     def trigger(
         self, txid: int, wait_for: WaitFor, attempt: int = 0, *, end_task_on_commit: bool = False
@@ -158,6 +166,7 @@ class TxnBeginOperator(_TxnOperator):
     they then process it in parallel. With one job, its processing task claims by itself."""
 
     def execute(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
+        self.woken_by(event)  # the claim asks the log again: the event only has to be ours
         return self.claim(context)
 
 
@@ -186,6 +195,7 @@ class TxnProcessOperator(_TxnOperator):
         self._runner: Any = None
 
     def execute(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
+        self.woken_by(event)  # the claim asks the log again: the event only has to be ours
         if self.pipeline.spark == "connect":
             from airflow_txn_provider.preload import task_process_warmth
 
@@ -330,7 +340,8 @@ class TxnCommitOperator(_TxnOperator):
     def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
         """Back from the triggerer: ``txid - 1`` committed (or this attempt went stale, or the
         txid committed meanwhile; or, started there, the txid needs this task). The gate is asked
-        again: the log, not the event, decides."""
+        again: the log, not the event, decides (the event is only checked to be one)."""
+        self.woken_by(event)
         return self._commit_or_wait(context)
 
     def _commit_or_wait(self, context: Context) -> dict[str, Any]:

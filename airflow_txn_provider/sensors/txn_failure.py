@@ -20,8 +20,8 @@ from airflow_txn_provider.run_context import (
 )
 from airflow_txn_provider.timetables import txid_run_id
 from airflow_txn_provider.triggers.txn_log import FIRST_WATCHED, RUN_TXID, TxnLogTrigger, WaitFor
-from airflow_txn_provider.vocabulary import TxStatus
-from airflow_txn_provider.waiting import first_watched_attempt
+from airflow_txn_provider.vocabulary import EventState, TxStatus
+from airflow_txn_provider.waiting import TxnEvent, first_watched_attempt
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -133,24 +133,25 @@ class TxnFailureSensor(BaseSensorOperator):
         )
 
         p = self.pipeline
-        state = event.get("state")
-        if state == "manual_run":  # started in the triggerer, which knows no manual run's txid
+        woke = TxnEvent.from_payload(event, pipeline=p.name)
+        if woke.state is EventState.MANUAL_RUN:  # started in the triggerer: it knows no txid
             raise AirflowSkipException("a manual run is not restarted on failure")
         txid = run_txid(context, p.name)
-        if state == "committed":
+        if woke.state is EventState.COMMITTED:
             return
         log = self.txn_log()
-        if state == "lease_expired":
+        if woke.state is EventState.LEASE_EXPIRED:
             # The trigger saw the lease run out; the log decides under its lock (a renewal that
             # came meanwhile wins) and fails the attempt and every later txid in flight.
-            log.expire_lease(p.name, txid, int(event["attempt"]))
+            assert woke.attempt is not None  # from_payload requires it
+            log.expire_lease(p.name, txid, woke.attempt)
         view = log.view(p.name)
         rec = view.record(txid)
         history = log.history(p.name, txid)
         if rec is None or rec.status is not TxStatus.FAILED or history[-1].attempt != rec.attempt:
             # alive, or re-begun meanwhile
             self._watch(txid, known_failed_attempt(log.view(p.name), txid))
-        if state == "not_requeued":
+        if woke.state is EventState.NOT_REQUEUED:
             self.log.warning(
                 "pipeline=%s txid=%s attempt=%s could replay but its run was not restarted for "
                 "%.0f s (the re-queue of its cascade was lost): restarting it",

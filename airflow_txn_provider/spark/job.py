@@ -47,7 +47,7 @@ from airflow_txn_provider.records import TxRecord
 from airflow_txn_provider.redaction import RedactingFilter, register_secret
 from airflow_txn_provider.sinks.base import LakeSink, StagedFiles, sink_from_spec
 from airflow_txn_provider.spark.sources import LOCATION, RECORD, SparkSource, source_from_spec
-from airflow_txn_provider.state import MapState, load_states
+from airflow_txn_provider.state import MapState, counted_states, load_states
 from airflow_txn_provider.transaction_log import TransactionLog
 from airflow_txn_provider.vocabulary import ProcessedAction
 
@@ -217,11 +217,10 @@ def process_batch(
         for sink, files in staged.items():  # written by the executors already: listed here
             counts[sink.output_key] = files.rows
             output[sink.output_key] = (earlier or {}).get(sink.output_key) or files.to_json()
-        if job.finish:  # every state gets a count, zero included: the commit checks each one
-            for state in load_states(conn, job.pipeline).values():
-                if state.derived_from is None:
-                    counts.setdefault(state.output_key, 0)
-                    output.setdefault(state.output_key, 0)
+        if job.finish:  # every counted state gets a count, zero included
+            for key in counted_states(conn, job.pipeline):
+                counts.setdefault(key, 0)
+                output.setdefault(key, 0)
         spent["staging"] = time.monotonic() - staging
         return output
 

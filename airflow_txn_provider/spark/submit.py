@@ -241,18 +241,18 @@ class SparkConnectRunner:
     def _connect(
         self, session_class: Any, url: str, slot: SessionSlot | None
     ) -> tuple[SparkSession, bool]:
-        """A session, and whether it is the slot's, waiting (with backoff, up to
-        ``connect_timeout`` seconds) for a Spark Connect server that is restarting: a replay
-        then runs once it is back, instead of failing again at once and counting toward the
-        poison-batch limit."""
-        from tenacity import Retrying, retry_if_exception, stop_after_delay
-        from tenacity import wait_random_exponential as backoff
+        """A session, and whether it is the slot's, waiting (with backoff, 0.5 s doubling to
+        4 s, up to ``connect_timeout`` seconds: a :class:`~airflow_txn_provider.retries.Backoff`)
+        for a Spark Connect server that is restarting: a replay then runs once it is back,
+        instead of failing again at once and counting toward the poison-batch limit."""
+        from tenacity import retry_if_exception
 
-        for attempt in Retrying(
+        from airflow_txn_provider.retries import Backoff
+
+        backoff = Backoff(first=0.5, cap=4.0, deadline=self.connect_timeout)
+        for attempt in backoff.retrying(
             # A bad URL (PySpark's ValueError) will not heal by waiting: it fails at once.
             retry=retry_if_exception(lambda err: not isinstance(err, (ValueError, TypeError))),
-            wait=backoff(multiplier=0.5, max=4),
-            stop=stop_after_delay(self.connect_timeout),
             before_sleep=lambda state: log.warning(
                 "Spark Connect server %s unreachable (%s); retrying",
                 url.split(";")[0],

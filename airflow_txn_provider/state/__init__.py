@@ -40,6 +40,7 @@ from airflow_txn_provider.state.maps import (
     BucketCountState,
     GlobalState,
     MapState,
+    counted_states,
     load_states,
     stage_states,
 )
@@ -55,6 +56,7 @@ __all__ = [
     "GlobalState",
     "MapState",
     "StateKind",
+    "counted_states",
     "load_states",
     "quote_ident",
     "rule_for",

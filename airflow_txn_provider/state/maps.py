@@ -451,6 +451,14 @@ def load_states(bind: Engine | Connection, pipeline: str) -> dict[str, MapState]
     return {state.name: state for state in _load(bind, of_pipeline(pipeline))}
 
 
+def counted_states(bind: Engine | Connection, pipeline: str) -> dict[str, MapState]:
+    """The states of ``pipeline`` a processed txid's output holds a row count for, by output key:
+    every one but a derived state (the commit writes its rows). Each gets a count, zero included,
+    so the commit checks every one."""
+    states = load_states(bind, pipeline).values()
+    return {s.output_key: s for s in states if s.derived_from is None}
+
+
 def _load(bind: Engine | Connection, where: ColumnElement[bool]) -> list[MapState]:
     return [_from_definition(*row) for row in registered(bind, where)]
 

@@ -7,7 +7,8 @@ async (psycopg 3) connection and asks the coordinator's pure rules whether to wa
 A trigger outlives the processes it watches, which makes it the place that notices an attempt
 whose process died: the failure sensor's trigger wakes its task when the attempt's lease runs out.
 It also rides out a restarting database (polls that fail to connect are retried with backoff for
-``outage_timeout`` seconds) instead of failing the task it waits for.
+``outage_timeout`` seconds: :func:`outage_backoff`, a
+:class:`~airflow_txn_provider.retries.Backoff`) instead of failing the task it waits for.
 
 Every trigger of one triggerer polls through one shared pool per log (:func:`shared_engine`,
 ``[txn_provider] trigger_pool_size`` connections): a poll holds a connection for milliseconds, so
@@ -18,10 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import random
 import time
 import weakref
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
@@ -29,10 +30,12 @@ from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 from airflow_txn_provider.exceptions import UnknownPipelineError
 from airflow_txn_provider.fencing import lease_expired
 from airflow_txn_provider.records import PipelineView
-from airflow_txn_provider.retries import DEFAULT_OUTAGE_TIMEOUT, is_transient
+from airflow_txn_provider.retries import DEFAULT_OUTAGE_TIMEOUT, Backoff, is_transient
 from airflow_txn_provider.timetables import txid_from_run_id
-from airflow_txn_provider.vocabulary import TxStatus
+from airflow_txn_provider.vocabulary import EventState, TxStatus
 from airflow_txn_provider.waiting import (
+    GateState,
+    TxnEvent,
     awaits_commit,
     awaits_requeue,
     commit_gate,
@@ -61,6 +64,18 @@ _SHARED: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[str, AsyncEng
 )
 """The triggerer runs every trigger in one event loop; an async engine belongs to the loop that
 opened its connections, so pools are kept per loop (and go with it)."""
+
+
+def outage_backoff(poll_interval: float, outage_timeout: float) -> Backoff:
+    """The waits between polls of a log that cannot be reached: ``poll_interval`` doubled per
+    failure, four times at most and to 10 s at most, each 50-100 % of that; for
+    ``outage_timeout`` seconds from the first failure."""
+    return Backoff(
+        first=2 * poll_interval,
+        cap=min(10.0, 16 * poll_interval),
+        deadline=outage_timeout,
+        floor=0.5,
+    )
 
 
 def trigger_pool_size() -> int:
@@ -118,45 +133,47 @@ def evaluate(
     stuck_for: float = 0.0,
     requeue_timeout: float | None = None,
     ready_polls: int = 0,
-) -> dict[str, Any] | None:
-    """The event to fire now, or ``None`` to keep waiting (pure: unit-tested with plain views).
+) -> TxnEvent | None:
+    """The event to fire now, or ``None`` to keep waiting (pure: unit-tested with plain views);
+    its txid is the trigger's to add.
 
     :param stuck_for: seconds for which :func:`awaits_requeue` has held without a break.
     :param ready_polls: polls in a row (this one included) on which :func:`awaits_commit` held.
     """
     if wait_for is WaitFor.CAN_BEGIN:
-        return {"state": "can_begin"} if may_begin_now(view, txid) else None
+        return TxnEvent(EventState.CAN_BEGIN) if may_begin_now(view, txid) else None
     if wait_for is WaitFor.COMMIT_GATE:
         gate = commit_gate(view, txid, attempt)
-        return None if gate.value == "wait" else {"state": gate.value}
+        return None if gate is GateState.WAIT else TxnEvent(EventState(gate.value))
     outcome = txid_outcome(view, txid)
     if outcome is TxStatus.COMMITTED:
-        return {"state": "committed"}
+        return TxnEvent(EventState.COMMITTED)
     rec = view.record(txid)
     if rec is None:
         return None
     if wait_for is WaitFor.COMMITTED:
         if outcome is TxStatus.FAILED:
-            return {"state": "stale", "attempt": rec.attempt}
+            return TxnEvent(EventState.STALE, rec.attempt)
         if ready_polls >= READY_POLLS:
-            return {"state": "open", "attempt": rec.attempt}
+            return TxnEvent(EventState.OPEN, rec.attempt)
         return None
     if outcome is TxStatus.FAILED:
         if rec.attempt > attempt:
-            return {"state": "failed", "attempt": rec.attempt}
+            return TxnEvent(EventState.FAILED, rec.attempt)
         if (
             requeue_timeout is not None
             and stuck_for >= requeue_timeout
             and awaits_requeue(view, txid, attempt)
         ):
-            return {"state": "not_requeued", "attempt": rec.attempt}
+            return TxnEvent(EventState.NOT_REQUEUED, rec.attempt)
     elif lease_expired(rec, view.now):
-        return {"state": "lease_expired", "attempt": rec.attempt}
+        return TxnEvent(EventState.LEASE_EXPIRED, rec.attempt)
     return None
 
 
 class TxnLogTrigger(BaseTrigger):
-    """Poll the log every ``poll_interval`` seconds until :func:`evaluate` returns an event.
+    """Poll the log every ``poll_interval`` seconds until :func:`evaluate` returns an event; it
+    fires that event's payload (:meth:`~airflow_txn_provider.waiting.TxnEvent.to_payload`).
 
     :param txn_log_conn_id: the ``txn_log`` connection.
     :param pipeline: pipeline name.
@@ -221,7 +238,7 @@ class TxnLogTrigger(BaseTrigger):
 
         txid = self.txid or txid_from_run_id(getattr(self.task_instance, "run_id", "") or "")
         if txid is None:  # started from the triggerer in a manual run: its task knows the txid
-            yield TriggerEvent({"state": "manual_run"})
+            yield TriggerEvent(TxnEvent(EventState.MANUAL_RUN).to_payload())
             return
         attempt = self.attempt
         url = await TxnLogHook(txn_log_conn_id=self.txn_log_conn_id).async_sqlalchemy_url()
@@ -231,6 +248,7 @@ class TxnLogTrigger(BaseTrigger):
         stuck_since: float | None = None  # since when the txid awaits a re-queue (OUTCOME)
         outage: float | None = None  # when the log became unreachable
         failures = 0
+        backoff = outage_backoff(self.poll_interval, self.outage_timeout)
         while True:
             try:
                 async with engine.connect() as conn:
@@ -245,11 +263,10 @@ class TxnLogTrigger(BaseTrigger):
                     raise
                 outage = outage or time.monotonic()
                 down = time.monotonic() - outage
-                if down > self.outage_timeout:
+                if backoff.out_of_time(down):
                     raise
                 failures += 1
-                pause = min(10.0, self.poll_interval * 2 ** min(failures, 4))
-                pause *= random.uniform(0.5, 1.0)
+                pause = backoff.wait(failures)
                 self.log.warning(
                     "pipeline=%s txid=%s: the transaction log is unreachable for %.0f s of "
                     "at most %.0f (%s); polling again in %.1f s",
@@ -284,10 +301,10 @@ class TxnLogTrigger(BaseTrigger):
                 ready_polls=ready_polls,
             )
             if event is not None:
-                self.log.info("pipeline=%s txid=%s: %s", pipeline, txid, event)
-                if self.end_task_on_commit and event["state"] == "committed":
+                self.log.info("pipeline=%s txid=%s: %s", pipeline, txid, event.to_payload())
+                if self.end_task_on_commit and event.state is EventState.COMMITTED:
                     yield TaskSuccessEvent()
                 else:
-                    yield TriggerEvent({**event, "txid": txid})
+                    yield TriggerEvent(replace(event, txid=txid).to_payload())
                 return
             await asyncio.sleep(self.poll_interval)

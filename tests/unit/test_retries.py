@@ -3,11 +3,14 @@ cures is retried, what it cannot is permanent, and every class is one or the oth
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from sqlalchemy.exc import DataError, OperationalError, ProgrammingError
 
 from airflow_txn_provider.retries import (
     DISK_FULL,
+    Backoff,
     is_permanent,
     is_transient,
     retrying,
@@ -109,3 +112,91 @@ def test_disk_full_is_retried_for_a_bounded_time_then_raised():
     finally:
         retries.DISK_FULL_RETRY = saved
     assert len(calls) > 1  # retried, and then given up long before the outage timeout
+
+
+# -- the one backoff shape of every retry loop (issue 28) --------------------------------------
+
+
+def test_waits_grow_until_the_cap(monkeypatch):
+    import airflow_txn_provider.retries as retries
+
+    monkeypatch.setattr(retries.random, "uniform", lambda low, high: high)  # the top of each draw
+    backoff = Backoff(first=0.5, cap=10.0, deadline=60.0)
+    assert [backoff.wait(n) for n in range(1, 8)] == [0.5, 1.0, 2.0, 4.0, 8.0, 10.0, 10.0]
+    assert backoff.wait(10_000) == 10.0  # no overflow however long the outage
+
+
+@pytest.mark.parametrize("floor", [0.0, 0.5])
+def test_waits_are_jittered_within_floor_and_grown_wait(floor):
+    backoff = Backoff(first=1.0, cap=10.0, deadline=60.0, floor=floor)
+    for n, grown in [(1, 1.0), (3, 4.0), (9, 10.0)]:
+        waits = [backoff.wait(n) for _ in range(200)]
+        assert all(floor * grown <= w <= grown for w in waits)
+        assert len(set(waits)) > 100  # random, not one value
+
+
+def test_the_deadline_stops():
+    backoff = Backoff(first=1.0, cap=10.0, deadline=3.0)
+    assert not backoff.out_of_time(2.99) and backoff.out_of_time(3.0)
+    assert Backoff(first=1.0, cap=1.0, deadline=0.0).out_of_time(0.0)  # 0: no retry
+
+    calls = []
+
+    def down():
+        calls.append(1)
+        raise ConnectionError("down")
+
+    policy = Backoff(first=0.001, cap=0.001, deadline=0.05).retrying(reraise=True)
+    started = time.monotonic()
+    with pytest.raises(ConnectionError):
+        policy(down)
+    assert len(calls) > 1 and time.monotonic() - started < 5.0
+    once = Backoff(first=0.001, cap=0.001, deadline=0.0).retrying(reraise=True)
+    calls.clear()
+    with pytest.raises(ConnectionError):
+        once(down)
+    assert calls == [1]
+
+
+def test_tenacity_is_given_the_wait_of_each_attempt(monkeypatch):
+    import airflow_txn_provider.retries as retries
+
+    monkeypatch.setattr(retries.random, "uniform", lambda low, high: high)
+    waits: list[float] = []
+
+    def back_at_the_fifth_try():
+        if len(waits) < 4:
+            raise ConnectionError("down")
+        return "up"
+
+    policy = Backoff(first=0.5, cap=10.0, deadline=60.0).retrying(sleep=waits.append)
+    assert policy(back_at_the_fifth_try) == "up"
+    assert waits == [0.5, 1.0, 2.0, 4.0]
+
+
+@pytest.mark.parametrize("poll_interval", [0.01, 0.5, 1.0, 5.0])
+def test_the_triggers_outage_waits_are_the_ones_it_always_had(monkeypatch, poll_interval):
+    """Before issue 28: ``min(10, poll_interval * 2 ** min(failures, 4)) * uniform(0.5, 1)``."""
+    import airflow_txn_provider.retries as retries
+    from airflow_txn_provider.triggers.txn_log import outage_backoff
+
+    backoff = outage_backoff(poll_interval, 180.0)
+    for draw in (0.5, 0.75, 1.0):
+        monkeypatch.setattr(retries.random, "uniform", lambda low, high, d=draw: d)
+        for failures in range(1, 9):
+            old = min(10.0, poll_interval * 2 ** min(failures, 4)) * draw
+            assert backoff.wait(failures) == pytest.approx(old)
+    assert backoff.floor == 0.5 and backoff.deadline == 180.0
+
+
+def test_the_rest_hooks_waits_are_the_ones_it_always_had(monkeypatch):
+    """Before issue 28: ``min(2.0 ** attempt, 10.0) * uniform(0.5, 1)``, attempt from 0."""
+    import airflow_txn_provider.retries as retries
+    from airflow_txn_provider.hooks.airflow_api import AirflowApiHook
+
+    backoff = AirflowApiHook(outage_timeout=42.0).backoff()
+    for draw in (0.5, 1.0):
+        monkeypatch.setattr(retries.random, "uniform", lambda low, high, d=draw: d)
+        for attempt in range(8):
+            assert backoff.wait(attempt + 1) == min(2.0**attempt, 10.0) * draw
+    assert backoff.floor == 0.5 and backoff.deadline == 42.0

@@ -19,6 +19,12 @@ from airflow_txn_provider.waiting import (
 from tests.unit.builders import DONE, FAIL, PROC, view
 
 
+def payload(*args, **kwargs):
+    """:func:`evaluate`'s event as its payload (before the trigger adds the txid), or ``None``."""
+    event = evaluate(*args, **kwargs)
+    return None if event is None else event.to_payload()
+
+
 @pytest.mark.parametrize(
     ("records", "last", "txid", "attempt", "expected"),
     [
@@ -60,18 +66,18 @@ def test_poison_policy():
 
 
 def test_evaluate_each_condition():
-    assert evaluate(WaitFor.CAN_BEGIN, view((1, 1, PROC)), 2, 0) == {"state": "can_begin"}
-    assert evaluate(WaitFor.CAN_BEGIN, view((1, 1, FAIL)), 2, 0) is None
-    assert evaluate(WaitFor.COMMIT_GATE, view((1, 1, PROC), (2, 1, DONE)), 2, 1) is None
-    assert evaluate(WaitFor.COMMIT_GATE, view((2, 1, DONE), last=1), 2, 1) == {"state": "open"}
-    assert evaluate(WaitFor.COMMIT_GATE, view((2, 2, DONE), last=1), 2, 1) == {"state": "stale"}
+    assert payload(WaitFor.CAN_BEGIN, view((1, 1, PROC)), 2, 0) == {"state": "can_begin"}
+    assert payload(WaitFor.CAN_BEGIN, view((1, 1, FAIL)), 2, 0) is None
+    assert payload(WaitFor.COMMIT_GATE, view((1, 1, PROC), (2, 1, DONE)), 2, 1) is None
+    assert payload(WaitFor.COMMIT_GATE, view((2, 1, DONE), last=1), 2, 1) == {"state": "open"}
+    assert payload(WaitFor.COMMIT_GATE, view((2, 2, DONE), last=1), 2, 1) == {"state": "stale"}
     # OUTCOME: a failure already handled (attempt 2) does not fire again; a newer one does
-    assert evaluate(WaitFor.OUTCOME, view((2, 2, FAIL), last=1), 2, 2) is None
-    assert evaluate(WaitFor.OUTCOME, view((2, 3, FAIL), last=1), 2, 2) == {
+    assert payload(WaitFor.OUTCOME, view((2, 2, FAIL), last=1), 2, 2) is None
+    assert payload(WaitFor.OUTCOME, view((2, 3, FAIL), last=1), 2, 2) == {
         "state": "failed",
         "attempt": 3,
     }
-    assert evaluate(WaitFor.OUTCOME, view(last=2), 2, 2) == {"state": "committed"}
+    assert payload(WaitFor.OUTCOME, view(last=2), 2, 2) == {"state": "committed"}
 
 
 def test_trigger_serialize_round_trip():
@@ -95,9 +101,9 @@ def test_evaluate_wakes_the_failure_sensor_when_the_lease_runs_out():
 
     alive = leased(((1, 1, DONE, None), (2, 3, PROC, 5)))
     gone = leased(((1, 1, DONE, None), (2, 3, PROC, -1)))
-    assert evaluate(WaitFor.OUTCOME, alive, 2, 2) is None
-    assert evaluate(WaitFor.OUTCOME, gone, 2, 2) == {"state": "lease_expired", "attempt": 3}
-    assert evaluate(WaitFor.OUTCOME, gone, 1, 0) is None  # processed: no lease to lose
+    assert payload(WaitFor.OUTCOME, alive, 2, 2) is None
+    assert payload(WaitFor.OUTCOME, gone, 2, 2) == {"state": "lease_expired", "attempt": 3}
+    assert payload(WaitFor.OUTCOME, gone, 1, 0) is None  # processed: no lease to lose
     assert NOW == gone.now
 
 
@@ -109,10 +115,10 @@ def test_evaluate_wakes_a_watch_whose_requeue_never_came():
         (60, 60, "not_requeued"),
         (1e9, None, None),
     ]:
-        got = evaluate(WaitFor.OUTCOME, failed, 2, 1, stuck_for=stuck_for, requeue_timeout=timeout)
+        got = payload(WaitFor.OUTCOME, failed, 2, 1, stuck_for=stuck_for, requeue_timeout=timeout)
         assert (got or {}).get("state") == expected
     # held back by txid 1 (failed, not yet replayed): waiting is right, whatever the time
-    assert evaluate(WaitFor.OUTCOME, blocked, 2, 1, stuck_for=1e9, requeue_timeout=60) is None
+    assert payload(WaitFor.OUTCOME, blocked, 2, 1, stuck_for=1e9, requeue_timeout=60) is None
 
 
 def test_awaits_requeue():

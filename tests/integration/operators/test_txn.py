@@ -118,7 +118,7 @@ def test_commit_waits_for_previous_then_is_idempotent(dag):
     assert deferred.value.trigger.attempt == two["attempt"]
     assert deferred.value.method_name == "execute_complete"
     with pytest.raises(TaskDeferred):  # a wake-up asks the log again: txid 1 is not committed
-        commit.execute_complete(_context(2, two), {"state": "open"})
+        commit.execute_complete(_context(2, two), {"state": "open", "txid": 2})
     log.mark_processed("ops", 1, 1, {})
     assert commit.execute(_context(1, one)) == {
         "applied": True,
@@ -126,7 +126,8 @@ def test_commit_waits_for_previous_then_is_idempotent(dag):
         "also_committed": [2],  # processed already: committed right behind it
     }
     assert commit.execute(_context(1, one))["applied"] is False  # a duplicate run: no-op
-    assert commit.execute_complete(_context(2, two), {})["applied"] is False  # found done
+    committed = {"state": "committed", "txid": 2}  # the commit gate's event
+    assert commit.execute_complete(_context(2, two), committed)["applied"] is False  # found done
     with pytest.raises(AirflowSkipException):
         begin.execute(_context(1))  # rerun of a committed txid's run does nothing
 
@@ -162,7 +163,8 @@ def test_commit_also_commits_processed_successors_in_order(dag):
     log.mark_processed("ops", 1, 1, {})
     assert commit.execute(_context(1, one))["also_committed"] == [2]
     assert log.last_committed("ops") == 2
-    assert commit.execute_complete(_context(2, two), {})["applied"] is False  # found done
+    committed = {"state": "committed", "txid": 2}  # the commit gate's event
+    assert commit.execute_complete(_context(2, two), committed)["applied"] is False  # found done
 
 
 class ClearRecorder:
@@ -209,7 +211,7 @@ def test_failure_sensor_restarts_its_run_then_stops_a_poison_batch(dag, clears):
     assert deferred.value.trigger.end_task_on_commit
     assert deferred.value.trigger.attempt == 0  # wakes on the failure of attempt 1
     with pytest.raises(TaskDeferred) as deferred:
-        watch.on_failure(ctx, {"state": "failed", "attempt": 1})
+        watch.on_failure(ctx, {"state": "failed", "attempt": 1, "txid": 1})
     assert deferred.value.trigger.attempt == 1  # next wake: a newer attempt's outcome
     assert log.history("ops", 1)[-1].response is FailureResponse.REQUEUE  # answered, in the log
     # one request re-queues the whole cascade: the runs of txids 1 and 2, by logical date
@@ -221,7 +223,7 @@ def test_failure_sensor_restarts_its_run_then_stops_a_poison_batch(dag, clears):
 
     # txid 2 failed in the cascade: its sensor leaves the re-queue to txid 1's and keeps watching
     with pytest.raises(TaskDeferred) as deferred:
-        watch.on_failure(_context(2, dag=dag), {"state": "failed"})
+        watch.on_failure(_context(2, dag=dag), {"state": "failed", "txid": 2})
     assert deferred.value.trigger.requeue_timeout is not None
     assert len(clears) == 1
 
@@ -230,23 +232,23 @@ def test_failure_sensor_restarts_its_run_then_stops_a_poison_batch(dag, clears):
     with pytest.raises(TaskDeferred) as deferred:
         watch.execute(ctx)
     with pytest.raises(TaskDeferred) as deferred:
-        watch.on_failure(ctx, {"state": "failed", "attempt": 1})
+        watch.on_failure(ctx, {"state": "failed", "attempt": 1, "txid": 1})
     assert len(clears) == 1 and deferred.value.trigger.requeue_timeout is not None
 
     # ... unless that re-queue never came: then it restarts its own run, alone
     with pytest.raises(TaskDeferred):
-        watch.on_failure(_context(2, dag=dag), {"state": "not_requeued", "attempt": 1})
+        watch.on_failure(_context(2, dag=dag), {"state": "not_requeued", "attempt": 1, "txid": 2})
     (_, _, txids, _, _, note) = clears[-1]
     assert txids == (2, 2) and "txid 1's failure" in note
 
     begin.claim(_context(1))  # attempt 2, fails again: max_attempts=3 allows one more
     log.fail("ops", 1, 2, error="boom again")
     with pytest.raises(TaskDeferred):
-        watch.on_failure(ctx, {"state": "failed"})
+        watch.on_failure(ctx, {"state": "failed", "txid": 1})
     begin.claim(_context(1))
     log.fail("ops", 1, 3, error="still broken")
     with pytest.raises(TaskDeferred) as stop:
-        watch.on_failure(ctx, {"state": "failed"})
+        watch.on_failure(ctx, {"state": "failed", "txid": 1})
     # a poison batch: the run is not restarted; it stays (keeping its slot) with a note saying why
     assert len(clears) == 4
     assert clears[-1][2] == (2, 2)  # the later runs wait for it, re-queued
@@ -258,14 +260,14 @@ def test_failure_sensor_restarts_its_run_then_stops_a_poison_batch(dag, clears):
     assert log.history("ops", 1)[-1].response is FailureResponse.STOP
     # a retry of the stopped sensor keeps watching, says nothing twice, restarts nothing
     with pytest.raises(TaskDeferred):
-        watch.on_failure(ctx, {"state": "failed"})
+        watch.on_failure(ctx, {"state": "failed", "txid": 1})
     assert len(clears) == 4 and len(ClearRecorder.notes) == 1
 
     # a person fixes the cause and clears the run: the rerun has a fresh max_attempts
     begin.claim(_context(1))
     log.fail("ops", 1, 4, error="one more")
     with pytest.raises(TaskDeferred):
-        watch.on_failure(ctx, {"state": "failed"})
+        watch.on_failure(ctx, {"state": "failed", "txid": 1})
     assert log.history("ops", 1)[-1].response is FailureResponse.REQUEUE
 
 
@@ -294,7 +296,7 @@ def test_a_requeue_waits_for_the_failed_runs_to_settle(dag, clears, monkeypatch)
     begin.claim(_context(2))
     begin.txn_log().fail("ops", 1, 1, error="boom")
     with pytest.raises(TaskDeferred):
-        watch.on_failure(ctx, {"state": "failed", "attempt": 1})
+        watch.on_failure(ctx, {"state": "failed", "attempt": 1, "txid": 1})
     assert {r for r, _ in polls} == {"txid-000001", "txid-000002"}  # both failed runs looked at
     assert all(n == 0 for _, n in polls), "cleared before the runs settled"
     assert len(clears) == 1 and clears[0][2] == (1, 2)
@@ -321,7 +323,7 @@ def test_a_requeue_skips_a_run_restarted_while_it_settled(dag, clears, monkeypat
     monkeypatch.setattr(ClearRecorder, "task_instances", task_instances)
     monkeypatch.setattr(txn.time, "sleep", lambda s: None)
     with pytest.raises(TaskDeferred):
-        watch.on_failure(ctx, {"state": "not_requeued", "attempt": 1})
+        watch.on_failure(ctx, {"state": "not_requeued", "attempt": 1, "txid": 1})
     assert len(looks) == 2 and clears == []
     assert [a.attempt for a in begin.txn_log().history("ops", 1)] == [1, 2]
 

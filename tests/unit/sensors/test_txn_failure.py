@@ -292,7 +292,7 @@ def test_a_started_commit_wakes_its_task_only_when_nobody_else_commits():
     assert awaits_commit(ready, 3) and not awaits_commit(waiting, 3)
     assert not awaits_commit(view((3, 1, PROC), last=2), 3)
     assert evaluate(WaitFor.COMMITTED, ready, 3, 0, ready_polls=READY_POLLS - 1) is None
-    assert evaluate(WaitFor.COMMITTED, ready, 3, 0, ready_polls=READY_POLLS) == {
+    assert evaluate(WaitFor.COMMITTED, ready, 3, 0, ready_polls=READY_POLLS).to_payload() == {
         "state": "open",
         "attempt": 1,
     }
@@ -309,3 +309,18 @@ def test_a_started_watch_waits_for_the_pipelines_first_claim(monkeypatch):
     polls = [unknown, unknown, failed(view((3, 1, PROC), last=2), 3)]
     event = _run_trigger_once(watch, monkeypatch, polls)
     assert event.payload == {"state": "failed", "attempt": 1, "txid": 3}
+
+
+def test_a_watch_rides_out_an_unreachable_log_then_gives_up_at_its_deadline(monkeypatch):
+    from sqlalchemy.exc import OperationalError
+
+    down = OperationalError("SELECT 1", {}, Exception("server closed the connection"))
+    watch = _started_trigger(WaitFor.OUTCOME, "txid-000003", attempt=1)
+    event = _run_trigger_once(
+        watch, monkeypatch, [down, down, failed(view((3, 2, PROC), last=2), 3)]
+    )
+    assert event.payload == {"state": "failed", "attempt": 2, "txid": 3}
+    watch = _started_trigger(WaitFor.OUTCOME, "txid-000003", attempt=1)
+    watch.outage_timeout = 0.0
+    with pytest.raises(OperationalError):
+        _run_trigger_once(watch, monkeypatch, [down])
