@@ -24,6 +24,8 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PYSPARK_VERSION := 4.3.0
+UV_VERSION := 0.13.9
+UV     := $(VENV)/bin/uv
 PYTEST_ARGS ?=
 
 .PHONY: demo demo-stop demo-core install system-deps test test-scenarios test-all screenshots test-unit test-integration lint chaos chaos-fast chaos-airflow chaos-lake bench-core bench-stage bench-spark bench-airflow bench-peer bench-read bench-preload bench-begin bench-retention bench-lake bench-sessions clean
@@ -33,12 +35,14 @@ install: $(STAMP)
 $(STAMP): requirements.lock pyproject.toml scripts/system-deps.sh
 	bash scripts/system-deps.sh
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements.lock
+	@# uv installs the lock's exact pins in well under a minute (pip took three): CI's budget
+	$(VENV)/bin/pip install -q --disable-pip-version-check uv==$(UV_VERSION)
+	$(UV) pip install -q --python $(PY) -r requirements.lock
 	@# apache-airflow-providers-apache-spark pulls pyspark-client, whose Python files overwrite
 	@# pyspark's: reinstall pyspark last so its Python and its jars are the same version
 	@# (tests/test_install.py asserts it).
-	$(VENV)/bin/pip install -q --disable-pip-version-check --no-deps --force-reinstall pyspark==$(PYSPARK_VERSION)
-	$(VENV)/bin/pip install -q --disable-pip-version-check --no-deps -e .
+	$(UV) pip install -q --python $(PY) --no-deps --reinstall pyspark==$(PYSPARK_VERSION)
+	$(UV) pip install -q --python $(PY) --no-deps -e .
 	touch $(STAMP)
 
 demo: install

@@ -62,7 +62,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -587,18 +587,22 @@ def run_suite(
     repeat: int = 1,
     workdir: Path | None = None,
     sink: str = "none",
+    only: Collection[str] | None = None,
 ) -> list[FaultResult]:
     """Plan, start one deployment, run every plan in order, stop; print one line per run.
 
     :param sink: ``none``, ``delta`` or ``iceberg``: the lake table every run's pipeline also
         writes, and the checks verify (a fault given as ``fault@delta`` has its own; see
         :func:`plan_runs`). The plans (data, faults, moments) do not depend on it.
+    :param only: run only these entries of ``faults``; each keeps the seed it draws in the
+        whole list (a subset of a suite replays exactly those of its runs).
     """
     from chaos.fast import lake_summary
 
-    plans = plan_runs(faults, seed, repeat, sink)
+    plans = [p for p in plan_runs(faults, seed, repeat, sink) if only is None or p.label in only]
+    shown = faults if only is None else [f for f in faults if f in only]
     print(
-        f"chaos on Airflow: seed {seed}, faults {','.join(faults)}, repeat {repeat}"
+        f"chaos on Airflow: seed {seed}, faults {','.join(shown)}, repeat {repeat}"
         + ("" if sink == "none" else f", sink {sink}"),
         flush=True,
     )

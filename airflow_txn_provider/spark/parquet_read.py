@@ -52,8 +52,8 @@ def read_with_partition_column(
     data = spark.read.parquet(paths[0]).schema
     if partition_column in data.fieldNames():
         return None  # the files hold a column of that name: Spark would refuse the clash
-    schema = StructType([*data.fields, StructField(partition_column, StringType(), True)])
-    return spark.read.schema(schema).option("basePath", base).parquet(*paths)
+    inferred = StructType([*data.fields, StructField(partition_column, StringType(), True)])
+    return spark.read.schema(inferred).option("basePath", base).parquet(*paths)
 
 
 def quote_identifier(name: str) -> str:

@@ -37,6 +37,10 @@ TXIDS = 10
 BATCH = 20
 VARIABLE = f"txn_inject_failure__{PIPELINE}"
 
+# make test-scenarios (~3 min); in CI the browser test clears a poison txid from the UI and the
+# chaos runs on Airflow re-queue cascades
+pytestmark = pytest.mark.scenario
+
 
 @pytest.fixture
 def stack(postgres, db_url, connect_server, tmp_path):

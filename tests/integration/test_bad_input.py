@@ -6,7 +6,6 @@ clearly; a batch never commits emptier than its metadata."""
 from __future__ import annotations
 
 import dataclasses
-
 import math
 import subprocess
 from decimal import Decimal

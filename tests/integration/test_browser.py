@@ -55,14 +55,23 @@ def stack(postgres, db_url, connect_server, tmp_path):
         airflow.stop()
 
 
+def _cells(page, rows: str) -> list[list[str]]:
+    """The text of each cell of each row ``rows`` selects, read in one go: the pages refresh
+    themselves, and a row-by-row read that crosses a refresh reads shifted rows (a new txid's
+    row at the top pushed the oldest out of a read of the Transactions page once)."""
+    return page.locator(rows).evaluate_all(
+        "rows => rows.map(r => Array.from(r.querySelectorAll('td'), c => c.innerText.trim()))"
+    )
+
+
 def _runs_table(page) -> dict[int, str]:
     """txid -> state, as the DAG's Runs tab lists them."""
     found = {}
-    for row in page.locator("tbody tr").all():
-        cells = row.inner_text()
-        match = RUN_ID.search(cells)
+    for cells in _cells(page, "tbody tr"):
+        text = " ".join(cells)
+        match = RUN_ID.search(text)
         if match:
-            state = re.search(r"\b(Success|Failed|Running|Queued)\b", cells)
+            state = re.search(r"\b(Success|Failed|Running|Queued)\b", text)
             found[int(match.group(1))] = state.group(1) if state else "?"
     return found
 
@@ -74,8 +83,7 @@ def _card(page, label: str) -> int:
 
 def _txid_rows(page) -> dict[int, dict[str, str]]:
     rows = {}
-    for row in page.locator("#txids tr").all():
-        cells = [c.inner_text().strip() for c in row.locator("td").all()]
+    for cells in _cells(page, "#txids tr"):
         if len(cells) == 9:
             rows[int(cells[0])] = {
                 "attempt": cells[1],

@@ -17,7 +17,11 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from txn_testing.postgres import free_port
+
+pytestmark = pytest.mark.scenario  # make test-scenarios: `make demo` up, stopped, continued; ~4 min
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "scripts" / "demo.py"

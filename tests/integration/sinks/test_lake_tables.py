@@ -225,6 +225,7 @@ def test_a_replay_after_a_crashed_commit_replaces_the_failed_attempts_rows(
     assert not any(Path(p).exists() for p in staged.paths())  # the failed attempt's: cleaned up
 
 
+@pytest.mark.scenario  # make test-scenarios; CI stages for the sinks on Spark Connect
 def test_spark_submit_jobs_stage_for_the_sink_too(txlog, db_url, tmp_path, monkeypatch):
     from airflow_txn_provider.spark.submit import SparkSubmitRunner
 

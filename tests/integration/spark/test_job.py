@@ -75,6 +75,7 @@ def _expected(data, emissions):
     return dict(word_counts(lines))
 
 
+@pytest.mark.scenario  # make test-scenarios; CI: the spark-submit kill test below
 def test_spark_submit_local(txlog, db_url, tmp_path, monkeypatch):
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_LOCAL2", "spark://local%5B2%5D?deploy-mode=client")
     data, source = _parquet(tmp_path)
@@ -113,6 +114,7 @@ def test_spark_connect_through_airflow_connection(txlog, tmp_path, connect_serve
     assert _committed_counts(txlog, state) == _expected(data, emissions)
 
 
+@pytest.mark.scenario  # make test-scenarios: a standalone master and worker, ~3 minutes
 def test_standalone_master_and_worker(txlog, db_url, tmp_path, monkeypatch):
     data, source = _parquet(tmp_path, seed=30)
     state = _words_pipeline(txlog, "standalone")

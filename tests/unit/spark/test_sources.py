@@ -575,8 +575,8 @@ def test_a_declared_schema_is_the_files_columns_only(tmp_path, schema):
 
 
 def test_a_declared_schema_travels_in_the_spec(tmp_path):
-    from airflow_txn_provider.specs import from_spec, to_spec
     from airflow_txn_provider.spark.sources import SparkSource
+    from airflow_txn_provider.specs import from_spec, to_spec
 
     source = PartitionedParquetSource(str(tmp_path), schema="offset BIGINT, pid STRING")
     again = from_spec(json.dumps(to_spec(source)), SparkSource, what="source")
