@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.scenario  # make test-scenarios: the benchmark's smoke run; CI tests the lake sinks
 def test_bench_lake_quick_runs_and_prints_its_ratios(connect_server):
     proc = subprocess.run(
         [

@@ -65,10 +65,9 @@ def _cells(page, rows: str) -> list[list[str]]:
 
 
 def _runs_table(page) -> dict[int, str]:
-    """txid -> state, as the DAG's Runs tab lists them."""
+    """txid -> state, as the DAG's Runs tab lists them (each row's whole text, read in one go)."""
     found = {}
-    for cells in _cells(page, "tbody tr"):
-        text = " ".join(cells)
+    for text in page.locator("tbody tr").evaluate_all("rows => rows.map(r => r.innerText)"):
         match = RUN_ID.search(text)
         if match:
             state = re.search(r"\b(Success|Failed|Running|Queued)\b", text)
@@ -123,8 +122,8 @@ def test_watch_commits_read_the_transactions_page_and_clear_a_failed_txid(stack,
             return len(done) >= 3
 
         # a page that has listed no txid within the locator's 30 s (a loaded machine) is
-        # loaded again, within the 120 s, instead of failing the test
-        wait_until(runs_tab, 120, "3 txid runs to show Success", stack, (PlaywrightTimeout,))
+        # loaded again, within the 240 s, instead of failing the test
+        wait_until(runs_tab, 240, "3 txid runs to show Success", stack, (PlaywrightTimeout,))
         screenshot(page, "airflow-runs")
         page.goto(f"{stack.url}/dags/{DAG}")
         page.get_by_text("watch_failures").first.wait_for()

@@ -30,11 +30,12 @@ FAULTS = [
     "kill_processing@delta",  # appended: the four runs above keep their seeds
     "kill_log_backend",  # appended too; its seed draws the "processed" moment (staged rows lost)
 ]
-IN_CI = ("kill_processing", "cascade_herd", "kill_log_backend")
+IN_CI = ("kill_processing", "kill_log_backend")
 """The runs ``make test`` makes (each with the seed it has in the whole list): a task process
-killed, Airflow's re-queue of a cascade, and the staged rows a crash recovery empties. The log's
-Postgres restarted, a killed processing task and the backend kill have CI runs without Airflow
-too (``test_chaos_fast.py``); the other three runs are in ``make test-scenarios``."""
+killed (its txid fails, the later ones in flight with it, and the failure sensors re-queue them:
+a cascade), and the staged rows a crash recovery empties. The log's Postgres restarted and the
+backend kills have CI runs without Airflow too (``test_chaos_fast.py``); the other four runs
+are in ``make test-scenarios``."""
 
 
 def _heals(only: tuple[str, ...]) -> None:
