@@ -34,7 +34,7 @@ def read_with_partition_column(
     ``partition_column`` holding each row's partition value as a string; ``None`` when a value
     or a path is one Spark would not read back as exactly that value (see the module's doc).
     ``schema``: the files' columns as a Spark DDL string, declared by the user; ``None``: read
-    from a footer, which costs the server a Spark job per batch."""
+    from a footer first (a round trip to the server and a footer read per batch)."""
     paths = [path for values in files.values() for path in values]
     if not paths or not all(
         _reads_back(base, partition_column, value, path)

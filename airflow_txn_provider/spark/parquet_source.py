@@ -60,8 +60,8 @@ class PartitionedParquetSource(TransactionalSource, SparkSource):
         names instead of listing a changed partition folder (``docs/sources.md``).
     :param schema: the files' columns as a Spark DDL string, without the partition column
         (``"offset BIGINT, line STRING"``), as Structured Streaming's file source asks for; a
-        batch is then read without first reading a footer, a Spark job per batch (``make
-        bench-read``). ``None``: Spark reads the schema from a footer of each batch.
+        batch is then read without the schema round trip and footer read first (``make
+        bench-read``: no difference at 1e6 rows). ``None``: the schema of a footer of each batch.
     """
 
     path: str

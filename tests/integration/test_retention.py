@@ -55,6 +55,7 @@ def expected_top(truth: dict[str, int], k: int = model.TOP_KEYS) -> list[dict]:
     return [{"key": key, "value": value} for key, value in ranked]
 
 
+@pytest.mark.scenario  # make test-scenarios (~1.5 min); CI: the other retention tests here
 def test_a_long_pipeline_stays_bounded_and_exact(engine):
     """1 500 txids (some failing once and replayed, some committing with a negative delta):
     txn_transaction / txn_attempt never hold more than keep_txids + max_pending + PRUNE_EVERY
