@@ -83,6 +83,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         return None
     from xdist.scheduler import LoadScopeScheduling
 
+    # xdist reorders scopes by their number of tests, which put this unit of five tests last
+    # (one worker then ran the Airflow tests alone for the last minutes): keep collection order
+    config.option.loadscopereorder = False
+
     class AirflowApart(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
