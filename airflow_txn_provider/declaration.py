@@ -26,6 +26,7 @@ from airflow_txn_provider.config import (
     validate_max_pending,
 )
 from airflow_txn_provider.exceptions import PipelineConfigError
+from airflow_txn_provider.log_rows import lock_pipeline
 from airflow_txn_provider.models import PIPELINE_DAGS, PIPELINES
 from airflow_txn_provider.retries import retry_transient
 from airflow_txn_provider.vocabulary import SourceKind
@@ -108,9 +109,7 @@ class PipelineDeclarations:
                 )
                 .on_conflict_do_nothing(index_elements=["name"])
             )
-            row = conn.execute(
-                select(PIPELINES).where(PIPELINES.c.name == name).with_for_update()
-            ).one()
+            row = lock_pipeline(conn, name)
             if row.source_kind is not kind:
                 raise PipelineConfigError(
                     f"pipeline was registered with a {row.source_kind} source, now declared "

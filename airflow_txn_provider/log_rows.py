@@ -289,14 +289,27 @@ def record_of(row: Row[Any]) -> TxRecord:
     )
 
 
-def load_view(conn: Connection, pipeline: str, *, lock: bool = False) -> PipelineView:
-    """A snapshot of ``pipeline`` (with its row lock when ``lock``); raises on a corrupt log."""
+def _pipeline_row(conn: Connection, pipeline: str, *, lock: bool) -> Row[Any]:
     # The database's clock comes with the pipeline row: leases are judged by it alone.
     query = select(PIPELINES, func.now().label("db_now")).where(PIPELINES.c.name == pipeline)
+    row = conn.execute(query.with_for_update(of=PIPELINES) if lock else query).one_or_none()
+    if row is None:
+        raise UnknownPipelineError("pipeline is not registered", pipeline=pipeline)
+    return row
+
+
+def lock_pipeline(conn: Connection, pipeline: str) -> Row[Any]:
+    """The pipeline's row (with ``db_now``, the database's clock), locked until ``conn``'s
+    transaction ends. The one lock every writer of a pipeline's log takes first (the
+    transitions, the declaration, retention), so that they run one at a time."""
+    return _pipeline_row(conn, pipeline, lock=True)
+
+
+def load_view(conn: Connection, pipeline: str, *, lock: bool = False) -> PipelineView:
+    """A snapshot of ``pipeline`` (under :func:`lock_pipeline` when ``lock``); raises on a
+    corrupt log."""
     with naming_pipeline(pipeline):
-        prow = conn.execute(query.with_for_update(of=PIPELINES) if lock else query).one_or_none()
-        if prow is None:
-            raise UnknownPipelineError("pipeline is not registered", pipeline=pipeline)
+        prow = _pipeline_row(conn, pipeline, lock=lock)
         last = int(prow.last_committed_txid)
         rows = list(
             conn.execute(
@@ -334,4 +347,11 @@ def load_view(conn: Connection, pipeline: str, *, lock: bool = False) -> Pipelin
     )
 
 
-__all__ = ["TxidRows", "cast_jsonb", "load_view", "naming_pipeline", "record_of"]
+__all__ = [
+    "TxidRows",
+    "cast_jsonb",
+    "load_view",
+    "lock_pipeline",
+    "naming_pipeline",
+    "record_of",
+]

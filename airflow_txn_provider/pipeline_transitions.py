@@ -1,7 +1,8 @@
 """The log's transitions that hold the pipeline's row lock: begin, commit, fail, recover, expire.
 
-Each is one explicit database transaction: it locks the pipeline's row (``SELECT … FOR UPDATE``),
-reads a :class:`~airflow_txn_provider.records.PipelineView`, asks the pure coordinator
+Each is one explicit database transaction: it locks the pipeline's row
+(:func:`~airflow_txn_provider.log_rows.lock_pipeline`, the lock retention and the declaration take
+too), reads a :class:`~airflow_txn_provider.records.PipelineView`, asks the pure coordinator
 (:mod:`airflow_txn_provider.coordinator`), and writes its answer through the txid rows' one writer
 (:class:`~airflow_txn_provider.log_rows.TxidRows`). The lock makes "one commit at a time per
 pipeline" and "metadata initialised in txid order" hold in Postgres, whoever calls (Airflow may run

@@ -19,7 +19,7 @@ from sqlalchemy import select
 from airflow_txn_provider.config import PRUNE_BATCH
 from airflow_txn_provider.coordinator import prune_range
 from airflow_txn_provider.exceptions import UnknownPipelineError
-from airflow_txn_provider.log_rows import TxidRows
+from airflow_txn_provider.log_rows import TxidRows, lock_pipeline
 from airflow_txn_provider.models import PIPELINES
 from airflow_txn_provider.retries import retry_transient
 
@@ -64,17 +64,7 @@ class LogRetention:
         now and then, by itself); returns how many txids were pruned. Takes the pipeline's lock:
         safe beside commits, and idempotent."""
         with self.engine.begin() as conn:
-            row = conn.execute(
-                select(
-                    PIPELINES.c.last_committed_txid,
-                    PIPELINES.c.keep_txids,
-                    PIPELINES.c.pruned_through_txid,
-                )
-                .where(PIPELINES.c.name == pipeline)
-                .with_for_update()
-            ).one_or_none()
-            if row is None:
-                raise UnknownPipelineError("pipeline is not registered", pipeline=pipeline)
+            row = lock_pipeline(conn, pipeline)
             due = prune_range(
                 int(row.last_committed_txid),
                 int(row.keep_txids),

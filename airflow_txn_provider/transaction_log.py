@@ -4,7 +4,7 @@ It is made of rooms, each owning one kind of call; every transition is one expli
 transaction:
 
 * :mod:`~airflow_txn_provider.pipeline_transitions`: ``begin``, ``commit``, ``fail``, ``recover``
-  and ``expire_lease`` lock the pipeline's row (``SELECT … FOR UPDATE``), read a
+  and ``expire_lease`` lock the pipeline's row (``log_rows.lock_pipeline``), read a
   :class:`~airflow_txn_provider.records.PipelineView`, ask the pure coordinator, and write its
   answer. The lock makes "one commit at a time per pipeline" and "metadata initialised in txid
   order" hold in Postgres, whoever calls (Airflow may run the same task twice, #23520).
