@@ -28,7 +28,7 @@ UV_VERSION := 0.13.9
 UV     := $(VENV)/bin/uv
 PYTEST_ARGS ?=
 
-.PHONY: demo demo-stop demo-core install system-deps test test-scenarios test-all screenshots test-unit test-integration lint chaos chaos-fast chaos-airflow chaos-lake bench-core bench-stage bench-spark bench-airflow bench-peer bench-read bench-preload bench-begin bench-retention bench-lake bench-sessions clean
+.PHONY: demo demo-stop demo-core install system-deps test test-suite test-scenarios test-all screenshots test-unit test-integration lint chaos chaos-fast chaos-airflow chaos-lake bench-core bench-stage bench-spark bench-airflow bench-peer bench-read bench-preload bench-begin bench-retention bench-lake bench-sessions clean
 
 install: $(STAMP)
 
@@ -57,12 +57,15 @@ demo-core: install
 system-deps:
 	bash scripts/system-deps.sh
 
-# Lint and types first, then the suite on two pytest workers (the machine's cores): the tests that
-# start a whole Airflow one after another on one worker, everything else on the other
-# (tests/conftest.py groups them). The long end-to-end scenarios (marker `scenario`) run in
-# `make test-scenarios`. pytest exits 5 when it collects no test: make treats that as a failure.
+# Lint and types, and the suite on two pytest workers (the machine's cores): the tests that start a
+# whole Airflow one after another on one worker, everything else on the other (tests/conftest.py
+# groups them). CI runs `make -j2 test`: the type check (~40 s cold) beside the suite, not before
+# it. The long end-to-end scenarios (marker `scenario`) run in `make test-scenarios`. pytest exits
+# 5 when it collects no test: make treats that as a failure.
 TEST_WORKERS ?= 2
-test: install lint
+test: lint test-suite
+
+test-suite: install
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not scenario" $(PYTEST_ARGS)
 
 # The long scenarios CI leaves out (each is listed in tests/README.md with what it guards).

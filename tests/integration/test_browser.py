@@ -1,6 +1,7 @@
-"""Browser tests in headless Chromium against a real Airflow started here (scheduler with
-LocalExecutor, dag-processor, triggerer, api-server; Postgres; Spark Connect; all on 127.0.0.1),
-running the ``example_txn_words`` DAG from ``dags/``.
+"""Browser tests in headless Chromium against a real Airflow (scheduler with LocalExecutor,
+dag-processor, triggerer, api-server; Postgres; Spark Connect; all on 127.0.0.1), running the
+``example_txn_words`` DAG from ``dags/``: the deployment ``shared_airflow``
+(``tests/integration/conftest.py``), which the credentials test uses too.
 
 A person logs in, sees txid runs succeed in order in the grid, reads committed txids and the
 state on the Transactions page, watches a txid fail until it stops the pipeline, presses
@@ -12,47 +13,19 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
-import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from airflow_txn_provider.exceptions import UnknownPipelineError
 from airflow_txn_provider.transaction_log import TransactionLog
 from tests.browser import chromium_page, login, screenshot, screenshot_on_failure
-from tests.conftest import new_database, wait_until
-from txn_testing.airflow import (
-    ADMIN_USER,
-    AirflowStack,
-    txn_log_connection_env,
-)
+from tests.conftest import wait_until
+from txn_testing.airflow import ADMIN_USER
 
-EXAMPLE = Path(__file__).resolve().parents[2] / "dags" / "example_txn_words.py"
-HELPER = "txn_examples.py"  # the examples' data generators, beside them in dags/
 DAG = "example_txn_words"
 VARIABLE = f"txn_inject_failure__{DAG}"
 WORDS_PER_LINE = 8  # GeneratedTextSource's default, which the example uses
 RUN_ID = re.compile(r"txid-(\d{6})")
-
-
-@pytest.fixture
-def stack(postgres, db_url, connect_server, tmp_path):
-    meta = new_database(postgres, migrated=False)  # Airflow's metadata database
-    dags = tmp_path / "dags"
-    dags.mkdir()
-    for name in (EXAMPLE.name, HELPER):  # the example as a user drops it in, with its helper
-        (dags / name).symlink_to(EXAMPLE.with_name(name))
-    env = {
-        **txn_log_connection_env("txn_log_default", db_url),
-        "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": connect_server.url,
-        "TXN_EXAMPLES_DATA": str(tmp_path / "data"),
-    }
-    airflow = AirflowStack(tmp_path / "airflow", meta, dags, env=env)
-    try:
-        airflow.start()
-        yield airflow
-    finally:
-        airflow.stop()
 
 
 def _cells(page, rows: str) -> list[list[str]]:
@@ -94,13 +67,17 @@ def _txid_rows(page) -> dict[int, dict[str, str]]:
     return rows
 
 
-def test_watch_commits_read_the_transactions_page_and_clear_a_failed_txid(stack, db_url):
+def test_watch_commits_read_the_transactions_page_and_clear_a_failed_txid(shared_airflow):
+    stack = shared_airflow.stack
     api = stack.client()
     api.wait_for_dag(DAG)
-    log = TransactionLog.from_url(db_url, migrate=False)
-    with chromium_page() as page, screenshot_on_failure(page, "failure"):
+    log = TransactionLog.from_url(shared_airflow.db_url, migrate=False)
+    with (
+        chromium_page() as page,
+        screenshot_on_failure(page, "failure"),
+        shared_airflow.running(DAG),
+    ):
         login(page, stack.url, ADMIN_USER, stack.password)
-        api.unpause(DAG)
         # The pipeline is registered by its first txid's begin: unknown until then.
         wait_until(
             lambda: log.last_committed(DAG) >= 4, 300, "4 commits", stack, (UnknownPipelineError,)

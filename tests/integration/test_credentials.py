@@ -1,14 +1,15 @@
 """A planted catalog password never shows: not in ``ps``, a task log, the log's tables, the
 Transactions page or a run note. On a real Airflow (scheduler, dag-processor, triggerer,
-api-server on a Postgres metadata DB) running its jobs with ``spark-submit``.
+api-server on a Postgres metadata DB) running its jobs with ``spark-submit``: the deployment
+``shared_airflow`` (``tests/integration/conftest.py``), which the browser test uses too.
 
-The pipeline commits into an Iceberg table whose catalog is the Airflow connection ``ice_cat``,
-created in Airflow's metadata database through the REST API, as a person would in Admin >
-Connections, with a password this test plants. Txid 1 commits through it (so the connection is
-really used, by the job's driver and by the commit). Txid 2's batch holds a marked line, on which
-the job raises an error carrying the catalog's URL, password included, on every attempt: with
-``max_attempts=2`` that is a poison batch, whose error is stored, shown on the page and copied
-into the run's note.
+The pipeline ``secret_words`` commits into an Iceberg table whose catalog is the Airflow
+connection ``ice_cat``, created in Airflow's metadata database through the REST API, as a person
+would in Admin > Connections, with a password this test plants. Txid 1 commits through it (so the
+connection is really used, by the job's driver and by the commit). Txid 2's batch holds a marked
+line, on which the job raises an error carrying the catalog's URL, password included: with
+``max_attempts=1`` that is a poison batch at once, whose error is stored, shown on the page and
+copied into the run's note, and whose failure re-queues txid 3.
 """
 
 from __future__ import annotations
@@ -17,21 +18,16 @@ import threading
 from pathlib import Path
 
 import httpx
-import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from airflow_txn_provider.sinks import IcebergSink
 from airflow_txn_provider.transaction_log import TransactionLog
-from tests.conftest import new_database, wait_until
-from tests.spark_data import parquet_dataset, random_lines
-from txn_testing.airflow import AirflowStack, txn_log_connection_env
+from tests.conftest import wait_until
+from tests.integration.conftest import SECRET_CATALOG_CONN, SECRET_PIPELINE
 
-ROOT = Path(__file__).resolve().parents[2]
-PIPELINE = "secret_words"
-BATCH = 20
+PIPELINE = SECRET_PIPELINE
 SECRET = "Pl4nted-catalog-S3cret"
-MARK = "leakmarker"
 
 
 class ProcessWatch(threading.Thread):
@@ -57,32 +53,8 @@ class ProcessWatch(threading.Thread):
                 self.cmdlines.add(cmdline)
 
 
-@pytest.fixture
-def stack(postgres, db_url, tmp_path):
-    meta = new_database(postgres, migrated=False)
-    lines = random_lines(26, 3 * BATCH)
-    lines[BATCH + 5] = f"a {MARK} line"  # in txid 2's batch
-    env = {
-        "TXN_TEST_PIPELINE": PIPELINE,
-        "TXN_TEST_DATA": str(parquet_dataset(tmp_path / "data", {"0": lines})),
-        "TXN_TEST_BATCH": str(BATCH),
-        "TXN_TEST_MAX_PENDING": "2",
-        "TXN_TEST_MAX_ATTEMPTS": "2",
-        "TXN_TEST_SPARK": "submit",
-        "TXN_TEST_JOB": str(ROOT / "tests" / "spark_jobs" / "leaky_word_count.py"),
-        "TXN_TEST_ICEBERG_CONN": "ice_cat",
-        "TXN_TEST_ICEBERG_WAREHOUSE": str(tmp_path / "warehouse"),
-        **txn_log_connection_env("txn_log_default", db_url),
-    }
-    airflow = AirflowStack(tmp_path / "airflow", meta, ROOT / "tests" / "dags", env=env)
-    try:
-        airflow.start()
-        yield airflow
-    finally:
-        airflow.stop()
-
-
-def test_a_planted_catalog_password_shows_nowhere(stack, db_url, tmp_path, monkeypatch):
+def test_a_planted_catalog_password_shows_nowhere(shared_airflow, monkeypatch):
+    stack, db_url = shared_airflow.stack, shared_airflow.db_url
     api = stack.client()
     log_db = make_url(db_url)
     # the catalog: the test's Postgres (trust auth: the password is carried, not checked)
@@ -90,7 +62,7 @@ def test_a_planted_catalog_password_shows_nowhere(stack, db_url, tmp_path, monke
         "POST",
         "/connections",
         json={
-            "connection_id": "ice_cat",
+            "connection_id": SECRET_CATALOG_CONN,
             "conn_type": "postgres",
             "host": log_db.host,
             "port": log_db.port,
@@ -103,7 +75,7 @@ def test_a_planted_catalog_password_shows_nowhere(stack, db_url, tmp_path, monke
     watch = ProcessWatch()
     watch.start()
     try:
-        api.unpause(PIPELINE)
+        api.unpause(PIPELINE)  # paused again below: the shared deployment's other test runs idle
         log = TransactionLog.from_url(db_url, migrate=False)
 
         def failed_on_the_mark():
@@ -117,10 +89,11 @@ def test_a_planted_catalog_password_shows_nowhere(stack, db_url, tmp_path, monke
         def note():
             runs = {r["dag_run_id"]: r for r in api.runs(PIPELINE)}
             found = (runs.get("txid-000002") or {}).get("note") or ""
-            return "POISON BATCH" in found and found  # not the re-queue note before it
+            return "POISON BATCH" in found and found
 
         run_note = wait_until(note, 120, "the poison batch's run note", stack)
     finally:
+        api.pause(PIPELINE)
         watch.done.set()
         watch.join()
 
@@ -139,8 +112,8 @@ def test_a_planted_catalog_password_shows_nowhere(stack, db_url, tmp_path, monke
     sink = IcebergSink(
         "words_lake",
         table="txn_test.words",
-        warehouse=str(tmp_path / "warehouse"),
-        catalog_conn_id="ice_cat",
+        warehouse=str(shared_airflow.folder / "warehouse"),
+        catalog_conn_id=SECRET_CATALOG_CONN,
     )
     assert sink.open().committed_txid(PIPELINE) == 1
 

@@ -1,0 +1,124 @@
+"""One Airflow deployment shared by the browser test and the credentials test.
+
+Starting a deployment (``airflow db migrate``, scheduler, dag-processor, triggerer, api-server)
+takes ~40 s on an idle machine of this kind and 80-105 s inside ``make test``: the two tests
+share one, with a DAG each, on one transaction log.
+
+- ``example_txn_words``, the example as a user drops it in (``dags/``, with its helper), on the
+  session's Spark Connect server: the browser test's.
+- ``secret_words`` (``tests/dags/txn_words.py``): ``spark-submit`` jobs that commit into an
+  Iceberg table whose catalog is the Airflow connection ``ice_cat``, and whose txid 2 holds a
+  marked line the job refuses: the credentials test's.
+
+Both DAGs start paused; each test unpauses its own and pauses it when done, so the other test
+runs beside an idle pipeline. The deployment stops after the last test that uses it (not at the
+session's end: the Airflow chaos tier runs on the same xdist worker after them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import new_database
+from tests.spark_data import parquet_dataset, random_lines
+from txn_testing.airflow import AirflowStack, txn_log_connection_env
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "dags" / "example_txn_words.py"
+EXAMPLE_HELPER = "txn_examples.py"  # the examples' data generators, beside them in dags/
+TEST_DAG = ROOT / "tests" / "dags" / "txn_words.py"
+
+# The credentials test's pipeline (see tests/integration/test_credentials.py)
+SECRET_PIPELINE = "secret_words"
+SECRET_BATCH = 20
+SECRET_MARK = "leakmarker"
+"""The job raises an error carrying the catalog's URL, password included, on a line with it."""
+SECRET_CATALOG_CONN = "ice_cat"
+
+
+@dataclass
+class SharedAirflow:
+    stack: AirflowStack
+    db_url: str
+    """The transaction log both pipelines write."""
+    folder: Path
+    """The deployment's folder: ``airflow/`` (its home), ``data/``, ``warehouse/``."""
+    users: int = 0
+    """Tests of this session that use it and have not finished."""
+    stopped: bool = field(default=False)
+
+    @contextlib.contextmanager
+    def running(self, dag_id: str) -> Iterator[None]:
+        """``dag_id`` unpaused, then paused again: the other test's pipeline stays idle."""
+        api = self.stack.client()
+        api.unpause(dag_id)
+        try:
+            yield
+        finally:
+            api.pause(dag_id)
+
+    def stop(self) -> None:
+        if not self.stopped:
+            self.stopped = True
+            self.stack.stop()
+
+
+@pytest.fixture(scope="session")
+def _shared_airflow_deployment(
+    request: pytest.FixtureRequest,
+    postgres,
+    connect_server,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[SharedAirflow]:
+    folder = tmp_path_factory.mktemp("shared-airflow")
+    db_url = new_database(postgres)
+    dags = folder / "dags"
+    dags.mkdir()
+    for source in (EXAMPLE, EXAMPLE.with_name(EXAMPLE_HELPER), TEST_DAG):
+        (dags / source.name).symlink_to(source)
+    lines = random_lines(26, 3 * SECRET_BATCH)
+    lines[SECRET_BATCH + 5] = f"a {SECRET_MARK} line"  # in txid 2's batch
+    env = {
+        **txn_log_connection_env("txn_log_default", db_url),
+        # example_txn_words
+        "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": connect_server.url,
+        "TXN_EXAMPLES_DATA": str(folder / "data" / "examples"),
+        # secret_words (tests/dags/txn_words.py); max_attempts=1: its first failure is a poison
+        # batch (a second attempt would be another spark-submit, ~1 min, and check no more)
+        "TXN_TEST_PIPELINE": SECRET_PIPELINE,
+        "TXN_TEST_DATA": str(parquet_dataset(folder / "data" / "secret", {"0": lines})),
+        "TXN_TEST_BATCH": str(SECRET_BATCH),
+        "TXN_TEST_MAX_PENDING": "2",
+        "TXN_TEST_MAX_ATTEMPTS": "1",
+        "TXN_TEST_SPARK": "submit",
+        "TXN_TEST_JOB": str(ROOT / "tests" / "spark_jobs" / "leaky_word_count.py"),
+        "TXN_TEST_ICEBERG_CONN": SECRET_CATALOG_CONN,
+        "TXN_TEST_ICEBERG_WAREHOUSE": str(folder / "warehouse"),
+    }
+    meta = new_database(postgres, migrated=False)  # Airflow's metadata database
+    stack = AirflowStack(folder / "airflow", meta, dags, env=env)
+    deployment = SharedAirflow(stack, db_url, folder)
+    deployment.users = sum("shared_airflow" in item.fixturenames for item in request.session.items)
+    try:
+        deployment.stack.start()
+        yield deployment
+    finally:
+        deployment.stop()
+
+
+@pytest.fixture
+def shared_airflow(_shared_airflow_deployment: SharedAirflow) -> Iterator[SharedAirflow]:
+    """The shared deployment; stopped once the last test of the session that uses it is done."""
+    deployment = _shared_airflow_deployment
+    assert not deployment.stopped, "the shared Airflow deployment was stopped before this test"
+    try:
+        yield deployment
+    finally:
+        deployment.users -= 1
+        if deployment.users <= 0:
+            deployment.stop()
