@@ -65,11 +65,18 @@ def _starts_airflow(path: str) -> bool:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark integration tests, and put those that start a whole Airflow first (see below)."""
+    """Mark integration tests, and put those that start a whole Airflow first (see below), the
+    ones on the shared deployment (``tests/integration/conftest.py``) first of all: it stops
+    after the last of them, so no other Airflow test runs beside it, idle but polling."""
     for item in items:
         if "/integration/" in str(item.path):
             item.add_marker(pytest.mark.integration)
-    items.sort(key=lambda item: not _starts_airflow(str(item.path)))  # stable: order kept
+
+    def order(item: pytest.Item) -> tuple[bool, bool]:
+        shared = "shared_airflow" in getattr(item, "fixturenames", ())
+        return (not _starts_airflow(str(item.path)), not shared)
+
+    items.sort(key=order)  # stable: order kept otherwise
 
 
 @pytest.hookimpl(optionalhook=True)

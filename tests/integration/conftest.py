@@ -10,9 +10,10 @@ share one, with a DAG each, on one transaction log.
   Iceberg table whose catalog is the Airflow connection ``ice_cat``, and whose txid 2 holds a
   marked line the job refuses: the credentials test's.
 
-Both DAGs start paused; each test unpauses its own and pauses it when done, so the other test
-runs beside an idle pipeline. The deployment stops after the last test that uses it (not at the
-session's end: the Airflow chaos tier runs on the same xdist worker after them).
+Both DAGs start paused; each test unpauses its own, and pauses it and ends its runs when done, so
+the other test runs beside an idle pipeline. The deployment stops after the last test that uses
+it (not at the session's end: the Airflow chaos tier runs on the same xdist worker after them;
+``tests/conftest.py`` runs these two first).
 """
 
 from __future__ import annotations
@@ -54,13 +55,22 @@ class SharedAirflow:
 
     @contextlib.contextmanager
     def running(self, dag_id: str) -> Iterator[None]:
-        """``dag_id`` unpaused, then paused again: the other test's pipeline stays idle."""
-        api = self.stack.client()
-        api.unpause(dag_id)
+        """``dag_id`` unpaused, then idle again (:meth:`idle`)."""
+        self.stack.client().unpause(dag_id)
         try:
             yield
         finally:
-            api.pause(dag_id)
+            self.idle(dag_id)
+
+    def idle(self, dag_id: str) -> None:
+        """Pause ``dag_id`` and end its unfinished runs: the next test runs beside no task and
+        no deferred sensor of it (a paused DAG's runs in flight would wait, polling, forever)."""
+        api = self.stack.client()
+        api.pause(dag_id)
+        for run in api.runs(dag_id):
+            if run["state"] in ("queued", "running"):
+                path = f"/dags/{dag_id}/dagRuns/{run['dag_run_id']}"
+                api.call("PATCH", path, json={"state": "failed"})
 
     def stop(self) -> None:
         if not self.stopped:

@@ -75,7 +75,7 @@ def test_a_planted_catalog_password_shows_nowhere(shared_airflow, monkeypatch):
     watch = ProcessWatch()
     watch.start()
     try:
-        api.unpause(PIPELINE)  # paused again below: the shared deployment's other test runs idle
+        api.unpause(PIPELINE)  # idle again below: the shared deployment's other test runs
         log = TransactionLog.from_url(db_url, migrate=False)
 
         def failed_on_the_mark():
@@ -93,7 +93,7 @@ def test_a_planted_catalog_password_shows_nowhere(shared_airflow, monkeypatch):
 
         run_note = wait_until(note, 120, "the poison batch's run note", stack)
     finally:
-        api.pause(PIPELINE)
+        shared_airflow.idle(PIPELINE)
         watch.done.set()
         watch.join()
 
