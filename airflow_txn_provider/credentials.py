@@ -13,8 +13,11 @@ Airflow is imported lazily here: the Iceberg sink imports this module in a Spark
 
 from __future__ import annotations
 
+import json
 import os
+import re
 from collections.abc import Iterable
+from typing import Any
 
 from airflow_txn_provider.redaction import register_secret
 
@@ -65,4 +68,67 @@ def connection_env(conn_ids: Iterable[str]) -> dict[str, str]:
     return {handed_url_var(c): connection_url(c) for c in dict.fromkeys(conn_ids)}
 
 
-__all__ = ["connection_env", "connection_url", "handed_url_var"]
+_SECRET_KEY = re.compile(r"password|secret|token|key$", re.IGNORECASE)
+"""Kafka client settings whose values are secrets (``sasl.password``, ``ssl.key.password``,
+``sasl.oauthbearer.client.secret``, …): registered, so that no text shows them."""
+
+
+def kafka_config(conn_id: str) -> dict[str, Any]:
+    """The Kafka client settings (librdkafka's, e.g. ``bootstrap.servers``, ``sasl.username``) of
+    the Airflow connection ``conn_id``, of type ``kafka`` as the Apache Kafka provider defines it
+    (its "Config Dict" is the connection's extra; the provider itself is optional). Its secret
+    values are registered.
+
+    As with :func:`connection_url`, a ``spark-submit`` driver reads the settings its task handed
+    it (:func:`kafka_connection_env`); elsewhere Airflow's lookup finds the connection. A missing
+    connection, or one without ``bootstrap.servers``, is a
+    :class:`~airflow_txn_provider.exceptions.TxnConfigError`."""
+    handed = os.environ.get(handed_kafka_var(conn_id))
+    config = json.loads(handed) if handed else _looked_up_kafka_config(conn_id)
+    for key, value in config.items():
+        if isinstance(value, str) and _SECRET_KEY.search(key):
+            register_secret(value)
+    return config
+
+
+def _looked_up_kafka_config(conn_id: str) -> dict[str, Any]:
+    from airflow_txn_provider.exceptions import TxnConfigError
+
+    try:
+        from airflow.sdk import BaseHook
+
+        # The Kafka provider's connection type keeps the settings in the extra: read as it does
+        config = dict(BaseHook.get_connection(conn_id).extra_dejson)
+    except Exception as err:  # AirflowNotFoundException, an unreadable extra
+        raise TxnConfigError(
+            f"the Airflow connection {conn_id!r} (a Kafka cluster) is missing or unreadable "
+            f"({type(err).__name__}): create it, of type kafka, with its Config Dict (e.g. "
+            '{"bootstrap.servers": "broker:9092"}) in Admin > Connections or a secrets backend'
+        ) from None
+    if not config.get("bootstrap.servers"):
+        raise TxnConfigError(
+            f"the Airflow connection {conn_id!r} (a Kafka cluster) has no bootstrap.servers in "
+            "its Config Dict"
+        )
+    return config
+
+
+def handed_kafka_var(conn_id: str) -> str:
+    """The environment variable through which a task hands Kafka connection ``conn_id``'s
+    settings (JSON) to its ``spark-submit`` driver."""
+    return f"TXN_CONN_KAFKA__{conn_id.upper()}"
+
+
+def kafka_connection_env(conn_ids: Iterable[str]) -> dict[str, str]:
+    """The settings of each Kafka connection, for a ``spark-submit`` driver's environment."""
+    return {handed_kafka_var(c): json.dumps(kafka_config(c)) for c in dict.fromkeys(conn_ids)}
+
+
+__all__ = [
+    "connection_env",
+    "connection_url",
+    "handed_kafka_var",
+    "handed_url_var",
+    "kafka_config",
+    "kafka_connection_env",
+]

@@ -206,6 +206,14 @@ class OffsetsWentBackError(SourceError):
     partition was rewritten or renumbered). Clamping would stall, then skip records."""
 
 
+class OffsetsDeletedError(SourceError):
+    """Records a transactional source must read are gone: a Kafka topic's retention deleted them
+    (its earliest offset is past where the batch starts) before any txid read them. Skipping them
+    would lose records; an opaque source skips them instead, and says so."""
+
+    fields = ("partition",)
+
+
 class OffsetGapError(SourceError):
     """A source's files, named by their first offset, skip or repeat offsets: the file named
     for the next offset is missing while a later one is there, or a file's first offset is not

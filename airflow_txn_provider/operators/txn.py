@@ -263,8 +263,12 @@ class TxnProcessOperator(_TxnOperator):
                     log_url=hook.log_url(),
                     conn_id=p.spark_conn_id,
                     conf=p.spark_conf,
-                    # the sinks' connections, for the driver: environment, never arguments
-                    env=connection_env(c for sink in p.sinks for c in sink.conn_ids),
+                    # the source's and sinks' connections, for the driver: environment, never
+                    # arguments
+                    env={
+                        **connection_env(c for sink in p.sinks for c in sink.conn_ids),
+                        **p.source.driver_env(),
+                    },
                 )
                 self._runner.run(job)
         except BaseException as err:

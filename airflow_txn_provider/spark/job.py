@@ -25,6 +25,7 @@ import argparse
 import json
 import logging
 import os
+import re
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -387,9 +388,21 @@ def _results_by_output(
     return by_state, by_sink
 
 
+_RAISED = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit): \S.*$")
+"""The last line of a Python traceback: the exception a Spark Python worker raised."""
+
+
 def _first_line(err: BaseException) -> str:
+    """What failed, in one line: the error's first line; for a Spark Python worker's error
+    (``PythonException``: "An exception was thrown from the Python worker…" and the worker's
+    traceback), the exception the worker raised, which says what went wrong."""
     text = str(err).strip()
-    return text.splitlines()[0][:500] if text else ""
+    lines = text.splitlines()
+    if "Traceback (most recent call last)" in text:
+        raised = [line.strip() for line in lines if _RAISED.match(line.strip())]
+        if raised:
+            return raised[-1][:500]
+    return lines[0][:500] if lines else ""
 
 
 def _excerpt(record: str, limit: int = 200) -> str:

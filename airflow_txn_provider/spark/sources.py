@@ -92,6 +92,11 @@ class SparkSource(Source):
 
     # -- passing a source to a Spark job ----------------------------------------------------------
 
+    def driver_env(self) -> dict[str, str]:
+        """Environment a ``spark-submit`` driver needs to read this source: the settings of the
+        connections it names (credentials go there, never into the spec); ``{}`` by default."""
+        return {}
+
     def to_spec(self) -> dict[str, Any]:
         """JSON-compatible description: ``{"class": "module:Name", "args": {...}}``."""
         return to_spec(self)

@@ -1,0 +1,213 @@
+"""Kafka topics as sources: transactional and opaque, after storm-kafka-client's
+``KafkaTridentSpoutTransactional`` and ``KafkaTridentSpoutOpaque``.
+
+A txid's metadata is ``{"<topic>-<partition>": [start, end)}``: per partition, the offsets of its
+batch. The Airflow side decides it at begin from the partitions' watermarks (a ``list_offsets``
+of the earliest and latest offsets, through the Apache Kafka provider's admin client), at most
+``max_per_partition`` records each; partitions new since the last txid are picked up then, from
+their earliest record. The Spark side reads exactly those offsets (``spark/kafka_read.py``, or
+Spark's own Kafka reader when its jar is on the classpath: ``reader="spark"``).
+
+* :class:`KafkaSource` (transactional): a replay reads the same offsets. Records that the
+  topic's retention deleted before any txid read them stop the pipeline with
+  :class:`~airflow_txn_provider.exceptions.OffsetsDeletedError`: skipping them would lose them.
+* :class:`OpaqueKafkaSource` (opaque): a replay starts again from the previous txid's end, and
+  may take more records. Deleted records are skipped, with a warning that names the txid and the
+  offsets lost; pair it with opaque state.
+
+Credentials come from the Airflow connection ``kafka_conn_id`` (type ``kafka``, its Config Dict:
+librdkafka settings, SASL and SSL included); no setting goes on a command line
+(:func:`~airflow_txn_provider.credentials.kafka_config`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from airflow_txn_provider.credentials import kafka_config, kafka_connection_env
+from airflow_txn_provider.exceptions import OffsetsDeletedError, SourceError
+from airflow_txn_provider.sources import (
+    Metadata,
+    OpaqueSource,
+    TransactionalSource,
+    next_offset_ranges,
+)
+from airflow_txn_provider.spark.sources import SparkSource
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger(__name__)
+
+READERS = ("arrow", "spark")
+"""``arrow``: confluent-kafka in the Python workers (no jar); ``spark``: Spark's Kafka reader
+(``spark-sql-kafka`` on the classpath)."""
+
+
+def partition_key(topic: str, partition: int) -> str:
+    """The metadata key of a topic-partition, as Kafka names it: ``words-3``."""
+    return f"{topic}-{partition}"
+
+
+def split_key(key: str) -> tuple[str, int]:
+    """``"words-3"`` -> ``("words", 3)`` (a topic name may hold dashes; the partition never)."""
+    topic, _, partition = key.rpartition("-")
+    return topic, int(partition)
+
+
+@dataclasses.dataclass(frozen=True)
+class _KafkaTopic(SparkSource):
+    """What both kinds share. ``topic``: the topic; ``kafka_conn_id``: the Airflow connection of
+    the cluster; ``max_per_partition``: batch size cap per partition; ``reader``: one of
+    :data:`READERS`; ``read_timeout``: seconds a read may go without progress before its txid
+    fails (a broker down); ``request_timeout``: seconds for a begin's metadata requests."""
+
+    topic: str
+    kafka_conn_id: str = "kafka_default"
+    max_per_partition: int = 100_000
+    reader: str = "arrow"
+    read_timeout: float = 120.0
+    request_timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not self.topic:
+            raise ValueError("topic must be a topic name")
+        if self.max_per_partition < 1:
+            raise ValueError(f"max_per_partition must be >= 1, got {self.max_per_partition}")
+        if self.reader not in READERS:
+            raise ValueError(f"reader must be one of {list(READERS)}, got {self.reader!r}")
+
+    # Airflow side -------------------------------------------------------------------------------
+
+    def watermarks(self) -> dict[str, tuple[int, int]]:
+        """Each partition of the topic now: ``(earliest, latest)`` offsets (latest: one past the
+        newest record)."""
+        from confluent_kafka import TopicPartition
+        from confluent_kafka.admin import AdminClient, OffsetSpec
+
+        admin = AdminClient(kafka_config(self.kafka_conn_id))
+        try:
+            topics = admin.list_topics(self.topic, timeout=self.request_timeout).topics
+            found = topics.get(self.topic)
+            if found is None or found.error is not None:
+                why = found.error if found is not None else "no such topic"
+                raise SourceError(f"Kafka topic {self.topic!r} cannot be read: {why}")
+            parts = [TopicPartition(self.topic, p) for p in sorted(found.partitions)]
+            offsets: dict[str, list[int]] = {}
+            for spec in (OffsetSpec.earliest(), OffsetSpec.latest()):
+                futures = admin.list_offsets(
+                    {tp: spec for tp in parts}, request_timeout=self.request_timeout
+                )
+                for tp, future in futures.items():
+                    key = partition_key(tp.topic, tp.partition)
+                    offsets.setdefault(key, []).append(int(future.result().offset))
+        except SourceError:
+            raise
+        except Exception as err:  # KafkaException: the cluster unreachable, the topic unknown
+            raise SourceError(f"Kafka topic {self.topic!r}: {err}") from err
+        return {key: (low, high) for key, (low, high) in offsets.items()}
+
+    def initialize_transaction(self, txid: int, prev_metadata: Metadata | None) -> Metadata | None:
+        marks = self.watermarks()
+        starts = {k: int(r[1]) for k, r in dict(prev_metadata or {}).items()}
+        for key, (low, _high) in marks.items():
+            start = starts.get(key)
+            if start is None:
+                starts[key] = low  # a partition new to the pipeline: from its earliest record
+            elif start < low:
+                starts[key] = self._deleted(txid, key, start, low)
+        return next_offset_ranges(
+            {k: [s, s] for k, s in starts.items()},
+            {k: high for k, (_low, high) in marks.items()},
+            max_per_partition=self.max_per_partition,
+            txid=txid,
+        )
+
+    def _deleted(self, txid: int, key: str, start: int, low: int) -> int:
+        """Where partition ``key`` continues when ``[start, low)`` was deleted before a txid
+        read it: an error for a transactional source; the opaque one skips them."""
+        raise NotImplementedError
+
+    def driver_env(self) -> dict[str, str]:
+        return kafka_connection_env([self.kafka_conn_id])
+
+    # Spark side ---------------------------------------------------------------------------------
+
+    def read_batch(self, spark: SparkSession, metadata: Metadata) -> DataFrame:
+        from airflow_txn_provider.spark.kafka_read import RANGE_SCHEMA, RECORD_SCHEMA, range_reader
+
+        ranges = [(*split_key(k), int(s), int(e)) for k, (s, e) in sorted(metadata.items())]
+        if self.reader == "spark":
+            return self._spark_reader(spark, ranges)
+        frame = spark.createDataFrame([r for r in ranges if r[3] > r[2]] or [], RANGE_SCHEMA)
+        config = kafka_config(self.kafka_conn_id)
+        reader = range_reader(config, timeout=self.read_timeout)
+        # one partition's range per task, read side by side
+        spread = frame.repartition(max(1, sum(1 for r in ranges if r[3] > r[2])))
+        return spread.mapInArrow(reader, RECORD_SCHEMA)
+
+    def _spark_reader(self, spark: SparkSession, ranges: list[tuple[str, int, int, int]]) -> Any:
+        """Spark's batch Kafka reader (``spark-sql-kafka``) over the same offsets."""
+        starting: dict[str, dict[str, int]] = {}
+        ending: dict[str, dict[str, int]] = {}
+        for topic, partition, start, end in ranges:
+            starting.setdefault(topic, {})[str(partition)] = start
+            ending.setdefault(topic, {})[str(partition)] = end
+        options = {f"kafka.{k}": str(v) for k, v in kafka_config(self.kafka_conn_id).items()}
+        return (
+            spark.read.format("kafka")
+            .options(**options)
+            .option("assign", json.dumps({t: sorted(p) for t, p in _partitions(ranges).items()}))
+            .option("startingOffsets", json.dumps(starting))
+            .option("endingOffsets", json.dumps(ending))
+            .option("includeHeaders", "true")
+            .option("failOnDataLoss", "true")
+            .load()
+        )
+
+
+def _partitions(ranges: list[tuple[str, int, int, int]]) -> Mapping[str, list[int]]:
+    found: dict[str, list[int]] = {}
+    for topic, partition, _start, _end in ranges:
+        found.setdefault(topic, []).append(partition)
+    return found
+
+
+@dataclasses.dataclass(frozen=True)
+class KafkaSource(_KafkaTopic, TransactionalSource):
+    """A Kafka topic, transactional: a txid's batch is the same offsets on every replay
+    (``KafkaTridentSpoutTransactional``). See the module's docstring for the parameters."""
+
+    def _deleted(self, txid: int, key: str, start: int, low: int) -> int:
+        raise OffsetsDeletedError(
+            f"Kafka partition {key}: offsets [{start}, {low}) were deleted by the topic's "
+            "retention before any txid read them; a transactional source cannot skip records "
+            "(raise the topic's retention, or use OpaqueKafkaSource to skip them)",
+            txid=txid,
+            partition=key,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class OpaqueKafkaSource(_KafkaTopic, OpaqueSource):
+    """A Kafka topic, opaque: a replay re-reads from the previous txid's end and may take more
+    (``KafkaTridentSpoutOpaque``); records deleted before they were read are skipped."""
+
+    def _deleted(self, txid: int, key: str, start: int, low: int) -> int:
+        log.warning(
+            "txid=%s Kafka partition %s: offsets [%s, %s) were deleted by the topic's retention "
+            "before any txid read them: skipped (%s records lost)",
+            txid,
+            key,
+            start,
+            low,
+            low - start,
+        )
+        return low
+
+
+__all__ = ["READERS", "KafkaSource", "OpaqueKafkaSource", "partition_key", "split_key"]

@@ -1,0 +1,199 @@
+"""Kafka sources on a real Spark Connect server, a real Postgres log, and a Kafka wire-protocol
+cluster on 127.0.0.1 (librdkafka's mock cluster in a process of its own: txn_testing/kafka.py).
+
+Producers keep writing while txids begin, process and commit; ground truth is computed in plain
+Python from what was produced. Faults are caused: a txid failed after its processing (replayed),
+and the cluster paused with SIGSTOP in the middle of a batch's read and of a begin.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from airflow_txn_provider.commit import commit_registered
+from airflow_txn_provider.exceptions import SourceError
+from airflow_txn_provider.spark.job import BatchJob
+from airflow_txn_provider.spark.kafka_source import KafkaSource, OpaqueKafkaSource
+from airflow_txn_provider.spark.submit import SparkConnectRunner
+from airflow_txn_provider.state import MapState
+from airflow_txn_provider.vocabulary import TxStatus
+from tests.spark_data import random_lines, word_counts
+from txn_testing.kafka import PARTITIONS, MockKafkaCluster
+
+JOB = Path(__file__).resolve().parents[3] / "spark_jobs" / "kafka_word_count.py"
+SEED = 3101
+
+
+@pytest.fixture(scope="module")
+def kafka():
+    with MockKafkaCluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture(autouse=True)
+def _kafka_connection(kafka, monkeypatch):
+    """``kafka_default``: the cluster, as an Airflow connection of the Kafka provider's type."""
+    connection = {"conn_type": "kafka", "extra": kafka.config}
+    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_DEFAULT", json.dumps(connection))
+
+
+def _pipeline(txlog, name, kind):
+    txlog.register_pipeline(name, source_kind=kind, max_pending=4)
+    return MapState(name, f"{name}_words", kind, keys={"word": "text"}).create(txlog.engine)
+
+
+def _counts(txlog, state):
+    with txlog.engine.connect() as conn:
+        return {k[0]: v for k, v in state.items(conn).items()}
+
+
+class Producer(threading.Thread):
+    """Writes ``rounds`` rounds of seeded lines to ``topic``, a pause between rounds."""
+
+    def __init__(self, kafka, topic, seed, rounds=6, per_round=24, pause=0.4):
+        super().__init__(daemon=True)
+        self.kafka, self.topic, self.pause = kafka, topic, pause
+        self.rounds = [random_lines(seed + n, per_round) for n in range(rounds)]
+        self.written: list[str] = []
+        self.error: BaseException | None = None
+
+    def more(self):
+        """One more round, now (in every partition)."""
+        lines = random_lines(len(self.rounds) + 10**6, 8)
+        self.kafka.produce(self.topic, lines)
+        self.written += lines
+
+    def run(self):
+        try:
+            for lines in self.rounds:
+                self.kafka.produce(self.topic, lines)
+                self.written += lines
+                time.sleep(self.pause)
+        except BaseException as err:  # surfaced by the test
+            self.error = err
+
+
+def _drain(txlog, pipeline, source, runner, producer, *, fail_txid):
+    """Begin, process and commit txids until the producer is done and nothing is left; the
+    first attempt of ``fail_txid`` fails after its processing, and more records are written
+    (:meth:`Producer.more`) before it is replayed. Returns the first and the replayed metadata
+    of ``fail_txid``."""
+    replays = []
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        e = txlog.begin_next(pipeline, source)
+        if e is None or not e.emitted:
+            if not producer.is_alive():
+                break
+            time.sleep(0.2)
+            continue
+        runner.run(BatchJob(pipeline, e.txid, e.attempt, source), txlog)
+        if e.txid == fail_txid and not replays:
+            replays.append(e.metadata)
+            txlog.fail(pipeline, e.txid, e.attempt, error="injected after processing")
+            producer.more()  # records arrive before the replay
+            again = txlog.begin(pipeline, e.txid, source)
+            replays.append(again.metadata)
+            runner.run(BatchJob(pipeline, again.txid, again.attempt, source), txlog)
+            e = again
+        assert commit_registered(txlog, pipeline, e.txid, e.attempt).applied
+    producer.join(30)
+    assert producer.error is None, producer.error
+    return replays
+
+
+def test_transactional_txids_read_every_record_once_while_producers_write(
+    txlog, kafka, connect_server
+):
+    print(f"seed {SEED}")
+    state = _pipeline(txlog, "kafka_tx", "transactional")
+    source = KafkaSource("words_tx", max_per_partition=10)
+    producer = Producer(kafka, "words_tx", SEED)
+    producer.start()
+    runner = SparkConnectRunner(JOB, url=connect_server.url)
+    first, replayed = _drain(txlog, "kafka_tx", source, runner, producer, fail_txid=2)
+    assert replayed == first  # a transactional replay reads the same offsets
+    assert set(first) == {f"words_tx-{p}" for p in range(PARTITIONS)}
+    assert txlog.last_committed("kafka_tx") >= 3
+    assert _counts(txlog, state) == dict(word_counts(producer.written))
+
+
+def test_an_opaque_replay_takes_the_records_that_arrived_meanwhile(txlog, kafka, connect_server):
+    print(f"seed {SEED + 1}")
+    state = _pipeline(txlog, "kafka_opaque", "opaque")
+    source = OpaqueKafkaSource("words_opaque", max_per_partition=1000)
+    producer = Producer(kafka, "words_opaque", SEED + 1)
+    producer.start()
+    runner = SparkConnectRunner(JOB, url=connect_server.url)
+    first, replayed = _drain(txlog, "kafka_opaque", source, runner, producer, fail_txid=2)
+    starts = {k: r[0] for k, r in first.items()}
+    assert {k: r[0] for k, r in replayed.items()} == starts  # from the previous txid's end
+    assert sum(r[1] for r in replayed.values()) > sum(r[1] for r in first.values())
+    assert _counts(txlog, state) == dict(word_counts(producer.written))
+
+
+def test_a_range_is_read_exactly_with_the_columns_of_sparks_kafka_source(kafka, connect_server):
+    from pyspark.sql import SparkSession
+
+    values = [f"record {n}" for n in range(12)]
+    kafka.produce("exact", values, partition=1)
+    kafka.produce("exact", ["elsewhere"] * 3, partition=2)
+    spark = SparkSession.builder.remote(connect_server.url).getOrCreate()
+    metadata = {"exact-1": [2, 9], "exact-2": [1, 3], "exact-0": [0, 0]}
+    rows = KafkaSource("exact").read_batch(spark, metadata).collect()
+    got = sorted((r.partition, r.offset, r.value.decode()) for r in rows)
+    expected = [(1, n, f"record {n}") for n in range(2, 9)]
+    expected += [(2, 1, "elsewhere"), (2, 2, "elsewhere")]
+    assert got == expected
+    row = rows[0]
+    assert row.topic == "exact" and row.key is None and row.headers == []
+    assert row.timestamp is not None and row.timestampType == 0
+
+
+def test_a_paused_cluster_fails_the_read_and_the_begin_then_the_txid_heals(
+    txlog, kafka, connect_server
+):
+    rng = random.Random(SEED + 2)
+    print(f"seed {SEED + 2}")
+    lines = random_lines(rng.randrange(10**6), 40)
+    kafka.produce("paused", lines)
+    state = _pipeline(txlog, "kafka_paused", "transactional")
+    source = KafkaSource("paused", read_timeout=4, request_timeout=3)
+    runner = SparkConnectRunner(JOB, url=connect_server.url)
+    e = txlog.begin_next("kafka_paused", source)
+    kafka.pause()  # SIGSTOP: connections stay open, nothing answers
+    try:
+        with pytest.raises(Exception, match="nothing for 4 s"):
+            runner.run(BatchJob("kafka_paused", e.txid, e.attempt, source), txlog)
+    finally:
+        kafka.resume()
+    info = txlog.transaction("kafka_paused", 1)
+    assert info.status is TxStatus.FAILED
+    assert "TimeoutError: Kafka partition paused-" in info.last_error  # the worker's own words
+    again = txlog.begin("kafka_paused", 1, source)
+    assert again.metadata == e.metadata  # a transactional replay: the same offsets
+    runner.run(BatchJob("kafka_paused", 1, again.attempt, source), txlog)
+    assert commit_registered(txlog, "kafka_paused", 1, again.attempt).applied
+
+    # a begin asks the cluster for the partitions' watermarks: paused, it is refused and nothing
+    # is begun; resumed, the next begin goes on from where txid 1 ended
+    more = random_lines(rng.randrange(10**6), 12)
+    kafka.produce("paused", more)
+    kafka.pause()
+    try:
+        with pytest.raises(SourceError, match="Kafka topic 'paused'"):
+            txlog.begin_next("kafka_paused", source)
+        assert txlog.transaction("kafka_paused", 2) is None
+    finally:
+        kafka.resume()
+    two = txlog.begin_next("kafka_paused", source)
+    assert two.txid == 2 and all(r[0] == 10 for r in two.metadata.values())
+    runner.run(BatchJob("kafka_paused", 2, two.attempt, source), txlog)
+    assert commit_registered(txlog, "kafka_paused", 2, two.attempt).applied
+    assert _counts(txlog, state) == dict(word_counts(lines + more))
