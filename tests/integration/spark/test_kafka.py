@@ -20,7 +20,7 @@ from airflow_txn_provider.commit import commit_registered
 from airflow_txn_provider.exceptions import SourceError
 from airflow_txn_provider.spark.job import BatchJob
 from airflow_txn_provider.spark.kafka_source import KafkaSource, OpaqueKafkaSource
-from airflow_txn_provider.spark.submit import SparkConnectRunner
+from airflow_txn_provider.spark.submit import SparkConnectRunner, keep_classic_mode
 from airflow_txn_provider.state import MapState
 from airflow_txn_provider.vocabulary import TxStatus
 from tests.spark_data import random_lines, word_counts
@@ -144,9 +144,14 @@ def test_a_range_is_read_exactly_with_the_columns_of_sparks_kafka_source(kafka, 
     values = [f"record {n}" for n in range(12)]
     kafka.produce("exact", values, partition=1)
     kafka.produce("exact", ["elsewhere"] * 3, partition=2)
-    spark = SparkSession.builder.remote(connect_server.url).getOrCreate()
     metadata = {"exact-1": [2, 9], "exact-2": [1, 3], "exact-0": [0, 0]}
-    rows = KafkaSource("exact").read_batch(spark, metadata).collect()
+    # a session of its own; the process's later classic sessions stay classic
+    with keep_classic_mode():
+        spark = SparkSession.builder.remote(connect_server.url).create()
+        try:
+            rows = KafkaSource("exact").read_batch(spark, metadata).collect()
+        finally:
+            spark.stop()
     got = sorted((r.partition, r.offset, r.value.decode()) for r in rows)
     expected = [(1, n, f"record {n}") for n in range(2, 9)]
     expected += [(2, 1, "elsewhere"), (2, 2, "elsewhere")]
