@@ -202,3 +202,27 @@ def test_a_paused_cluster_fails_the_read_and_the_begin_then_the_txid_heals(
     runner.run(BatchJob("kafka_paused", 2, two.attempt, source), txlog)
     assert commit_registered(txlog, "kafka_paused", 2, two.attempt).applied
     assert _counts(txlog, state) == dict(word_counts(lines + more))
+
+
+@pytest.mark.scenario  # make test-scenarios: a spark-submit JVM per txid (CI: the Connect tests)
+def test_a_spark_submit_driver_reads_the_connection_its_task_handed_it(
+    txlog, db_url, kafka, monkeypatch
+):
+    """The ``spark-submit`` path: the task hands the Kafka connection's settings to the driver
+    in its environment (``TXN_CONN_KAFKA__KAFKA_DEFAULT``), never its arguments; the driver,
+    which has no Airflow connection to look up, reads them and the batch."""
+    from airflow_txn_provider.spark.submit import SparkSubmitRunner
+
+    lines = random_lines(SEED + 3, 24)
+    kafka.produce("submitted", lines)
+    state = _pipeline(txlog, "kafka_submit", "transactional")
+    source = KafkaSource("submitted")
+    e = txlog.begin_next("kafka_submit", source)  # the task's side: Airflow's lookup
+    handed = source.driver_env()  # looked up here, as the task does
+    monkeypatch.delenv("AIRFLOW_CONN_KAFKA_DEFAULT")  # the driver can only read what it is handed
+    monkeypatch.setenv("AIRFLOW_CONN_SPARK_LOCAL2", "spark://local%5B2%5D?deploy-mode=client")
+    conf = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "4"}
+    runner = SparkSubmitRunner(JOB, log_url=db_url, conn_id="spark_local2", conf=conf, env=handed)
+    runner.run(BatchJob("kafka_submit", e.txid, e.attempt, source))
+    assert commit_registered(txlog, "kafka_submit", e.txid, e.attempt).applied
+    assert _counts(txlog, state) == dict(word_counts(lines))
