@@ -54,6 +54,7 @@ AIRFLOW_STACKS = frozenset(
         "test_chaos_airflow.py",
         "test_credentials.py",
         "test_demo_airflow.py",
+        "test_kafka_airflow.py",
         "test_timetables_migrate_runs.py",
     }
 )

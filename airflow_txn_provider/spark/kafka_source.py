@@ -12,8 +12,10 @@ Spark's own Kafka reader when its jar is on the classpath: ``reader="spark"``).
   topic's retention deleted before any txid read them stop the pipeline with
   :class:`~airflow_txn_provider.exceptions.OffsetsDeletedError`: skipping them would lose them.
 * :class:`OpaqueKafkaSource` (opaque): a replay starts again from the previous txid's end, and
-  may take more records. Deleted records are skipped, with a warning that names the txid and the
-  offsets lost; pair it with opaque state.
+  may take more records. Deleted records are skipped: the txid's metadata notes them under
+  :data:`SKIPPED` (``{"skipped": {"<topic>-<partition>": [start, end)}}``, shown with its offsets
+  on the Transactions page) and a warning names the txid and the offsets lost; pair it with
+  opaque state.
 
 Credentials come from the Airflow connection ``kafka_conn_id`` (type ``kafka``, its Config Dict:
 librdkafka settings, SASL and SSL included); no setting goes on a command line
@@ -43,6 +45,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+SKIPPED = "skipped"
+"""The metadata key of an opaque txid's note on records deleted before it could read them:
+``{partition: [start, end)}`` of the offsets skipped. Never a partition's key (those end in
+``-<number>``), and neither read nor continued from."""
+
 READERS = ("arrow", "spark")
 """``arrow``: confluent-kafka in the Python workers (no jar); ``spark``: Spark's Kafka reader
 (``spark-sql-kafka`` on the classpath)."""
@@ -51,6 +58,11 @@ READERS = ("arrow", "spark")
 def partition_key(topic: str, partition: int) -> str:
     """The metadata key of a topic-partition, as Kafka names it: ``words-3``."""
     return f"{topic}-{partition}"
+
+
+def offset_ranges(metadata: Metadata | None) -> dict[str, list[int]]:
+    """A txid's ``{partition: [start, end)}``, without its :data:`SKIPPED` note."""
+    return {k: [int(r[0]), int(r[1])] for k, r in dict(metadata or {}).items() if k != SKIPPED}
 
 
 def split_key(key: str) -> tuple[str, int]:
@@ -113,19 +125,24 @@ class _KafkaTopic(SparkSource):
 
     def initialize_transaction(self, txid: int, prev_metadata: Metadata | None) -> Metadata | None:
         marks = self.watermarks()
-        starts = {k: int(r[1]) for k, r in dict(prev_metadata or {}).items()}
+        starts = {k: r[1] for k, r in offset_ranges(prev_metadata).items()}
+        skipped: dict[str, list[int]] = {}
         for key, (low, _high) in marks.items():
             start = starts.get(key)
             if start is None:
                 starts[key] = low  # a partition new to the pipeline: from its earliest record
             elif start < low:
                 starts[key] = self._deleted(txid, key, start, low)
-        return next_offset_ranges(
+                skipped[key] = [start, starts[key]]
+        ranges: dict[str, Any] | None = next_offset_ranges(
             {k: [s, s] for k, s in starts.items()},
             {k: high for k, (_low, high) in marks.items()},
             max_per_partition=self.max_per_partition,
             txid=txid,
         )
+        if ranges is not None and skipped:
+            ranges[SKIPPED] = skipped  # the txid's note: stored, and shown with its offsets
+        return ranges
 
     def _deleted(self, txid: int, key: str, start: int, low: int) -> int:
         """Where partition ``key`` continues when ``[start, low)`` was deleted before a txid
@@ -140,7 +157,7 @@ class _KafkaTopic(SparkSource):
     def read_batch(self, spark: SparkSession, metadata: Metadata) -> DataFrame:
         from airflow_txn_provider.spark.kafka_read import RANGE_SCHEMA, RECORD_SCHEMA, range_reader
 
-        ranges = [(*split_key(k), int(s), int(e)) for k, (s, e) in sorted(metadata.items())]
+        ranges = [(*split_key(k), s, e) for k, (s, e) in sorted(offset_ranges(metadata).items())]
         if self.reader == "spark":
             return self._spark_reader(spark, ranges)
         frame = spark.createDataFrame([r for r in ranges if r[3] > r[2]] or [], RANGE_SCHEMA)
@@ -200,7 +217,8 @@ class OpaqueKafkaSource(_KafkaTopic, OpaqueSource):
     def _deleted(self, txid: int, key: str, start: int, low: int) -> int:
         log.warning(
             "txid=%s Kafka partition %s: offsets [%s, %s) were deleted by the topic's retention "
-            "before any txid read them: skipped (%s records lost)",
+            "before any txid read them: skipped (%s records lost; noted in the txid's metadata "
+            "under 'skipped')",
             txid,
             key,
             start,
@@ -210,4 +228,12 @@ class OpaqueKafkaSource(_KafkaTopic, OpaqueSource):
         return low
 
 
-__all__ = ["READERS", "KafkaSource", "OpaqueKafkaSource", "partition_key", "split_key"]
+__all__ = [
+    "READERS",
+    "SKIPPED",
+    "KafkaSource",
+    "OpaqueKafkaSource",
+    "offset_ranges",
+    "partition_key",
+    "split_key",
+]

@@ -1,4 +1,4 @@
-"""One Airflow deployment shared by the browser test and the credentials test.
+"""One Airflow deployment shared by the browser test, the credentials test and the Kafka test.
 
 Starting a deployment (``airflow db migrate``, scheduler, dag-processor, triggerer, api-server)
 takes ~40 s on an idle machine of this kind and 80-105 s inside ``make test``: the two tests
@@ -9,8 +9,12 @@ share one, with a DAG each, on one transaction log.
 - ``secret_words`` (``tests/dags/txn_words.py``): ``spark-submit`` jobs that commit into an
   Iceberg table whose catalog is the Airflow connection ``ice_cat``, and whose txid 2 holds a
   marked line the job refuses: the credentials test's.
+- ``example_txn_kafka_words``, the Kafka example as a user drops it in, reading the topic
+  ``words`` of a Kafka wire-protocol cluster on 127.0.0.1 (librdkafka's mock cluster in a
+  process of its own, :class:`~txn_testing.kafka.MockKafkaCluster`) through the Airflow
+  connection ``kafka_default``: the Kafka test's (``test_kafka_airflow.py``).
 
-Both DAGs start paused; each test unpauses its own, and pauses it and ends its runs when done, so
+The DAGs start paused; each test unpauses its own, and pauses it and ends its runs when done, so
 the other test runs beside an idle pipeline. The deployment stops after the last test that uses
 it (not at the session's end: the Airflow chaos tier runs on the same xdist worker after them;
 ``tests/conftest.py`` runs these two first).
@@ -19,6 +23,7 @@ it (not at the session's end: the Airflow chaos tier runs on the same xdist work
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,9 +33,12 @@ import pytest
 from tests.conftest import new_database
 from tests.spark_data import parquet_dataset, random_lines
 from txn_testing.airflow import AirflowStack, txn_log_connection_env
+from txn_testing.kafka import MockKafkaCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "dags" / "example_txn_words.py"
+KAFKA_EXAMPLE = ROOT / "dags" / "example_txn_kafka_words.py"
+KAFKA_TOPIC = "words"  # the example's default topic
 EXAMPLE_HELPER = "txn_examples.py"  # the examples' data generators, beside them in dags/
 TEST_DAG = ROOT / "tests" / "dags" / "txn_words.py"
 
@@ -49,6 +57,8 @@ class SharedAirflow:
     """The transaction log both pipelines write."""
     folder: Path
     """The deployment's folder: ``airflow/`` (its home), ``data/``, ``warehouse/``."""
+    kafka: MockKafkaCluster
+    """The cluster of ``example_txn_kafka_words`` (``kafka_default``)."""
     users: int = 0
     """Tests of this session that use it and have not finished."""
     stopped: bool = field(default=False)
@@ -75,7 +85,10 @@ class SharedAirflow:
     def stop(self) -> None:
         if not self.stopped:
             self.stopped = True
-            self.stack.stop()
+            try:
+                self.stack.stop()
+            finally:
+                self.kafka.stop()
 
 
 @pytest.fixture(scope="session")
@@ -89,8 +102,9 @@ def _shared_airflow_deployment(
     db_url = new_database(postgres)
     dags = folder / "dags"
     dags.mkdir()
-    for source in (EXAMPLE, EXAMPLE.with_name(EXAMPLE_HELPER), TEST_DAG):
+    for source in (EXAMPLE, EXAMPLE.with_name(EXAMPLE_HELPER), TEST_DAG, KAFKA_EXAMPLE):
         (dags / source.name).symlink_to(source)
+    kafka = MockKafkaCluster().start()
     lines = random_lines(26, 3 * SECRET_BATCH)
     lines[SECRET_BATCH + 5] = f"a {SECRET_MARK} line"  # in txid 2's batch
     env = {
@@ -109,10 +123,13 @@ def _shared_airflow_deployment(
         "TXN_TEST_JOB": str(ROOT / "tests" / "spark_jobs" / "leaky_word_count.py"),
         "TXN_TEST_ICEBERG_CONN": SECRET_CATALOG_CONN,
         "TXN_TEST_ICEBERG_WAREHOUSE": str(folder / "warehouse"),
+        # example_txn_kafka_words: the Kafka provider's connection type, its Config Dict in extra
+        "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps({"conn_type": "kafka", "extra": kafka.config}),
+        "TXN_EXAMPLES_KAFKA_TOPIC": KAFKA_TOPIC,
     }
     meta = new_database(postgres, migrated=False)  # Airflow's metadata database
     stack = AirflowStack(folder / "airflow", meta, dags, env=env)
-    deployment = SharedAirflow(stack, db_url, folder)
+    deployment = SharedAirflow(stack, db_url, folder, kafka)
     deployment.users = sum("shared_airflow" in item.fixturenames for item in request.session.items)
     try:
         deployment.stack.start()

@@ -18,6 +18,7 @@ from airflow_txn_provider.exceptions import (
 )
 from airflow_txn_provider.spark.kafka_read import consumer_settings
 from airflow_txn_provider.spark.kafka_source import (
+    SKIPPED,
     KafkaSource,
     OpaqueKafkaSource,
     partition_key,
@@ -94,9 +95,18 @@ def test_an_opaque_source_skips_deleted_records_and_says_so(caplog):
     source = _with_marks(OpaqueKafkaSource, {"words-0": (20, 30), "words-1": (0, 4)})
     with caplog.at_level(logging.WARNING):
         metadata = source.initialize_transaction(4, {"words-0": [5, 10], "words-1": [0, 2]})
-    assert metadata == {"words-0": [20, 30], "words-1": [2, 4]}
+    # the txid notes the offsets it skipped, beside the ones it reads
+    assert metadata == {"words-0": [20, 30], "words-1": [2, 4], SKIPPED: {"words-0": [10, 20]}}
     assert "txid=4 Kafka partition words-0: offsets [10, 20)" in caplog.text
     assert "10 records lost" in caplog.text
+    # the next txid continues from the ranges, not from the note
+    source = _with_marks(OpaqueKafkaSource, {"words-0": (20, 35), "words-1": (0, 4)})
+    assert source.initialize_transaction(5, metadata) == {"words-0": [30, 35], "words-1": [4, 4]}
+
+
+def test_a_txid_that_skips_nothing_carries_no_note():
+    source = _with_marks(OpaqueKafkaSource, {"words-0": (0, 30)})
+    assert SKIPPED not in source.initialize_transaction(2, {"words-0": [5, 10]})
 
 
 def test_kinds_and_keys():

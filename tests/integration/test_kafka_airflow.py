@@ -1,0 +1,116 @@
+"""The Kafka example on a real Airflow, its broker paused with SIGSTOP in the middle of a batch.
+
+``example_txn_kafka_words`` as a user drops it in, on the shared deployment
+(``tests/integration/conftest.py``: scheduler, dag-processor, triggerer and api-server on a
+Postgres metadata database, jobs on the session's Spark Connect server). Its topic lives on a
+Kafka wire-protocol cluster on 127.0.0.1 (librdkafka's mock cluster, a process of its own), read
+through the Airflow connection ``kafka_default``.
+
+A producer writes seeded rounds of lines while txids begin, process and commit. As soon as a
+txid is begun after a round, the cluster is SIGSTOPped (connections stay open, nothing answers:
+a broker that hangs) for a seeded time longer than a batch takes, then resumed. The pipeline
+waits and heals: the paused txid commits after the resume, and in the end the committed txids'
+offsets tile every partition from its first record to its last, once, and the word counts equal
+ground truth computed in plain Python from what was produced.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from datetime import UTC, datetime
+
+from airflow_txn_provider.exceptions import UnknownPipelineError
+from airflow_txn_provider.state import MapState
+from airflow_txn_provider.transaction_log import TransactionLog
+from airflow_txn_provider.vocabulary import TxStatus
+from tests.conftest import wait_until
+from tests.integration.conftest import KAFKA_TOPIC
+from tests.spark_data import random_lines, word_counts
+
+NAME = "example_txn_kafka_words"
+SEED = 3131
+PER_ROUND = 60
+
+
+def _begun_uncommitted(log: TransactionLog, after: int, timeout: float) -> int | None:
+    """The first txid above ``after`` that is begun and not committed, looked for every 50 ms
+    (a batch of this size begins, processes and commits in seconds)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for info in log.transactions(NAME, since_txid=after):
+            if info.status is not TxStatus.COMMITTED:
+                return info.txid
+        time.sleep(0.05)
+    return None
+
+
+def _committed_ranges(log: TransactionLog) -> list[dict[str, list[int]]]:
+    return [
+        dict(info.metadata)
+        for info in log.transactions(NAME)
+        if info.status is TxStatus.COMMITTED
+    ]
+
+
+def test_the_kafka_example_reads_every_record_once_through_a_paused_broker(shared_airflow):
+    rng = random.Random(SEED)
+    print(f"seed {SEED}")
+    stack, kafka = shared_airflow.stack, shared_airflow.kafka
+    api = stack.client()
+    log = TransactionLog.from_url(shared_airflow.db_url, migrate=False)
+    written: list[str] = []
+
+    def produce() -> None:
+        lines = random_lines(rng.randrange(10**6), PER_ROUND)
+        kafka.produce(KAFKA_TOPIC, lines)
+        written.extend(lines)
+
+    produce()
+    api.wait_for_dag(NAME)
+    with shared_airflow.running(NAME):
+        wait_until(
+            lambda: log.last_committed(NAME) >= 1,
+            240,
+            "txid 1 committed",
+            stack,
+            ignore=(UnknownPipelineError,),  # until its first task declares it
+        )
+        produce()
+        paused_txid = _begun_uncommitted(log, log.last_committed(NAME), timeout=120)
+        assert paused_txid is not None, stack.tail("scheduler", "triggerer")
+        begun = log.transaction(NAME, paused_txid)
+        pause = rng.uniform(8, 14)  # a batch takes ~3 s here
+        print(f"txid {paused_txid} begun ({begun.metadata}); the cluster paused {pause:.1f} s")
+        kafka.pause()
+        try:
+            time.sleep(pause)
+        finally:
+            kafka.resume()
+        resumed = datetime.now(UTC)
+        produce()
+        total = len(written)
+
+        def all_committed() -> bool:
+            ranges = _committed_ranges(log)
+            return sum(e - s for r in ranges for s, e in r.values()) >= total
+
+        wait_until(all_committed, 300, f"the {total} records produced committed", stack)
+
+    # the paused txid waited for the broker and committed after it came back, its offsets kept
+    paused = log.transaction(NAME, paused_txid)
+    assert paused.status is TxStatus.COMMITTED
+    assert paused.committed_at > resumed, (paused.committed_at, resumed)
+    assert paused.metadata == begun.metadata  # a transactional source: the same batch
+    # the committed txids tile each partition once, from offset 0 on, and nothing more
+    ranges = _committed_ranges(log)
+    ends: dict[str, int] = {}
+    for txid, batch in enumerate(ranges, start=1):
+        for partition, (start, end) in sorted(batch.items()):
+            assert start == ends.get(partition, 0), (txid, partition, start, ends)
+            ends[partition] = end
+    assert sum(ends.values()) == total
+    state = MapState(NAME, f"{NAME}_counts", "transactional", keys={"word": "text"})
+    with log.engine.connect() as conn:
+        counts = {key[0]: value for key, value in state.items(conn).items()}
+    assert counts == dict(word_counts(written))
