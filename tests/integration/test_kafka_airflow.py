@@ -47,9 +47,7 @@ def _begun_uncommitted(log: TransactionLog, after: int, timeout: float) -> int |
 
 def _committed_ranges(log: TransactionLog) -> list[dict[str, list[int]]]:
     return [
-        dict(info.metadata)
-        for info in log.transactions(NAME)
-        if info.status is TxStatus.COMMITTED
+        dict(info.metadata) for info in log.transactions(NAME) if info.status is TxStatus.COMMITTED
     ]
 
 
