@@ -20,6 +20,7 @@ from the api-server's routes), and the admin's password given to no service that
 
 from __future__ import annotations
 
+import base64
 import importlib
 import inspect
 import itertools
@@ -69,15 +70,24 @@ AIRFLOW_SERVICES = {
 SPARK_SERVICES = ("spark-master", "spark-worker", "spark-connect")
 ONE_SHOT = "airflow-init"
 BROKER = "redis"
+KAFKA = "kafka"  # the Kafka sources' cluster (example_txn_kafka_words)
 API_SERVER = "airflow-api-server"
 # The Spark UIs' forwarder, and the profile it runs under: the only way a Spark UI is published
 SPARK_UI, SPARK_UI_PROFILE = "spark-ui", "spark-ui"
-EXPECTED_SERVICES = {"postgres", BROKER, ONE_SHOT, SPARK_UI, *AIRFLOW_SERVICES, *SPARK_SERVICES}
+EXPECTED_SERVICES = {
+    "postgres",
+    BROKER,
+    KAFKA,
+    ONE_SHOT,
+    SPARK_UI,
+    *AIRFLOW_SERVICES,
+    *SPARK_SERVICES,
+}
 # Services that run the project's code (all but postgres and redis) and the official images
 IMAGE_SERVICES = {ONE_SHOT, SPARK_UI, *AIRFLOW_SERVICES, *SPARK_SERVICES}
 # The UI admin's password: airflow-init's alone (it writes the password file); tasks never see it
 ADMIN_PASSWORD = "AIRFLOW_ADMIN_PASSWORD"
-OFFICIAL_IMAGES = {"postgres": "postgres:15", BROKER: "redis:7"}
+OFFICIAL_IMAGES = {"postgres": "postgres:15", BROKER: "redis:7", KAFKA: "apache/kafka:3.9.1"}
 # The services the CeleryExecutor's broker connects: the scheduler sends, the workers take
 BROKER_CLIENTS = {"airflow-scheduler", WORKER}
 # Where the sources read and every Spark process and Airflow task must see the same files (the
@@ -584,6 +594,59 @@ def test_redis_is_reached_inside_the_stack_only(services):
     assert cmd[0] == "redis-server"
     assert option(cmd, "--save") == "" and option(cmd, "--appendonly") == "no"
     assert not redis.get("volumes")
+
+
+def _listeners(value: str) -> dict[str, tuple[str, int]]:
+    """Kafka's ``NAME://host:port,…`` listeners: ``{NAME: (host, port)}``."""
+    found = {}
+    for listener in value.split(","):
+        name, _, address = listener.partition("://")
+        host, _, port = address.rpartition(":")
+        found[name] = (host, int(port))
+    return found
+
+
+def test_kafka_is_one_kraft_node_that_the_tasks_reach_inside_the_stack(services, monkeypatch):
+    """The cluster's settings agree with each other and with ``kafka_default``, read by the
+    project's own reader as a task would; plaintext, so published by no service."""
+    from airflow_txn_provider.credentials import kafka_config
+
+    kafka = services[KAFKA]
+    env = kafka["environment"]
+    assert "ports" not in kafka, "plaintext, no authentication: never publish Kafka's port"
+    assert set(env["KAFKA_PROCESS_ROLES"].split(",")) == {"broker", "controller"}
+    listeners = _listeners(env["KAFKA_LISTENERS"])
+    advertised = _listeners(env["KAFKA_ADVERTISED_LISTENERS"])
+    broker = env["KAFKA_INTER_BROKER_LISTENER_NAME"]
+    controller = env["KAFKA_CONTROLLER_LISTENER_NAMES"]
+    protocols = dict(kv.split(":") for kv in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
+    assert set(listeners) == set(protocols) == {broker, controller}
+    assert set(advertised) == {broker}, "clients are told the broker listener only"
+    host, port = advertised[broker]
+    assert host == kafka["hostname"] == KAFKA and port == listeners[broker][1]
+    node, _, voter = env["KAFKA_CONTROLLER_QUORUM_VOTERS"].partition("@")
+    assert node == env["KAFKA_NODE_ID"] and voter == f"{host}:{listeners[controller][1]}"
+    # a one-node cluster: internal topics with one replica, or they are never created
+    for key in (
+        "KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR",
+        "KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR",
+        "KAFKA_TRANSACTION_STATE_LOG_MIN_ISR",
+    ):
+        assert env[key] == "1", key
+    # Kafka refuses to format its storage with an id that is not 16 bytes of URL-safe base64
+    cluster_id = env["CLUSTER_ID"]
+    assert len(base64.urlsafe_b64decode(cluster_id + "==")) == 16 and len(cluster_id) == 22
+    assert volume_mounts(kafka) == {env["KAFKA_LOG_DIRS"]: "kafka-data"}
+    probe = kafka["healthcheck"]["test"]
+    assert probe[1] == "/opt/kafka/bin/kafka-topics.sh"
+    assert option(probe, "--bootstrap-server") == f"localhost:{listeners[broker][1]}"
+
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_KAFKA_DEFAULT", airflow_env(services)["AIRFLOW_CONN_KAFKA_DEFAULT"]
+    )
+    assert kafka_config("kafka_default")["bootstrap.servers"] == f"{host}:{port}"
+    # the image reads it with confluent-kafka, from the lock it installs
+    assert re.search(r"^confluent-kafka==", (ROOT / "requirements.lock").read_text(), re.M)
 
 
 def test_metadata_database_urls(services):
