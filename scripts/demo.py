@@ -10,7 +10,13 @@ continue from their last committed txid (txids that were in flight are failed an
 order, by the failure sensor).
 
 The processes started are the Postgres server, Airflow's scheduler (LocalExecutor: it runs the
-tasks), dag-processor, triggerer and api-server, and one Spark Connect server (``local[2]``).
+tasks), dag-processor, triggerer and api-server, one Spark Connect server (``local[2]``), and a
+Kafka wire-protocol cluster on 127.0.0.1 for ``example_txn_kafka_words`` (librdkafka's mock
+cluster: :mod:`txn_testing.kafka`), into whose topic ``words`` this supervisor writes
+:data:`KAFKA_LINES_PER_SECOND` lines a second (:class:`KafkaFeed`). The mock cluster keeps its
+records in memory only, so a second ``make demo`` writes the topic again before going on: line
+``n`` is a function of ``n`` alone and goes to partition ``n % 4``, so every record comes back
+at its old offset, and a txid replayed after the restart reads the same batch.
 Each of them has the folder in its command line or environment: that is how ``stop`` finds
 exactly those (and nothing else) even if this supervisor died; ``demo.json`` names the supervisor
 by pid and start time, so a reused pid is never taken for it.
@@ -23,8 +29,10 @@ import contextlib
 import json
 import logging
 import os
+import random
 import signal
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -43,7 +51,13 @@ EXAMPLES = (
     "example_txn_delta_words",
     "example_txn_iceberg_words",
 )
+KAFKA_EXAMPLE = "example_txn_kafka_words"
+EXAMPLES += (KAFKA_EXAMPLE,)
 STATE_FILE = "demo.json"
+KAFKA_TOPIC = "words"
+KAFKA_LINES_PER_SECOND = 20
+KAFKA_FED_FILE = "kafka-lines"
+"""How many lines the demo has written to the topic (``KafkaFeed``), kept across restarts."""
 
 log = logging.getLogger("demo")
 
@@ -124,6 +138,49 @@ def _ensure_databases(admin_url: str, names: Sequence[str]) -> None:
     engine.dispose()
 
 
+class KafkaFeed(threading.Thread):
+    """Writes :data:`KAFKA_LINES_PER_SECOND` lines a second to the demo's topic, line ``n`` to
+    partition ``n % 4``; :meth:`catch_up` first writes again the lines of earlier runs (their
+    count is in :data:`KAFKA_FED_FILE`), so that each record sits at the offset it had."""
+
+    WORDS = ("storm", "spark", "airflow", "batch", "commit", "txid", "kafka", "offset", "state")
+
+    def __init__(self, cluster: Any, home: Path) -> None:
+        super().__init__(name="kafka-feed", daemon=True)
+        self.cluster, self.count_file = cluster, home / KAFKA_FED_FILE
+        self.done = threading.Event()
+        self.written = 0
+
+    @classmethod
+    def line(cls, n: int) -> str:
+        rng = random.Random(n)
+        return " ".join(rng.choice(cls.WORDS) for _ in range(6))
+
+    def write(self, start: int, stop: int) -> None:
+        from txn_testing.kafka import PARTITIONS
+
+        for partition in range(PARTITIONS):
+            lines = [self.line(n) for n in range(start, stop) if n % PARTITIONS == partition]
+            if lines:
+                self.cluster.produce(KAFKA_TOPIC, lines, partition=partition)
+        self.count_file.write_text(str(stop))
+
+    def catch_up(self) -> None:
+        """Write again the lines of earlier runs, before any begin can read the topic (a begin
+        that saw it half written would find offsets gone back)."""
+        self.written = int(self.count_file.read_text()) if self.count_file.exists() else 0
+        for start in range(0, self.written, 4000):  # each chunk keeps every partition's order
+            self.write(start, min(self.written, start + 4000))
+
+    def run(self) -> None:
+        try:
+            while not self.done.wait(1.0):
+                self.write(self.written, self.written + KAFKA_LINES_PER_SECOND)
+                self.written += KAFKA_LINES_PER_SECOND
+        except Exception:
+            log.exception("the demo's Kafka feed stopped")
+
+
 def up(args: argparse.Namespace) -> int:
     from airflow_txn_provider.exceptions import UnknownPipelineError
     from airflow_txn_provider.transaction_log import TransactionLog
@@ -132,6 +189,7 @@ def up(args: argparse.Namespace) -> int:
         AirflowStack,
         txn_log_connection_env,
     )
+    from txn_testing.kafka import MockKafkaCluster
     from txn_testing.postgres import EmbeddedPostgres
     from txn_testing.spark import SparkConnectServer
 
@@ -163,6 +221,9 @@ def up(args: argparse.Namespace) -> int:
 
     pg = EmbeddedPostgres(datadir=home / "pg", port=args.pg_port)
     spark = SparkConnectServer(port=args.spark_port, workdir=home / "spark", master="local[2]")
+    os.environ["TXN_DEMO_HOME"] = str(home)  # the mock Kafka cluster's mark (demo_processes)
+    kafka = MockKafkaCluster()
+    feed: KafkaFeed | None = None
     stack: AirflowStack | None = None
     try:
         print(f"[demo] starting Postgres in {home / 'pg'} …", flush=True)
@@ -178,6 +239,13 @@ def up(args: argparse.Namespace) -> int:
 
         print("[demo] starting the Spark Connect server (local[2]) …", flush=True)
         spark.start()
+        print("[demo] starting a Kafka wire-protocol cluster on 127.0.0.1 …", flush=True)
+        kafka.start()
+        feed = KafkaFeed(kafka, home)
+        feed.catch_up()
+        if feed.written:
+            print(f"[demo] … with the {feed.written} lines of earlier runs", flush=True)
+        feed.start()
 
         data = home / "data"
         env = {
@@ -185,6 +253,8 @@ def up(args: argparse.Namespace) -> int:
             "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": spark.url,
             "TXN_EXAMPLES_DATA": str(data),
             "SPARK_LOCAL_IP": "127.0.0.1",
+            "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps({"conn_type": "kafka", "extra": kafka.config}),
+            "TXN_EXAMPLES_KAFKA_TOPIC": KAFKA_TOPIC,
         }
         stack = AirflowStack(
             home / "airflow",
@@ -202,15 +272,19 @@ def up(args: argparse.Namespace) -> int:
         client = stack.client()
         for dag_id in EXAMPLES:
             client.wait_for_dag(dag_id)
-        client.unpause(MAIN_EXAMPLE)
+        unpaused = args.unpause or [MAIN_EXAMPLE]
+        for dag_id in unpaused:
+            client.unpause(dag_id)
         print(
             "\n"
             f"  Airflow UI     {stack.url}   (login {ADMIN_USER} / {args.password})\n"
             f"  Transactions   {stack.url}/transactions/\n"
             f"  Grid           {stack.url}/dags/{MAIN_EXAMPLE}\n"
             f"  Spark UI       {spark.ui_url}\n"
+            f"  Kafka          {kafka.bootstrap_servers}   (topic {KAFKA_TOPIC}, "
+            f"{KAFKA_LINES_PER_SECOND} lines/s)\n"
             f"  Data, logs     {home}\n\n"
-            f"  {MAIN_EXAMPLE} is unpaused; unpause the other examples in the UI.\n"
+            f"  Unpaused: {', '.join(unpaused)}; unpause the other examples in the UI.\n"
             "  Ctrl-C or `make demo-stop` stops every process the demo started.\n",
             flush=True,
         )
@@ -224,6 +298,10 @@ def up(args: argparse.Namespace) -> int:
             signal.signal(sig, signal.SIG_IGN)  # a second Ctrl-C must not skip the cleanup
         if stack is not None:
             stack.stop()
+        if feed is not None:
+            feed.done.set()
+            feed.join(10)
+        kafka.stop()
         spark.stop()
         pg.stop()
         (home / STATE_FILE).unlink(missing_ok=True)
@@ -319,6 +397,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--pg-port", type=int, default=54331)
     parser.add_argument("--spark-port", type=int, default=None)
     parser.add_argument("--password", default="admin")
+    parser.add_argument(
+        "--unpause",
+        action="append",
+        choices=EXAMPLES,
+        help=f"up: unpause this example (repeatable; default {MAIN_EXAMPLE})",
+    )
     parser.add_argument("--timeout", type=float, default=120.0, help="stop: wait this long")
     parser.add_argument(
         "--exit-after", type=int, default=None, help="stop after this many commits (tests)"

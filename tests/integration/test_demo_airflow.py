@@ -26,6 +26,7 @@ pytestmark = pytest.mark.scenario  # make test-scenarios: `make demo` up, stoppe
 ROOT = Path(__file__).resolve().parents[2]
 DEMO = ROOT / "scripts" / "demo.py"
 COMMITTED = re.compile(r"example_txn_words txid (\d+) committed")
+KAFKA_COMMITTED = re.compile(r"example_txn_kafka_words txid (\d+) committed")
 
 
 def processes_of(home: Path) -> list[str]:
@@ -63,6 +64,10 @@ class Demo:
                 str(free_port()),
                 "--pg-port",
                 str(free_port()),
+                "--unpause",
+                "example_txn_words",
+                "--unpause",
+                "example_txn_kafka_words",  # on the demo's Kafka cluster, fed by the demo
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -76,8 +81,17 @@ class Demo:
         for line in self.proc.stdout:
             self.lines.put(line)
 
-    def wait_for_commits(self, count: int, above: int = 0, timeout: float = 400) -> list[int]:
-        committed: list[int] = []
+    def wait_for_commits(
+        self, count: int, above: int = 0, timeout: float = 400, pattern: re.Pattern[str] = COMMITTED
+    ) -> list[int]:
+        """The next ``count`` txids above ``above`` that the demo prints as committed (of
+        ``example_txn_words``, or of the pipeline ``pattern`` names)."""
+        # lines read while waiting for another pipeline's commits count too
+        committed = [
+            int(m.group(1))
+            for line in self.output
+            if (m := pattern.search(line)) and int(m.group(1)) > above
+        ]
         deadline = time.monotonic() + timeout
         while len(committed) < count:
             try:
@@ -88,7 +102,7 @@ class Demo:
                     + "".join(self.output[-60:])
                 ) from None
             self.output.append(line)
-            match = COMMITTED.search(line)
+            match = pattern.search(line)
             if match and int(match.group(1)) > above:
                 committed.append(int(match.group(1)))
             assert self.proc.poll() is None or not self.lines.empty(), "".join(self.output[-60:])
@@ -117,9 +131,11 @@ def test_demo_comes_up_commits_stops_clean_and_continues():
         first = Demo(home)
         try:
             committed = first.wait_for_commits(5)
+            kafka_committed = first.wait_for_commits(2, pattern=KAFKA_COMMITTED)
         finally:
             first.stop()
         assert committed == list(range(1, 6))  # txids commit in order, from 1
+        assert kafka_committed[:1] == [1]
         out = "".join(first.output)
         assert "login admin / admin" in out and "/transactions/" in out
         time.sleep(1)
@@ -128,27 +144,37 @@ def test_demo_comes_up_commits_stops_clean_and_continues():
 
         first.drain()
         printed = max(int(m.group(1)) for line in first.output if (m := COMMITTED.search(line)))
+        kafka_printed = max(
+            int(m.group(1)) for line in first.output if (m := KAFKA_COMMITTED.search(line))
+        )
 
         second = Demo(home)  # the same folder: continues after the last committed txid
         try:
             # A commit just before the stop may not have been printed: well past those.
             second.wait_for_commits(1, above=printed + 4)
+            # the mock Kafka cluster kept nothing: the demo wrote the topic again, each record at
+            # its old offset, so the Kafka pipeline goes on (a topic gone back would stop it)
+            second.wait_for_commits(1, above=kafka_printed + 1, pattern=KAFKA_COMMITTED)
         finally:
             second.stop()
         second.drain()
 
         # The log survived: the second run lists the first run's commits unchanged (txids and
         # batches; a fresh log would start again at txid 1 with other offsets).
-        def commit_lines(output):
+        def commit_lines(output, pattern=COMMITTED, upto=printed):
             found = {}
             for line in output:
-                match = COMMITTED.search(line)
-                if match and int(match.group(1)) <= printed:
+                match = pattern.search(line)
+                if match and int(match.group(1)) <= upto:
                     found[int(match.group(1))] = line[line.index("{") :]
             return found
 
         assert commit_lines(second.output) == commit_lines(first.output)
         assert len(commit_lines(first.output)) == printed
+        kafka_lines = {"pattern": KAFKA_COMMITTED, "upto": kafka_printed}
+        assert commit_lines(second.output, **kafka_lines) == commit_lines(
+            first.output, **kafka_lines
+        )
         time.sleep(1)
         assert processes_of(home) == []
     finally:
