@@ -12,8 +12,10 @@ and SSL settings go there too, never on a command line), and ``confluent-kafka``
 (the ``kafka`` extra). ``$TXN_EXAMPLES_KAFKA_TOPIC`` names another topic. Without a cluster each
 begin fails with a ``SourceError`` naming the topic, and nothing is begun.
 
-**Try it.** Produce lines to the topic (``kafka-console-producer --topic words``), unpause this
-DAG, and watch one run per txid commit; the Transactions page shows each txid's offsets.
+**Try it.** ``make demo`` runs a Kafka wire-protocol cluster on 127.0.0.1 as ``kafka_default``
+and writes 20 lines a second to ``words``; the Docker stack runs a real Kafka (``docker/README.md``
+shows how to write lines to it). Unpause this DAG and watch one run per txid commit; the
+Transactions page shows each txid's offsets.
 """
 
 from __future__ import annotations
