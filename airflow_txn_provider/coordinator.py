@@ -30,6 +30,8 @@ from airflow_txn_provider.exceptions import (
     NotBegunError,
     NotProcessedError,
     OutOfOrderCommitError,
+    RewindAheadError,
+    RewindTooFarError,
     StaleAttemptError,
 )
 from airflow_txn_provider.fencing import attempt_is_dead, lease_expired
@@ -310,3 +312,61 @@ def prune_range(
     if horizon - pruned_through < every:
         return range(0)
     return range(pruned_through + 1, min(horizon, pruned_through + batch) + 1)
+
+
+# -- rewind --------------------------------------------------------------------------------------
+
+
+REWOUND_BY = 0
+"""``failed_by`` of an attempt a rewind failed: no txid failed it (never counted as its own
+failure, and no failure sensor re-queues it: the rewind restarts the runs)."""
+
+
+def rewind_floor(pruned_through: int, undo_from: int) -> int:
+    """The oldest txid a rewind can go back to: its commit and every later one wrote undo
+    records (``undo_from``), and the txid before it still has its row, whose metadata is where
+    an opaque replay starts (retention pruned every txid up to ``pruned_through``)."""
+    return max(undo_from, pruned_through + 2 if pruned_through else 1)
+
+
+@dataclass(frozen=True)
+class RewindPlan:
+    to_txid: int
+    rolled_back: range
+    """Committed txids whose commits are undone (empty when rewinding to the oldest uncommitted
+    txid)."""
+    failed: tuple[int, ...]
+    """Every txid from ``to_txid`` on whose current attempt becomes failed: the rolled back
+    ones and those in flight. Each replays with a new attempt, which fences the old one."""
+
+    @property
+    def last_committed(self) -> int:
+        """The pipeline's last committed txid after the rewind."""
+        return self.to_txid - 1
+
+
+def plan_rewind(view: PipelineView, to_txid: int, *, floor: int) -> RewindPlan:
+    """Rewinding ``view``'s pipeline to ``to_txid``: the commits of ``to_txid`` and later are
+    undone and every txid from ``to_txid`` on is pending again, to be recomputed in order.
+
+    ``floor`` (:func:`rewind_floor`) is the oldest txid that can be restored exactly; below it is
+    :class:`RewindTooFarError`. A txid after the oldest uncommitted one has nothing committed to
+    roll back: :class:`RewindAheadError`."""
+    p = view.pipeline
+    if to_txid < floor:
+        raise RewindTooFarError(
+            f"cannot rewind to txid {to_txid}: the oldest txid this log can restore exactly is "
+            f"{floor} (retention keeps undo records and txids for its keep_txids newest "
+            "committed txids; a version without undo records committed the ones before)",
+            pipeline=p,
+            txid=to_txid,
+            floor=str(floor),
+        )
+    if to_txid > view.oldest_uncommitted:
+        raise RewindAheadError(
+            f"cannot rewind to txid {to_txid}: the last committed txid is {view.last_committed}",
+            pipeline=p,
+            txid=to_txid,
+        )
+    failed = tuple(range(to_txid, view.last_committed + 1)) + tuple(r.txid for r in view.in_flight)
+    return RewindPlan(to_txid, range(to_txid, view.last_committed + 1), failed)

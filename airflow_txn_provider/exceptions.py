@@ -222,6 +222,31 @@ class OffsetGapError(SourceError):
     fields = ("partition", "file")
 
 
+class RewindError(TxnError):
+    """A rewind (:meth:`~airflow_txn_provider.transaction_log.TransactionLog.rewind`) cannot be
+    done as asked; nothing was changed."""
+
+
+class RewindTooFarError(RewindError):
+    """The txid to rewind to is below what the log can restore exactly: retention pruned the
+    undo records (or the txid before it), or the txids were committed by a version that wrote
+    none. ``floor`` says how far back a rewind can go."""
+
+    fields = ("floor",)
+
+
+class RewindAheadError(RewindError):
+    """The txid to rewind to was never committed nor begun: nothing from it on can be recomputed
+    (a rewind goes back to a committed txid, or to the oldest uncommitted one)."""
+
+
+class RewindLakeSinkError(RewindError):
+    """A txid to roll back wrote a lake table (Delta, Iceberg): this version rewinds Postgres
+    states only, and a table left ahead of the log would refuse the next commit."""
+
+    fields = ("sink",)
+
+
 class LakeSinkError(TxnError):
     """A lake sink (Delta Lake, Apache Iceberg) cannot stage or commit a txid's output."""
 

@@ -258,6 +258,36 @@ class TxidRows:
         ).one()
         return int(result.txids)
 
+    @staticmethod
+    def rewind(conn: Connection, pipeline: str, from_txid: int, error: str) -> int:
+        """Fail the current attempt of every txid from ``from_txid`` on, committed or in flight
+        (a rewind: :mod:`airflow_txn_provider.rewind`), both rows, with ``error`` and
+        ``failed_by`` :data:`~airflow_txn_provider.coordinator.REWOUND_BY`; a committed txid
+        loses its commit time. Returns how many txids. The caller holds the pipeline's lock."""
+        from airflow_txn_provider.coordinator import REWOUND_BY
+
+        result = conn.execute(
+            text(
+                """
+                WITH txids AS (
+                    UPDATE txn_transaction SET status = 'failed', last_error = :error,
+                        failed_by = :by, committed_at = NULL, lease_expires_at = NULL,
+                        updated_at = now()
+                    WHERE pipeline = :p AND txid >= :n
+                    RETURNING txid, attempt
+                ), attempts AS (
+                    UPDATE txn_attempt a SET status = 'failed', error = :error, failed_by = :by,
+                        ended_at = now()
+                    FROM txids t WHERE a.pipeline = :p AND a.txid = t.txid
+                        AND a.attempt = t.attempt
+                )
+                SELECT count(*) FROM txids
+                """
+            ),
+            {"p": pipeline, "n": from_txid, "error": redact_optional(error), "by": REWOUND_BY},
+        ).scalar_one()
+        return int(result)
+
 
 def cast_jsonb(value: Mapping[str, Any]) -> Any:
     return sa_cast(literal(json.dumps(value)), JSONB)

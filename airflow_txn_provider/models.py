@@ -10,6 +10,7 @@ describe it for queries. The tables:
 * ``txn_attempt``: one row per attempt of a txid, the history a user reads to see every replay.
 * ``txn_state_registry``: which pipeline owns which state table, and how it was declared.
 * ``txn_pipeline_dag``: which Airflow DAGs run which pipeline.
+* ``txn_rewind``: one row per rewind (who, when, to which txid; migration 0009).
 * ``txn_map_summary``: per map state, its key count and value sum, kept by each commit (the
   Transactions page reads them instead of scanning the state).
 
@@ -30,6 +31,7 @@ from sqlalchemy import (
     DateTime,
     Dialect,
     ForeignKeyConstraint,
+    Identity,
     Integer,
     MetaData,
     Numeric,
@@ -113,6 +115,9 @@ class PipelineRow(Base):
     pruned_failed_attempts: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     pruned_through_txid: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
     """Every txid up to this one was pruned."""
+    undo_from_txid: Mapped[int] = mapped_column(BigInteger, default=1, server_default="1")
+    """The first txid whose commit wrote undo records: a rewind reaches no further back (see
+    migration 0009)."""
 
     __table_args__ = (
         CheckConstraint(one_of("source_kind", SourceKind), name="source_kind"),
@@ -217,6 +222,33 @@ class StateRegistryRow(Base):
     __table_args__ = (CheckConstraint(one_of("kind", StateKind), name="kind"),)
 
 
+class RewindRow(Base):
+    """One rewind of a pipeline (:mod:`airflow_txn_provider.rewind`): its txids from ``to_txid``
+    on were rolled back and re-queued."""
+
+    __tablename__ = "txn_rewind"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    pipeline: Mapped[str] = mapped_column(String(250))
+    to_txid: Mapped[int] = mapped_column(BigInteger)
+    last_committed_txid: Mapped[int] = mapped_column(BigInteger)
+    """The last committed txid before the rewind."""
+    rewound_txids: Mapped[int] = mapped_column(BigInteger)
+    """How many txids became pending again (committed ones and those in flight)."""
+    by: Mapped[str] = mapped_column(Text)
+    """Who rewound: a user of the UI or the API, or ``cli:<os user>``."""
+    job_version: Mapped[str | None] = mapped_column(Text, nullable=True)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    states: Mapped[Any] = mapped_column(JSONB, nullable=True)
+    """Per state: ``{"restored": keys, "removed": keys}``."""
+    rewound_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+    __table_args__ = (
+        ForeignKeyConstraint(["pipeline"], ["txn_pipeline.name"], ondelete="CASCADE"),
+        CheckConstraint("to_txid >= 1", name="to_txid"),
+    )
+
+
 class MapSummaryRow(Base):
     """A map state's key count and value sum, updated by each commit with the deltas it applied
     (:meth:`~airflow_txn_provider.state.MapState.apply`), in the commit's transaction."""
@@ -243,3 +275,4 @@ TRANSACTIONS = cast(Table, TransactionRow.__table__)
 ATTEMPTS = cast(Table, AttemptRow.__table__)
 STATE_REGISTRY = cast(Table, StateRegistryRow.__table__)
 MAP_SUMMARY = cast(Table, MapSummaryRow.__table__)
+REWINDS = cast(Table, RewindRow.__table__)

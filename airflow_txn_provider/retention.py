@@ -45,9 +45,13 @@ class RetentionInfo:
 
 def prune_locked(conn: Connection, pipeline: str, due: range) -> int:
     """Delete the rows of committed txids ``due`` (holding the pipeline's lock) and add them
-    to the pipeline's totals, in one statement. Only committed rows at or below the last
+    to the pipeline's totals, in one statement, and the states' undo records of those txids. Only committed rows at or below the last
     committed txid go: an in-flight txid is never touched, whatever ``due`` says."""
+    from airflow_txn_provider.state import load_states
+
     pruned = TxidRows.prune(conn, pipeline, due)
+    for state in load_states(conn, pipeline).values():  # a rewind reaches no further back
+        state.backing.prune_undo(conn, due[-1])
     log.info("pipeline=%s retention pruned %s txid(s) %s..%s", pipeline, pruned, due.start, due[-1])
     return pruned
 

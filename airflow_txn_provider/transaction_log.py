@@ -18,6 +18,9 @@ transaction:
   newest ``keep_txids`` committed ones (a bounded batch, under the pipeline's lock it holds anyway)
   and adds them to the pipeline's ``pruned_*`` totals (:meth:`TransactionLog.retention`). Nothing
   a rule reads is pruned (:func:`~airflow_txn_provider.coordinator.retention_horizon`).
+* :mod:`~airflow_txn_provider.rewind`: ``rewind`` undoes the commits of txid N and later
+  (every Postgres state restored from the undo records each commit writes) and re-queues every
+  txid from N, in one database transaction under the pipeline's lock.
 * :mod:`~airflow_txn_provider.declaration`: ``register_pipeline``, ``ensure_pipeline`` and the
   DAGs recorded as running a pipeline.
 * :mod:`~airflow_txn_provider.log_reads`: ``view``, ``transactions``, ``attempts``, ``history``
@@ -47,6 +50,7 @@ from airflow_txn_provider.log_reads import LogReads
 from airflow_txn_provider.pipeline_transitions import PipelineTransitions
 from airflow_txn_provider.retention import LogRetention
 from airflow_txn_provider.retries import DEFAULT_OUTAGE_TIMEOUT, retrying
+from airflow_txn_provider.rewind import LogRewind
 from airflow_txn_provider.txid_transitions import TxidTransitions
 
 if TYPE_CHECKING:
@@ -74,7 +78,7 @@ def engine_from_url(url: str, **kwargs: Any) -> Engine:
 
 
 class TransactionLog(
-    PipelineDeclarations, PipelineTransitions, TxidTransitions, LogRetention, LogReads
+    PipelineDeclarations, PipelineTransitions, TxidTransitions, LogRetention, LogRewind, LogReads
 ):
     """The transaction log of every pipeline stored in one Postgres database.
 

@@ -48,6 +48,11 @@ class StateKind(enum.StrEnum):
     """Stores the value before the txid too, and re-applies a replay over it: for any source."""
 
 
+LAKE_OUTPUT_PREFIX = "lake:"
+"""Keys of a txid's recorded output that a lake sink wrote (``lake:<sink>``: its table's version
+and the files it staged), read by the commit and by the rewind."""
+
+
 class FailureResponse(enum.StrEnum):
     """What the failure sensor of a txid's run did about a failed attempt (the log records it)."""
 

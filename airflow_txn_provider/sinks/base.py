@@ -36,7 +36,7 @@ from airflow_txn_provider.exceptions import InvalidNameError, LakeSinkError
 from airflow_txn_provider.names import COLUMN, PIPELINE, check_name
 from airflow_txn_provider.sinks.schema import check_schema
 from airflow_txn_provider.specs import from_spec, to_spec
-from airflow_txn_provider.vocabulary import SinkAction
+from airflow_txn_provider.vocabulary import LAKE_OUTPUT_PREFIX, SinkAction
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 MODES = ("append", "merge")
-OUTPUT_PREFIX = "lake:"
+OUTPUT_PREFIX = LAKE_OUTPUT_PREFIX
 """A txid's recorded output holds each sink's staged files under ``lake:<sink name>``."""
 
 

@@ -1,9 +1,11 @@
 """The SQL tables of one map state: what Trident's ``TransactionalMap`` and ``OpaqueMap`` wrap,
 the backing map.
 
-A :class:`BackingTable` owns the state table ``txn_state_<name>`` and its UNLOGGED staging table
-``txn_stage_<name>``: their DDL, a batch's COPY into the staging table, the one
-``INSERT … ON CONFLICT DO UPDATE`` that folds it in, and reads. It knows no pipeline, registry,
+A :class:`BackingTable` owns the state table ``txn_state_<name>``, its UNLOGGED staging table
+``txn_stage_<name>`` and its undo table ``txn_undo_<name>``: their DDL, a batch's COPY into the
+staging table, the one ``INSERT … ON CONFLICT DO UPDATE`` that folds it in (writing, in the same
+statement, each key's row as it was before into the undo table), the rewind that puts those
+rows back, and reads. It knows no pipeline, registry,
 summary or typed error: :class:`~airflow_txn_provider.state.maps.MapState` composes it with
 those. The kind's rule (:mod:`~airflow_txn_provider.state.kinds`) gives the statement's parts.
 """
@@ -63,7 +65,7 @@ def _log_tables() -> frozenset[str]:
 
 
 def check_table_names(name: str) -> None:
-    for table in (f"txn_state_{name}", f"txn_stage_{name}"):
+    for table in (f"txn_state_{name}", f"txn_stage_{name}", f"txn_undo_{name}"):
         if table in _log_tables():
             raise ValueError(
                 f"state name {name!r} is refused: its table {table} is one of the transaction "
@@ -116,6 +118,10 @@ class BackingTable:
         return f"txn_stage_{self.name}"
 
     @property
+    def undo_table(self) -> str:
+        return f"txn_undo_{self.name}"
+
+    @property
     def key_columns(self) -> list[str]:
         return list(self.keys) or ["singleton"]
 
@@ -131,6 +137,16 @@ class BackingTable:
     @property
     def qstage(self) -> str:
         return quote_ident(self.stage_table)
+
+    @property
+    def qundo(self) -> str:
+        return quote_ident(self.undo_table)
+
+    @property
+    def row_columns(self) -> list[str]:
+        """The stored row's columns after the keys: ``value`` and the kind's bookkeeping ones,
+        what an undo record keeps as ``old_<column>``."""
+        return ["value", *(ddl.split()[0] for ddl in self.rule.columns(self.value_type))]
 
     # -- DDL -------------------------------------------------------------------------------------
 
@@ -152,6 +168,29 @@ class BackingTable:
                 f"WITH (fillfactor = {int(self.fillfactor)})"
             )
         )
+
+    def create_undo(self, conn: Connection) -> None:
+        """The undo table, if missing: per committed txid and key of its batch, the key's row as
+        it was before (``existed`` false: the key was new). Logged, like the state: a rewind
+        after a crash needs it. Its BRIN index on ``txid`` serves the rewind (``txid >= N``) and
+        retention (``txid <= M``) at almost no cost to the commit's appends."""
+        if self.keys:
+            key_ddl = [f"{quote_ident(c)} {t} NOT NULL" for c, t in self.keys.items()]
+        else:
+            key_ddl = ["singleton boolean NOT NULL"]
+        old = [f"old_{c} {t}" for c, t in zip(self.row_columns, self._row_types(), strict=True)]
+        cols = ["txid bigint NOT NULL", *key_ddl, "existed boolean NOT NULL", *old]
+        conn.execute(text(f"CREATE TABLE IF NOT EXISTS {self.qundo} ({', '.join(cols)})"))
+        index = quote_ident(f"{self.undo_table}_txid"[:63])
+        conn.execute(text(f"CREATE INDEX IF NOT EXISTS {index} ON {self.qundo} USING brin (txid)"))
+
+    def _row_types(self) -> list[str]:
+        """SQL types of :attr:`row_columns`, without their constraints."""
+        types = [self.value_type]
+        for ddl in self.rule.columns(self.value_type):
+            _name, rest = ddl.split(None, 1)
+            types.append(rest.replace("NOT NULL", "").strip())
+        return types
 
     def create_stage(self, conn: Connection) -> None:
         """The UNLOGGED staging table, if missing; its job column and finite-delta check, if
@@ -311,6 +350,9 @@ class BackingTable:
             return combine.format(a=a, b=b)
 
         upsert = self.rule.upsert(comb, self.combiner)
+        undo_columns = ", ".join(f"old_{c}" for c in self.row_columns)
+        old_values = ", ".join(f"s.{c}" for c in self.row_columns)
+        batch_keys = ", ".join(f"b.{k}" for k in self.quoted_keys)
         sql = f"""
             WITH batch AS (
                 SELECT {select_keys}CAST({aggregate}(delta) AS {vt}) AS delta, count(*) AS {rows}
@@ -326,6 +368,12 @@ class BackingTable:
                 -- the statement's snapshot: the written keys' values before this commit (a key
                 -- the guard skipped is in neither side)
                 SELECT s.value FROM {self.qtable} s {before_join}
+            ), undo AS (
+                -- each key's row as it was (the statement's snapshot), for a rewind
+                INSERT INTO {self.qundo} (txid, {key_list}, existed, {undo_columns})
+                SELECT CAST(:txid AS bigint), {batch_keys}, s.{self.quoted_keys[0]} IS NOT NULL,
+                       {old_values}
+                FROM batch b LEFT JOIN {self.qtable} s USING ({key_list})
             ), cleanup AS (
                 DELETE FROM {self.qstage} WHERE txid <= :txid
             ){summary_cte}
@@ -340,6 +388,43 @@ class BackingTable:
             return conn.execute(
                 text(sql), {"txid": txid, "attempt": attempt, "name": self.name}
             ).one()
+
+    def rewind(self, conn: Connection, to_txid: int) -> tuple[int, int]:
+        """Put back every key the commits of ``to_txid`` and later changed as it was before
+        ``to_txid``'s: the undo record of the first of them that changed it holds that row (a
+        key it made is deleted). Their undo records and staged rows go too. One statement, in
+        the caller's transaction. Returns ``(keys restored, keys removed)``."""
+        keys = ", ".join(self.quoted_keys)
+        match = " AND ".join(f"s.{k} = f.{k}" for k in self.quoted_keys)
+        restore = ", ".join(f"{c} = f.old_{c}" for c in self.row_columns)
+        row = conn.execute(
+            text(
+                f"""
+                WITH first AS (
+                    SELECT DISTINCT ON ({keys}) * FROM {self.qundo}
+                    WHERE txid >= :n ORDER BY {keys}, txid
+                ), removed AS (
+                    DELETE FROM {self.qtable} s USING first f WHERE {match} AND NOT f.existed
+                    RETURNING 1
+                ), restored AS (
+                    UPDATE {self.qtable} s SET {restore} FROM first f WHERE {match} AND f.existed
+                    RETURNING 1
+                ), undone AS (
+                    DELETE FROM {self.qundo} WHERE txid >= :n
+                ), unstaged AS (
+                    DELETE FROM {self.qstage} WHERE txid >= :n
+                )
+                SELECT (SELECT count(*) FROM restored) AS restored,
+                       (SELECT count(*) FROM removed) AS removed
+                """
+            ),
+            {"n": to_txid},
+        ).one()
+        return int(row.restored), int(row.removed)
+
+    def prune_undo(self, conn: Connection, through_txid: int) -> None:
+        """Drop the undo records of txids up to ``through_txid`` (retention pruned them)."""
+        conn.execute(text(f"DELETE FROM {self.qundo} WHERE txid <= :t"), {"t": through_txid})
 
     def out_of_range(self, conn: Connection, txid: int, attempt: int) -> tuple[str | None, Any]:
         """``(key, total)`` of the key the batch takes furthest from zero (``key`` as its repr;

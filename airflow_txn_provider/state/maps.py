@@ -176,6 +176,7 @@ class MapState:
         if self.keys:
             start_summary(conn, self.name, fresh=not existed)
         backing.create_stage(conn)
+        backing.create_undo(conn)
 
     def summary(self, conn: Connection) -> tuple[int, Any] | None:
         """``(keys, sum of values)`` as the commits kept them, or ``None`` if no commit kept them
@@ -316,6 +317,18 @@ class MapState:
         if not row.summarised:  # no summary yet (a state of an earlier version): count once
             count_summary_once(conn, self.name, backing, txid)
         return ApplyResult(staged_rows=int(row.staged), keys=int(row.keys))
+
+    # -- rewind ----------------------------------------------------------------------------------
+
+    def rewind(self, conn: Connection, to_txid: int) -> dict[str, int]:
+        """Put the state back as it was after ``to_txid - 1``'s commit (from the undo records the
+        commits of ``to_txid`` and later wrote), and count its summary again. Run it inside the
+        rewind's database transaction (:mod:`airflow_txn_provider.rewind`), under the
+        pipeline's lock. Returns ``{"restored": keys, "removed": keys}``."""
+        restored, removed = self.backing.rewind(conn, to_txid)
+        if self.keys:
+            count_summary_once(conn, self.name, self.backing, to_txid - 1)  # an upsert
+        return {"restored": restored, "removed": removed}
 
     def _out_of_range(self, conn: Connection, txid: int, attempt: int) -> TxnError:
         """The typed error of a commit whose sum leaves the value type's range, naming a key

@@ -1,0 +1,87 @@
+"""The rewind's rules (coordinator.plan_rewind, rewind_floor) with plain values; the rewind on a
+real Postgres and Spark is tests/integration/test_rewind.py."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from airflow_txn_provider.coordinator import (
+    REWOUND_BY,
+    next_to_begin,
+    plan_begin,
+    plan_rewind,
+    rewind_floor,
+)
+from airflow_txn_provider.exceptions import RewindAheadError, RewindTooFarError
+from airflow_txn_provider.records import TxRecord
+from airflow_txn_provider.vocabulary import BeginAction, SourceKind
+from tests.unit.builders import DONE, FAIL, PROC, view
+
+
+def test_the_floor_is_where_undo_records_start_and_the_txid_before_is_kept():
+    assert rewind_floor(0, 1) == 1  # nothing pruned: back to txid 1
+    assert rewind_floor(0, 40) == 40  # committed up to 39 by a version without undo records
+    # retention pruned up to 100: txid 101 is kept, so a replay of 102 knows where to start
+    assert rewind_floor(100, 1) == 102
+    assert rewind_floor(100, 500) == 500
+
+
+def test_a_rewind_rolls_back_the_committed_txids_and_fails_those_in_flight():
+    v = view((11, 1, DONE), (12, 2, PROC), (13, 1, FAIL), last=10)
+    plan = plan_rewind(v, 7, floor=1)
+    assert plan.rolled_back == range(7, 11)
+    assert plan.failed == (7, 8, 9, 10, 11, 12, 13)
+    assert plan.last_committed == 6
+
+
+def test_rewinding_to_the_oldest_uncommitted_txid_rolls_nothing_back():
+    v = view((4, 1, PROC), last=3)
+    plan = plan_rewind(v, 4, floor=1)
+    assert plan.rolled_back == range(4, 4) and plan.failed == (4,)
+    assert plan_rewind(view(last=3), 4, floor=1).failed == ()
+
+
+def test_below_the_floor_is_refused_saying_how_far_back_is_possible():
+    with pytest.raises(RewindTooFarError) as raised:
+        plan_rewind(view(last=300), 150, floor=201)
+    err = raised.value
+    assert (err.pipeline, err.txid, err.floor) == ("p", 150, "201")
+    assert "oldest txid this log can restore exactly is 201" in str(err)
+
+
+def test_past_the_oldest_uncommitted_txid_is_refused():
+    with pytest.raises(RewindAheadError, match="last committed txid is 5"):
+        plan_rewind(view((6, 1, PROC), last=5), 7, floor=1)
+
+
+@given(
+    last=st.integers(0, 50),
+    in_flight=st.integers(0, 6),
+    data=st.data(),
+)
+def test_after_a_rewind_the_txids_replay_in_order_from_n_with_new_attempts(last, in_flight, data):
+    """What the log holds after a rewind is a view the begin rules replay from N, in order,
+    each attempt one more than the rewound one (the fence), and nothing else first."""
+    to = data.draw(st.integers(1, last + 1))
+    v = view(*((last + i, 1, PROC) for i in range(1, in_flight + 1)), last=last)
+    plan = plan_rewind(v, to, floor=1)
+    assert plan.failed == tuple(range(to, last + in_flight + 1))
+    # the log's writes: every txid from N failed (attempt kept), last committed N - 1
+    after = type(v)(
+        pipeline="p",
+        source_kind=SourceKind.OPAQUE,
+        max_pending=4,
+        last_committed=plan.last_committed,
+        in_flight=tuple(TxRecord(t, 2, FAIL, failed_by=REWOUND_BY) for t in plan.failed),
+    )
+    if plan.failed:
+        assert next_to_begin(after) == to
+        begin = plan_begin(after, to)
+        assert begin.action is BeginAction.REPLAY and begin.attempt == 3
+        assert not begin.reuse_metadata  # opaque: read again from where N - 1 ended
+        for later in plan.failed[1:]:
+            assert plan_begin(after, later).action is BeginAction.WAIT_PREVIOUS
+    # a rewound attempt is never its own failure: no poison-batch count, no sensor's re-queue
+    assert all(not r.failed_on_its_own for r in after.in_flight)
