@@ -100,18 +100,21 @@ class AirflowApiHook(BaseHook):
         run_id: str | None = None,
         logical_dates: tuple[datetime, datetime] | None = None,
         note: str | None = None,
+        reset_dag_runs: bool = False,
     ) -> list[str]:
         """Clear ``task_ids`` (whatever their state) of one run, or of every run whose logical
         date lies in ``logical_dates`` (both ends included), in one request: the scheduler runs
         them again and kills those still running. The runs stay running, so they keep their
-        ``max_active_runs`` slots. Returns ``run_id: task_id`` of each task instance cleared."""
+        ``max_active_runs`` slots; ``reset_dag_runs`` also puts finished runs back in the queue
+        (a rewind's committed txids). Returns ``run_id: task_id`` of each task instance
+        cleared."""
         if (run_id is None) == (logical_dates is None):
             raise ValueError("give exactly one of run_id and logical_dates")
         body: dict[str, Any] = {
             "dry_run": False,
             "task_ids": list(task_ids),
             "only_failed": False,
-            "reset_dag_runs": False,
+            "reset_dag_runs": reset_dag_runs,
         }
         if run_id is not None:
             body["dag_run_id"] = run_id
@@ -124,6 +127,11 @@ class AirflowApiHook(BaseHook):
         return sorted(
             {f"{ti['dag_run_id']}: {ti['task_id']}" for ti in found.get("task_instances", [])}
         )
+
+    def task_ids(self, dag_id: str) -> list[str]:
+        """Every task of ``dag_id``, as the api-server's parsed DAG has them."""
+        found = self.request("GET", f"/api/v2/dags/{quote(dag_id)}/tasks")
+        return sorted(task["task_id"] for task in found.get("tasks", []))
 
     def task_instances(self, dag_id: str, run_id: str) -> list[dict[str, Any]]:
         """The task instances of one run (``task_id``, ``state``, …)."""
@@ -156,6 +164,40 @@ class AirflowApiHook(BaseHook):
             },
         )
         return [str(run["dag_run_id"]) for run in (found or {}).get("dag_runs", [])]
+
+    def unfinished_runs_from(self, dag_id: str, start: datetime) -> list[str]:
+        """Ids of the queued and running runs of ``dag_id`` whose logical date is at least
+        ``start``."""
+        found = self.request(
+            "GET",
+            f"/api/v2/dags/{quote(dag_id)}/dagRuns",
+            params={
+                "logical_date_gte": start.isoformat(),
+                "state": ["queued", "running"],
+                "order_by": "logical_date",
+                "limit": 1000,
+            },
+        )
+        return [str(run["dag_run_id"]) for run in (found or {}).get("dag_runs", [])]
+
+    def set_run_state(self, dag_id: str, run_id: str, state: str) -> None:
+        """Mark a run ``success`` or ``failed`` (Airflow ends its unfinished tasks with it)."""
+        self.request(
+            "PATCH",
+            f"/api/v2/dags/{quote(dag_id)}/dagRuns/{quote(run_id)}",
+            params={"update_mask": "state"},
+            json={"state": state},
+        )
+
+    def set_paused(self, dag_id: str, paused: bool) -> bool:
+        """Pause or unpause ``dag_id``; returns whether it was paused before."""
+        path = f"/api/v2/dags/{quote(dag_id)}"
+        was = bool(self.request("GET", path).get("is_paused"))
+        if was != paused:
+            self.request(
+                "PATCH", path, params={"update_mask": "is_paused"}, json={"is_paused": paused}
+            )
+        return was
 
     def delete_dag_run(self, dag_id: str, run_id: str) -> bool:
         """Delete one run (Airflow deletes its task instances and XComs with it). Returns False
