@@ -28,7 +28,7 @@ UV_VERSION := 0.13.9
 UV     := $(VENV)/bin/uv
 PYTEST_ARGS ?=
 
-.PHONY: demo demo-stop demo-core install system-deps test test-suite test-scenarios test-all screenshots test-unit test-integration lint chaos chaos-fast chaos-airflow chaos-lake bench-core bench-stage bench-spark bench-airflow bench-peer bench-read bench-preload bench-begin bench-retention bench-lake bench-sessions clean
+.PHONY: demo demo-stop demo-core install system-deps test test-suite test-scenarios test-all screenshots test-unit test-integration lint chaos chaos-fast chaos-airflow chaos-lake bench-core bench-undo bench-stage bench-spark bench-airflow bench-peer bench-read bench-preload bench-begin bench-retention bench-lake bench-sessions clean
 
 install: $(STAMP)
 
@@ -120,6 +120,9 @@ chaos-lake: install
 
 bench-core: install
 	$(PY) benchmarks/bench_core.py
+
+bench-undo: install
+	$(PY) benchmarks/bench_undo.py
 
 bench-stage: install
 	$(PY) benchmarks/bench_stage.py

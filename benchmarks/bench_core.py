@@ -125,6 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 with log.engine.begin() as conn:
                     conn.execute(text(f"DROP TABLE {state.table}"))
                     conn.execute(text(f"DROP TABLE {state.stage_table}"))
+                    conn.execute(text(f"DROP TABLE {state.backing.qundo}"))
                     conn.execute(
                         text("DELETE FROM txn_state_registry WHERE name = :n"), {"n": name}
                     )

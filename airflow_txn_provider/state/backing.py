@@ -50,6 +50,9 @@ COMBINERS = {
 RESERVED = frozenset(
     {"value", "prev_value", "txid", "attempt", "delta", "singleton", STAGE_JOB_COLUMN}
 )
+UNDO_COMPRESSION = "COMPRESSION lz4"
+"""How the undo records' arrays are compressed: lz4 (Postgres 14+, built with it, as Debian's
+and the official images are), which costs the commit far less CPU than the default pglz."""
 FLOAT_TYPES = frozenset({"numeric", "double precision"})
 """Value types that can hold NaN and infinities."""
 # Serialises DDL of state tables across processes.
@@ -106,6 +109,9 @@ class BackingTable:
     combiner: str
     rule: KindRule
     fillfactor: int = 50
+    undo: bool = True
+    """Write undo records in the apply statement (what a rewind restores from). ``False`` only
+    for the baseline of ``benchmarks/bench_undo.py``: such a state cannot be rewound."""
 
     # -- names -----------------------------------------------------------------------------------
 
@@ -170,19 +176,23 @@ class BackingTable:
         )
 
     def create_undo(self, conn: Connection) -> None:
-        """The undo table, if missing: per committed txid and key of its batch, the key's row as
-        it was before (``existed`` false: the key was new). Logged, like the state: a rewind
-        after a crash needs it. Its BRIN index on ``txid`` serves the rewind (``txid >= N``) and
-        retention (``txid <= M``) at almost no cost to the commit's appends."""
-        if self.keys:
-            key_ddl = [f"{quote_ident(c)} {t} NOT NULL" for c, t in self.keys.items()]
-        else:
-            key_ddl = ["singleton boolean NOT NULL"]
-        old = [f"old_{c} {t}" for c, t in zip(self.row_columns, self._row_types(), strict=True)]
-        cols = ["txid bigint NOT NULL", *key_ddl, "existed boolean NOT NULL", *old]
+        """The undo table, if missing: one row per committed txid, holding its batch's keys and
+        each key's row as it was before the commit (``existed`` false: the key was new), as
+        parallel arrays. One row a commit, not one a key: a row per key cost the commit up to
+        1.4x its time (``make bench-undo``), a row of arrays (compressed, out of line) far less.
+        Logged, like the state: a rewind after a crash needs it."""
+        keys = zip(self.quoted_keys, self._key_types(), strict=True)
+        old = zip(self.row_columns, self._row_types(), strict=True)
+        arrays = [
+            *(f"{k} {t}[] {UNDO_COMPRESSION} NOT NULL" for k, t in keys),
+            f"existed boolean[] {UNDO_COMPRESSION} NOT NULL",
+            *(f"old_{c} {t}[] {UNDO_COMPRESSION}" for c, t in old),
+        ]
+        cols = ["txid bigint PRIMARY KEY", *arrays]
         conn.execute(text(f"CREATE TABLE IF NOT EXISTS {self.qundo} ({', '.join(cols)})"))
-        index = quote_ident(f"{self.undo_table}_txid"[:63])
-        conn.execute(text(f"CREATE INDEX IF NOT EXISTS {index} ON {self.qundo} USING brin (txid)"))
+
+    def _key_types(self) -> list[str]:
+        return list(self.keys.values()) or ["boolean"]
 
     def _row_types(self) -> list[str]:
         """SQL types of :attr:`row_columns`, without their constraints."""
@@ -343,16 +353,16 @@ class BackingTable:
         rows = '"txn:rows"'  # no key column can be named so (keys are [a-z_][a-z0-9_]*)
         # A map's key count and value sum move by this batch's deltas, in this statement: the
         # CTE "before" reads the batch's keys as they were (one snapshot), "upsert" as they are.
+        # The undo record is written from "before" too: the one read of the stored rows.
         returned = "".join(f"s.{k}, " for k in self.quoted_keys)
-        before_join = f"JOIN upsert u USING ({key_list})" if self.keys else "WHERE false"
+        batch_keys = ", ".join(f"b.{k}" for k in self.quoted_keys)
+        old_values = ", ".join(f"s.{c} AS old_{c}" for c in self.row_columns)
 
         def comb(a: str, b: str) -> str:
             return combine.format(a=a, b=b)
 
         upsert = self.rule.upsert(comb, self.combiner)
-        undo_columns = ", ".join(f"old_{c}" for c in self.row_columns)
-        old_values = ", ".join(f"s.{c}" for c in self.row_columns)
-        batch_keys = ", ".join(f"b.{k}" for k in self.quoted_keys)
+        undo_cte = self._undo_cte(key_list) if self.undo else ""
         sql = f"""
             WITH batch AS (
                 SELECT {select_keys}CAST({aggregate}(delta) AS {vt}) AS delta, count(*) AS {rows}
@@ -365,16 +375,10 @@ class BackingTable:
                 ON CONFLICT ({key_list}) DO UPDATE SET {upsert.update} {upsert.guard}
                 RETURNING {returned}s.value
             ), before AS (
-                -- the statement's snapshot: the written keys' values before this commit (a key
-                -- the guard skipped is in neither side)
-                SELECT s.value FROM {self.qtable} s {before_join}
-            ), undo AS (
-                -- each key's row as it was (the statement's snapshot), for a rewind
-                INSERT INTO {self.qundo} (txid, {key_list}, existed, {undo_columns})
-                SELECT CAST(:txid AS bigint), {batch_keys}, s.{self.quoted_keys[0]} IS NOT NULL,
-                       {old_values}
+                -- the statement's snapshot: the batch's keys as they were before this commit
+                SELECT {batch_keys}, s.{self.quoted_keys[0]} IS NOT NULL AS existed, {old_values}
                 FROM batch b LEFT JOIN {self.qtable} s USING ({key_list})
-            ), cleanup AS (
+            ){undo_cte}, cleanup AS (
                 DELETE FROM {self.qstage} WHERE txid <= :txid
             ){summary_cte}
             SELECT (SELECT count(*) FROM batch) AS keys,
@@ -389,27 +393,44 @@ class BackingTable:
                 text(sql), {"txid": txid, "attempt": attempt, "name": self.name}
             ).one()
 
+    def _undo_cte(self, key_list: str) -> str:
+        """The apply statement's CTE that writes the txid's undo record: the batch's keys and
+        their rows as they were (``before``), one array per column, for a rewind."""
+        columns = ["existed", *(f"old_{c}" for c in self.row_columns)]
+        aggregated = ", ".join(f"array_agg({c})" for c in [*self.quoted_keys, *columns])
+        return f""", undo AS (
+                INSERT INTO {self.qundo} (txid, {key_list}, {", ".join(columns)})
+                SELECT CAST(:txid AS bigint), {aggregated} FROM before HAVING count(*) > 0
+                -- applied again (a state used outside the log): the rows before the first time
+                ON CONFLICT (txid) DO NOTHING
+            )"""
+
     def rewind(self, conn: Connection, to_txid: int) -> tuple[int, int]:
         """Put back every key the commits of ``to_txid`` and later changed as it was before
         ``to_txid``'s: the undo record of the first of them that changed it holds that row (a
         key it made is deleted). Their undo records and staged rows go too. One statement, in
         the caller's transaction. Returns ``(keys restored, keys removed)``."""
         keys = ", ".join(self.quoted_keys)
+        columns = [*self.quoted_keys, "existed", *(f"old_{c}" for c in self.row_columns)]
+        unnested = ", ".join(f"u.{c}" for c in columns)
         match = " AND ".join(f"s.{k} = f.{k}" for k in self.quoted_keys)
         restore = ", ".join(f"{c} = f.old_{c}" for c in self.row_columns)
         row = conn.execute(
             text(
                 f"""
-                WITH first AS (
-                    SELECT DISTINCT ON ({keys}) * FROM {self.qundo}
-                    WHERE txid >= :n ORDER BY {keys}, txid
+                WITH undone AS (
+                    SELECT u.txid, k.* FROM {self.qundo} u
+                    CROSS JOIN LATERAL unnest({unnested}) AS k({", ".join(columns)})
+                    WHERE u.txid >= :n
+                ), first AS (
+                    SELECT DISTINCT ON ({keys}) * FROM undone ORDER BY {keys}, txid
                 ), removed AS (
                     DELETE FROM {self.qtable} s USING first f WHERE {match} AND NOT f.existed
                     RETURNING 1
                 ), restored AS (
                     UPDATE {self.qtable} s SET {restore} FROM first f WHERE {match} AND f.existed
                     RETURNING 1
-                ), undone AS (
+                ), undone_records AS (
                     DELETE FROM {self.qundo} WHERE txid >= :n
                 ), unstaged AS (
                     DELETE FROM {self.qstage} WHERE txid >= :n

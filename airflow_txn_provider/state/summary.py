@@ -21,15 +21,16 @@ if TYPE_CHECKING:
 
 UPKEEP_CTE = """, summary AS (
                 UPDATE txn_map_summary SET
-                    keys = keys + (SELECT count(*) FROM upsert) - (SELECT count(*) FROM before),
+                    keys = keys + (SELECT count(*) FROM upsert)
+                                - (SELECT count(*) FROM before WHERE existed),
                     total = total + (SELECT coalesce(sum(value), 0) FROM upsert)
-                                  - (SELECT coalesce(sum(value), 0) FROM before),
+                                  - (SELECT coalesce(sum(old_value), 0) FROM before),
                     txid = :txid, updated_at = now()
                 WHERE name = :name
                 RETURNING 1
             )"""
 """The apply statement's CTE that moves the summary by the batch: ``upsert`` holds the batch's
-keys as they are, ``before`` as they were (one snapshot)."""
+keys as they are, ``before`` as they were (one snapshot: ``existed``, ``old_value``)."""
 
 
 def upkeep_cte(keyed: bool) -> tuple[str, str]:
