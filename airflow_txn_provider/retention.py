@@ -45,8 +45,9 @@ class RetentionInfo:
 
 def prune_locked(conn: Connection, pipeline: str, due: range) -> int:
     """Delete the rows of committed txids ``due`` (holding the pipeline's lock) and add them
-    to the pipeline's totals, in one statement, and the states' undo records of those txids. Only committed rows at or below the last
-    committed txid go: an in-flight txid is never touched, whatever ``due`` says."""
+    to the pipeline's totals, in one statement; then the states' undo records of those txids.
+    Only committed rows at or below the last committed txid go: an in-flight txid is never
+    touched, whatever ``due`` says."""
     from airflow_txn_provider.state import load_states
 
     pruned = TxidRows.prune(conn, pipeline, due)
