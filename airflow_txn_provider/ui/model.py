@@ -306,8 +306,9 @@ def lake_text(output: Mapping[str, Any] | None) -> str:
 
 
 def failed_by_earlier(txid: int, failed_by: int | None) -> int | None:
-    """The earlier txid whose failure failed this one, ``None`` if it failed on its own."""
-    return failed_by if failed_by is not None and failed_by != txid else None
+    """The earlier txid whose failure failed this one, ``None`` if it failed on its own or a
+    rewind failed it (``failed_by`` 0: its error says "rewound to txid N by …")."""
+    return failed_by if failed_by and failed_by != txid else None
 
 
 def txid_rows(txs: Iterable[TransactionInfo], now: datetime) -> list[dict[str, Any]]:

@@ -63,7 +63,8 @@
     running ? h("span", { class: "running" }, `${fmtDuration(sec)} …`) : fmtDuration(sec);
   function error(message, txid, failedBy) {
     const parts = [];
-    if (failedBy !== null && failedBy !== undefined && failedBy !== txid) {
+    // failedBy 0: a rewind failed it (its message says "rewound to txid N by …")
+    if (failedBy && failedBy !== txid) {
       parts.push(h("span", { class: "cascade" }, `failed by txid ${failedBy}`), " ");
     }
     if (message) parts.push(h("span", { class: "err" }, message));

@@ -189,6 +189,11 @@ class TestTxidRows:
         )
         assert row["failed_by_earlier"] == 4
 
+    def test_a_rewound_txid_names_no_earlier_txid_its_error_says_rewound(self):
+        error = "rewound to txid 3 by alice"
+        row = model.txid_row(tx(5, FAIL, begun=50, error=error, failed_by=0), self.NOW)
+        assert row["failed_by_earlier"] is None and row["last_error"] == error
+
     def test_rows_are_newest_first_with_compact_metadata(self):
         rows = model.txid_rows(
             [tx(1, COMMIT, metadata={"start": 0, "end": 10}), tx(2, PROC, metadata=None)], self.NOW
