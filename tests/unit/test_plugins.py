@@ -21,6 +21,7 @@ from fastapi.testclient import TestClient
 from airflow_txn_provider.plugins import TxnProviderPlugin
 from airflow_txn_provider.timetables import TxidTimetable, txid_run_id
 from airflow_txn_provider.ui import LazyApp, model, reader
+from airflow_txn_provider.ui import access as ui_access
 from airflow_txn_provider.ui import app as ui_app
 
 
@@ -144,10 +145,10 @@ class FakeAuthManager:
 
 
 def test_access_asks_the_auth_manager():
-    everything = ui_app.access_for(FakeAuthManager(all_dags=True), user="admin")
+    everything = ui_access.access_for(FakeAuthManager(all_dags=True), user="admin")
     assert everything == model.DagAccess(all_dags=True)
     manager = FakeAuthManager(dag_ids=frozenset({"words"}))
-    assert ui_app.access_for(manager, user="viewer") == model.DagAccess(
+    assert ui_access.access_for(manager, user="viewer") == model.DagAccess(
         dag_ids=frozenset({"words"})
     )
     assert manager.calls == [("is_authorized_dag", None), ("get_authorized_dag_ids", "GET")]
@@ -158,11 +159,11 @@ def signed_in():
     """Requests as a user who may read every DAG; the log is the configured one."""
     app = ui_app.app
     app.dependency_overrides[get_user] = lambda: "admin"
-    app.dependency_overrides[ui_app.auth_manager] = lambda: FakeAuthManager(all_dags=True)
-    ui_app.provider.reset()
+    app.dependency_overrides[ui_access.auth_manager] = lambda: FakeAuthManager(all_dags=True)
+    ui_access.provider.reset()
     yield mounted()
     app.dependency_overrides.clear()
-    ui_app.provider.reset()
+    ui_access.provider.reset()
 
 
 UNAVAILABLE = "the transaction log is unavailable (see the api-server log)"

@@ -37,6 +37,7 @@ from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
 from airflow_txn_provider.state import GlobalState, MapState, stage_states
 from airflow_txn_provider.timetables import txid_run_id
 from airflow_txn_provider.transaction_log import TransactionLog
+from airflow_txn_provider.ui import access as ui_access
 from airflow_txn_provider.ui import app as ui_app
 from airflow_txn_provider.ui import reader
 from tests.conftest import new_database, set_txn_log_connection
@@ -137,16 +138,16 @@ def client_for(
     app = ui_app.app
     app.dependency_overrides.clear()
     if txlog is not None:
-        app.dependency_overrides[ui_app.log_opener] = lambda: lambda: txlog
+        app.dependency_overrides[ui_access.log_opener] = lambda: lambda: txlog
     if pipeline_dags is not None:
         dags = {p: frozenset(ids) for p, ids in pipeline_dags.items()}
-        app.dependency_overrides[ui_app.get_pipeline_dags] = lambda: lambda _log: dags
+        app.dependency_overrides[ui_access.get_pipeline_dags] = lambda: lambda _log: dags
     elif airflow is not reader.airflow_dag_pipelines:
         declared = airflow or as_recorded(txlog)
-        app.dependency_overrides[ui_app.dag_pipelines] = lambda: declared
+        app.dependency_overrides[ui_access.dag_pipelines] = lambda: declared
     if manager is not None:
         app.dependency_overrides[get_user] = lambda: "someone"
-        app.dependency_overrides[ui_app.auth_manager] = lambda: manager
+        app.dependency_overrides[ui_access.auth_manager] = lambda: manager
     parent = FastAPI()
     [entry] = TxnProviderPlugin.fastapi_apps
     parent.mount(entry["url_prefix"], entry["app"])
@@ -157,7 +158,7 @@ def client_for(
 def _clean_overrides():
     yield
     ui_app.app.dependency_overrides.clear()
-    ui_app.provider.reset()
+    ui_access.provider.reset()
 
 
 @pytest.fixture
@@ -522,8 +523,8 @@ def test_a_database_gone_after_opening_is_a_503(db, monkeypatch):
     url, _ = db
     set_txn_log_connection(monkeypatch, "ui_txn_log_gone", url)
     monkeypatch.setenv("AIRFLOW__TXN_PROVIDER__UI_TXN_LOG_CONN_ID", "ui_txn_log_gone")
-    txlog = ui_app.provider.get()
-    ui_app.provider.reset()
+    txlog = ui_access.provider.get()
+    ui_access.provider.reset()
     assert txlog.outage_timeout == reader.PAGE_OUTAGE_TIMEOUT <= 5
     txlog.engine.dispose()
     txlog.engine = create_engine("postgresql+psycopg2://u@127.0.0.1:1/none")  # nothing listens
@@ -543,7 +544,7 @@ def test_the_configured_airflow_connection_is_read(db, monkeypatch):
     client = client_for(None, FakeAuthManager(all_dags=True))
     names = [p["name"] for p in client.get("/transactions/api/pipelines").json()["pipelines"]]
     assert names == ["secret", "words"]
-    assert ui_app.provider.get() is ui_app.provider.get()  # opened once, then kept
+    assert ui_access.provider.get() is ui_access.provider.get()  # opened once, then kept
 
 
 # -- authorisation first, error pages that name nothing ----------------------------------------
@@ -603,7 +604,7 @@ def test_a_user_who_may_read_no_dag_gets_the_empty_answer_without_the_log_opened
         assert_names_nothing_of(response.text, url)
     assert client.get("/transactions/api/pipelines").json()["pipelines"] == []
     assert "No pipeline you may read" in client.get("/transactions/").text
-    assert ui_app.provider._logs == {}  # never opened
+    assert ui_access.provider._logs == {}  # never opened
 
 
 def test_a_user_who_may_read_no_dag_never_opens_the_log(db):
@@ -614,7 +615,7 @@ def test_a_user_who_may_read_no_dag_never_opens_the_log(db):
         return db[1]
 
     client = client_for(db[1], FakeAuthManager())
-    ui_app.app.dependency_overrides[ui_app.log_opener] = lambda: open_log
+    ui_app.app.dependency_overrides[ui_access.log_opener] = lambda: open_log
     for path, status in ALL_ROUTES.items():
         assert client.get(path).status_code == status, path
     assert opened == []
