@@ -68,7 +68,8 @@ def audit_logger() -> AuditLogger:
         from airflow.utils.session import create_session
 
         with create_session() as session:
-            for dag_id in dag_ids or [None]:
+            targets: list[str | None] = [*dag_ids] or [None]  # no DAG: one row
+            for dag_id in targets:
                 session.add(
                     Log(event=AUDIT_EVENT, owner=owner, dag_id=dag_id, extra=json.dumps(extra))
                 )
