@@ -16,8 +16,10 @@ ground truth computed in plain Python from what was produced.
 Then the pipeline is rewound to a seeded txid N with the CLI (``python -m
 airflow_txn_provider.rewind``), as an operator would after fixing a job: the counts go back to
 after N - 1, the runs of N and later are restarted through the REST API, each of those txids
-commits again with a new attempt over the same offsets, and the counts equal ground truth again
-(a rollback that missed a key would count it twice).
+commits again with a new attempt over the same offsets. Then rewound once more, to txid 1, from
+the plugin's API as the admin: written to Airflow's event log, the runs restarted by the
+api-server. The counts equal ground truth at the end (a rollback that missed a key would count
+it twice).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import random
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 from airflow_txn_provider.exceptions import UnknownPipelineError
@@ -35,6 +38,7 @@ from airflow_txn_provider.vocabulary import TxStatus
 from tests.conftest import wait_until
 from tests.integration.conftest import KAFKA_TOPIC
 from tests.spark_data import random_lines, word_counts
+from txn_testing.airflow import ADMIN_USER
 
 NAME = "example_txn_kafka_words"
 SEED = 3131
@@ -118,11 +122,28 @@ def test_the_kafka_example_reads_every_record_once_through_a_paused_broker(share
         print(rewind.stdout)
         assert f"rewound to txid {to} (last committed was {last})" in rewind.stdout
 
-        def recomputed() -> bool:
-            infos = [i for i in log.transactions(NAME) if to <= i.txid <= last]
-            return all(i.status is TxStatus.COMMITTED for i in infos) and len(infos) > 0
+        def recomputed(first: int) -> Callable[[], bool]:
+            def done() -> bool:
+                infos = [i for i in log.transactions(NAME) if first <= i.txid <= last]
+                return all(i.status is TxStatus.COMMITTED for i in infos) and len(infos) > 0
 
-        wait_until(recomputed, 300, f"txids {to}..{last} recomputed after the rewind", stack)
+            return done
+
+        wait_until(recomputed(to), 300, f"txids {to}..{last} recomputed after the rewind", stack)
+        after_cli = {info.txid: info.attempt for info in log.transactions(NAME)}
+
+        # again from the plugin's API, as the admin, to the first txid: audited in Airflow's
+        # event log, the runs restarted by the api-server itself
+        response = api.http.post(
+            f"{api.url}/transactions/api/pipelines/{NAME}/rewind",
+            json={"to_txid": 1, "reason": "test: from the API"},
+        )
+        assert response.status_code == 200, response.text
+        assert response.json()["rewound"][:1] == [1] and response.json()["by"] == ADMIN_USER
+        wait_until(recomputed(1), 300, f"txids 1..{last} recomputed after the API's", stack)
+        events = api.call("GET", "/eventLogs", params={"event": "txn_rewind"})["event_logs"]
+        assert [(e["dag_id"], e["owner"]) for e in events] == [(NAME, ADMIN_USER)]
+        assert '"to_txid": 1' in events[0]["extra"]
 
     # the paused txid waited for the broker and committed after it came back, its offsets kept
     paused = log.transaction(NAME, paused_txid)
@@ -141,9 +162,11 @@ def test_the_kafka_example_reads_every_record_once_through_a_paused_broker(share
     with log.engine.connect() as conn:
         counts = {key[0]: value for key, value in state.items(conn).items()}
     assert counts == dict(word_counts(written))
-    # the rewound txids committed again, each with a new attempt, after the rewind
-    for txid in range(to, last + 1):
+    # the rewound txids committed again, each with a new attempt per rewind that reached it
+    assert [after_cli[t] - attempts[t] for t in range(1, last + 1)] == [
+        1 if t >= to else 0 for t in range(1, last + 1)
+    ]
+    for txid in range(1, last + 1):
         info = log.transaction(NAME, txid)
-        assert info.attempt == attempts[txid] + 1, (txid, info.attempt, attempts[txid])
+        assert info.attempt == after_cli[txid] + 1, (txid, info.attempt, after_cli[txid])
         assert info.committed_at > before_rewind
-    assert log.transaction(NAME, to - 1).attempt == attempts[to - 1]  # untouched
