@@ -22,8 +22,10 @@ From a shell where Airflow's connections are configured (a scheduler's or a work
 
     python -m airflow_txn_provider.rewind PIPELINE --to N [--by WHO] [--job-version V]
         [--reason WHY] [--txn-log-conn-id ID] [--airflow-api-conn-id ID] [--no-restart]
- Lake tables (Delta, Iceberg) are not rolled back by
-this version: a rewind over a txid that wrote one is refused (:class:`RewindLakeSinkError`).
+
+or from the plugin's API (:mod:`airflow_txn_provider.ui.actions`). Lake tables (Delta, Iceberg)
+are not rolled back by this version: a rewind over a txid that wrote one is refused
+(:class:`~airflow_txn_provider.exceptions.RewindLakeSinkError`).
 """
 
 from __future__ import annotations
