@@ -925,6 +925,11 @@ def _api_hook_calls(services, monkeypatch) -> list[tuple[str, str]]:
         "set_run_note": lambda: hook.set_run_note("d", "r", "n"),
         "finished_runs_through": lambda: hook.finished_runs_through("d", day, limit=5),
         "delete_dag_run": lambda: hook.delete_dag_run("d", "r"),
+        # a rewind's restart of the runs (airflow_txn_provider.rewind.restart_runs)
+        "task_ids": lambda: hook.task_ids("d"),
+        "unfinished_runs_from": lambda: hook.unfinished_runs_from("d", day),
+        "set_run_state": lambda: hook.set_run_state("d", "r", "failed"),
+        "set_paused": lambda: hook.set_paused("d", True),
     }
     for call in exercised.values():
         call()
@@ -979,7 +984,8 @@ def test_api_users_role_is_the_least_that_works(services, monkeypatch):
     needed = set()
     for method, path in _api_hook_calls(services, monkeypatch):
         needed |= _dag_permissions(method, path)
-    # what the hook does: clear task instances, edit (the note) and delete runs, list them
+    # what the hook does: clear task instances, edit (the note, the state) and delete runs, list
+    # them, pause a DAG (a rewind)
     assert {m for m, _ in needed} >= {"GET", "PUT", "DELETE"}
 
     manager = SimpleAuthManager()
