@@ -117,7 +117,7 @@ def snapshot(txlog, name):
     return rows, summaries
 
 
-def truth(name, ranges, transform_of):
+def truth(ranges, transform_of):
     """Ground truth of the keyed transactional state: the sum over txids of their transform."""
     total: Counter[str] = Counter()
     for txid, (start, end) in ranges.items():
@@ -180,9 +180,9 @@ def test_a_rewind_restores_every_state_as_after_n_minus_1_and_recomputes_with_th
         if source_kind == "transactional":
             assert (e.metadata["start"], e.metadata["end"]) == ranges[txid]  # the same batch
         else:  # from where the txid before ended, maybe further
-            assert e.metadata["start"] == ranges[txid - 1][1] if txid > 1 else 0
+            assert e.metadata["start"] == ranges[txid - 1][1]  # n >= 2: txid - 1 committed
         ranges[txid] = (e.metadata["start"], e.metadata["end"])
-    expected = truth(name, ranges, lambda t: old_transform if t < n else new_transform)
+    expected = truth(ranges, lambda t: old_transform if t < n else new_transform)
     assert tx_counts(txlog, name) == expected
     with txlog.engine.connect() as conn:
         states = load_states(conn, name)
@@ -217,18 +217,18 @@ def test_a_rewind_fences_attempts_in_flight_and_can_go_again_and_to_txid_1(txlog
     assert before_4.attempt == 2
     ranges = {t: ((t - 1) * STEP, t * STEP) for t in range(1, 9)}
     assert tx_counts(txlog, name) == truth(
-        name, ranges, lambda t: old_transform if t < 4 else new_transform
+        ranges, lambda t: old_transform if t < 4 else new_transform
     )
 
     # again, further back, then to the first txid: every state empty, every key gone
     txlog.rewind(name, 2, by="test:bob")
-    assert tx_counts(txlog, name) == truth(name, {1: ranges[1]}, lambda t: old_transform)
+    assert tx_counts(txlog, name) == truth({1: ranges[1]}, lambda t: old_transform)
     txlog.rewind(name, 1, by="test:bob")
     rows, summaries = snapshot(txlog, name)
     assert all(r == [] for r in rows.values()) and all(s == (0, 0) for s in summaries.values())
     for txid in range(1, 9):
         run_txid(txlog, name, txid, source, new_transform)
-    assert tx_counts(txlog, name) == truth(name, ranges, lambda t: new_transform)
+    assert tx_counts(txlog, name) == truth(ranges, lambda t: new_transform)
     # one new attempt per replay: txid 4 was replayed after each of the rewinds that reached it
     # and recomputed in between once; txid 1 only after the last
     assert txlog.transaction(name, 4).attempt == 3
@@ -266,4 +266,4 @@ def test_the_floor_follows_retention_and_the_version_that_wrote_no_undo_records(
 
     txlog.rewind(name, pruned + 2, by="test")  # the floor itself: exact
     ranges = {t: ((t - 1) * STEP, t * STEP) for t in range(1, pruned + 2)}
-    assert tx_counts(txlog, name) == truth(name, ranges, lambda t: old_transform)
+    assert tx_counts(txlog, name) == truth(ranges, lambda t: old_transform)
