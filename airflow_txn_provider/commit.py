@@ -18,8 +18,9 @@ attempt, an unprocessed txid or a commit out of order: the rule is
 3. every lake sink commits the attempt's recorded files into its table, recording the txid and
    attempt in the table's own commit (:func:`~airflow_txn_provider.coordinator.plan_sink_commit`:
    a table that holds this attempt of the txid already is not written twice; one that holds
-   another attempt's, from a commit that failed after its table commit, is rewound to the txid
-   before and then written, so every table holds the committed attempt's rows only);
+   another attempt's, from a commit that failed after its table commit, or txids a rewind
+   undid, is rewound to the txid before and then written, so every table holds the committed
+   attempts' rows only);
 4. the log marks the txid committed and moves the pipeline's last committed txid (and prunes old
    txids' rows, by the retention rule).
 
@@ -41,7 +42,8 @@ from airflow_txn_provider.config import PRUNE_EVERY
 from airflow_txn_provider.coordinator import committable, retention_horizon
 from airflow_txn_provider.exceptions import StagedOutputMismatchError, StateDefinitionError
 from airflow_txn_provider.log_rows import TxidRows
-from airflow_txn_provider.sinks.base import OUTPUT_PREFIX, StagedFiles
+from airflow_txn_provider.rewind import read_rewound_through
+from airflow_txn_provider.sinks.base import OUTPUT_PREFIX, SINK_SPEC, StagedFiles
 from airflow_txn_provider.state import BucketCountState, MapState, counted_states, load_states
 
 if TYPE_CHECKING:
@@ -117,12 +119,21 @@ def commit_states(
             applied = state.apply(conn, txid, attempt, expected_rows=expected)
             result[state.name] = {"staged_rows": applied.staged_rows, "keys": applied.keys}
         patch = {}
+        rewound = read_rewound_through(conn, pipeline) if sinks else 0
         for sink in sinks:
             files = recorded.get(sink.output_key)
             staged[sink] = StagedFiles.from_json(files) if files else None
-            done = sink.commit(tables[sink], pipeline, txid, attempt, staged[sink])
+            done = sink.commit(
+                tables[sink], pipeline, txid, attempt, staged[sink], rewound_through=rewound
+            )
             result[sink.output_key] = done.to_json()
-            patch[sink.output_key] = {**(files or {}), "commit": done.to_json()}
+            # The sink's spec, for a rewind over this txid to open the table (the rewind runs
+            # where the DAG's sinks are not known: a command, the api-server).
+            patch[sink.output_key] = {
+                **(files or {}),
+                "commit": done.to_json(),
+                SINK_SPEC: sink.to_spec(),
+            }
         if patch:
             TxidRows(conn, pipeline, txid).patch_output(attempt, patch)
         return result

@@ -21,6 +21,7 @@ The model is Storm's transactional topology (``TransactionalSpoutCoordinator``):
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -170,14 +171,21 @@ def plan_sink_commit(
     attempt: int,
     sink: str,
     table_attempt: int | None = None,
+    rewound_through: int = 0,
 ) -> SinkAction:
     """Whether the commit of ``(txid, attempt)`` adds to a lake table whose newest commit by this
-    pipeline recorded ``table_txid`` (0: none), by ``table_attempt`` (``None``: unknown). Commits
-    are ordered by the log, so a table ahead of the txid being committed was written by something
-    else (another log, a restored table): adding would break exactly-once, so it is refused."""
+    pipeline recorded ``table_txid`` (0: none), by ``table_attempt`` (``None``: unknown).
+
+    Commits are ordered by the log, so a table ahead of the txid being committed holds commits
+    the log undid: a rewind's (``rewound_through``, the newest txid a rewind of this pipeline
+    failed: :func:`rewound_through`), which the table follows now if the rewind could not, or
+    something else's (another log, a restored table): adding would break exactly-once, so that
+    is refused."""
     if table_txid == txid:
         if table_attempt == attempt:
             return SinkAction.ALREADY_IN_TABLE
+        return SinkAction.REPLACE
+    if txid < table_txid <= rewound_through:
         return SinkAction.REPLACE
     if table_txid > txid:
         raise LakeTableOutOfSyncError(
@@ -370,3 +378,10 @@ def plan_rewind(view: PipelineView, to_txid: int, *, floor: int) -> RewindPlan:
         )
     failed = tuple(range(to_txid, view.last_committed + 1)) + tuple(r.txid for r in view.in_flight)
     return RewindPlan(to_txid, range(to_txid, view.last_committed + 1), failed)
+
+
+def rewound_through(rewinds: Iterable[tuple[int, int]]) -> int:
+    """The newest txid whose attempt a rewind failed, of ``rewinds``' ``(to_txid, how many
+    txids it failed)`` (they are consecutive from ``to_txid``; 0: none): a lake table's commit of
+    a txid up to it, ahead of the log, is one a rewind undid (:func:`plan_sink_commit`)."""
+    return max((to + n - 1 for to, n in rewinds if n), default=0)

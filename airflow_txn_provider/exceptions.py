@@ -240,13 +240,6 @@ class RewindAheadError(RewindError):
     (a rewind goes back to a committed txid, or to the oldest uncommitted one)."""
 
 
-class RewindLakeSinkError(RewindError):
-    """A txid to roll back wrote a lake table (Delta, Iceberg): this version rewinds Postgres
-    states only, and a table left ahead of the log would refuse the next commit."""
-
-    fields = ("sink",)
-
-
 class LakeSinkError(TxnError):
     """A lake sink (Delta Lake, Apache Iceberg) cannot stage or commit a txid's output."""
 

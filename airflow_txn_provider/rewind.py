@@ -23,9 +23,19 @@ From a shell where Airflow's connections are configured (a scheduler's or a work
     python -m airflow_txn_provider.rewind PIPELINE --to N [--by WHO] [--job-version V]
         [--reason WHY] [--txn-log-conn-id ID] [--airflow-api-conn-id ID] [--no-restart]
 
-or from the plugin's API (:mod:`airflow_txn_provider.ui.actions`). Lake tables (Delta, Iceberg)
-are not rolled back by this version: a rewind over a txid that wrote one is refused
-(:class:`~airflow_txn_provider.exceptions.RewindLakeSinkError`).
+or from the plugin's API (:mod:`airflow_txn_provider.ui.actions`).
+
+**Lake tables** (Delta, Iceberg) go back too, to the version stamped ``N - 1``
+(:meth:`~airflow_txn_provider.sinks.base.LakeTable.rewind`: Delta's RESTORE, Iceberg's current
+snapshot set back), each in one table commit that records ``N - 1`` as the pipeline's newest
+txid. A table is not in the database's transaction, so the log's rewind, committed first, is the
+durable intent, and the tables follow it (:meth:`LogRewind.follow_lake_tables`), under the
+pipeline's lock, to wherever the log's last committed txid then is. If that step cannot run (a
+crash, a store out of reach), nothing is lost: the log records which txids the rewind undid
+(:func:`read_rewound_through`), and the next commit into each table rolls it back first
+(:func:`~airflow_txn_provider.coordinator.plan_sink_commit` answers ``REPLACE``). Meanwhile a
+reader "as of" the log's last committed txid
+(:meth:`~airflow_txn_provider.sinks.base.LakeSink.read_as_of`) reads the table as after N - 1.
 """
 
 from __future__ import annotations
@@ -35,13 +45,12 @@ import getpass
 import logging
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import insert, select, update
 
-from airflow_txn_provider.coordinator import plan_rewind, rewind_floor
-from airflow_txn_provider.exceptions import RewindLakeSinkError
+from airflow_txn_provider.coordinator import plan_rewind, rewind_floor, rewound_through
 from airflow_txn_provider.log_rows import TxidRows, load_view, lock_pipeline
 from airflow_txn_provider.models import PIPELINES, REWINDS, TRANSACTIONS
 from airflow_txn_provider.retries import retry_transient
@@ -64,6 +73,8 @@ class RewindResult:
     """The txids pending again (the rolled back ones, then those that were in flight)."""
     states: Mapping[str, Mapping[str, int]]
     """Per state: ``{"restored": keys, "removed": keys}``."""
+    tables: Mapping[str, str] = field(default_factory=dict)
+    """Per lake sink the rewound txids wrote: what :meth:`LogRewind.follow_lake_tables` did."""
 
 
 class LogRewind:
@@ -72,7 +83,6 @@ class LogRewind:
     engine: Engine
     outage_timeout: float
 
-    @retry_transient
     def rewind(
         self,
         pipeline: str,
@@ -82,22 +92,75 @@ class LogRewind:
         job_version: str | None = None,
         reason: str | None = None,
     ) -> RewindResult:
-        """Rewind ``pipeline`` to ``to_txid`` (see the module's docstring): one database
-        transaction. Raises :class:`~airflow_txn_provider.exceptions.RewindTooFarError` below
-        the oldest txid it can restore exactly (the error says which),
+        """Rewind ``pipeline`` to ``to_txid`` (see the module's docstring): the log and every
+        Postgres state in one database transaction, then the lake tables. Raises
+        :class:`~airflow_txn_provider.exceptions.RewindTooFarError` below the oldest txid it can
+        restore exactly (the error says which),
         :class:`~airflow_txn_provider.exceptions.RewindAheadError` past the oldest uncommitted
-        txid, :class:`RewindLakeSinkError` over a txid that wrote a lake table; nothing changes
-        then."""
-        from airflow_txn_provider.state import load_states
-
+        txid; nothing changes then."""
         if not by:
             raise ValueError("a rewind names who does it (by=)")
+        result = self._rewind_log(pipeline, to_txid, by, job_version, reason)
+        tables = self.follow_lake_tables(pipeline) if result.rewound else {}
+        return RewindResult(
+            pipeline,
+            to_txid,
+            result.last_committed_before,
+            result.rewound,
+            result.states,
+            tables,
+        )
+
+    @retry_transient
+    def follow_lake_tables(self, pipeline: str) -> dict[str, str]:
+        """Take every lake table a txid after the log's last committed one wrote back to that
+        txid, under the pipeline's lock (no commit runs meanwhile); returns what happened per
+        sink. Idempotent: a table at the txid already is left alone. Never raises for a table:
+        one that cannot be rolled back now is rolled back by its next commit (see the module's
+        docstring), and a reader as of the last committed txid reads it right meanwhile."""
+        from airflow_txn_provider.sinks.base import sink_from_spec
+
+        log_url = self.engine.url.render_as_string(hide_password=False)
+        done: dict[str, str] = {}
+        with self.engine.begin() as conn:
+            keep = int(lock_pipeline(conn, pipeline).last_committed_txid)
+            for name, spec in sorted(_lake_outputs_after(conn, pipeline, keep).items()):
+                later = f"rolled back by txid {keep + 1}'s commit"
+                if spec is None:  # committed by a version that did not record the sink's spec
+                    done[name] = f"not opened (its spec is not recorded): {later}"
+                    continue
+                try:
+                    version = sink_from_spec(spec).open(log_url).rewind(pipeline, keep)
+                except Exception as err:  # the log's rewind stands; the next commit does this
+                    log.warning(
+                        "pipeline=%s: lake sink %s not rewound now: %s", pipeline, name, err
+                    )
+                    done[name] = f"not rolled back now ({type(err).__name__}: {err}): {later}"
+                    continue
+                done[name] = (
+                    f"at txid {keep} already"
+                    if version is None
+                    else f"rolled back to txid {keep} (version {version})"
+                )
+                log.warning("pipeline=%s: lake sink %s %s", pipeline, name, done[name])
+        return done
+
+    @retry_transient
+    def _rewind_log(
+        self,
+        pipeline: str,
+        to_txid: int,
+        by: str,
+        job_version: str | None,
+        reason: str | None,
+    ) -> RewindResult:
+        from airflow_txn_provider.state import load_states
+
         with self.engine.begin() as conn:
             row = lock_pipeline(conn, pipeline)
             view = load_view(conn, pipeline)
             floor = rewind_floor(int(row.pruned_through_txid), int(row.undo_from_txid))
             plan = plan_rewind(view, to_txid, floor=floor)
-            _refuse_lake_tables(conn, pipeline, plan.rolled_back)
             states = {
                 name: state.rewind(conn, to_txid)
                 for name, state in sorted(load_states(conn, pipeline).items())
@@ -209,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     for name, counts in result.states.items():
         print(f"  state {name}: {counts['restored']} keys restored, {counts['removed']} removed")
+    for name, what in result.tables.items():
+        print(f"  lake sink {name}: {what}")
     if args.no_restart:
         print("no run restarted (--no-restart): restart them from the UI")
         return 0
@@ -218,34 +283,40 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _refuse_lake_tables(conn: Connection, pipeline: str, txids: range) -> None:
-    if not txids:
-        return
-    outputs = conn.execute(
-        select(TRANSACTIONS.c.txid, TRANSACTIONS.c.output).where(
-            TRANSACTIONS.c.pipeline == pipeline,
-            TRANSACTIONS.c.txid.between(txids.start, txids.stop - 1),
-        )
+def read_rewound_through(conn: Connection, pipeline: str) -> int:
+    """The newest txid a rewind of ``pipeline`` failed (0: never rewound): the rule's input,
+    :func:`~airflow_txn_provider.coordinator.rewound_through`."""
+    rows = conn.execute(
+        select(REWINDS.c.to_txid, REWINDS.c.rewound_txids).where(REWINDS.c.pipeline == pipeline)
     )
-    for txid, output in outputs:
-        sinks = [
-            k[len(LAKE_OUTPUT_PREFIX) :] for k in output or {} if k.startswith(LAKE_OUTPUT_PREFIX)
-        ]
-        if sinks:
-            raise RewindLakeSinkError(
-                f"txid {txid} wrote lake table(s) {sinks}: this version rewinds Postgres states "
-                "only, and a table left ahead of the log would refuse the next commit",
-                pipeline=pipeline,
-                txid=txid,
-                sink=sinks[0],
-            )
+    return rewound_through((int(to), int(n)) for to, n in rows)
+
+
+def _lake_outputs_after(conn: Connection, pipeline: str, txid: int) -> dict[str, Any]:
+    """The lake sinks the txids after ``txid`` wrote (their current attempts' outputs), each
+    with its recorded spec (``None``: not recorded)."""
+    from airflow_txn_provider.sinks.base import SINK_SPEC
+
+    outputs = conn.execute(
+        select(TRANSACTIONS.c.output).where(
+            TRANSACTIONS.c.pipeline == pipeline, TRANSACTIONS.c.txid > txid
+        )
+    ).scalars()
+    sinks: dict[str, Any] = {}
+    for output in outputs:
+        for key, value in (output or {}).items():
+            if key.startswith(LAKE_OUTPUT_PREFIX):
+                name = key[len(LAKE_OUTPUT_PREFIX) :]
+                spec = value.get(SINK_SPEC) if isinstance(value, Mapping) else None
+                sinks[name] = sinks.get(name) or spec
+    return sinks
 
 
 def _span(txids: tuple[int, ...]) -> str:
     return f"{txids[0]}..{txids[-1]}" if txids else "(none)"
 
 
-__all__ = ["LogRewind", "RewindResult", "main", "restart_runs"]
+__all__ = ["LogRewind", "RewindResult", "main", "read_rewound_through", "restart_runs"]
 
 
 if __name__ == "__main__":

@@ -151,9 +151,9 @@ class SinkAction(enum.StrEnum):
     commit, before the log's): complete the log's commit without adding anything twice."""
     REPLACE = "replace"
     """The table holds the txid from another attempt (a commit that failed after this table's
-    commit, e.g. at another sink, and replayed): rewind the table to the txid before, then add
-    this attempt's output. A table holds, for a txid, the rows of exactly one attempt: the one
-    the log commits."""
+    commit, e.g. at another sink, and replayed), or later txids a rewind undid in the log:
+    rewind the table to the txid before, then add this attempt's output. A table holds, for a
+    txid, the rows of exactly one attempt: the one the log commits."""
 
 
 class LeaseRenewal(enum.StrEnum):

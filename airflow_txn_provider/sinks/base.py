@@ -47,6 +47,9 @@ log = logging.getLogger(__name__)
 MODES = ("append", "merge")
 OUTPUT_PREFIX = LAKE_OUTPUT_PREFIX
 """A txid's recorded output holds each sink's staged files under ``lake:<sink name>``."""
+SINK_SPEC = "sink"
+"""Key of the sink's spec (:meth:`LakeSink.to_spec`) in a committed txid's ``lake:<sink name>``
+output: a rewind opens the table with it, where the DAG's sinks are not known."""
 
 
 @dataclass(frozen=True)
@@ -211,10 +214,14 @@ class LakeSink(abc.ABC):
         txid: int,
         attempt: int,
         staged: StagedFiles | None,
+        *,
+        rewound_through: int = 0,
     ) -> SinkCommit:
         """Add ``staged`` to the table in one commit recording ``(pipeline, txid)``, unless the
         table holds that txid already. Raises :class:`LakeSchemaMismatchError` (nothing added)
-        when the files' columns differ from the table's."""
+        when the files' columns differ from the table's. ``rewound_through``: the newest txid a
+        rewind of the pipeline failed (:func:`~airflow_txn_provider.coordinator.rewound_through`).
+        """
         table_txid = table.committed_txid(pipeline)
         action = plan_sink_commit(
             table_txid,
@@ -223,18 +230,21 @@ class LakeSink(abc.ABC):
             attempt=attempt,
             sink=self.name,
             table_attempt=table.committed_attempt(pipeline, txid) if table_txid == txid else None,
+            rewound_through=rewound_through,
         )
         if action is SinkAction.REPLACE:
             # An earlier attempt's commit got this far and then failed (at another sink, or
-            # the log's own step): its rows go, this attempt's come in their place.
+            # the log's own step), or a rewind undid the txids from this one on in the log and
+            # the table has not followed yet: their rows go, this attempt's come in their place.
             version = table.rewind(pipeline, txid - 1)
             log.warning(
-                "pipeline=%s txid=%s attempt=%s sink=%s: the table held the txid from another "
-                "attempt; rewound to txid %s (version %s) to replace it",
+                "pipeline=%s txid=%s attempt=%s sink=%s: the table held txid %s from an attempt "
+                "the log does not commit; rewound to txid %s (version %s) to replace it",
                 pipeline,
                 txid,
                 attempt,
                 self.name,
+                table_txid,
                 txid - 1,
                 version,
             )
@@ -463,6 +473,7 @@ def sink_from_spec(spec: Mapping[str, Any] | str) -> LakeSink:
 
 __all__ = [
     "MODES",
+    "SINK_SPEC",
     "LakeSink",
     "LakeTable",
     "SinkCommit",

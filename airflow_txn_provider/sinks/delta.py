@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from airflow_txn_provider.names import quote_ident
 from airflow_txn_provider.sinks.base import LakeSink, LakeTable, require
-from airflow_txn_provider.sinks.rewind import first_undone_commit
+from airflow_txn_provider.sinks.rewind import first_undone_commit, held_versions
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -226,11 +226,15 @@ class DeltaLakeTable(LakeTable):
         dt = self._table()
         if dt is None:
             return []
-        newest: dict[int, int] = {}
-        for commit in dt.history(HISTORY_LIMIT):  # newest first: a rewound txid's newest wins
-            if commit.get("txn.pipeline") == pipeline and "txn.txid" in commit:
-                newest.setdefault(int(commit["txn.txid"]), int(commit["version"]))
-        return sorted((t, v) for t, v in newest.items() if t >= 1)
+        commits = [
+            (
+                int(c["version"]),
+                c.get("txn.pipeline"),
+                int(c["txn.txid"]) if "txn.txid" in c else None,
+            )
+            for c in dt.history(HISTORY_LIMIT)  # newest first
+        ]
+        return held_versions(commits, pipeline=pipeline)
 
     def read(self, version: int) -> pa.Table:
         dt = self._table(version)

@@ -22,7 +22,7 @@ from airflow_txn_provider.credentials import connection_url
 from airflow_txn_provider.exceptions import InvalidNameError, TxnConfigError
 from airflow_txn_provider.names import COLUMN, CONN_ID, check_name
 from airflow_txn_provider.sinks.base import LakeSink, LakeTable, require
-from airflow_txn_provider.sinks.rewind import first_undone_commit
+from airflow_txn_provider.sinks.rewind import first_undone_commit, held_versions
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -254,12 +254,9 @@ class IcebergLakeTable(LakeTable):
 
     def versions(self, pipeline: str) -> list[tuple[int, int]]:
         # Newest first: an upsert may write two snapshots for one txid, and the newer (complete)
-        # one must win, so keep the first seen per txid.
-        newest: dict[int, int] = {}
-        for snapshot, by, txid, _ in self._lineage(self._table()):
-            if by == pipeline and txid is not None:
-                newest.setdefault(txid, int(snapshot.snapshot_id))
-        return sorted((t, v) for t, v in newest.items() if t >= 1)
+        # one must win; a rewind to txid 0 is a delete on top of the undone snapshots.
+        commits = [(int(s.snapshot_id), by, t) for s, by, t, _ in self._lineage(self._table())]
+        return held_versions(commits, pipeline=pipeline)
 
     def read(self, version: int) -> pa.Table:
         table = self._table()

@@ -53,4 +53,22 @@ def first_undone_commit(
     return commits[oldest][0]
 
 
-__all__ = ["first_undone_commit"]
+def held_versions(
+    commits: Sequence[tuple[int, str | None, int | None]], *, pipeline: str
+) -> list[tuple[int, int]]:
+    """``(txid, version)``, by txid, of the table version that holds each txid >= 1 of
+    ``pipeline`` now, from ``(version, pipeline, txid)`` of the table's commits, newest first: a
+    txid's newest commit (a replaced attempt's older one is not its), unless a newer commit of
+    the pipeline holds an older txid, which means a rewind went back past it, its rows gone.
+    """
+    newest: dict[int, int] = {}
+    ceiling: int | None = None
+    for version, by, txid in commits:
+        if by != pipeline or txid is None or (ceiling is not None and txid > ceiling):
+            continue
+        newest.setdefault(txid, version)
+        ceiling = txid
+    return sorted((t, v) for t, v in newest.items() if t >= 1)
+
+
+__all__ = ["first_undone_commit", "held_versions"]

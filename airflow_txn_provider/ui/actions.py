@@ -118,6 +118,7 @@ def rewind_api(
         "last_committed_before": result.last_committed_before,
         "rewound": list(result.rewound),
         "states": {name: dict(counts) for name, counts in result.states.items()},
+        "tables": dict(result.tables),
         "job_version": body.job_version,
         "reason": body.reason,
     }

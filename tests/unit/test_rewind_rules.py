@@ -13,6 +13,7 @@ from airflow_txn_provider.coordinator import (
     plan_begin,
     plan_rewind,
     rewind_floor,
+    rewound_through,
 )
 from airflow_txn_provider.exceptions import RewindAheadError, RewindTooFarError
 from airflow_txn_provider.records import TxRecord
@@ -85,3 +86,11 @@ def test_after_a_rewind_the_txids_replay_in_order_from_n_with_new_attempts(last,
             assert plan_begin(after, later).action is BeginAction.WAIT_PREVIOUS
     # a rewound attempt is never its own failure: no poison-batch count, no sensor's re-queue
     assert all(not r.failed_on_its_own for r in after.in_flight)
+
+
+def test_the_newest_txid_a_rewind_undid_spans_every_rewind():
+    assert rewound_through([]) == 0
+    # to 5, failing 5..9; then to 3, failing 3..6 (the replays had reached 6); then a rewind
+    # that failed nothing (to the oldest uncommitted txid, none begun)
+    assert rewound_through([(5, 5), (3, 4), (7, 0)]) == 9
+    assert rewound_through([(3, 4)]) == 6

@@ -10,7 +10,7 @@ from airflow_txn_provider.exceptions import LakeSchemaMismatchError, LakeTableOu
 from airflow_txn_provider.pipeline import TxnPipeline
 from airflow_txn_provider.sinks import DeltaSink, IcebergSink, StagedFiles, sink_from_spec
 from airflow_txn_provider.sinks.base import schema_to_hex
-from airflow_txn_provider.sinks.rewind import first_undone_commit
+from airflow_txn_provider.sinks.rewind import first_undone_commit, held_versions
 from airflow_txn_provider.sinks.schema import check_schema, schema_problems
 from airflow_txn_provider.spark.generated_source import GeneratedTextSource
 from airflow_txn_provider.spark.job import BatchJob
@@ -34,6 +34,38 @@ class TestPlanSinkCommit:
         # table must end with the committed attempt's rows, not the failed one's.
         assert plan_sink_commit(5, 5, table_attempt=1, **WHERE) is SinkAction.REPLACE
         assert plan_sink_commit(5, 5, table_attempt=None, **WHERE) is SinkAction.REPLACE
+
+    def test_a_table_ahead_with_txids_a_rewind_undid_follows_the_log_at_the_next_commit(self):
+        # A rewind to 5 failed txids 5..9 (7 committed, 8 and 9 in flight); the table still holds
+        # up to 8 (a crash before the rewind's own table step, or a store out of reach then).
+        for table_txid in (5, 6, 8, 9):
+            assert plan_sink_commit(table_txid, 5, rewound_through=9, **WHERE) is (
+                SinkAction.REPLACE
+            )
+        # Replayed in order: txid 6 finds the table at 5 (the replay's) and adds.
+        assert plan_sink_commit(5, 6, rewound_through=9, **WHERE) is SinkAction.ADD
+
+    def test_a_table_ahead_of_what_any_rewind_undid_is_refused(self):
+        with pytest.raises(LakeTableOutOfSyncError, match="already holds txid 10"):
+            plan_sink_commit(10, 5, rewound_through=9, **WHERE)
+        with pytest.raises(LakeTableOutOfSyncError, match="already holds txid 7"):
+            plan_sink_commit(7, 5, **WHERE)  # never rewound
+
+
+class TestHeldVersions:
+    """Which table version holds each txid now: ``(version, pipeline, txid)``, newest first."""
+
+    def test_each_txids_newest_commit_and_not_a_replaced_attempts(self):
+        commits = [(5, "p", 3), (4, "p", 2), (3, "p", 2), (2, "q", 7), (1, "p", 1)]
+        assert held_versions(commits, pipeline="p") == [(1, 1), (2, 4), (3, 5)]
+
+    def test_commits_a_rewind_went_back_past_hold_nothing(self):
+        # 6: a rewind stamped txid 1 (Delta's RESTORE); 7, 8: txids 2 and 3 recomputed on it.
+        commits = [(8, "p", 3), (7, "p", 2), (6, "p", 1), (5, "p", 4), (4, "p", 3), (3, "p", 2)]
+        commits += [(2, "p", 1)]
+        assert held_versions(commits, pipeline="p") == [(1, 6), (2, 7), (3, 8)]
+        # Iceberg's rewind to txid 0 is a delete on top of the undone snapshots
+        assert held_versions([(9, "p", 0), (8, "p", 2), (7, "p", 1)], pipeline="p") == []
 
 
 class TestFirstUndoneCommit:
