@@ -28,7 +28,7 @@ UV_VERSION := 0.13.9
 UV     := $(VENV)/bin/uv
 PYTEST_ARGS ?=
 
-.PHONY: demo demo-stop demo-core install system-deps test test-suite test-scenarios test-all screenshots test-unit test-integration lint chaos chaos-fast chaos-airflow chaos-lake bench-core bench-undo bench-stage bench-spark bench-airflow bench-peer bench-read bench-preload bench-begin bench-retention bench-lake bench-sessions clean
+.PHONY: demo demo-stop demo-core install system-deps test test-suite test-scenarios test-all screenshots test-unit test-integration lint chaos chaos-fast chaos-rewind chaos-airflow chaos-lake bench-core bench-undo bench-stage bench-spark bench-airflow bench-peer bench-read bench-preload bench-begin bench-retention bench-lake bench-sessions clean
 
 install: $(STAMP)
 
@@ -102,12 +102,18 @@ lint: install
 # `make chaos`.
 SEED ?= 2026
 CHAOS_REPEAT ?= 2
-chaos: chaos-fast chaos-airflow
+chaos: chaos-fast chaos-rewind chaos-airflow
 
 chaos-fast: install
 	$(PY) chaos/fast.py --runs 200 --seed $(SEED)
 	$(PY) chaos/fast.py --runs 20 --seed $(SEED) --sink delta
 	$(PY) chaos/fast.py --runs 20 --seed $(SEED) --sink iceberg
+
+# chaos-rewind: the process running a rewind SIGKILLed at seeded steps (inside the log's
+# transaction, at its commit, in the lake tables' step): never a mix, then healed to ground truth.
+chaos-rewind: install
+	$(PY) chaos/kill_rewind.py --runs 40 --seed $(SEED) --sink delta
+	$(PY) chaos/kill_rewind.py --runs 20 --seed $(SEED) --sink iceberg
 
 chaos-airflow: install
 	$(PY) chaos/on_airflow.py --seed $(SEED) --repeat $(CHAOS_REPEAT)
