@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from sqlalchemy import select
 
 from airflow_txn_provider.config import PRUNE_BATCH
-from airflow_txn_provider.coordinator import prune_range
+from airflow_txn_provider.coordinator import prune_range, rewind_floor
 from airflow_txn_provider.exceptions import UnknownPipelineError
 from airflow_txn_provider.log_rows import TxidRows, lock_pipeline
 from airflow_txn_provider.models import PIPELINES
@@ -41,6 +41,14 @@ class RetentionInfo:
     """Attempts of pruned txids that had failed (each was replayed before its txid committed)."""
     pruned_through_txid: int
     """Every txid up to this one was pruned (0: none)."""
+    undo_from_txid: int = 1
+    """The first txid whose commit wrote undo records (see migration 0009)."""
+
+    @property
+    def rewind_floor(self) -> int:
+        """The oldest txid a rewind can go back to now
+        (:func:`~airflow_txn_provider.coordinator.rewind_floor`)."""
+        return rewind_floor(self.pruned_through_txid, self.undo_from_txid)
 
 
 def prune_locked(conn: Connection, pipeline: str, due: range) -> int:
@@ -80,7 +88,8 @@ class LogRetention:
 
     @retry_transient
     def retention(self, pipeline: str) -> RetentionInfo:
-        """The pipeline's ``keep_txids`` and the totals of what retention pruned."""
+        """The pipeline's ``keep_txids``, the totals of what retention pruned, and how far back a
+        rewind reaches."""
         with self.engine.connect() as conn:
             row = conn.execute(select(PIPELINES).where(PIPELINES.c.name == pipeline)).one_or_none()
         if row is None:
@@ -92,4 +101,5 @@ class LogRetention:
             pruned_attempts=int(row.pruned_attempts),
             pruned_failed_attempts=int(row.pruned_failed_attempts),
             pruned_through_txid=int(row.pruned_through_txid),
+            undo_from_txid=int(row.undo_from_txid),
         )

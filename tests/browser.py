@@ -3,8 +3,8 @@
 Never a downloaded browser, and no traffic beyond loopback: the flags turn off Chromium's
 background networking (updates, sync, safe browsing), which this machine's closed network would
 refuse anyway. Screenshots go to ``$TXN_TEST_ARTIFACTS`` (default ``test-artifacts/``); those the
-README shows (:data:`README_SCREENSHOTS`) also to ``$TXN_README_SCREENSHOTS`` when it is set:
-``make screenshots`` sets it to ``docs/screenshots/``, so the README shows the UI of the code.
+README and the docs show (:data:`RETAKEN`) also to ``$TXN_README_SCREENSHOTS`` when it is set:
+``make screenshots`` sets it to ``docs/screenshots/``, so they show the UI of the code.
 """
 
 from __future__ import annotations
@@ -28,6 +28,10 @@ README_SCREENSHOTS = (
     "transactions-txid-attempts",
 )
 """The screenshots README.md shows (docs/screenshots/<name>.png)."""
+DOCS_SCREENSHOTS = {"ui.md": ("transactions-rewind-dialog",)}
+"""The screenshots the pages under docs/ show, by page (docs/screenshots/<name>.png too)."""
+RETAKEN = README_SCREENSHOTS + tuple(name for names in DOCS_SCREENSHOTS.values() for name in names)
+"""Every screenshot ``make screenshots`` retakes into docs/screenshots/."""
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",  # root in a container: Chromium's sandbox needs user namespaces
@@ -73,7 +77,7 @@ def screenshot(page: Any, name: str, *, full_page: bool = False) -> Path:
     path = ARTIFACTS / f"{name}.png"
     page.screenshot(path=str(path), full_page=full_page)
     readme = os.environ.get("TXN_README_SCREENSHOTS")
-    if readme and name in README_SCREENSHOTS:
+    if readme and name in RETAKEN:
         Path(readme).mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, Path(readme) / path.name)
     return path

@@ -104,6 +104,8 @@ class AirflowStack:
         attempts (:mod:`airflow_txn_provider.failure_injection`); off for benchmarks.
     :param preload: warm the task processes (:mod:`airflow_txn_provider.preload`) through
         ``$AIRFLOW_HOME/config/airflow_local_settings.py``, as a deployment should.
+    :param users: more users of the simple auth manager, name -> (role, password): ``viewer``,
+        ``user``, ``op`` or ``admin`` (the admin user is always there).
     :param celery_broker: a Celery broker URL (e.g. :class:`~.redis.RedisServer`'s): run the
         CeleryExecutor with ``celery_workers`` workers of ``celery_concurrency`` slots each,
         results in the metadata database; ``None``: the LocalExecutor.
@@ -124,8 +126,10 @@ class AirflowStack:
         celery_broker: str | None = None,
         celery_workers: int = 2,
         celery_concurrency: int = 4,
+        users: Mapping[str, tuple[str, str]] | None = None,
     ) -> None:
         self.home = Path(home)
+        self.users = {ADMIN_USER: ("admin", password), **(users or {})}
         self.preload = preload
         self.metadata_url = metadata_url
         self.dags_folder = Path(dags_folder)
@@ -163,7 +167,9 @@ class AirflowStack:
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{ADMIN_USER}:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(
+                f"{name}:{role}" for name, (role, _) in self.users.items()
+            ),
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(self.home / "passwords.json"),
             "AIRFLOW__API__HOST": "127.0.0.1",
             "AIRFLOW__API__PORT": str(self.port),
@@ -241,7 +247,8 @@ class AirflowStack:
 
     def start(self, timeout: float = 240) -> AirflowStack:
         (self.home / "logs").mkdir(parents=True, exist_ok=True)
-        (self.home / "passwords.json").write_text(json.dumps({ADMIN_USER: self.password}))
+        passwords = {name: password for name, (_, password) in self.users.items()}
+        (self.home / "passwords.json").write_text(json.dumps(passwords))
         if self.preload:
             (self.home / "config").mkdir(exist_ok=True)
             (self.home / "config" / "airflow_local_settings.py").write_text(LOCAL_SETTINGS)

@@ -28,7 +28,9 @@ from typing import Annotated, Any
 from urllib.parse import quote
 
 import jinja2
-from fastapi import FastAPI, Request
+from airflow.api_fastapi.auth.managers.base_auth_manager import BaseAuthManager
+from airflow.api_fastapi.core_api.security import GetUserDep
+from fastapi import Depends, FastAPI, Request
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
@@ -45,6 +47,7 @@ from airflow_txn_provider.ui.access import (
     PipelineName,
     Reading,
     ReadingDep,
+    auth_manager,
     authorized,
     require,
 )
@@ -132,15 +135,27 @@ def index_page(request: Request, reading: ReadingDep) -> HTMLResponse:
 
 
 @app.get("/pipelines/{pipeline}", response_class=HTMLResponse)
-def pipeline_page(request: Request, pipeline: PipelineName, reading: ReadingDep) -> HTMLResponse:
+def pipeline_page(
+    request: Request,
+    pipeline: PipelineName,
+    reading: ReadingDep,
+    user: GetUserDep,
+    manager: Annotated[BaseAuthManager, Depends(auth_manager)],
+) -> HTMLResponse:
+    """The pipeline, with "Rewind to here" on the txids a rewind can go back to: enabled for a
+    user who may edit every DAG that runs it (the rewind endpoint's own rule, which refuses the
+    others anyway), disabled and saying why for the others."""
     txn_log = authorized(reading, pipeline)
     data = reader.pipeline_payload(txn_log, pipeline, _now())
+    dag_ids = sorted(reading.pipeline_dags.get(pipeline, ()))
+    rights = model.rewind_rights(actions.may_edit(manager, user, dag_ids), actions.NOT_AN_EDITOR)
     return _render(
         request,
         "pipeline.html",
         title=pipeline,
         api=f"/api/pipelines/{quote(pipeline, safe='')}",
         data=data,
+        rights=rights,
     )
 
 

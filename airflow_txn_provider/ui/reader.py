@@ -34,6 +34,7 @@ from airflow_txn_provider.ui.errors import LogUnavailableError
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
+    from airflow_txn_provider.retention import RetentionInfo
     from airflow_txn_provider.state import MapState
     from airflow_txn_provider.transaction_log import TransactionLog
 
@@ -227,24 +228,28 @@ def pipelines_payload(
 def pipeline_payload(
     txn_log: TransactionLog, pipeline: str, now: datetime, limit: int = model.TXID_LIMIT
 ) -> dict[str, Any]:
-    """One pipeline: summary, newest ``limit`` txids, chart series and committed states."""
-    summary = model.pipeline_summary(txn_log.view(pipeline))  # UnknownPipelineError: a 404
+    """One pipeline: summary, newest ``limit`` txids (each with what a rewind to it recomputes),
+    chart series, committed states, retention and how far back a rewind reaches."""
+    view = txn_log.view(pipeline)  # UnknownPipelineError: a 404
+    summary = model.pipeline_summary(view)
     txs = txn_log.transactions(
         pipeline, since_txid=model.window_since(summary["newest_txid"], limit), limit=limit
     )
+    retention = txn_log.retention(pipeline)
+    floor = retention.rewind_floor
     return {
         "pipeline": summary,
         "limit": limit,
-        "txids": model.txid_rows(txs, now),
+        "txids": model.with_rewind_options(model.txid_rows(txs, now), view, floor),
         "chart": model.chart_series(txs, now),
         "states": state_summaries(txn_log.engine, pipeline, summary["last_committed"]),
-        "retention": _retention(txn_log, pipeline),
+        "retention": _retention(retention),
+        "rewind": model.rewind_reach(view, floor),
         "now": model.iso(now),
     }
 
 
-def _retention(txn_log: TransactionLog, pipeline: str) -> dict[str, Any]:
-    r = txn_log.retention(pipeline)
+def _retention(r: RetentionInfo) -> dict[str, Any]:
     return model.retention_summary(
         r.keep_txids,
         r.pruned_txids,

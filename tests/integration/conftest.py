@@ -14,6 +14,9 @@ share one, with a DAG each, on one transaction log.
   process of its own, :class:`~txn_testing.kafka.MockKafkaCluster`) through the Airflow
   connection ``kafka_default``: the Kafka test's (``test_kafka_airflow.py``).
 
+Two users sign in: the admin, and ``viewer`` (the simple auth manager's role ``viewer``: reads
+every DAG, edits none), whom the browser test's rewind is refused.
+
 The DAGs start paused; each test unpauses its own, and pauses it and ends its runs when done, so
 the other test runs beside an idle pipeline. The deployment stops after the last test that uses
 it (not at the session's end: the Airflow chaos tier runs on the same xdist worker after them;
@@ -48,6 +51,11 @@ SECRET_BATCH = 20
 SECRET_MARK = "leakmarker"
 """The job raises an error carrying the catalog's URL, password included, on a line with it."""
 SECRET_CATALOG_CONN = "ice_cat"
+
+# A second user of the deployment, who may read every DAG but edit none (the simple auth
+# manager's role ``viewer``): the browser test's user whom a rewind is refused.
+VIEWER_USER = "viewer"
+VIEWER_PASSWORD = "viewer-password"
 
 
 @dataclass
@@ -128,7 +136,9 @@ def _shared_airflow_deployment(
         "TXN_EXAMPLES_KAFKA_TOPIC": KAFKA_TOPIC,
     }
     meta = new_database(postgres, migrated=False)  # Airflow's metadata database
-    stack = AirflowStack(folder / "airflow", meta, dags, env=env)
+    stack = AirflowStack(
+        folder / "airflow", meta, dags, env=env, users={VIEWER_USER: ("viewer", VIEWER_PASSWORD)}
+    )
     deployment = SharedAirflow(stack, db_url, folder, kafka)
     deployment.users = sum("shared_airflow" in item.fixturenames for item in request.session.items)
     try:

@@ -5,8 +5,11 @@ dag-processor, triggerer, api-server; Postgres; Spark Connect; all on 127.0.0.1)
 
 A person logs in, sees txid runs succeed in order in the grid, reads committed txids and the
 state on the Transactions page, watches a txid fail until it stops the pipeline, presses
-**Clear** on its run in the Airflow UI, and sees it and the later txids commit. Screenshots are
-saved in ``test-artifacts/`` (``$TXN_TEST_ARTIFACTS``).
+**Clear** on its run in the Airflow UI, and sees it and the later txids commit. Then the admin
+presses **Rewind to here** on a committed txid N, reads in the confirmation which txids are
+recomputed, confirms, and the log records the rewind and recommits N with a new attempt; a
+viewer, who may not edit the DAG, sees the action disabled and is refused the same request.
+Screenshots are saved in ``test-artifacts/`` (``$TXN_TEST_ARTIFACTS``).
 """
 
 from __future__ import annotations
@@ -14,18 +17,34 @@ from __future__ import annotations
 import json
 import re
 
+import sqlalchemy as sa
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from airflow_txn_provider.exceptions import UnknownPipelineError
+from airflow_txn_provider.models import REWINDS
+from airflow_txn_provider.state import MapState
 from airflow_txn_provider.transaction_log import TransactionLog
+from airflow_txn_provider.ui.actions import NOT_AN_EDITOR
+from airflow_txn_provider.vocabulary import TxStatus
 from tests.browser import chromium_page, login, screenshot, screenshot_on_failure
 from tests.conftest import wait_until
+from tests.integration.conftest import VIEWER_PASSWORD, VIEWER_USER
 from txn_testing.airflow import ADMIN_USER
 
 DAG = "example_txn_words"
 VARIABLE = f"txn_inject_failure__{DAG}"
 WORDS_PER_LINE = 8  # GeneratedTextSource's default, which the example uses
 RUN_ID = re.compile(r"txid-(\d{6})")
+REASON = "word_count.py fixed: count again from here"
+POST_REWIND = """async ([url, to]) => {
+  const response = await fetch(url, {
+    method: "POST", credentials: "same-origin",
+    headers: { Accept: "application/json", "Content-Type": "application/json" },
+    body: JSON.stringify({ to_txid: to }),
+  });
+  return [response.status, await response.json()];
+}"""
+"""The rewind request as the page's script sends it, from a signed-in user's browser."""
 
 
 def _cells(page, rows: str) -> list[list[str]]:
@@ -56,7 +75,7 @@ def _card(page, label: str) -> int:
 def _txid_rows(page) -> dict[int, dict[str, str]]:
     rows = {}
     for cells in _cells(page, "#txids tr"):
-        if len(cells) == 9:
+        if len(cells) == 10:
             rows[int(cells[0])] = {
                 "attempt": cells[1],
                 "status": cells[2],
@@ -65,6 +84,29 @@ def _txid_rows(page) -> dict[int, dict[str, str]]:
                 "error": cells[7],
             }
     return rows
+
+
+def _rewinds(log: TransactionLog) -> list:
+    """The pipeline's rewinds as the log records them (``txn_rewind``), oldest first."""
+    with log.engine.connect() as conn:
+        query = sa.select(REWINDS).where(REWINDS.c.pipeline == DAG).order_by(REWINDS.c.id)
+        return list(conn.execute(query))
+
+
+def _counts_match_the_committed_batches(log: TransactionLog) -> bool:
+    """The word counts hold exactly ``WORDS_PER_LINE`` words per line of the committed batches
+    (read in one snapshot: a commit between two reads would tell nothing)."""
+    counts = MapState(DAG, f"{DAG}_counts", "transactional", keys={"word": "text"})
+    with log.engine.connect() as conn:
+        conn.execute(sa.text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"))
+        batches = conn.execute(
+            sa.text("SELECT metadata FROM txn_transaction WHERE pipeline = :p AND status = :s"),
+            {"p": DAG, "s": TxStatus.COMMITTED.value},
+        ).scalars()
+        lines = sum(end - start for batch in batches for start, end in batch.values())
+        words = sum(counts.items(conn).values())
+        conn.rollback()
+    return bool(words == WORDS_PER_LINE * lines)
 
 
 def test_watch_commits_read_the_transactions_page_and_clear_a_failed_txid(shared_airflow):
@@ -188,9 +230,89 @@ def test_watch_commits_read_the_transactions_page_and_clear_a_failed_txid(shared
         history = page.locator("table").last.inner_text()
         assert history.count("failed") >= 3 and "committed" in history
         screenshot(page, "transactions-txid-attempts")
+
+        # Rewind to here, as the admin, on a committed txid N: the confirmation names the
+        # pipeline, the txids recomputed (N … M: N's commit and every later one undone, the txids
+        # in flight started over) and the txid the states go back to; its answer says what is
+        # pending again. The log records the rewind and recommits N with a new attempt.
+        last = log.last_committed(DAG)  # before the page: the page's M is at least this
+        to = last - 2
+        attempt_before = log.transaction(DAG, to).attempt
+        page.goto(f"{stack.url}/transactions/pipelines/{DAG}")
+        page.locator(f'button.rewind[data-to="{to}"]').click()
+        dialog = page.locator("#rewind-dialog")
+        dialog.wait_for()
+        said = dialog.inner_text()
+        planned = re.search(rf"txids {to} … (\d+) will be recomputed", said)
+        assert planned, said
+        through = int(planned.group(1))
+        assert through >= last, said
+        assert f"the commits of txids {to} … " in said, said
+        assert f"Rewind {DAG} to txid {to}?" in said, said
+        assert f"Every state of {DAG} goes back to its value after txid {to - 1}." in said, said
+        page.locator("#rewind-reason").fill(REASON)
+        screenshot(page, "transactions-rewind-dialog")
+        page.locator("#rewind-confirm").click()
+        page.wait_for_function(
+            "() => { const r = document.getElementById('rewind-result');"
+            " return !r.hidden && !r.textContent.startsWith('Rewinding'); }",
+            timeout=120_000,
+        )
+        answer = page.locator("#rewind-result").inner_text()
+        assert answer.startswith(f"Rewound {DAG} to txid {to}") and "pending again" in answer
+        assert f"txids {to} … " in answer, answer
+
+        [rewind] = _rewinds(log)
+        assert (rewind.to_txid, rewind.by, rewind.reason) == (to, ADMIN_USER, REASON)
+        assert rewind.last_committed_txid >= last
+        assert to + rewind.rewound_txids - 1 >= through  # at least what the dialog named
+        now_last, info = log.last_committed(DAG), log.transaction(DAG, to)
+        if now_last < to:  # rewound, N not recommitted yet
+            assert now_last == to - 1 and info.attempt >= attempt_before, (now_last, info)
+        else:  # recommitted already, by a new attempt
+            assert info.status is TxStatus.COMMITTED and info.attempt > attempt_before, info
+        events = api.call("GET", "/eventLogs", params={"event": "txn_rewind", "dag_id": DAG})
+        assert [(e["dag_id"], e["owner"]) for e in events["event_logs"]] == [(DAG, ADMIN_USER)]
+
+        # A viewer may read the DAG but not edit it: the action is disabled and says why, and the
+        # same request from their session is refused (403) and changes nothing in the log.
+        viewing = page.context.browser.new_context(viewport={"width": 1600, "height": 1000})
+        try:
+            viewer = viewing.new_page()
+            viewer.set_default_timeout(30_000)
+            login(viewer, stack.url, VIEWER_USER, VIEWER_PASSWORD)
+            viewer.goto(f"{stack.url}/transactions/pipelines/{DAG}")
+            viewer.locator("button.rewind").first.wait_for()
+            buttons = viewer.locator("button.rewind").evaluate_all(
+                "bs => bs.map(b => [b.disabled, b.title])"
+            )
+            assert buttons and all(off and why == NOT_AN_EDITOR for off, why in buttons), buttons
+            viewer.locator("button.rewind").first.click(force=True)
+            assert not viewer.locator("#rewind-dialog").is_visible()
+            url = f"{stack.url}/transactions/api/pipelines/{DAG}/rewind"
+            status, body = viewer.evaluate(POST_REWIND, [url, to])
+            assert status == 403 and NOT_AN_EDITOR in body["detail"], (status, body)
+        finally:
+            viewing.close()
+        assert [r.id for r in _rewinds(log)] == [rewind.id]
+        events = api.call("GET", "/eventLogs", params={"event": "txn_rewind", "dag_id": DAG})
+        assert len(events["event_logs"]) == 1
+
+        # The pipeline heals: N and the txids after it commit again, N with a new attempt.
+        def recomputed() -> bool:
+            info = log.transaction(DAG, to)
+            return (
+                log.last_committed(DAG) >= through
+                and info.status is TxStatus.COMMITTED
+                and info.attempt > attempt_before
+            )
+
+        wait_until(recomputed, 300, f"txids {to}..{through} recomputed after the rewind", stack)
     txids = log.transactions(DAG)
     committed = [t for t in txids if t.status.value == "committed"]
     assert [t.txid for t in committed] == list(range(1, len(committed) + 1))
     times = [t.committed_at for t in committed]
     assert times == sorted(times)
+    # Exactly once through the rewind: the states back as after N - 1, then N… counted again.
+    wait_until(lambda: _counts_match_the_committed_batches(log), 30, "counts = batches")
     log.engine.dispose()

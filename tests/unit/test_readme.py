@@ -1,5 +1,5 @@
 """The README: its architecture table names every module of the package (and nothing that is
-gone), and its screenshots are those the browser test retakes."""
+gone), and its screenshots (and the docs' pages') are those the browser test retakes."""
 
 from __future__ import annotations
 
@@ -54,3 +54,13 @@ def test_the_readmes_screenshots_are_those_the_browser_test_retakes():
     shown = re.findall(r"\(docs/screenshots/([\w-]+)\.png\)", readme)
     assert sorted(shown) == sorted(README_SCREENSHOTS)
     assert all((ROOT / "docs" / "screenshots" / f"{name}.png").is_file() for name in shown)
+
+
+def test_the_docs_screenshots_are_those_the_browser_test_retakes():
+    """The pages under docs/ show the screenshots ``make screenshots`` retakes for them."""
+    from tests.browser import DOCS_SCREENSHOTS
+
+    for page in sorted((ROOT / "docs").glob("*.md")):
+        shown = re.findall(r"\(screenshots/([\w-]+)\.png\)", page.read_text())
+        assert sorted(shown) == sorted(DOCS_SCREENSHOTS.get(page.name, ())), page.name
+        assert all((ROOT / "docs" / "screenshots" / f"{name}.png").is_file() for name in shown)

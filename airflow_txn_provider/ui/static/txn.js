@@ -75,6 +75,19 @@
   const counts = (c) =>
     h("span", { class: "counts" },
       Object.entries(c).map(([k, n]) => h("span", { class: `st st-${k}`, title: k }, `${k} ${n}`)));
+  // "Rewind to here" (same markup as the macro rewind): on the txids the server says a rewind can
+  // go back to (t.rewind, planned by the coordinator's rule), disabled for a user who may not
+  // edit every DAG of the pipeline (the table's data-rewind-*, rendered with the page).
+  function rewindButton(r) {
+    if (!r) return null;
+    const table = document.getElementById("txid-table");
+    const allowed = table && table.dataset.rewindAllowed === "true";
+    return h("button", {
+      type: "button", class: "rewind", "data-to": r.to_txid, "data-through": r.through,
+      "data-span": r.span, "data-text": r.text, "data-states": r.states, disabled: !allowed,
+      title: allowed ? `recompute ${r.span}` : table && table.dataset.rewindWhyNot,
+    }, "Rewind to here");
+  }
   const num = (v, cls) => h("td", { class: cls ? `num ${cls}` : "num" }, v);
   const empty = (cols, text) => h("tr", {}, h("td", { colspan: cols, class: "empty" }, text));
 
@@ -124,8 +137,13 @@
         duration(t.commit_wait_s, t.commit_wait_running)),
       h("td", { class: "meta" }, t.lake || ""),
       h("td", {}, error(t.last_error, t.txid, t.failed_by)),
-      h("td", {}, airflowRun(p.name, t.run_id))));
-    document.getElementById("txids").replaceChildren(...(rows.length ? rows : [empty(9, "No txid has begun yet.")]));
+      h("td", {}, airflowRun(p.name, t.run_id)),
+      h("td", {}, rewindButton(t.rewind))));
+    document.getElementById("txids").replaceChildren(...(rows.length ? rows : [empty(10, "No txid has begun yet.")]));
+    const hint = document.getElementById("txids-hint");
+    if (hint && data.rewind) {
+      hint.textContent = `(newest first, at most ${data.limit}${data.rewind.text ? `; ${data.rewind.text}` : ""})`;
+    }
   }
 
   function renderStates(states) {
@@ -279,6 +297,82 @@
       busy = false;
     }
   }
+
+  // -- rewind: the confirmation dialog, then the plugin's API ---------------------------------
+
+  function setupRewind() {
+    const dialog = document.getElementById("rewind-dialog");
+    const table = document.getElementById("txid-table");
+    if (!dialog || !table) return;
+    const $ = (id) => document.getElementById(id);
+    const confirm = $("rewind-confirm"), cancel = $("rewind-cancel"), result = $("rewind-result");
+    const reason = $("rewind-reason");
+    let toTxid = null;
+
+    function showResult(message, ok) {
+      result.hidden = false;
+      result.className = ok ? "notice" : "banner";
+      result.textContent = message;
+    }
+
+    table.addEventListener("click", (event) => {
+      const button = event.target.closest("button.rewind");
+      if (!button || button.disabled) return;
+      const d = button.dataset;
+      toTxid = Number(d.to);
+      $("rewind-to").textContent = d.to;
+      $("rewind-text").textContent = d.text;
+      $("rewind-states").textContent = d.states;
+      confirm.textContent = `Rewind to txid ${d.to}`;
+      confirm.hidden = false;
+      confirm.disabled = false;
+      cancel.textContent = "Cancel";
+      reason.value = "";
+      reason.disabled = false;
+      result.hidden = true;
+      dialog.showModal();
+    });
+    cancel.addEventListener("click", () => dialog.close());
+
+    $("rewind-form").addEventListener("submit", async (event) => {
+      event.preventDefault();  // the dialog stays open to show the answer
+      if (toTxid === null) return;
+      confirm.disabled = true;
+      reason.disabled = true;
+      showResult(`Rewinding to txid ${toTxid} …`, true);
+      let response = null, data = null;
+      try {
+        response = await fetch(dialog.dataset.url, {
+          method: "POST", credentials: "same-origin", cache: "no-store",
+          headers: { Accept: "application/json", "Content-Type": "application/json" },
+          body: JSON.stringify({ to_txid: toTxid, reason: reason.value.trim() || null }),
+        });
+        try { data = await response.json(); } catch (e) { data = null; }
+      } catch (e) {
+        showResult(`The rewind could not be sent: ${e.message}`, false);
+        confirm.disabled = false;
+        reason.disabled = false;
+        return;
+      }
+      if (response.ok && data) {
+        const r = data.rewound || [];
+        const pending = r.length ? (r.length === 1 ? `txid ${r[0]} is` : `txids ${r[0]} … ${r[r.length - 1]} are`) : "no txid is";
+        showResult(`Rewound ${data.pipeline} to txid ${data.to_txid} (the last committed txid was ` +
+          `${data.last_committed_before}): ${pending} pending again; ` +
+          `${data.restarted} task instance(s) of ${(data.dag_ids || []).join(", ") || "no DAG"} restarted.`, true);
+        confirm.hidden = true;
+        cancel.textContent = "Close";
+      } else {
+        const detail = data && data.detail ? data.detail : response.statusText;
+        const why = response.status === 409 && data && data.error ? `${data.error}: ${detail}` : detail;
+        showResult(`Refused (${response.status}): ${why}`, false);
+        confirm.disabled = true;
+      }
+      refresh();
+    });
+  }
+
+  setupRewind();
 
   if (api && renderers[page]) {
     refresh();

@@ -100,13 +100,19 @@ def db(postgres):
 
 
 class FakeAuthManager:
-    """Stands for Airflow's auth manager: all DAGs, or only some."""
+    """Stands for Airflow's auth manager: reads all DAGs, or only some; edits (``PUT``, what a
+    rewind needs) the DAGs in ``edits``."""
 
-    def __init__(self, *, all_dags: bool = False, dag_ids: tuple[str, ...] = ()):
+    def __init__(
+        self, *, all_dags: bool = False, dag_ids: tuple[str, ...] = (), edits: tuple[str, ...] = ()
+    ):
         self.all_dags = all_dags
         self.dag_ids = set(dag_ids)
+        self.edits = set(edits)
 
     def is_authorized_dag(self, *, method, user, access_entity=None, details=None):
+        if method == "PUT":
+            return details is not None and details.id in self.edits
         assert method == "GET"
         return self.all_dags
 
@@ -879,6 +885,8 @@ const ids = {};
 const names = ["pipelines", "summary", "chart", "states", "txids", "current", "attempts"];
 for (const id of [...names, "banner", "stamp"]) ids[id] = new Element("div");
 ids.banner.hidden = true;
+ids["txid-table"] = new Element("table");  // the rewind rights the page was rendered with
+ids["txid-table"].dataset = input.table || {};
 ids.stamp.textContent = "updated 00:00:00 UTC";
 const body = new Element("body");
 body.dataset = { root: "/transactions", airflowRoot: "", api: "/api", pollMs: "2500" };
@@ -913,7 +921,7 @@ setTimeout(() => {
 """
 
 
-def run_script(page: str, payload: dict, status: int = 200) -> dict:
+def run_script(page: str, payload: dict, status: int = 200, table: dict | None = None) -> dict:
     node = shutil.which("node")
     if node is None:
         pytest.skip("node is not installed: the page's script is not exercised")
@@ -921,7 +929,13 @@ def run_script(page: str, payload: dict, status: int = 200) -> dict:
     done = subprocess.run(
         [node, "-e", DOM_HARNESS],
         input=json.dumps(
-            {"page": page, "payload": payload, "status": status, "script": str(script)}
+            {
+                "page": page,
+                "payload": payload,
+                "status": status,
+                "script": str(script),
+                "table": table or {},
+            }
         ),
         capture_output=True,
         text=True,
@@ -946,6 +960,26 @@ def test_script_renders_the_pipeline_page(admin):
     assert dom["stamp"]["text"].startswith("updated ") and dom["stamp"]["text"].endswith(" UTC")
     assert dom["stamp"]["text"] != "updated 00:00:00 UTC"
     assert dom["banner"]["hidden"]
+
+
+def test_script_renders_rewind_to_here_as_the_page_allows(admin):
+    """Each refresh renders the action on the txids the server planned a rewind to (1-3
+    committed, 4 the oldest uncommitted; 5 is after it), enabled or disabled as the page was
+    rendered for the user, with what the dialog shows in its data-."""
+    payload = admin.get("/transactions/api/pipelines/words").json()
+    allowed = run_script("pipeline", payload, table={"rewindAllowed": "true"})["txids"]["html"]
+    assert allowed.count('class="rewind"') == 4 and "disabled" not in allowed
+    assert 'data-to="4"' in allowed and 'data-to="5"' not in allowed
+    assert (
+        'data-text="txids 2 … 5 will be recomputed, in order: the commits of txids 2 … 3 are '
+        'undone, and txids 4 … 5, in flight, start over."'
+    ) in allowed
+    assert 'data-states="Every state of words goes back to its value after txid 1."' in allowed
+    why = "rewinding needs the right to edit every DAG that runs this pipeline"
+    denied = run_script("pipeline", payload, table={"rewindAllowed": "false", "rewindWhyNot": why})[
+        "txids"
+    ]["html"]
+    assert denied.count(f'disabled="" title="{why}"') == 4
 
 
 def test_script_renders_the_index_and_run_pages(admin):

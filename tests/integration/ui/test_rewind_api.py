@@ -2,9 +2,12 @@
 edit every DAG of the pipeline rewinds it, the rewind is written to the audit log and the runs
 restarted (both stood in for: the REST API path is tested on a real Airflow by the CLI test,
 tests/integration/test_kafka_airflow.py), a refused rewind changes nothing, and a bad request
-is refused before anything is read."""
+is refused before anything is read. The page's "Rewind to here" is offered on the txids the
+endpoint accepts, and enabled for the users it lets rewind (the browser test clicks it)."""
 
 from __future__ import annotations
+
+import re
 
 import pytest
 from airflow.api_fastapi.core_api.security import get_user
@@ -18,6 +21,7 @@ from airflow_txn_provider.state import MapState, load_states, stage_states
 from airflow_txn_provider.ui import access as ui_access
 from airflow_txn_provider.ui import actions
 from airflow_txn_provider.ui import app as ui_app
+from airflow_txn_provider.ui.actions import NOT_AN_EDITOR
 from airflow_txn_provider.vocabulary import TxStatus
 
 PIPELINE, DAG = "rw_api", "rw_api_dag"
@@ -171,3 +175,83 @@ def test_a_refused_rewind_says_why_and_changes_nothing(pipeline):
     assert recorder.audit == [] and recorder.restarted == []
     bad = client.post(URL, json={"to_txid": 0})
     assert bad.status_code == 422
+
+
+# -- the page's "Rewind to here" ---------------------------------------------------------------
+
+PAGE = f"/transactions/pipelines/{PIPELINE}"
+
+
+def _offered(client) -> tuple[dict, dict[int, dict | None]]:
+    data = client.get(f"/transactions/api/pipelines/{PIPELINE}").json()
+    return data, {row["txid"]: row["rewind"] for row in data["txids"]}
+
+
+def test_the_page_offers_a_rewind_on_the_txids_the_endpoint_accepts(pipeline):
+    """The page and the endpoint ask the same rule (coordinator.plan_rewind from the floor
+    retention and the undo records leave): here undo records from txid 3 on only."""
+    with pipeline.engine.begin() as conn:
+        conn.exec_driver_sql(
+            "UPDATE txn_pipeline SET undo_from_txid = 3 WHERE name = %s", (PIPELINE,)
+        )
+    client = Recorder().client(pipeline, FakeAuthManager(edits=(DAG,)))
+    data, offered = _offered(client)
+    assert sorted(t for t, option in offered.items() if option) == [3, 4]
+    assert data["rewind"] == {"floor": 3, "newest": 5, "text": "a rewind reaches back to txid 3"}
+    assert offered[3] == {
+        "to_txid": 3,
+        "through": 4,
+        "span": "txids 3 … 4",
+        "text": "txids 3 … 4 will be recomputed, in order: the commits of txids 3 … 4 are undone.",
+        "states": f"Every state of {PIPELINE} goes back to its value after txid 2.",
+    }
+    html = client.get(PAGE).text
+    assert html.count('class="rewind"') == 2 and 'data-to="3"' in html and 'data-to="2"' not in html
+    assert 'data-rewind-allowed="true"' in html and " disabled " not in html
+    assert f'data-url="/transactions/api/pipelines/{PIPELINE}/rewind"' in html
+    assert "a rewind reaches back to txid 3" in html
+
+    refused = client.post(URL, json={"to_txid": 2})  # not offered: refused, with the floor
+    assert refused.status_code == 409 and refused.json()["floor"] == "3"
+    done = client.post(URL, json={"to_txid": 3})
+    assert done.status_code == 200 and done.json()["rewound"] == [3, 4]
+
+    # Now 3 and 4 are in flight again: a rewind to 3 would restart them, none to 4 (ahead).
+    data, offered = _offered(client)
+    assert sorted(t for t, option in offered.items() if option) == [3]
+    assert offered[3]["text"] == (
+        "txids 3 … 4 will be recomputed, in order: txids 3 … 4, in flight, start over."
+    )
+    assert data["rewind"]["newest"] == 3
+
+
+def test_after_retention_the_page_offers_no_rewind_below_what_it_kept(pipeline):
+    with pipeline.engine.begin() as conn:  # as if retention had pruned txid 1
+        conn.exec_driver_sql(
+            "UPDATE txn_pipeline SET pruned_through_txid = 1 WHERE name = %s", (PIPELINE,)
+        )
+    data, offered = _offered(Recorder().client(pipeline, FakeAuthManager(edits=(DAG,))))
+    assert sorted(t for t, option in offered.items() if option) == [3, 4]  # txid 2's row kept
+    assert data["rewind"]["floor"] == 3
+
+
+@pytest.mark.parametrize(
+    ("manager", "dags", "allowed"),
+    [
+        (FakeAuthManager(edits=(DAG,)), (DAG,), True),
+        (FakeAuthManager(edits="all"), (), True),
+        (FakeAuthManager(), (DAG,), False),  # reads it, edits nothing
+        (FakeAuthManager(edits=(DAG,)), (DAG, "another_dag"), False),  # one of its two DAGs
+    ],
+)
+def test_the_action_is_enabled_for_those_the_endpoint_lets_rewind(pipeline, manager, dags, allowed):
+    html = Recorder().client(pipeline, manager, dags=dags).get(PAGE).text
+    buttons = re.findall(r"<button type=\"button\" class=\"rewind\"[^>]*>", html)
+    assert len(buttons) == 4  # txids 1-4 committed, from the floor (1) on
+    if allowed:
+        assert not any(" disabled" in b for b in buttons)
+        assert 'title="recompute txids 1 … 4"' in buttons[-1]  # newest first: txid 1 last
+    else:
+        assert all(f' disabled title="{NOT_AN_EDITOR}"' in b for b in buttons)
+        assert 'data-rewind-allowed="false"' in html
+    assert '<dialog id="rewind-dialog"' in html
