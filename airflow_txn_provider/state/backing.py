@@ -152,7 +152,15 @@ class BackingTable:
     def row_columns(self) -> list[str]:
         """The stored row's columns after the keys: ``value`` and the kind's bookkeeping ones,
         what an undo record keeps as ``old_<column>``."""
-        return ["value", *(ddl.split()[0] for ddl in self.rule.columns(self.value_type))]
+        return [name for name, _ in self._row_ddl()]
+
+    def _row_ddl(self) -> list[tuple[str, str]]:
+        """``(name, SQL type without constraints)`` of :attr:`row_columns`, from the kind's DDL."""
+        columns = [("value", self.value_type)]
+        for ddl in self.rule.columns(self.value_type):
+            name, rest = ddl.split(None, 1)
+            columns.append((name, rest.replace("NOT NULL", "").strip()))
+        return columns
 
     # -- DDL -------------------------------------------------------------------------------------
 
@@ -182,7 +190,7 @@ class BackingTable:
         1.4x its time (``make bench-undo``), a row of arrays (compressed, out of line) far less.
         Logged, like the state: a rewind after a crash needs it."""
         keys = zip(self.quoted_keys, self._key_types(), strict=True)
-        old = zip(self.row_columns, self._row_types(), strict=True)
+        old = self._row_ddl()
         arrays = [
             *(f"{k} {t}[] {UNDO_COMPRESSION} NOT NULL" for k, t in keys),
             f"existed boolean[] {UNDO_COMPRESSION} NOT NULL",
@@ -193,14 +201,6 @@ class BackingTable:
 
     def _key_types(self) -> list[str]:
         return list(self.keys.values()) or ["boolean"]
-
-    def _row_types(self) -> list[str]:
-        """SQL types of :attr:`row_columns`, without their constraints."""
-        types = [self.value_type]
-        for ddl in self.rule.columns(self.value_type):
-            _name, rest = ddl.split(None, 1)
-            types.append(rest.replace("NOT NULL", "").strip())
-        return types
 
     def create_stage(self, conn: Connection) -> None:
         """The UNLOGGED staging table, if missing; its job column and finite-delta check, if
