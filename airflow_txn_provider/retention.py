@@ -57,10 +57,11 @@ def prune_locked(conn: Connection, pipeline: str, due: range) -> int:
     Only committed rows at or below the last committed txid go: an in-flight txid is never
     touched, whatever ``due`` says."""
     from airflow_txn_provider.state import load_states
+    from airflow_txn_provider.state.undo import UndoRecords
 
     pruned = TxidRows.prune(conn, pipeline, due)
     for state in load_states(conn, pipeline).values():  # a rewind reaches no further back
-        state.backing.prune_undo(conn, due[-1])
+        UndoRecords(state.backing).prune(conn, due[-1])
     log.info("pipeline=%s retention pruned %s txid(s) %s..%s", pipeline, pruned, due.start, due[-1])
     return pruned
 

@@ -29,7 +29,8 @@ partial batch.
 Modules: :mod:`~.maps` (the states users declare, composed of the parts below),
 :mod:`~.backing` (a state's tables: DDL, stage, apply, read), :mod:`~.kinds` (one class per kind's
 rule), :mod:`~.registry` (which pipeline owns which state), :mod:`~.summary` (a keyed state's key
-count, sum and top keys) and :mod:`~.staging` (the value domain and the binary COPY).
+count, sum and top keys), :mod:`~.undo` (the undo records a rewind restores from) and
+:mod:`~.staging` (the value domain, the binary COPY, staging several states at once).
 """
 
 from airflow_txn_provider.names import quote_ident
@@ -42,9 +43,8 @@ from airflow_txn_provider.state.maps import (
     MapState,
     counted_states,
     load_states,
-    stage_states,
 )
-from airflow_txn_provider.state.staging import STAGE_JOB_COLUMN
+from airflow_txn_provider.state.staging import STAGE_JOB_COLUMN, stage_states
 from airflow_txn_provider.vocabulary import StateKind
 
 __all__ = [

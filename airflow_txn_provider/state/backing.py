@@ -21,6 +21,7 @@ from sqlalchemy import text
 from airflow_txn_provider.names import SQL_NAME, check_name, quote_ident
 from airflow_txn_provider.state.kinds import KindRule
 from airflow_txn_provider.state.staging import STAGE_JOB_COLUMN, copy_rows
+from airflow_txn_provider.state.undo import UndoRecords
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -50,9 +51,6 @@ COMBINERS = {
 RESERVED = frozenset(
     {"value", "prev_value", "txid", "attempt", "delta", "singleton", STAGE_JOB_COLUMN}
 )
-UNDO_COMPRESSION = "COMPRESSION lz4"
-"""How the undo records' arrays are compressed: lz4 (Postgres 14+, built with it, as Debian's
-and the official images are), which costs the commit far less CPU than the default pglz."""
 FLOAT_TYPES = frozenset({"numeric", "double precision"})
 """Value types that can hold NaN and infinities."""
 # Serialises DDL of state tables across processes.
@@ -152,9 +150,9 @@ class BackingTable:
     def row_columns(self) -> list[str]:
         """The stored row's columns after the keys: ``value`` and the kind's bookkeeping ones,
         what an undo record keeps as ``old_<column>``."""
-        return [name for name, _ in self._row_ddl()]
+        return [name for name, _ in self.row_ddl()]
 
-    def _row_ddl(self) -> list[tuple[str, str]]:
+    def row_ddl(self) -> list[tuple[str, str]]:
         """``(name, SQL type without constraints)`` of :attr:`row_columns`, from the kind's DDL."""
         columns = [("value", self.value_type)]
         for ddl in self.rule.columns(self.value_type):
@@ -183,23 +181,7 @@ class BackingTable:
             )
         )
 
-    def create_undo(self, conn: Connection) -> None:
-        """The undo table, if missing: one row per committed txid, holding its batch's keys and
-        each key's row as it was before the commit (``existed`` false: the key was new), as
-        parallel arrays. One row a commit, not one a key: a row per key cost the commit up to
-        1.4x its time (``make bench-undo``), a row of arrays (compressed, out of line) far less.
-        Logged, like the state: a rewind after a crash needs it."""
-        keys = zip(self.quoted_keys, self._key_types(), strict=True)
-        old = self._row_ddl()
-        arrays = [
-            *(f"{k} {t}[] {UNDO_COMPRESSION} NOT NULL" for k, t in keys),
-            f"existed boolean[] {UNDO_COMPRESSION} NOT NULL",
-            *(f"old_{c} {t}[] {UNDO_COMPRESSION}" for c, t in old),
-        ]
-        cols = ["txid bigint PRIMARY KEY", *arrays]
-        conn.execute(text(f"CREATE TABLE IF NOT EXISTS {self.qundo} ({', '.join(cols)})"))
-
-    def _key_types(self) -> list[str]:
+    def key_types(self) -> list[str]:
         return list(self.keys.values()) or ["boolean"]
 
     def create_stage(self, conn: Connection) -> None:
@@ -362,7 +344,7 @@ class BackingTable:
             return combine.format(a=a, b=b)
 
         upsert = self.rule.upsert(comb, self.combiner)
-        undo_cte = self._undo_cte(key_list) if self.undo else ""
+        undo_cte = UndoRecords(self).cte(key_list) if self.undo else ""
         sql = f"""
             WITH batch AS (
                 SELECT {select_keys}CAST({aggregate}(delta) AS {vt}) AS delta, count(*) AS {rows}
@@ -392,60 +374,6 @@ class BackingTable:
             return conn.execute(
                 text(sql), {"txid": txid, "attempt": attempt, "name": self.name}
             ).one()
-
-    def _undo_cte(self, key_list: str) -> str:
-        """The apply statement's CTE that writes the txid's undo record: the batch's keys and
-        their rows as they were (``before``), one array per column, for a rewind."""
-        columns = ["existed", *(f"old_{c}" for c in self.row_columns)]
-        aggregated = ", ".join(f"array_agg({c})" for c in [*self.quoted_keys, *columns])
-        return f""", undo AS (
-                INSERT INTO {self.qundo} (txid, {key_list}, {", ".join(columns)})
-                SELECT CAST(:txid AS bigint), {aggregated} FROM before HAVING count(*) > 0
-                -- applied again (a state used outside the log): the rows before the first time
-                ON CONFLICT (txid) DO NOTHING
-            )"""
-
-    def rewind(self, conn: Connection, to_txid: int) -> tuple[int, int]:
-        """Put back every key the commits of ``to_txid`` and later changed as it was before
-        ``to_txid``'s: the undo record of the first of them that changed it holds that row (a
-        key it made is deleted). Their undo records and staged rows go too. One statement, in
-        the caller's transaction. Returns ``(keys restored, keys removed)``."""
-        keys = ", ".join(self.quoted_keys)
-        columns = [*self.quoted_keys, "existed", *(f"old_{c}" for c in self.row_columns)]
-        unnested = ", ".join(f"u.{c}" for c in columns)
-        match = " AND ".join(f"s.{k} = f.{k}" for k in self.quoted_keys)
-        restore = ", ".join(f"{c} = f.old_{c}" for c in self.row_columns)
-        row = conn.execute(
-            text(
-                f"""
-                WITH undone AS (
-                    SELECT u.txid, k.* FROM {self.qundo} u
-                    CROSS JOIN LATERAL unnest({unnested}) AS k({", ".join(columns)})
-                    WHERE u.txid >= :n
-                ), first AS (
-                    SELECT DISTINCT ON ({keys}) * FROM undone ORDER BY {keys}, txid
-                ), removed AS (
-                    DELETE FROM {self.qtable} s USING first f WHERE {match} AND NOT f.existed
-                    RETURNING 1
-                ), restored AS (
-                    UPDATE {self.qtable} s SET {restore} FROM first f WHERE {match} AND f.existed
-                    RETURNING 1
-                ), undone_records AS (
-                    DELETE FROM {self.qundo} WHERE txid >= :n
-                ), unstaged AS (
-                    DELETE FROM {self.qstage} WHERE txid >= :n
-                )
-                SELECT (SELECT count(*) FROM restored) AS restored,
-                       (SELECT count(*) FROM removed) AS removed
-                """
-            ),
-            {"n": to_txid},
-        ).one()
-        return int(row.restored), int(row.removed)
-
-    def prune_undo(self, conn: Connection, through_txid: int) -> None:
-        """Drop the undo records of txids up to ``through_txid`` (retention pruned them)."""
-        conn.execute(text(f"DELETE FROM {self.qundo} WHERE txid <= :t"), {"t": through_txid})
 
     def out_of_range(self, conn: Connection, txid: int, attempt: int) -> tuple[str | None, Any]:
         """``(key, total)`` of the key the batch takes furthest from zero (``key`` as its repr;

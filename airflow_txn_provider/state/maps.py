@@ -47,6 +47,7 @@ from airflow_txn_provider.state.summary import (
     top_keys,
     upkeep_cte,
 )
+from airflow_txn_provider.state.undo import UndoRecords
 from airflow_txn_provider.vocabulary import StateKind
 
 if TYPE_CHECKING:
@@ -176,7 +177,7 @@ class MapState:
         if self.keys:
             start_summary(conn, self.name, fresh=not existed)
         backing.create_stage(conn)
-        backing.create_undo(conn)
+        UndoRecords(backing).create(conn)
 
     def summary(self, conn: Connection) -> tuple[int, Any] | None:
         """``(keys, sum of values)`` as the commits kept them, or ``None`` if no commit kept them
@@ -325,7 +326,7 @@ class MapState:
         commits of ``to_txid`` and later wrote), and count its summary again. Run it inside the
         rewind's database transaction (:mod:`airflow_txn_provider.rewind`), under the
         pipeline's lock. Returns ``{"restored": keys, "removed": keys}``."""
-        restored, removed = self.backing.rewind(conn, to_txid)
+        restored, removed = UndoRecords(self.backing).rewind(conn, to_txid)
         if self.keys:
             count_summary_once(conn, self.name, self.backing, to_txid - 1)  # an upsert
         return {"restored": restored, "removed": removed}
@@ -483,22 +484,3 @@ def _from_definition(pipeline: str, name: str, d: Mapping[str, Any]) -> MapState
     if d["keys"]:
         return MapState(pipeline, name, d["kind"], d["keys"], d["value_type"], d["combiner"])
     return GlobalState(pipeline, name, d["kind"], d["value_type"], d["combiner"])
-
-
-def stage_states(
-    conn: Connection,
-    txid: int,
-    attempt: int,
-    batches: Mapping[MapState, Iterable[Sequence[Any]]],
-    *,
-    job: str = "",
-) -> dict[str, int]:
-    """Stage several states' rows; return the output reference to record (row count per state).
-
-    :param job: names the job staging, when several jobs of a txid stage (see
-        :meth:`MapState.stage`).
-    """
-    return {
-        state.output_key: state.stage(conn, txid, attempt, rows, job=job)
-        for state, rows in batches.items()
-    }

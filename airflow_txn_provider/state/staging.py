@@ -34,6 +34,8 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from sqlalchemy.engine import Connection
 
+    from airflow_txn_provider.state.maps import MapState
+
 KEY_BYTES_LIMIT = 2000
 """UTF-8 bytes of a key's text columns, together, that a state accepts."""
 INTEGER_BITS = {"bigint": 64, "integer": 32, "smallint": 16}
@@ -403,3 +405,22 @@ def _encode_rows(table: pa.Table) -> bytes:
                 out[at[row_of_byte] + within] = data[offsets[0] : offsets[-1]]
         at = at + lengths
     return out.tobytes()
+
+
+def stage_states(
+    conn: Connection,
+    txid: int,
+    attempt: int,
+    batches: Mapping[MapState, Iterable[Sequence[Any]]],
+    *,
+    job: str = "",
+) -> dict[str, int]:
+    """Stage several states' rows; return the output reference to record (row count per state).
+
+    :param job: names the job staging, when several jobs of a txid stage (see
+        :meth:`MapState.stage`).
+    """
+    return {
+        state.output_key: state.stage(conn, txid, attempt, rows, job=job)
+        for state, rows in batches.items()
+    }

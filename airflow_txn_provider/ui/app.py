@@ -41,7 +41,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from airflow_txn_provider.exceptions import TxnError, UnknownPipelineError
 from airflow_txn_provider.timetables import txid_from_run_id
 from airflow_txn_provider.transaction_log import TransactionLog
-from airflow_txn_provider.ui import MOUNT_PATH, actions, model, reader
+from airflow_txn_provider.ui import MOUNT_PATH, actions, model, reader, rewind_options
 from airflow_txn_provider.ui.access import (
     DagId,
     PipelineName,
@@ -148,7 +148,9 @@ def pipeline_page(
     txn_log = authorized(reading, pipeline)
     data = reader.pipeline_payload(txn_log, pipeline, _now())
     dag_ids = sorted(reading.pipeline_dags.get(pipeline, ()))
-    rights = model.rewind_rights(actions.may_edit(manager, user, dag_ids), actions.NOT_AN_EDITOR)
+    rights = rewind_options.rewind_rights(
+        actions.may_edit(manager, user, dag_ids), actions.NOT_AN_EDITOR
+    )
     return _render(
         request,
         "pipeline.html",

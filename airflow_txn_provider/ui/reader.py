@@ -28,7 +28,7 @@ from airflow_txn_provider.exceptions import (
     UnknownPipelineError,
 )
 from airflow_txn_provider.timetables import txid_run_id
-from airflow_txn_provider.ui import model
+from airflow_txn_provider.ui import model, rewind_options
 from airflow_txn_provider.ui.errors import LogUnavailableError
 
 if TYPE_CHECKING:
@@ -240,11 +240,11 @@ def pipeline_payload(
     return {
         "pipeline": summary,
         "limit": limit,
-        "txids": model.with_rewind_options(model.txid_rows(txs, now), view, floor),
+        "txids": rewind_options.with_rewind_options(model.txid_rows(txs, now), view, floor),
         "chart": model.chart_series(txs, now),
         "states": state_summaries(txn_log.engine, pipeline, summary["last_committed"]),
         "retention": _retention(retention),
-        "rewind": model.rewind_reach(view, floor),
+        "rewind": rewind_options.rewind_reach(view, floor),
         "now": model.iso(now),
     }
 

@@ -9,7 +9,7 @@ import pytest
 
 from airflow_txn_provider.log_reads import AttemptInfo, TransactionInfo
 from airflow_txn_provider.records import PipelineView, TxRecord
-from airflow_txn_provider.ui import model
+from airflow_txn_provider.ui import model, rewind_options
 from airflow_txn_provider.vocabulary import SourceKind, TxStatus
 
 PROC, DONE, COMMIT, FAIL = (
@@ -362,7 +362,7 @@ class TestRewind:
 
     def test_a_committed_txid_undoes_the_later_commits_and_restarts_those_in_flight(self):
         v = view((8, DONE), (9, PROC), last=7)
-        option = model.rewind_option(v, 1, 5)
+        option = rewind_options.rewind_option(v, 1, 5)
         assert option == {
             "to_txid": 5,
             "through": 9,
@@ -373,7 +373,7 @@ class TestRewind:
         }
 
     def test_the_last_committed_txid_with_nothing_in_flight(self):
-        option = model.rewind_option(view(last=7), 1, 7)
+        option = rewind_options.rewind_option(view(last=7), 1, 7)
         assert option is not None
         assert (option["span"], option["through"]) == ("txid 7", 7)
         assert (
@@ -383,17 +383,17 @@ class TestRewind:
         assert option["states"].endswith("its value after txid 6.")
 
     def test_the_oldest_uncommitted_txid_restarts_the_txids_in_flight_only(self):
-        option = model.rewind_option(view((4, FAIL), (5, FAIL), last=3), 1, 4)
+        option = rewind_options.rewind_option(view((4, FAIL), (5, FAIL), last=3), 1, 4)
         assert option is not None
         assert (
             option["text"]
             == "txids 4 … 5 will be recomputed, in order: txids 4 … 5, in flight, start over."
         )
-        one = model.rewind_option(view((4, PROC), last=3), 1, 4)
+        one = rewind_options.rewind_option(view((4, PROC), last=3), 1, 4)
         assert one is not None and one["text"].endswith("txid 4, in flight, starts over.")
 
     def test_txid_1_goes_back_to_no_state_at_all(self):
-        option = model.rewind_option(view((3, PROC), last=2), 1, 1)
+        option = rewind_options.rewind_option(view((3, PROC), last=2), 1, 1)
         assert option is not None and option["span"] == "txids 1 … 3"
         assert option["states"] == "Every state of p goes back to its value before txid 1 (none)."
 
@@ -406,12 +406,12 @@ class TestRewind:
         ],
     )
     def test_a_txid_the_rule_refuses_offers_no_rewind(self, txid, floor, why):
-        assert model.rewind_option(view(last=7), floor, txid) is None, why
+        assert rewind_options.rewind_option(view(last=7), floor, txid) is None, why
 
     def test_each_listed_txid_gets_its_option_or_none(self):
         v = view((6, FAIL), last=5)
         rows = [{"txid": t} for t in (6, 5, 4, 3, 2)]
-        annotated = model.with_rewind_options(rows, v, 3)
+        annotated = rewind_options.with_rewind_options(rows, v, 3)
         assert [r["rewind"] and r["rewind"]["span"] for r in annotated] == [
             "txid 6",
             "txids 5 … 6",
@@ -421,13 +421,13 @@ class TestRewind:
         ]
 
     def test_how_far_back_a_rewind_reaches(self):
-        assert model.rewind_reach(view((6, PROC), last=5), 3) == {
+        assert rewind_options.rewind_reach(view((6, PROC), last=5), 3) == {
             "floor": 3,
             "newest": 6,
             "text": "a rewind reaches back to txid 3",
         }
-        assert model.rewind_reach(view(last=5), 9)["text"] == ""
+        assert rewind_options.rewind_reach(view(last=5), 9)["text"] == ""
 
     def test_a_user_who_may_not_edit_is_told_why(self):
-        assert model.rewind_rights(True, "why") == {"allowed": True, "why_not": None}
-        assert model.rewind_rights(False, "why") == {"allowed": False, "why_not": "why"}
+        assert rewind_options.rewind_rights(True, "why") == {"allowed": True, "why_not": None}
+        assert rewind_options.rewind_rights(False, "why") == {"allowed": False, "why_not": "why"}
