@@ -110,6 +110,8 @@ def commit_states(
                 attempt=attempt,
             )
         result: dict[str, Any] = {}
+        # Which lake commits a rewind undid (a table still holding them follows the log now).
+        rewound = read_rewound_through(conn, pipeline) if sinks else 0
         # Derived states read the committed values as they are before this txid: first.
         for state in states:
             if isinstance(state, BucketCountState):
@@ -119,7 +121,6 @@ def commit_states(
             applied = state.apply(conn, txid, attempt, expected_rows=expected)
             result[state.name] = {"staged_rows": applied.staged_rows, "keys": applied.keys}
         patch = {}
-        rewound = read_rewound_through(conn, pipeline) if sinks else 0
         for sink in sinks:
             files = recorded.get(sink.output_key)
             staged[sink] = StagedFiles.from_json(files) if files else None
