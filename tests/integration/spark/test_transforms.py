@@ -63,6 +63,16 @@ def test_parquet_batch_reads_only_its_ranges_with_pushdown(spark, tmp_path):
     # Only the files holding the batch's offsets are opened (from their footers): not 0..49
     opened = sorted(f.split("/")[-2] + "/" + f.split("/")[-1] for f in batch.inputFiles())
     assert opened == ["p=0/part-00000050.parquet", "p=1/part-00000050.parquet"]
+    # Both files lie wholly inside their ranges (footer statistics): no row is filtered out
+    pushed = plan[plan.index("PushedFilters") :].split("]", 1)[0]
+    assert "offset" not in pushed and "Filter" not in plan.split("FileScan")[0]
+
+    # A range that starts inside a file: its offsets go to the reader, and only they are read
+    third = {"0": [60, 100], "1": [50, 80]}
+    batch = source.read_batch(spark, third)
+    got = sorted(r.line for r in batch.select("line").collect())
+    assert got == sorted(lines_in_ranges(data, third)) and len(got) == 70
+    plan = batch._jdf.queryExecution().executedPlan().toString()
     pushed = plan[plan.index("PushedFilters") :].split("]", 1)[0]
     assert "GreaterThanOrEqual(offset" in pushed and "LessThan(offset" in pushed
 
