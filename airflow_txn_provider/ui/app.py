@@ -30,7 +30,7 @@ from urllib.parse import quote
 import jinja2
 from airflow.api_fastapi.auth.managers.base_auth_manager import BaseAuthManager
 from airflow.api_fastapi.core_api.security import GetUserDep
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, Query, Request
 from fastapi import Path as PathParam
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
@@ -39,6 +39,7 @@ from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from airflow_txn_provider.exceptions import TxnError, UnknownPipelineError
+from airflow_txn_provider.health import STALL_AFTER, Health, read_health
 from airflow_txn_provider.timetables import txid_from_run_id
 from airflow_txn_provider.transaction_log import TransactionLog
 from airflow_txn_provider.ui import MOUNT_PATH, actions, model, reader, rewind_options
@@ -65,6 +66,10 @@ log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
 POLL_MS = 2500
 """How often the page asks for fresh data."""
+
+StallAfter = Annotated[float, Query(gt=0, le=7 * 24 * 3600)]
+"""``?stall_after=`` seconds: how long a pipeline may wait without progress (default
+:data:`~airflow_txn_provider.health.STALL_AFTER`)."""
 
 app = FastAPI(title="Transactions", docs_url=None, redoc_url=None, openapi_url=None)
 app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
@@ -251,6 +256,31 @@ def pipelines_api(reading: ReadingDep) -> dict[str, Any]:
 @app.get("/api/pipelines/{pipeline}")
 def pipeline_api(pipeline: PipelineName, reading: ReadingDep) -> dict[str, Any]:
     return reader.pipeline_payload(authorized(reading, pipeline), pipeline, _now())
+
+
+@app.get("/api/health")
+def health_api(reading: ReadingDep, stall_after: StallAfter = STALL_AFTER) -> JSONResponse:
+    """Every pipeline the user may read, judged by :mod:`airflow_txn_provider.health`: 200 when
+    none is stalled, 503 when one is (what a load balancer or a monitor checks)."""
+    names = [] if reading.reads_no_dag else reading.access.visible(reading.log.pipelines())
+    found = [read_health(reading.log, name, _now(), stall_after) for name in names]
+    stalled = [h.pipeline for h in found if h.status is Health.STALLED]
+    body = {
+        "status": (Health.STALLED if stalled else Health.OK).value,
+        "stalled": stalled,
+        "stall_after": stall_after,
+        "pipelines": [h.to_json() for h in found],
+    }
+    return JSONResponse(body, status_code=503 if stalled else 200)
+
+
+@app.get("/api/pipelines/{pipeline}/health")
+def pipeline_health_api(
+    pipeline: PipelineName, reading: ReadingDep, stall_after: StallAfter = STALL_AFTER
+) -> JSONResponse:
+    """One pipeline's health: 200 unless it is stalled (503)."""
+    found = read_health(authorized(reading, pipeline), pipeline, _now(), stall_after)
+    return JSONResponse(found.to_json(), status_code=503 if found.status is Health.STALLED else 200)
 
 
 @app.get("/api/pipelines/{pipeline}/txids/{txid}")

@@ -1,0 +1,111 @@
+"""Whether a pipeline is healthy: the rule behind the plugin's health endpoint
+(``GET /transactions/api/health``, :mod:`airflow_txn_provider.ui.app`), for load balancers and
+monitors. Pure: it judges what the log says, read by :func:`read_health`.
+
+A pipeline is **stalled** when it has txids waiting to commit and nothing has moved for
+``stall_after`` seconds: no commit since then, and its oldest uncommitted txid began (its first
+attempt) before then. A poison batch the failure sensor stopped at, a dead scheduler, a lost
+worker whose lease nobody expires all end up here. A pipeline with nothing uncommitted is
+**idle** (healthy: a source with no new data); otherwise it is **ok**.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from airflow_txn_provider.vocabulary import TxStatus
+
+if TYPE_CHECKING:
+    from airflow_txn_provider.records import PipelineView
+    from airflow_txn_provider.transaction_log import TransactionLog
+
+STALL_AFTER = 600.0
+"""Seconds without progress after which a pipeline with uncommitted txids is stalled (the
+endpoint's default; ``?stall_after=`` changes it per request)."""
+
+
+class Health(enum.StrEnum):
+    OK = "ok"
+    IDLE = "idle"
+    STALLED = "stalled"
+
+
+@dataclass(frozen=True)
+class PipelineHealth:
+    pipeline: str
+    status: Health
+    last_committed: int
+    newest_txid: int
+    """The newest txid begun."""
+    lag_processed: int
+    """Processed txids waiting to commit: the newest processed minus the last committed."""
+    lag_begun: int
+    """Txids begun and not committed: the newest begun minus the last committed."""
+    last_commit_age: float | None
+    """Seconds since the last commit (``None``: none yet, or its row was pruned)."""
+    stalled_for: float | None
+    """Seconds without progress while txids wait (``None``: nothing waits)."""
+    oldest_failed: int | None
+    """The oldest txid whose current attempt failed (waiting for a replay), if any."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "status": self.status.value}
+
+
+def judge(
+    view: PipelineView,
+    *,
+    last_commit_at: datetime | None,
+    pending_since: datetime | None,
+    now: datetime,
+    stall_after: float = STALL_AFTER,
+) -> PipelineHealth:
+    """The health of ``view``'s pipeline at ``now`` (the log's clock). ``last_commit_at``: when
+    the last committed txid committed; ``pending_since``: when the oldest uncommitted txid's
+    first attempt began."""
+    waiting = view.in_flight
+    processed = [r.txid for r in waiting if r.status is TxStatus.PROCESSED]
+    failed = [r.txid for r in waiting if r.status is TxStatus.FAILED]
+    age = None if last_commit_at is None else (now - last_commit_at).total_seconds()
+    stalled_for = None
+    status = Health.IDLE
+    if waiting:
+        moved = [t for t in (last_commit_at, pending_since) if t is not None]
+        stalled_for = (now - max(moved)).total_seconds() if moved else 0.0
+        status = Health.STALLED if stalled_for > stall_after else Health.OK
+    return PipelineHealth(
+        pipeline=view.pipeline,
+        status=status,
+        last_committed=view.last_committed,
+        newest_txid=waiting[-1].txid if waiting else view.last_committed,
+        lag_processed=(max(processed) - view.last_committed) if processed else 0,
+        lag_begun=len(waiting),
+        last_commit_age=age,
+        stalled_for=stalled_for,
+        oldest_failed=failed[0] if failed else None,
+    )
+
+
+def read_health(
+    txn_log: TransactionLog, pipeline: str, now: datetime, stall_after: float = STALL_AFTER
+) -> PipelineHealth:
+    """:func:`judge` the pipeline as the log has it now (its clock where it gives one)."""
+    view = txn_log.view(pipeline)
+    last = txn_log.transaction(pipeline, view.last_committed) if view.last_committed else None
+    pending_since = None
+    if view.in_flight:
+        starts = [a.started_at for a in txn_log.attempts(pipeline, view.oldest_uncommitted)]
+        pending_since = min((s for s in starts if s is not None), default=None)
+    return judge(
+        view,
+        last_commit_at=last.committed_at if last is not None else None,
+        pending_since=pending_since,
+        now=view.now or now,
+        stall_after=stall_after,
+    )
+
+
+__all__ = ["STALL_AFTER", "Health", "PipelineHealth", "judge", "read_health"]

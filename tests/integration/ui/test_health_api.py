@@ -1,0 +1,126 @@
+"""The plugin's health endpoint on a real Postgres log: a pipeline that commits is ok, one with
+nothing to do idle, one whose waiting txid does not move for ``stall_after`` seconds stalled
+(503, named); only what the user may read is judged, and nobody anonymous is told anything."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from airflow.api_fastapi.core_api.security import get_user
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from airflow_txn_provider.commit import commit_registered
+from airflow_txn_provider.plugins import TxnProviderPlugin
+from airflow_txn_provider.sources import TransactionalSource
+from airflow_txn_provider.state import MapState, stage_states
+from airflow_txn_provider.ui import access as ui_access
+from airflow_txn_provider.ui import app as ui_app
+
+pytestmark = pytest.mark.integration
+
+DAGS = {"busy": frozenset({"busy_dag"}), "quiet": frozenset({"quiet_dag"})}
+
+
+class Steps(TransactionalSource):
+    def initialize_transaction(self, txid, prev):
+        return {"txid": txid}
+
+
+class Reader:
+    """Stands for Airflow's auth manager: reads the DAGs in ``dags`` (``None``: every DAG)."""
+
+    def __init__(self, dags: set[str] | None = None) -> None:
+        self.dags = dags
+
+    def is_authorized_dag(self, *, method, user, access_entity=None, details=None):
+        return self.dags is None
+
+    def get_authorized_dag_ids(self, *, user, method="GET", session=None):
+        return set(self.dags or ())
+
+
+def client(txlog, manager) -> TestClient:
+    app = ui_app.app
+    app.dependency_overrides.clear()
+    app.dependency_overrides[ui_access.log_opener] = lambda: lambda: txlog
+    app.dependency_overrides[ui_access.get_pipeline_dags] = lambda: lambda _log: DAGS
+    if manager is not None:
+        app.dependency_overrides[get_user] = lambda: "someone"
+        app.dependency_overrides[ui_access.auth_manager] = lambda: manager
+    parent = FastAPI()
+    [entry] = TxnProviderPlugin.fastapi_apps
+    parent.mount(entry["url_prefix"], entry["app"])
+    return TestClient(parent)
+
+
+@pytest.fixture(autouse=True)
+def _clean_overrides():
+    yield
+    ui_app.app.dependency_overrides.clear()
+    ui_access.provider.reset()
+
+
+def commit(txlog, pipeline, state, txid):
+    e = txlog.begin(pipeline, txid, Steps())
+    txlog.stage_output(
+        pipeline,
+        txid,
+        e.attempt,
+        lambda conn: stage_states(conn, txid, e.attempt, {state: [("k", 1)]}),
+    )
+    assert commit_registered(txlog, pipeline, txid, e.attempt).applied
+
+
+@pytest.fixture
+def log(txlog):
+    """``busy``: txids 1-2 committed, 3 processing; ``quiet``: txid 1 committed, nothing else."""
+    for name in DAGS:
+        txlog.register_pipeline(name, source_kind="transactional", max_pending=2)
+        state = MapState(name, f"{name}_counts", "transactional", keys={"key": "text"})
+        state.create(txlog.engine)
+        commit(txlog, name, state, 1)
+    commit(txlog, "busy", MapState.load(txlog.engine, "busy_counts"), 2)
+    assert txlog.begin("busy", 3, Steps()).emitted
+    return txlog
+
+
+def test_a_moving_pipeline_is_ok_and_an_idle_one_idle(log):
+    answer = client(log, Reader()).get("/transactions/api/health")
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["status"] == "ok" and body["stalled"] == []
+    by_name = {p["pipeline"]: p for p in body["pipelines"]}
+    assert by_name["busy"]["status"] == "ok" and by_name["quiet"]["status"] == "idle"
+    busy = by_name["busy"]
+    assert (busy["last_committed"], busy["newest_txid"], busy["lag_begun"]) == (2, 3, 1)
+    assert busy["lag_processed"] == 0 and 0 <= busy["last_commit_age"] < 60
+    assert 0 <= busy["stalled_for"] < 60
+
+
+def test_a_txid_that_does_not_move_stalls_its_pipeline_503(log):
+    time.sleep(1.2)
+    answer = client(log, Reader()).get("/transactions/api/health?stall_after=1")
+    assert answer.status_code == 503, answer.text
+    assert answer.json()["stalled"] == ["busy"]
+    one = client(log, Reader()).get("/transactions/api/pipelines/busy/health?stall_after=1")
+    assert one.status_code == 503 and one.json()["stalled_for"] > 1
+    quiet = client(log, Reader()).get("/transactions/api/pipelines/quiet/health?stall_after=1")
+    assert quiet.status_code == 200 and quiet.json()["status"] == "idle"
+    # it moves again: ok
+    commit(log, "busy", MapState.load(log.engine, "busy_counts"), 3)
+    again = client(log, Reader()).get("/transactions/api/health?stall_after=1")
+    assert again.status_code == 200 and again.json()["stalled"] == []
+
+
+def test_only_what_the_user_may_read_is_judged(log):
+    time.sleep(1.2)
+    mine = client(log, Reader({"quiet_dag"})).get("/transactions/api/health?stall_after=1")
+    assert mine.status_code == 200  # busy is stalled, but not theirs to see
+    assert [p["pipeline"] for p in mine.json()["pipelines"]] == ["quiet"]
+    other = client(log, Reader({"quiet_dag"})).get("/transactions/api/pipelines/busy/health")
+    assert other.status_code == 403
+    assert client(log, None).get("/transactions/api/health").status_code in (401, 403)
+    bad = client(log, Reader()).get("/transactions/api/health?stall_after=0")
+    assert bad.status_code == 422
