@@ -5,7 +5,9 @@ A logical date makes Airflow order the grid by txid and makes "Clear → Future"
 txid and every later one"; all of them lie in the past, so the scheduler creates them at once
 (catch-up) as ``max_active_runs`` (= ``max_pending``) admits them, oldest first. One millisecond
 a txid: txid 10^9 is 2000-01-12, so every txid up to ~8e11 is schedulable today (a browser's
-dates are exact to the millisecond, so the UI orders runs exactly as the scheduler does).
+dates are exact to the millisecond, so the UI orders runs exactly as the scheduler does). A
+run's ``run_after`` is real time, the moment it became due: the grid and the DAG header show it,
+so a run says when it ran as well as which txid it is.
 
 Pipelines from before 0.2 ran one txid a *minute* (a calendar cap: ~14 million txids up to 2026,
 then one run a minute). :func:`migrate_minute_runs` re-dates their runs onto this grid, once
@@ -96,7 +98,11 @@ class TxidTimetable(Timetable):
             start = TXID_EPOCH + TXID_STEP * math.ceil(steps)
         if restriction.latest is not None and start > restriction.latest:
             return None
-        return DagRunInfo.interval(start, start + TXID_STEP)
+        # The logical date encodes the txid (runs stay in txid order); run_after is real time,
+        # so the grid and the DAG header show when each txid's run was due, not the year 2000.
+        return DagRunInfo(
+            run_after=pendulum.now("UTC"), data_interval=DataInterval(start, start + TXID_STEP)
+        )
 
     def generate_run_id(
         self, *, run_type: Any, run_after: Any, data_interval: Any, **extra: Any

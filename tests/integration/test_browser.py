@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+from datetime import UTC, datetime, timedelta
 
 import sqlalchemy as sa
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
@@ -148,6 +149,16 @@ def test_watch_commits_read_the_transactions_page_and_clear_a_failed_txid(shared
         screenshot(page, "airflow-runs")
         page.goto(f"{stack.url}/dags/{DAG}")
         page.get_by_text("watch_failures").first.wait_for()
+        # The DAG header says when the latest txid's run was due (its run_after), not the
+        # txid-encoding logical date of the year 2000 (issue 30).
+        days = {(datetime.now(UTC) - timedelta(days=d)).strftime("%Y-%m-%d") for d in (0, 1)}
+
+        def latest_run_day() -> str | None:
+            found = re.search(r"Latest Run\s+(\d{4}-\d{2}-\d{2})", page.inner_text("body"))
+            return found.group(1) if found else None
+
+        wait_until(lambda: latest_run_day() is not None, 60, "the DAG header's latest run", stack)
+        assert latest_run_day() in days, (latest_run_day(), days)
         screenshot(page, "airflow-grid")
 
         # The Transactions page, through the Airflow nav (an iframe on the same origin).

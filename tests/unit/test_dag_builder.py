@@ -121,6 +121,17 @@ def test_timetable_runs_are_txids_in_order():
     assert txid_from_run_id("manual__2026-01-01T00:00:00") is None
 
 
+def test_a_runs_logical_date_is_its_txid_and_its_run_after_the_time_it_is_due():
+    """The grid and the DAG header show run_after: today, not the txid-encoding year 2000."""
+    restriction = TimeRestriction(earliest=TXID_EPOCH, latest=None, catchup=True)
+    before = pendulum.now("UTC")
+    info = TxidTimetable().next_dagrun_info(
+        last_automated_data_interval=None, restriction=restriction
+    )
+    assert before <= info.run_after <= pendulum.now("UTC")
+    assert info.logical_date == txid_logical_date(1) and info.run_after.tzinfo is not None
+
+
 def test_txid_a_billion_is_schedulable_at_once():
     """No calendar cap: the run after txid 10^9 - 1 is txid 10^9, due now (long past)."""
     timetable = build_dag(_pipeline()).timetable
