@@ -20,8 +20,6 @@ from pathlib import Path
 from urllib.parse import quote
 
 import pytest
-from airflow.api_fastapi.core_api.security import get_user
-from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
@@ -41,6 +39,7 @@ from airflow_txn_provider.ui import access as ui_access
 from airflow_txn_provider.ui import app as ui_app
 from airflow_txn_provider.ui import reader
 from tests.conftest import new_database, set_txn_log_connection
+from tests.integration.ui.plugin_client import plugin_client
 
 SCRIPT = '<script>alert("x")</script>'
 UNAVAILABLE = "the transaction log is unavailable (see the api-server log)"
@@ -141,23 +140,14 @@ def client_for(
     ``txlog`` None: the log of the configured connection; ``pipeline_dags``: which DAGs run which
     pipeline now; else as the log records them, with Airflow's DAGs as ``airflow`` says (default:
     every recorded DAG exists as recorded; :func:`reader.airflow_dag_pipelines`: the real one)."""
-    app = ui_app.app
-    app.dependency_overrides.clear()
-    if txlog is not None:
-        app.dependency_overrides[ui_access.log_opener] = lambda: lambda: txlog
+    dags = None
     if pipeline_dags is not None:
         dags = {p: frozenset(ids) for p, ids in pipeline_dags.items()}
-        app.dependency_overrides[ui_access.get_pipeline_dags] = lambda: lambda _log: dags
-    elif airflow is not reader.airflow_dag_pipelines:
+    client = plugin_client(txlog, manager, pipeline_dags=dags)
+    if pipeline_dags is None and airflow is not reader.airflow_dag_pipelines:
         declared = airflow or as_recorded(txlog)
-        app.dependency_overrides[ui_access.dag_pipelines] = lambda: declared
-    if manager is not None:
-        app.dependency_overrides[get_user] = lambda: "someone"
-        app.dependency_overrides[ui_access.auth_manager] = lambda: manager
-    parent = FastAPI()
-    [entry] = TxnProviderPlugin.fastapi_apps
-    parent.mount(entry["url_prefix"], entry["app"])
-    return TestClient(parent)
+        ui_app.app.dependency_overrides[ui_access.dag_pipelines] = lambda: declared
+    return client
 
 
 @pytest.fixture(autouse=True)

@@ -7,16 +7,14 @@ from __future__ import annotations
 import time
 
 import pytest
-from airflow.api_fastapi.core_api.security import get_user
-from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from airflow_txn_provider.commit import commit_registered
-from airflow_txn_provider.plugins import TxnProviderPlugin
 from airflow_txn_provider.sources import TransactionalSource
 from airflow_txn_provider.state import MapState, stage_states
 from airflow_txn_provider.ui import access as ui_access
 from airflow_txn_provider.ui import app as ui_app
+from tests.integration.ui.plugin_client import plugin_client
 
 pytestmark = pytest.mark.integration
 
@@ -42,17 +40,7 @@ class Reader:
 
 
 def client(txlog, manager) -> TestClient:
-    app = ui_app.app
-    app.dependency_overrides.clear()
-    app.dependency_overrides[ui_access.log_opener] = lambda: lambda: txlog
-    app.dependency_overrides[ui_access.get_pipeline_dags] = lambda: lambda _log: DAGS
-    if manager is not None:
-        app.dependency_overrides[get_user] = lambda: "someone"
-        app.dependency_overrides[ui_access.auth_manager] = lambda: manager
-    parent = FastAPI()
-    [entry] = TxnProviderPlugin.fastapi_apps
-    parent.mount(entry["url_prefix"], entry["app"])
-    return TestClient(parent)
+    return plugin_client(txlog, manager, pipeline_dags=DAGS)
 
 
 @pytest.fixture(autouse=True)

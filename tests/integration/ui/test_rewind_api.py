@@ -10,12 +10,9 @@ from __future__ import annotations
 import re
 
 import pytest
-from airflow.api_fastapi.core_api.security import get_user
-from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from airflow_txn_provider.commit import commit_registered
-from airflow_txn_provider.plugins import TxnProviderPlugin
 from airflow_txn_provider.sources import TransactionalSource
 from airflow_txn_provider.state import MapState, load_states, stage_states
 from airflow_txn_provider.ui import access as ui_access
@@ -23,6 +20,7 @@ from airflow_txn_provider.ui import actions
 from airflow_txn_provider.ui import app as ui_app
 from airflow_txn_provider.ui.actions import NOT_AN_EDITOR
 from airflow_txn_provider.vocabulary import TxStatus
+from tests.integration.ui.plugin_client import plugin_client
 
 PIPELINE, DAG = "rw_api", "rw_api_dag"
 
@@ -82,14 +80,10 @@ class Recorder:
         self.restarted: list[tuple] = []
 
     def client(self, txlog, manager, *, dags=(DAG,)) -> TestClient:
+        client = plugin_client(
+            txlog, manager, user=FakeUser("alice"), pipeline_dags={PIPELINE: frozenset(dags)}
+        )
         app = ui_app.app
-        app.dependency_overrides.clear()
-        app.dependency_overrides[ui_access.log_opener] = lambda: lambda: txlog
-        pipeline_dags = {PIPELINE: frozenset(dags)}
-        app.dependency_overrides[ui_access.get_pipeline_dags] = lambda: lambda _log: pipeline_dags
-        if manager is not None:
-            app.dependency_overrides[get_user] = lambda: FakeUser("alice")
-            app.dependency_overrides[ui_access.auth_manager] = lambda: manager
 
         def restart(dag_ids, result):
             self.restarted.append((list(dag_ids), result.to_txid, result.rewound))
@@ -99,10 +93,7 @@ class Recorder:
         app.dependency_overrides[actions.audit_logger] = lambda: (
             lambda dag_ids, owner, extra: self.audit.append((list(dag_ids), owner, extra))
         )
-        parent = FastAPI()
-        [entry] = TxnProviderPlugin.fastapi_apps
-        parent.mount(entry["url_prefix"], entry["app"])
-        return TestClient(parent)
+        return client
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,40 @@
+"""The plugin's app as Airflow's api-server mounts it, with the dependencies a test stands in for
+(not a test module: the UI tests import it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from airflow.api_fastapi.core_api.security import get_user
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from airflow_txn_provider.plugins import TxnProviderPlugin
+from airflow_txn_provider.transaction_log import TransactionLog
+from airflow_txn_provider.ui import access as ui_access
+from airflow_txn_provider.ui import app as ui_app
+
+
+def plugin_client(
+    txlog: TransactionLog | None,
+    manager: Any = None,
+    *,
+    user: Any = "someone",
+    pipeline_dags: dict[str, frozenset[str]] | None = None,
+) -> TestClient:
+    """A client of the plugin's app: ``txlog`` the log it opens (``None``: the configured
+    connection's), ``manager`` Airflow's auth manager (``None``: nobody logged in) and ``user``
+    who asks, ``pipeline_dags`` which DAGs run which pipeline (``None``: as Airflow says)."""
+    app = ui_app.app
+    app.dependency_overrides.clear()
+    if txlog is not None:
+        app.dependency_overrides[ui_access.log_opener] = lambda: lambda: txlog
+    if pipeline_dags is not None:
+        app.dependency_overrides[ui_access.get_pipeline_dags] = lambda: lambda _log: pipeline_dags
+    if manager is not None:
+        app.dependency_overrides[get_user] = lambda: user
+        app.dependency_overrides[ui_access.auth_manager] = lambda: manager
+    parent = FastAPI()
+    [entry] = TxnProviderPlugin.fastapi_apps
+    parent.mount(entry["url_prefix"], entry["app"])
+    return TestClient(parent)
