@@ -35,12 +35,16 @@ After a commit, a task of the txid's DAG run commits what else may commit now, i
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from airflow_txn_provider import metrics
 from airflow_txn_provider.config import PRUNE_EVERY
 from airflow_txn_provider.coordinator import committable, retention_horizon
 from airflow_txn_provider.exceptions import StagedOutputMismatchError, StateDefinitionError
+from airflow_txn_provider.health import judge
 from airflow_txn_provider.log_rows import TxidRows
 from airflow_txn_provider.rewind import read_rewound_through
 from airflow_txn_provider.sinks.base import OUTPUT_PREFIX, SINK_SPEC, StagedFiles
@@ -139,8 +143,17 @@ def commit_states(
             TxidRows(conn, pipeline, txid).patch_output(attempt, patch)
         return result
 
+    started = time.monotonic()
     result = txlog.commit(pipeline, txid, attempt, apply)
     if result.applied:
+        metrics.timing(metrics.COMMIT_DURATION, pipeline, time.monotonic() - started)
+        metrics.gauge(metrics.LAST_COMMITTED, pipeline, txid)
+        staged_rows = sum(
+            int(d.get("staged_rows", 0))
+            for d in (result.details or {}).values()
+            if isinstance(d, dict) and "keys" in d
+        )
+        metrics.incr(metrics.STAGED_ROWS, pipeline, staged_rows)
         for sink, files in staged.items():
             # The table holds this attempt's files, whatever its action was (a table that held
             # another attempt's was rewound first): every other directory of the txid goes.
@@ -218,9 +231,11 @@ def commit_ready(log: TransactionLog, pipeline: TxnPipeline, logger: Any) -> lis
     processed): the gap between two commits is then a database round trip, not a trigger poll
     plus a task start. Never raises: each txid's own commit task commits it otherwise."""
     done: list[int] = []
+    view = None
     for _ in range(pipeline.max_pending):
         try:
-            rec = committable(log.view(pipeline.name))
+            view = log.view(pipeline.name)
+            rec = committable(view)
             if rec is None:
                 break
             commit_registered(log, pipeline.name, rec.txid, rec.attempt, pipeline.sinks)
@@ -229,6 +244,10 @@ def commit_ready(log: TransactionLog, pipeline: TxnPipeline, logger: Any) -> lis
             break
         logger.info("txid %s attempt %s committed", rec.txid, rec.attempt)
         done.append(rec.txid)
+    if view is not None:  # the lags as the last look at the pipeline saw them
+        judged = judge(view, last_commit_at=None, pending_since=None, now=datetime.now(UTC))
+        metrics.gauge(metrics.LAG_PROCESSED, pipeline.name, judged.lag_processed)
+        metrics.gauge(metrics.LAG_BEGUN, pipeline.name, judged.lag_begun)
     return done
 
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, update
 
+from airflow_txn_provider import metrics
 from airflow_txn_provider.config import CLAIM_TIMEOUT, PRUNE_EVERY
 from airflow_txn_provider.coordinator import (
     BeginPlan,
@@ -122,7 +123,8 @@ class PipelineTransitions:
         with self.engine.begin() as conn:
             view = load_view(conn, pipeline, lock=True)
             self._check_source(view, source)
-            return self._begin_locked(conn, view, txid, source, claim_timeout, replay=replay)
+            emission = self._begin_locked(conn, view, txid, source, claim_timeout, replay=replay)
+        return _counted(emission)
 
     @retry_transient
     def begin_next(self, pipeline: str, source: Source) -> Emission | None:
@@ -135,7 +137,8 @@ class PipelineTransitions:
             txid = next_to_begin(view)
             if txid is None:
                 return None
-            return self._begin_locked(conn, view, txid, source, CLAIM_TIMEOUT)
+            emission = self._begin_locked(conn, view, txid, source, CLAIM_TIMEOUT)
+        return _counted(emission)
 
     def _begin_locked(
         self,
@@ -408,6 +411,7 @@ class PipelineTransitions:
                 attempt,
                 list(txids),
             )
+            metrics.incr(metrics.LEASE_EXPIRIES, pipeline)
         return txids
 
 
@@ -422,3 +426,10 @@ def _prefetch(source: Source) -> None:
         source.prefetch()
     except Exception as err:
         log.debug("%s.prefetch failed (retried under the lock): %s", type(source).__name__, err)
+
+
+def _counted(emission: Emission) -> Emission:
+    """``emission``, a replay counted in the metrics once its begin committed."""
+    if emission.emitted and emission.action is BeginAction.REEMIT:
+        metrics.incr(metrics.REEMISSIONS, emission.pipeline)
+    return emission

@@ -148,12 +148,19 @@ def is_permanent(err: BaseException) -> bool:
     return isinstance(err, DBAPIError) and not is_transient(err)
 
 
-def retrying(outage_timeout: float, what: str = "the transaction log") -> Retrying:
+def retrying(
+    outage_timeout: float, what: str = "the transaction log", pipeline: str | None = None
+) -> Retrying:
     """The retry policy: transient errors only, backoff 0.5 s to 10 s, at most ``outage_timeout``
-    seconds in all (``0`` disables retries)."""
+    seconds in all (``0`` disables retries). ``pipeline``: whose work is retried (each retry
+    counts in the metric ``txn.retries``, by the error's kind)."""
 
     def before_sleep(state: RetryCallState) -> None:
         err = state.outcome.exception() if state.outcome else None
+        if pipeline is not None:
+            from airflow_txn_provider import metrics
+
+            metrics.incr(metrics.RETRIES, pipeline, kind=type(err).__name__)
         first_line = str(err).strip().splitlines()[0] if err and str(err).strip() else ""
         log.warning(
             "%s is unreachable (%s: %s); retry %s in %.1f s (%.0f of %.0f s waited)",
@@ -183,7 +190,9 @@ def retry_transient(method: F) -> F:
 
     @functools.wraps(method)
     def wrapper(self: Any, *args: Any, **kwargs: Any) -> Any:
-        for attempt in retrying(self.outage_timeout):
+        # the log's methods take the pipeline first: its retries count in its metrics
+        pipeline = args[0] if args and isinstance(args[0], str) else None
+        for attempt in retrying(self.outage_timeout, pipeline=pipeline):
             with attempt:
                 return method(self, *args, **kwargs)
         raise AssertionError("unreachable")  # Retrying reraises the last error

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from airflow.sdk.bases.sensor import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
+from airflow_txn_provider import metrics
 from airflow_txn_provider.redaction import redact
 from airflow_txn_provider.run_context import (
     BEGIN_TASK_ID,
@@ -237,6 +238,7 @@ class TxnFailureSensor(BaseSensorOperator):
         if later:
             self._restart_runs(context, later, attempt, txid)
         log.record_response(p.name, txid, attempt, FailureResponse.STOP)
+        metrics.incr(metrics.POISONED, p.name)
         self._watch(txid, attempt)
 
     def _api(self) -> Any:

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import make_url
 
+from airflow_txn_provider import metrics
 from airflow_txn_provider.exceptions import (
     IncompleteBatchError,
     MalformedRecordError,
@@ -236,6 +237,8 @@ def process_batch(
     if staged:
         _discard_unrecorded(txlog, job, staged)
     outcome = ProcessOutcome(job, status, counts, time.monotonic() - started)
+    if status != "stale":
+        metrics.timing(metrics.PROCESSING_DURATION, job.pipeline, outcome.seconds, job=name)
     log.info("%s: %s in %.2fs, staged %s", job.app_name, status, outcome.seconds, counts)
     return outcome
 

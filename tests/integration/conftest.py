@@ -37,6 +37,7 @@ from tests.conftest import new_database
 from tests.spark_data import parquet_dataset, random_lines
 from txn_testing.airflow import AirflowStack, txn_log_connection_env
 from txn_testing.kafka import MockKafkaCluster
+from txn_testing.statsd import StatsdListener
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "dags" / "example_txn_words.py"
@@ -67,6 +68,8 @@ class SharedAirflow:
     """The deployment's folder: ``airflow/`` (its home), ``data/``, ``warehouse/``."""
     kafka: MockKafkaCluster
     """The cluster of ``example_txn_kafka_words`` (``kafka_default``)."""
+    statsd: StatsdListener
+    """Where every Airflow process of the deployment sends its StatsD metrics (and ours)."""
     users: int = 0
     """Tests of this session that use it and have not finished."""
     stopped: bool = field(default=False)
@@ -97,6 +100,7 @@ class SharedAirflow:
                 self.stack.stop()
             finally:
                 self.kafka.stop()
+                self.statsd.stop()
 
 
 @pytest.fixture(scope="session")
@@ -113,6 +117,7 @@ def _shared_airflow_deployment(
     for source in (EXAMPLE, EXAMPLE.with_name(EXAMPLE_HELPER), TEST_DAG, KAFKA_EXAMPLE):
         (dags / source.name).symlink_to(source)
     kafka = MockKafkaCluster().start()
+    statsd = StatsdListener().start()
     lines = random_lines(26, 3 * SECRET_BATCH)
     lines[SECRET_BATCH + 5] = f"a {SECRET_MARK} line"  # in txid 2's batch
     env = {
@@ -134,12 +139,17 @@ def _shared_airflow_deployment(
         # example_txn_kafka_words: the Kafka provider's connection type, its Config Dict in extra
         "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps({"conn_type": "kafka", "extra": kafka.config}),
         "TXN_EXAMPLES_KAFKA_TOPIC": KAFKA_TOPIC,
+        # metrics, Airflow's and the provider's, to a StatsD server the tests own on 127.0.0.1
+        "AIRFLOW__METRICS__STATSD_ON": "True",
+        "AIRFLOW__METRICS__STATSD_HOST": statsd.host,
+        "AIRFLOW__METRICS__STATSD_PORT": str(statsd.port),
+        "AIRFLOW__METRICS__STATSD_PREFIX": "airflow",
     }
     meta = new_database(postgres, migrated=False)  # Airflow's metadata database
     stack = AirflowStack(
         folder / "airflow", meta, dags, env=env, users={VIEWER_USER: ("viewer", VIEWER_PASSWORD)}
     )
-    deployment = SharedAirflow(stack, db_url, folder, kafka)
+    deployment = SharedAirflow(stack, db_url, folder, kafka, statsd)
     deployment.users = sum("shared_airflow" in item.fixturenames for item in request.session.items)
     try:
         deployment.stack.start()

@@ -173,3 +173,17 @@ def test_the_kafka_example_reads_every_record_once_through_a_paused_broker(share
         info = log.transaction(NAME, txid)
         assert info.attempt == after_cli[txid] + 1, (txid, info.attempt, after_cli[txid])
         assert info.committed_at > before_rewind
+
+    # The provider's metrics reached the deployment's StatsD (a server the test owns on
+    # 127.0.0.1), sent from where each happens: commits in the triggerer, begins in tasks
+    received = shared_airflow.statsd.metrics("airflow.txn.")
+
+    def values(name: str) -> list[float]:
+        return [m.value for m in received if m.name == f"airflow.txn.{name}.{NAME}"]
+
+    assert max(values("last_committed_txid")) == last, sorted({m.name for m in received})
+    assert len(values("commit.duration")) >= 2 * last  # recomputed: committed again at least
+    assert sum(values("staged_rows")) > 0 and values("lag.begun")
+    # every txid the two rewinds reached was begun again with a new attempt
+    assert sum(values("reemissions")) >= (last - to + 1) + last
+    assert [m for m in received if m.name == "airflow.txn.last_committed_txid"]  # tags dropped
