@@ -430,6 +430,6 @@ def _prefetch(source: Source) -> None:
 
 def _counted(emission: Emission) -> Emission:
     """``emission``, a replay counted in the metrics once its begin committed."""
-    if emission.emitted and emission.action is BeginAction.REEMIT:
+    if emission.emitted and emission.action in (BeginAction.REPLAY, BeginAction.REEMIT):
         metrics.incr(metrics.REEMISSIONS, emission.pipeline)
     return emission
