@@ -12,6 +12,7 @@ worker whose lease nobody expires all end up here. A pipeline with nothing uncom
 from __future__ import annotations
 
 import enum
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_txn_provider.vocabulary import TxStatus
 
 if TYPE_CHECKING:
-    from airflow_txn_provider.records import PipelineView
+    from airflow_txn_provider.records import PipelineView, TxRecord
     from airflow_txn_provider.transaction_log import TransactionLog
 
 STALL_AFTER = 600.0
@@ -55,6 +56,12 @@ class PipelineHealth:
         return {**asdict(self), "status": self.status.value}
 
 
+def newest_processed(last_committed: int, in_flight: Iterable[TxRecord]) -> int:
+    """The newest txid whose processing finished (processed or committed)."""
+    processed = [r.txid for r in in_flight if r.status is TxStatus.PROCESSED]
+    return max([last_committed, *processed])
+
+
 def judge(
     view: PipelineView,
     *,
@@ -67,7 +74,6 @@ def judge(
     the last committed txid committed; ``pending_since``: when the oldest uncommitted txid's
     first attempt began."""
     waiting = view.in_flight
-    processed = [r.txid for r in waiting if r.status is TxStatus.PROCESSED]
     failed = [r.txid for r in waiting if r.status is TxStatus.FAILED]
     age = None if last_commit_at is None else (now - last_commit_at).total_seconds()
     stalled_for = None
@@ -81,7 +87,7 @@ def judge(
         status=status,
         last_committed=view.last_committed,
         newest_txid=waiting[-1].txid if waiting else view.last_committed,
-        lag_processed=(max(processed) - view.last_committed) if processed else 0,
+        lag_processed=newest_processed(view.last_committed, waiting) - view.last_committed,
         lag_begun=len(waiting),
         last_commit_age=age,
         stalled_for=stalled_for,
@@ -108,4 +114,4 @@ def read_health(
     )
 
 
-__all__ = ["STALL_AFTER", "Health", "PipelineHealth", "judge", "read_health"]
+__all__ = ["STALL_AFTER", "Health", "PipelineHealth", "judge", "newest_processed", "read_health"]

@@ -45,7 +45,7 @@ import getpass
 import logging
 import sys
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import insert, select, update
@@ -102,14 +102,7 @@ class LogRewind:
             raise ValueError("a rewind names who does it (by=)")
         result = self._rewind_log(pipeline, to_txid, by, job_version, reason)
         tables = self.follow_lake_tables(pipeline) if result.rewound else {}
-        return RewindResult(
-            pipeline,
-            to_txid,
-            result.last_committed_before,
-            result.rewound,
-            result.states,
-            tables,
-        )
+        return replace(result, tables=tables)
 
     @retry_transient
     def follow_lake_tables(self, pipeline: str) -> dict[str, str]:

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
+from airflow_txn_provider.health import newest_processed
 from airflow_txn_provider.records import PipelineView, TxRecord
 from airflow_txn_provider.redaction import redact_optional
 from airflow_txn_provider.sinks.base import OUTPUT_PREFIX
@@ -173,12 +174,6 @@ def status_counts(last_committed: int, in_flight: Iterable[TxRecord]) -> dict[st
     for rec in in_flight:
         counts[rec.status.value] += 1
     return counts
-
-
-def newest_processed(last_committed: int, in_flight: Iterable[TxRecord]) -> int:
-    """The newest txid whose processing finished (processed or committed)."""
-    processed = [r.txid for r in in_flight if r.status is TxStatus.PROCESSED]
-    return max([last_committed, *processed])
 
 
 def pipeline_summary(view: PipelineView) -> dict[str, Any]:

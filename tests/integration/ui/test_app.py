@@ -150,13 +150,6 @@ def client_for(
     return client
 
 
-@pytest.fixture(autouse=True)
-def _clean_overrides():
-    yield
-    ui_app.app.dependency_overrides.clear()
-    ui_access.provider.reset()
-
-
 @pytest.fixture
 def admin(db):
     return client_for(db[1], FakeAuthManager(all_dags=True))

@@ -12,8 +12,6 @@ from fastapi.testclient import TestClient
 from airflow_txn_provider.commit import commit_registered
 from airflow_txn_provider.sources import TransactionalSource
 from airflow_txn_provider.state import MapState, stage_states
-from airflow_txn_provider.ui import access as ui_access
-from airflow_txn_provider.ui import app as ui_app
 from tests.integration.ui.plugin_client import plugin_client
 
 pytestmark = pytest.mark.integration
@@ -41,13 +39,6 @@ class Reader:
 
 def client(txlog, manager) -> TestClient:
     return plugin_client(txlog, manager, pipeline_dags=DAGS)
-
-
-@pytest.fixture(autouse=True)
-def _clean_overrides():
-    yield
-    ui_app.app.dependency_overrides.clear()
-    ui_access.provider.reset()
 
 
 def commit(txlog, pipeline, state, txid):

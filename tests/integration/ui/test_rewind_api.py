@@ -15,7 +15,6 @@ from fastapi.testclient import TestClient
 from airflow_txn_provider.commit import commit_registered
 from airflow_txn_provider.sources import TransactionalSource
 from airflow_txn_provider.state import MapState, load_states, stage_states
-from airflow_txn_provider.ui import access as ui_access
 from airflow_txn_provider.ui import actions
 from airflow_txn_provider.ui import app as ui_app
 from airflow_txn_provider.ui.actions import NOT_AN_EDITOR
@@ -94,13 +93,6 @@ class Recorder:
             lambda dag_ids, owner, extra: self.audit.append((list(dag_ids), owner, extra))
         )
         return client
-
-
-@pytest.fixture(autouse=True)
-def _clean_overrides():
-    yield
-    ui_app.app.dependency_overrides.clear()
-    ui_access.provider.reset()
 
 
 URL = f"/transactions/api/pipelines/{PIPELINE}/rewind"
