@@ -103,6 +103,33 @@ def lease_expired(rec: TxRecord, now: datetime | None) -> bool:
     )
 
 
+CLAIM_BACKOFF_LIMIT = 8.0
+"""A re-emitted attempt's claim lasts at most this many times the caller's claim."""
+
+
+def claim_timeout_for(previous: TxRecord | None, claim_timeout: float) -> float:
+    """Seconds the claim of a txid's next attempt lasts (the lease until its processing starts
+    renewing it), ``previous`` being the txid's current record (``None`` for a new txid).
+
+    ``claim_timeout``, doubled after an attempt that failed on its own without its processing ever
+    renewing the lease (it never started within its claim: a machine or a task queue too busy),
+    up to :data:`CLAIM_BACKOFF_LIMIT` times. Without the backoff, each replay on an overloaded
+    deployment expires the same way, fails every later txid and adds the load that expired it: a
+    storm of replays in which nothing commits. The price is only that a process killed before it
+    started is noticed later.
+    """
+    if (
+        previous is None
+        or not previous.failed_on_its_own
+        or previous.lease_holder is not None
+        or previous.begun_at is None
+        or previous.lease_expires_at is None
+    ):
+        return claim_timeout
+    claimed = (previous.lease_expires_at - previous.begun_at).total_seconds()
+    return min(max(claim_timeout, 2 * claimed), CLAIM_BACKOFF_LIMIT * claim_timeout)
+
+
 def lease_renewal(record: TxRecord | None, attempt: int) -> LeaseRenewal:
     """What a renewal of ``attempt``'s lease on ``record`` (its txid, ``None`` if never begun)
     finds. Only a processing attempt holds a lease; one whose output is recorded is done, not lost:

@@ -316,6 +316,7 @@ def record_of(row: Row[Any]) -> TxRecord:
         failed_by=row.failed_by,
         lease_expires_at=row.lease_expires_at,
         lease_holder=row.lease_holder,
+        begun_at=row.begun_at,
     )
 
 

@@ -39,6 +39,7 @@ from airflow_txn_provider.exceptions import (
     SourceError,
     TxnError,
 )
+from airflow_txn_provider.fencing import claim_timeout_for
 from airflow_txn_provider.log_rows import TxidRows, load_view
 from airflow_txn_provider.models import PIPELINES
 from airflow_txn_provider.records import PipelineView, TxRecord
@@ -158,11 +159,11 @@ class PipelineTransitions:
             TxidRows(conn, view.pipeline, txid).locked_record()
             view = load_view(conn, view.pipeline, lock=False)
             plan = plan_begin(view, txid, replay=replay)
-        claim = func.now() + timedelta(seconds=claim_timeout)
         if plan.action is BeginAction.RESUME:
             rec = view.record(txid)
             assert rec is not None
             if rec.status is TxStatus.PROCESSING:  # give its processing time to (re)start
+                claim = func.now() + timedelta(seconds=claim_timeout)
                 TxidRows(conn, view.pipeline, txid).extend_claim(claim)
             log.info(
                 "pipeline=%s txid=%s attempt=%s resumed (%s): it is alive, not re-emitted",
@@ -188,6 +189,7 @@ class PipelineTransitions:
         metadata = self._metadata_for(view, plan, source)
         if metadata is None:
             return Emission(view.pipeline, txid, plan.action, no_data=True)
+        claim = func.now() + timedelta(seconds=claim_timeout_for(view.record(txid), claim_timeout))
         TxidRows(conn, view.pipeline, txid).emit(
             plan.attempt, metadata, claim, new=plan.action is BeginAction.NEW
         )

@@ -33,6 +33,8 @@ class TxRecord:
     """While processing: until when the attempt's process has proved it is alive (its lease)."""
     lease_holder: str | None = None
     """Who renewed the lease last (a task, a host and a pid): named when the lease runs out."""
+    begun_at: datetime | None = None
+    """When the attempt was emitted (with ``lease_expires_at``: how long its claim lasted)."""
     response: FailureResponse | None = None
     """Once failed: what the failure sensor decided about it (recorded in a txid's history)."""
 

@@ -137,7 +137,8 @@ CLAIM = 20.0
 """Seconds a begun attempt's lease lasts before its worker takes it over: a worker process needs
 ~2 s to start here, and over 8 s beside an Airflow deployment on the same two cores (CI), where a
 shorter claim expired every attempt before its worker started (a replay storm, nothing
-committed)."""
+committed). A replay whose claim ran out unstarted gets twice as long (the log's own backoff,
+``fencing.claim_timeout_for``): one CI run saw four such expiries of one txid in a row."""
 TICK = 0.25
 """Seconds between two rounds of the driver (expire leases, commit, begin)."""
 BOUND = 180.0
@@ -435,8 +436,11 @@ class ChaosRun:
 
     def _round(self) -> None:
         txlog, pipeline = self.txlog, self.pipeline
-        if txlog.expire_leases(pipeline):
-            self.events["lease expired"] += 1
+        expired = txlog.expire_leases(pipeline)
+        if expired:  # which lease: a claim that ran out before its worker started, or renewals
+            info = txlog.transaction(pipeline, expired[0])
+            started = info is not None and info.lease_holder is not None
+            self.events["lease expired" + ("" if started else " (worker never started)")] += 1
         view = self.view = txlog.view(pipeline)
         rec = committable(view)
         while rec is not None:

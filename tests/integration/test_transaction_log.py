@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from sqlalchemy import create_engine, event, text
 
@@ -202,6 +204,35 @@ class TestRules:
         assert (em.action, em.attempt, em.invalidated) == (BeginAction.REEMIT, 2, (3, 4))
         assert txlog.mark_processed("p", 3, 1) is ProcessedAction.IGNORE_STALE
         assert statuses(txlog)[4] == (1, "failed")
+
+    def test_a_replay_of_a_claim_that_ran_out_unstarted_gets_a_longer_claim(self, txlog):
+        """A replay storm's brake (``fencing.claim_timeout_for``), by the database's clock."""
+        txlog.register_pipeline("p", source_kind="transactional", max_pending=2)
+        src, base = Counter(), 0.2
+
+        def claim_of(txid: int) -> float:
+            info = txlog.transaction("p", txid)
+            return (info.lease_expires_at - info.begun_at).total_seconds()
+
+        def expire(txid: int) -> None:
+            deadline = time.monotonic() + 10
+            while not txlog.expire_leases("p") and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert txlog.transaction("p", txid).status is TxStatus.FAILED
+
+        assert txlog.begin("p", 1, src, claim_timeout=base).emitted
+        assert claim_of(1) == pytest.approx(base, abs=0.01)
+        expire(1)  # its processing never started
+        assert txlog.begin("p", 1, src, claim_timeout=base).attempt == 2
+        assert claim_of(1) == pytest.approx(2 * base, abs=0.01)
+        expire(1)
+        assert txlog.begin("p", 1, src, claim_timeout=base).attempt == 3
+        assert claim_of(1) == pytest.approx(4 * base, abs=0.01)
+        # this one's processing starts, renews, then dies: the next claim is the caller's again
+        txlog.renew_lease("p", 1, 3, holder="task process_x pid 42", timeout=0)
+        expire(1)
+        assert txlog.begin("p", 1, src, claim_timeout=base).attempt == 4
+        assert claim_of(1) == pytest.approx(base, abs=0.01)
 
     def test_expire_leases_finds_the_oldest(self, four):
         txlog, _ = four

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from datetime import timedelta
 
 import pytest
 from hypothesis import given
@@ -29,7 +30,13 @@ from airflow_txn_provider.exceptions import (
     OutOfOrderCommitError,
     StaleAttemptError,
 )
-from airflow_txn_provider.fencing import lease_expired, lease_renewal, plan_processed
+from airflow_txn_provider.fencing import (
+    CLAIM_BACKOFF_LIMIT,
+    claim_timeout_for,
+    lease_expired,
+    lease_renewal,
+    plan_processed,
+)
 from airflow_txn_provider.records import TxRecord
 from airflow_txn_provider.vocabulary import (
     BeginAction,
@@ -49,6 +56,24 @@ class TestLease:
         assert not lease_expired(TxRecord(1, 1, FAIL, lease_expires_at=NOW), NOW)
         assert not lease_expired(TxRecord(1, 1, PROC), NOW)  # no lease recorded: never expires
         assert not lease_expired(TxRecord(1, 1, PROC, lease_expires_at=NOW), None)  # no clock
+
+    def test_a_claim_that_ran_out_before_its_processing_started_doubles_the_next_one(self):
+        def expired_unstarted(claimed: float, **changes: object) -> TxRecord:
+            rec = TxRecord(1, 1, FAIL, failed_by=1, begun_at=NOW)
+            rec = dataclasses.replace(rec, lease_expires_at=NOW + timedelta(seconds=claimed))
+            return dataclasses.replace(rec, **changes)  # type: ignore[arg-type]
+
+        assert claim_timeout_for(None, 20) == 20  # a new txid
+        assert claim_timeout_for(expired_unstarted(20), 20) == 40
+        assert claim_timeout_for(expired_unstarted(40), 20) == 80  # again: doubled again
+        assert claim_timeout_for(expired_unstarted(150), 20) == 20 * CLAIM_BACKOFF_LIMIT
+        assert claim_timeout_for(expired_unstarted(5), 20) == 20  # never below the caller's
+        # its processing had started (it renewed the lease): it died, it was not slow to start
+        assert claim_timeout_for(expired_unstarted(20, lease_holder="w (pid 1)"), 20) == 20
+        # failed with an earlier txid, or not failed at all: nothing to learn from its claim
+        assert claim_timeout_for(expired_unstarted(20, txid=2), 20) == 20
+        assert claim_timeout_for(expired_unstarted(20, status=PROC, failed_by=None), 20) == 20
+        assert claim_timeout_for(expired_unstarted(20, begun_at=None), 20) == 20
 
     def test_expiry_fails_the_txid_and_every_later_one_in_flight(self):
         v = leased(((1, 1, DONE, None), (2, 2, PROC, -5), (3, 1, PROC, 20), (4, 1, FAIL, None)))
