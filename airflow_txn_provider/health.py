@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 from airflow_txn_provider.vocabulary import TxStatus
 
 if TYPE_CHECKING:
+    from sqlalchemy import Connection
+
     from airflow_txn_provider.records import PipelineView, TxRecord
     from airflow_txn_provider.transaction_log import TransactionLog
 
@@ -95,23 +97,54 @@ def judge(
     )
 
 
+def progress_times(conn: Connection, view: PipelineView) -> tuple[datetime | None, datetime | None]:
+    """What :func:`judge` reads besides the view: when the last committed txid committed (``None``:
+    none yet, or pruned), and when the oldest uncommitted txid's first attempt began."""
+    from sqlalchemy import func, select
+
+    from airflow_txn_provider.models import ATTEMPTS, TRANSACTIONS
+
+    last_commit_at = None
+    if view.last_committed:
+        last_commit_at = conn.execute(
+            select(TRANSACTIONS.c.committed_at).where(
+                (TRANSACTIONS.c.pipeline == view.pipeline)
+                & (TRANSACTIONS.c.txid == view.last_committed)
+            )
+        ).scalar_one_or_none()
+    pending_since = None
+    if view.in_flight:
+        pending_since = conn.execute(
+            select(func.min(ATTEMPTS.c.started_at)).where(
+                (ATTEMPTS.c.pipeline == view.pipeline)
+                & (ATTEMPTS.c.txid == view.oldest_uncommitted)
+            )
+        ).scalar_one_or_none()
+    return last_commit_at, pending_since
+
+
 def read_health(
     txn_log: TransactionLog, pipeline: str, now: datetime, stall_after: float = STALL_AFTER
 ) -> PipelineHealth:
     """:func:`judge` the pipeline as the log has it now (its clock where it gives one)."""
     view = txn_log.view(pipeline)
-    last = txn_log.transaction(pipeline, view.last_committed) if view.last_committed else None
-    pending_since = None
-    if view.in_flight:
-        starts = [a.started_at for a in txn_log.attempts(pipeline, view.oldest_uncommitted)]
-        pending_since = min((s for s in starts if s is not None), default=None)
+    with txn_log.engine.connect() as conn:
+        last_commit_at, pending_since = progress_times(conn, view)
     return judge(
         view,
-        last_commit_at=last.committed_at if last is not None else None,
+        last_commit_at=last_commit_at,
         pending_since=pending_since,
         now=view.now or now,
         stall_after=stall_after,
     )
 
 
-__all__ = ["STALL_AFTER", "Health", "PipelineHealth", "judge", "newest_processed", "read_health"]
+__all__ = [
+    "STALL_AFTER",
+    "Health",
+    "PipelineHealth",
+    "judge",
+    "newest_processed",
+    "progress_times",
+    "read_health",
+]

@@ -11,6 +11,7 @@ describe it for queries. The tables:
 * ``txn_state_registry``: which pipeline owns which state table, and how it was declared.
 * ``txn_pipeline_dag``: which Airflow DAGs run which pipeline.
 * ``txn_rewind``: one row per rewind (who, when, to which txid; migration 0009).
+* ``txn_alert``: one row per alert sent to the pipeline's notifiers (migration 0010).
 * ``txn_map_summary``: per map state, its key count and value sum, kept by each commit (the
   Transactions page reads them instead of scanning the state).
 
@@ -249,6 +250,23 @@ class RewindRow(Base):
     )
 
 
+class AlertRow(Base):
+    """An alert the pipeline's notifiers were sent (:mod:`airflow_txn_provider.alerts`): once per
+    ``(pipeline, kind, key)``."""
+
+    __tablename__ = "txn_alert"
+
+    pipeline: Mapped[str] = mapped_column(String(250), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(32), primary_key=True)
+    key: Mapped[str] = mapped_column(Text, primary_key=True)
+    message: Mapped[str] = mapped_column(Text)
+    sent_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+    __table_args__ = (
+        ForeignKeyConstraint(["pipeline"], ["txn_pipeline.name"], ondelete="CASCADE"),
+    )
+
+
 class MapSummaryRow(Base):
     """A map state's key count and value sum, updated by each commit with the deltas it applied
     (:meth:`~airflow_txn_provider.state.MapState.apply`), in the commit's transaction."""
@@ -276,3 +294,4 @@ ATTEMPTS = cast(Table, AttemptRow.__table__)
 STATE_REGISTRY = cast(Table, StateRegistryRow.__table__)
 MAP_SUMMARY = cast(Table, MapSummaryRow.__table__)
 REWINDS = cast(Table, RewindRow.__table__)
+ALERTS = cast(Table, AlertRow.__table__)

@@ -27,6 +27,7 @@ from airflow_txn_provider.config import (
     validate_keep_txids,
     validate_max_pending,
 )
+from airflow_txn_provider.health import STALL_AFTER
 from airflow_txn_provider.names import PIPELINE, check_name
 from airflow_txn_provider.sinks.base import LakeSink
 from airflow_txn_provider.spark.sources import SparkSource
@@ -64,6 +65,11 @@ class TxnPipeline:
         DeltaSink`, :class:`~airflow_txn_provider.sinks.IcebergSink`), each exactly once, in
         txid order; each commit also updates the sink's Airflow Asset (``assets``). A pipeline
         with sinks has one processing job. See ``docs/lake.md``.
+    :param alert_notifiers: Airflow notifiers (``BaseNotifier``, e.g. the SMTP provider's
+        ``SmtpNotifier``) told once when a txid is poisoned and once per stall
+        (:mod:`airflow_txn_provider.alerts`; "Alerts" in ``docs/airflow.md``).
+    :param stall_alert_after: seconds without progress while txids wait after which the
+        notifiers hear of a stall (default 600, the health endpoint's).
     """
 
     name: str
@@ -83,6 +89,8 @@ class TxnPipeline:
     keep_txids: int = DEFAULT_KEEP_TXIDS
     spark_conf: dict[str, str] = field(default_factory=dict)
     sinks: Sequence[LakeSink] = ()
+    alert_notifiers: Sequence[Any] = ()
+    stall_alert_after: float = STALL_AFTER
 
     def __post_init__(self) -> None:
         check_name(self.name, PIPELINE)
@@ -97,6 +105,17 @@ class TxnPipeline:
             raise ValueError(
                 f"poll_interval must be a positive number of seconds, got {self.poll_interval!r}"
             )
+        if not (self.stall_alert_after > 0 and math.isfinite(self.stall_alert_after)):
+            raise ValueError(
+                "stall_alert_after must be a positive number of seconds, got "
+                f"{self.stall_alert_after!r}"
+            )
+        for notifier in self.alert_notifiers:
+            if not callable(notifier):
+                raise ValueError(
+                    f"alert_notifiers takes Airflow notifiers (BaseNotifier), got {notifier!r}"
+                )
+        object.__setattr__(self, "alert_notifiers", tuple(self.alert_notifiers))
         if self.spark not in SPARK_MODES:
             raise ValueError(f"spark must be one of {SPARK_MODES}, got {self.spark!r}")
         if not self.jobs:

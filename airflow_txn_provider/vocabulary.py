@@ -90,6 +90,8 @@ class EventState(enum.StrEnum):
     """The processing attempt's lease ran out: its process is gone."""
     MANUAL_RUN = "manual_run"
     """Started in the triggerer for a run that is no txid's: its task knows what to do."""
+    ALERT = "alert"
+    """An alert is due and unsent (a stall, a poison batch's): its attempt is the one watched."""
 
 
 # -- what the rules answer ---------------------------------------------------------------------

@@ -45,8 +45,9 @@ class GateState(enum.StrEnum):
     without recording its output. Its lease or failure callback fails it, and its run restarts."""
 
 
-ATTEMPT_NEEDED = frozenset({EventState.LEASE_EXPIRED})
-"""Events whose attempt the woken task acts on (the sensor expires that very attempt's lease)."""
+ATTEMPT_NEEDED = frozenset({EventState.LEASE_EXPIRED, EventState.ALERT})
+"""Events whose attempt the woken task acts on (the sensor expires that very attempt's lease;
+after an alert it watches that attempt again)."""
 
 
 @dataclass(frozen=True)

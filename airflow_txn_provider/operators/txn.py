@@ -20,6 +20,7 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
 from airflow_txn_provider.config import CLAIM_TIMEOUT
 from airflow_txn_provider.credentials import connection_env
+from airflow_txn_provider.lineage import TxidLineage, lineage_enabled
 from airflow_txn_provider.run_context import (
     BEGIN_TASK_ID,
     CLAIM_XCOM_KEY,
@@ -53,7 +54,7 @@ def is_airflow_retry(ti: Any, retries: int | None) -> bool:
     return int(ti.try_number) > int(ti.max_tries) - int(retries or 0) + 1
 
 
-class _TxnOperator(BaseOperator):
+class _TxnOperator(TxidLineage, BaseOperator):
     """An operator of a pipeline's DAG.
 
     :param pipeline: the pipeline.
@@ -71,6 +72,7 @@ class _TxnOperator(BaseOperator):
         self.pipeline = pipeline
         self.claim_task_id = claim_task_id
         self.pipeline_name = pipeline.name  # PIPELINE_FIELD (a name has no Jinja: rendered as is)
+        self._lineage_claim: dict[str, Any] | None = None
 
     def txn_log(self) -> TransactionLog:
         return pipeline_log(self.pipeline)
@@ -158,12 +160,21 @@ class _TxnOperator(BaseOperator):
         )
         claim = {"txid": txid, "attempt": emission.attempt, "metadata": emission.metadata}
         context["ti"].xcom_push(key=CLAIM_XCOM_KEY, value=claim)
+        self._lineage_claim = claim
         return claim
+
+    def claimed(self, context: Context) -> dict[str, Any]:
+        """What the run's claiming task claimed (:func:`~airflow_txn_provider.run_context.
+        claimed`)."""
+        self._lineage_claim = claimed(context, self.claim_task_id)
+        return self._lineage_claim
 
 
 class TxnBeginOperator(_TxnOperator):
     """Claim this run's txid (see :meth:`_TxnOperator.claim`), for a pipeline of several jobs:
     they then process it in parallel. With one job, its processing task claims by itself."""
+
+    reads_batch = True  # it fixes the batch
 
     def execute(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
         self.woken_by(event)  # the claim asks the log again: the event only has to be ours
@@ -184,6 +195,7 @@ class TxnProcessOperator(_TxnOperator):
     """
 
     template_fields: Sequence[str] = ("job", PIPELINE_FIELD)
+    reads_batch = True  # the lineage names the source as its input
 
     def __init__(
         self, *, job: str, finish: bool = True, claim: bool = False, **kwargs: Any
@@ -200,7 +212,7 @@ class TxnProcessOperator(_TxnOperator):
             from airflow_txn_provider.preload import task_process_warmth
 
             self.log.info("pipeline=%s: %s", self.pipeline.name, task_process_warmth())
-        claim = self.claim(context) if self.claims else claimed(context, self.claim_task_id)
+        claim = self.claim(context) if self.claims else self.claimed(context)
         try:
             result = self._process(context, claim)
         except Exception as err:
@@ -299,7 +311,7 @@ class TxnRecordProcessedOperator(_TxnOperator):
     def execute(self, context: Context) -> str:
         from airflow_txn_provider.commit import commit_ready, prune_airflow_runs, record_processed
 
-        claim = claimed(context, self.claim_task_id)
+        claim = self.claimed(context)
         action = record_processed(
             self.txn_log(), self.pipeline.name, claim["txid"], claim["attempt"]
         )
@@ -322,6 +334,8 @@ class TxnCommitOperator(_TxnOperator):
     Skipped, as before, when the claim skipped the run (a rerun of a committed txid).
     """
 
+    commits = True  # its lineage has outputs once its attempt committed
+
     def __init__(self, *, triggerer_start: bool = True, **kwargs: Any) -> None:
         kwargs.setdefault("trigger_rule", "none_skipped")
         super().__init__(**kwargs)
@@ -330,10 +344,12 @@ class TxnCommitOperator(_TxnOperator):
             self.outlets = self.pipeline.assets
         # Usually the txid committed already (its processing task commits what is ready): the
         # task then ends in the triggerer. It wakes on a worker to commit, to fail a stale
-        # attempt, or to emit its Asset events (a task ending in the triggerer emits none).
+        # attempt, or to emit its Asset events or OpenLineage outputs (a task ending in the
+        # triggerer emits none).
+        ends_in_triggerer = not self.outlets and not lineage_enabled()
         start_in_triggerer(
             self,
-            self.trigger(RUN_TXID, WaitFor.COMMITTED, end_task_on_commit=not self.outlets),
+            self.trigger(RUN_TXID, WaitFor.COMMITTED, end_task_on_commit=ends_in_triggerer),
             "execute_complete",
             enabled=triggerer_start,
         )
@@ -353,7 +369,7 @@ class TxnCommitOperator(_TxnOperator):
         from airflow_txn_provider.waiting import commit_gate
 
         p = self.pipeline
-        claim = claimed(context, self.claim_task_id)
+        claim = self.claimed(context)
         txid, attempt = claim["txid"], claim["attempt"]
         log = self.txn_log()
         gate = commit_gate(log.view(p.name), txid, attempt)

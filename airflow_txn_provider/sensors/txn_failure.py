@@ -10,6 +10,7 @@ from airflow.sdk.bases.sensor import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_txn_provider import metrics
+from airflow_txn_provider.alerts import due_alerts, poisoned_alert, send_once
 from airflow_txn_provider.redaction import redact
 from airflow_txn_provider.run_context import (
     BEGIN_TASK_ID,
@@ -111,15 +112,17 @@ class TxnFailureSensor(BaseSensorOperator):
         self.defer(trigger=self._trigger(txid, attempt, requeue=requeue), method_name="on_failure")
 
     def _trigger(self, txid: int, attempt: int, *, requeue: bool = False) -> TxnLogTrigger:
+        p = self.pipeline
         return TxnLogTrigger(
-            txn_log_conn_id=self.pipeline.txn_log_conn_id,
-            pipeline=self.pipeline.name,
+            txn_log_conn_id=p.txn_log_conn_id,
+            pipeline=p.name,
             txid=txid,
             attempt=attempt,
             wait_for=WaitFor.OUTCOME,
-            poll_interval=self.pipeline.poll_interval,
+            poll_interval=p.poll_interval,
             end_task_on_commit=True,
             requeue_timeout=REQUEUE_TIMEOUT if requeue else None,
+            stall_alert_after=p.stall_alert_after if p.alert_notifiers else None,
         )
 
     def on_failure(self, context: Context, event: dict[str, Any], **_legacy: Any) -> None:
@@ -141,6 +144,10 @@ class TxnFailureSensor(BaseSensorOperator):
         if woke.state is EventState.COMMITTED:
             return
         log = self.txn_log()
+        if woke.state is EventState.ALERT:
+            assert woke.attempt is not None  # from_payload requires it
+            self._send_due_alerts(context, log)
+            self._watch(txid, woke.attempt, requeue=self._awaits_requeue(log, txid, woke.attempt))
         if woke.state is EventState.LEASE_EXPIRED:
             # The trigger saw the lease run out; the log decides under its lock (a renewal that
             # came meanwhile wins) and fails the attempt and every later txid in flight.
@@ -239,7 +246,43 @@ class TxnFailureSensor(BaseSensorOperator):
             self._restart_runs(context, later, attempt, txid)
         log.record_response(p.name, txid, attempt, FailureResponse.STOP)
         metrics.incr(metrics.POISONED, p.name)
+        self._send(context, log, [poisoned_alert(p.name, txid, attempt, last)])
         self._watch(txid, attempt)
+
+    def _send_due_alerts(self, context: Context, log: TransactionLog) -> None:
+        """The trigger found alerts due: send what is still due (another sender may have)."""
+        p = self.pipeline
+        view = log.view(p.name)
+        with log.engine.connect() as conn:
+            due = due_alerts(conn, view, p.stall_alert_after)
+        self._send(context, log, due)
+
+    def _send(self, context: Context, log: TransactionLog, alerts: Sequence[Any]) -> None:
+        """Send each alert once; one that fails is logged and left unsent, for the trigger of
+        the oldest txid's watch to find again (a broken notifier never stops the pipeline)."""
+        for alert in alerts:
+            try:
+                send_once(log.engine, alert, self.pipeline.alert_notifiers, context)
+            except Exception:
+                self.log.exception(
+                    "pipeline=%s: the %s alert (%s) could not be sent; it is tried again later",
+                    alert.pipeline,
+                    alert.kind,
+                    alert.key,
+                )
+
+    def _awaits_requeue(self, log: TransactionLog, txid: int, attempt: int) -> bool:
+        """Whether the watch of ``attempt`` restarts its run if nobody does (as after answering
+        its failure): it failed and was answered by a re-queue, not by a poison batch's stop."""
+        from airflow_txn_provider.vocabulary import FailureResponse
+
+        last = log.history(self.pipeline.name, txid)[-1:]
+        return bool(
+            last
+            and last[0].attempt == attempt
+            and last[0].status is TxStatus.FAILED
+            and last[0].response not in (None, FailureResponse.STOP)
+        )
 
     def _api(self) -> Any:
         from airflow_txn_provider.hooks.airflow_api import AirflowApiHook

@@ -95,6 +95,11 @@ class _KafkaTopic(SparkSource):
 
     # Airflow side -------------------------------------------------------------------------------
 
+    def lineage_dataset(self) -> tuple[str, str]:
+        """OpenLineage's name of a topic: ``kafka://<first bootstrap server>`` and the topic."""
+        servers = str(kafka_config(self.kafka_conn_id)["bootstrap.servers"])
+        return f"kafka://{servers.split(',')[0].strip()}", self.topic
+
     def watermarks(self) -> dict[str, tuple[int, int]]:
         """Each partition of the topic now: ``(earliest, latest)`` offsets (latest: one past the
         newest record)."""

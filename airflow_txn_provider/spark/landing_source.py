@@ -186,6 +186,11 @@ class LandingDirectorySource(OpaqueSource, SparkSource):
             paths += [str(seqs[s]) for s in sorted(seqs) if start <= s < end]
         return paths
 
+    def lineage_dataset(self) -> tuple[str, str]:
+        from airflow_txn_provider.lineage import path_dataset
+
+        return path_dataset(self.path)
+
     def read_batch(self, spark: SparkSession, metadata: Metadata) -> DataFrame:
         from pyspark.sql import functions as F
 

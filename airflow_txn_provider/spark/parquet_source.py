@@ -168,6 +168,11 @@ class PartitionedParquetSource(TransactionalSource, SparkSource):
     def _ranges(self, metadata: Metadata) -> dict[str, tuple[int, int]]:
         return {str(p): (int(r[0]), int(r[1])) for p, r in dict(metadata).items() if r[1] > r[0]}
 
+    def lineage_dataset(self) -> tuple[str, str]:
+        from airflow_txn_provider.lineage import path_dataset
+
+        return path_dataset(self.path)
+
     def read_batch(self, spark: SparkSession, metadata: Metadata) -> DataFrame:
         from pyspark.sql import functions as F
 

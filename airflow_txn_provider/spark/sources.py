@@ -47,6 +47,11 @@ class SparkSource(Source):
         carry helper columns for :meth:`malformed_records`; :meth:`records` removes them.
         """
 
+    def lineage_dataset(self) -> tuple[str, str] | None:
+        """The source as an OpenLineage dataset, ``(namespace, name)`` (:mod:`~airflow_txn_provider.
+        lineage`); ``None`` (the default): it has no name a lineage catalog would know."""
+        return None
+
     def malformed_records(self, batch: DataFrame) -> DataFrame | None:
         """Rows of ``batch`` that cannot be processed, as columns ``LOCATION`` and ``RECORD``.
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import functools
 import time
 import weakref
 from collections.abc import AsyncIterator
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
 
+from airflow_txn_provider.alerts import ALERT_CHECK_EVERY, due_alerts
 from airflow_txn_provider.exceptions import UnknownPipelineError
 from airflow_txn_provider.fencing import lease_expired
 from airflow_txn_provider.records import PipelineView
@@ -186,6 +188,10 @@ class TxnLogTrigger(BaseTrigger):
         triggerer (no worker slot, no task start): for a task with nothing left to do then.
     :param requeue_timeout: ``OUTCOME`` only: also wake if the txid is still failed at ``attempt``
         this many seconds after the watch began (``None``: never).
+    :param stall_alert_after: ``OUTCOME`` only, the pipeline's alerts on: also wake (``alert``)
+        when the txid is the oldest uncommitted one and an alert is due and unsent: a poison
+        batch's, or a stall's once the pipeline has not moved for this many seconds
+        (:mod:`airflow_txn_provider.alerts`; ``None``: no alerts).
     :param outage_timeout: seconds the trigger keeps polling a log it cannot reach before it
         fails (the task's retries then take over).
     """
@@ -202,8 +208,10 @@ class TxnLogTrigger(BaseTrigger):
         end_task_on_commit: bool = False,
         requeue_timeout: float | None = None,
         outage_timeout: float = DEFAULT_OUTAGE_TIMEOUT,
+        stall_alert_after: float | None = None,
     ) -> None:
         super().__init__()
+        self.stall_alert_after = None if stall_alert_after is None else float(stall_alert_after)
         if not float(poll_interval) > 0:
             raise ValueError(f"poll_interval must be > 0 seconds, got {poll_interval!r}")
         self.requeue_timeout = None if requeue_timeout is None else float(requeue_timeout)
@@ -229,7 +237,18 @@ class TxnLogTrigger(BaseTrigger):
                 "end_task_on_commit": self.end_task_on_commit,
                 "requeue_timeout": self.requeue_timeout,
                 "outage_timeout": self.outage_timeout,
+                "stall_alert_after": self.stall_alert_after,
             },
+        )
+
+    def _may_alert(self, view: PipelineView, txid: int, checked: float) -> bool:
+        """Whether to look for due alerts on this poll: only the watch of the oldest uncommitted
+        txid does (one per pipeline), every ``ALERT_CHECK_EVERY`` seconds."""
+        return (
+            self.wait_for is WaitFor.OUTCOME
+            and self.stall_alert_after is not None
+            and txid == view.last_committed + 1
+            and time.monotonic() - checked >= ALERT_CHECK_EVERY
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
@@ -249,10 +268,17 @@ class TxnLogTrigger(BaseTrigger):
         outage: float | None = None  # when the log became unreachable
         failures = 0
         backoff = outage_backoff(self.poll_interval, self.outage_timeout)
+        alerts_checked = 0.0  # when due alerts were last looked for (OUTCOME)
+        stall_after = self.stall_alert_after or 0.0
         while True:
             try:
                 async with engine.connect() as conn:
                     view = await conn.run_sync(lambda c: load_view(c, pipeline))
+                    due: list[Any] = []
+                    if self._may_alert(view, txid, alerts_checked):
+                        alerts_checked = time.monotonic()
+                        look = functools.partial(due_alerts, view=view, stall_after=stall_after)
+                        due = await conn.run_sync(look)
             except UnknownPipelineError:
                 # A trigger that starts its task may poll before the pipeline's first claim
                 # registers it: nothing has begun yet, which is a reason to wait.
@@ -300,6 +326,9 @@ class TxnLogTrigger(BaseTrigger):
                 requeue_timeout=self.requeue_timeout,
                 ready_polls=ready_polls,
             )
+            if event is None and due:
+                self.log.warning("pipeline=%s: alerts due %s", pipeline, [a.key for a in due])
+                event = TxnEvent(EventState.ALERT, attempt)
             if event is not None:
                 self.log.info("pipeline=%s txid=%s: %s", pipeline, txid, event.to_payload())
                 if self.end_task_on_commit and event.state is EventState.COMMITTED:

@@ -33,6 +33,23 @@ SINKS = (
     else []
 )
 
+# Alerts by mail when an SMTP connection is named (the credentials test: its poison batch and the
+# stall behind it)
+ALERT_SMTP_CONN = os.environ.get("TXN_TEST_ALERT_SMTP_CONN")
+ALERTS = []
+if ALERT_SMTP_CONN:
+    from airflow.providers.smtp.notifications.smtp import SmtpNotifier
+
+    ALERTS = [
+        SmtpNotifier(
+            to="oncall@example.org",
+            from_email="airflow@example.org",
+            smtp_conn_id=ALERT_SMTP_CONN,
+            subject="{{ txn_alert.subject }}",
+            html_content="{{ txn_alert.message }}",
+        )
+    ]
+
 pipeline = TxnPipeline(
     name=NAME,
     source=PartitionedParquetSource(
@@ -50,6 +67,8 @@ pipeline = TxnPipeline(
     poll_interval=float(os.environ.get("TXN_TEST_POLL", "0.5")),
     lease_timeout=float(os.environ.get("TXN_TEST_LEASE_TIMEOUT", "30")),
     keep_txids=int(os.environ.get("TXN_TEST_KEEP_TXIDS", "1000")),
+    alert_notifiers=ALERTS,
+    stall_alert_after=float(os.environ.get("TXN_TEST_STALL_ALERT_AFTER", "600")),
 )
 
 dag = build_dag(pipeline)

@@ -8,11 +8,16 @@ share one, with a DAG each, on one transaction log.
   session's Spark Connect server: the browser test's.
 - ``secret_words`` (``tests/dags/txn_words.py``): ``spark-submit`` jobs that commit into an
   Iceberg table whose catalog is the Airflow connection ``ice_cat``, and whose txid 2 holds a
-  marked line the job refuses: the credentials test's.
+  marked line the job refuses: the credentials test's. Its alerts go by mail to an SMTP server
+  the tests own on 127.0.0.1 (``SharedAirflow.smtp``).
 - ``example_txn_kafka_words``, the Kafka example as a user drops it in, reading the topic
   ``words`` of a Kafka wire-protocol cluster on 127.0.0.1 (librdkafka's mock cluster in a
   process of its own, :class:`~txn_testing.kafka.MockKafkaCluster`) through the Airflow
   connection ``kafka_default``: the Kafka test's (``test_kafka_airflow.py``).
+
+Every Airflow process sends OpenLineage events through the OpenLineage provider's file transport
+into ``lineage/`` (one file per event): the Kafka and credentials tests read what the pipelines'
+tasks sent.
 
 Two users sign in: the admin, and ``viewer`` (the simple auth manager's role ``viewer``: reads
 every DAG, edits none), whom the browser test's rewind is refused.
@@ -30,13 +35,16 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from airflow_txn_provider.lineage import RUN_FACET
 from tests.conftest import new_database
 from tests.spark_data import parquet_dataset, random_lines
 from txn_testing.airflow import AirflowStack, txn_log_connection_env
 from txn_testing.kafka import MockKafkaCluster
+from txn_testing.smtp import SmtpServer
 from txn_testing.statsd import StatsdListener
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,6 +60,8 @@ SECRET_BATCH = 20
 SECRET_MARK = "leakmarker"
 """The job raises an error carrying the catalog's URL, password included, on a line with it."""
 SECRET_CATALOG_CONN = "ice_cat"
+STALL_ALERT_AFTER = 10
+"""Seconds without progress after which ``secret_words`` alerts a stall (its poison batch's)."""
 
 # A second user of the deployment, who may read every DAG but edit none (the simple auth
 # manager's role ``viewer``): the browser test's user whom a rewind is refused.
@@ -70,6 +80,10 @@ class SharedAirflow:
     """The cluster of ``example_txn_kafka_words`` (``kafka_default``)."""
     statsd: StatsdListener
     """Where every Airflow process of the deployment sends its StatsD metrics (and ours)."""
+    lineage: Path
+    smtp: SmtpServer
+    """Where ``secret_words``' alerts are mailed."""
+    """The OpenLineage file transport writes ``<lineage>-<timestamp>.json``, one per event."""
     users: int = 0
     """Tests of this session that use it and have not finished."""
     stopped: bool = field(default=False)
@@ -93,6 +107,18 @@ class SharedAirflow:
                 path = f"/dags/{dag_id}/dagRuns/{run['dag_run_id']}"
                 api.call("PATCH", path, json={"state": "failed"})
 
+    def lineage_events(self, dag_id: str) -> list[dict[str, Any]]:
+        """The OpenLineage run events of ``dag_id``'s tasks that say which txid they worked for
+        (the provider's run facet), oldest first."""
+        events = []
+        for path in sorted(self.lineage.parent.glob(f"{self.lineage.name}-*.json")):
+            event = json.loads(path.read_text())
+            if event.get("job", {}).get("name", "").startswith(f"{dag_id}.") and RUN_FACET in (
+                event.get("run", {}).get("facets", {})
+            ):
+                events.append(event)
+        return events
+
     def stop(self) -> None:
         if not self.stopped:
             self.stopped = True
@@ -101,6 +127,7 @@ class SharedAirflow:
             finally:
                 self.kafka.stop()
                 self.statsd.stop()
+                self.smtp.stop()
 
 
 @pytest.fixture(scope="session")
@@ -118,6 +145,9 @@ def _shared_airflow_deployment(
         (dags / source.name).symlink_to(source)
     kafka = MockKafkaCluster().start()
     statsd = StatsdListener().start()
+    smtp = SmtpServer().start()
+    lineage = folder / "lineage" / "event"
+    lineage.parent.mkdir()
     lines = random_lines(26, 3 * SECRET_BATCH)
     lines[SECRET_BATCH + 5] = f"a {SECRET_MARK} line"  # in txid 2's batch
     env = {
@@ -136,6 +166,10 @@ def _shared_airflow_deployment(
         "TXN_TEST_JOB": str(ROOT / "tests" / "spark_jobs" / "leaky_word_count.py"),
         "TXN_TEST_ICEBERG_CONN": SECRET_CATALOG_CONN,
         "TXN_TEST_ICEBERG_WAREHOUSE": str(folder / "warehouse"),
+        # its alerts, by mail to an SMTP server the tests own on 127.0.0.1
+        "TXN_TEST_ALERT_SMTP_CONN": "alert_smtp",
+        "AIRFLOW_CONN_ALERT_SMTP": smtp.connection(),
+        "TXN_TEST_STALL_ALERT_AFTER": str(STALL_ALERT_AFTER),
         # example_txn_kafka_words: the Kafka provider's connection type, its Config Dict in extra
         "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps({"conn_type": "kafka", "extra": kafka.config}),
         "TXN_EXAMPLES_KAFKA_TOPIC": KAFKA_TOPIC,
@@ -144,12 +178,16 @@ def _shared_airflow_deployment(
         "AIRFLOW__METRICS__STATSD_HOST": statsd.host,
         "AIRFLOW__METRICS__STATSD_PORT": str(statsd.port),
         "AIRFLOW__METRICS__STATSD_PREFIX": "airflow",
+        # lineage, through the OpenLineage provider's file transport
+        "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps(
+            {"type": "file", "log_file_path": str(lineage), "append": False}
+        ),
     }
     meta = new_database(postgres, migrated=False)  # Airflow's metadata database
     stack = AirflowStack(
         folder / "airflow", meta, dags, env=env, users={VIEWER_USER: ("viewer", VIEWER_PASSWORD)}
     )
-    deployment = SharedAirflow(stack, db_url, folder, kafka, statsd)
+    deployment = SharedAirflow(stack, db_url, folder, kafka, statsd, lineage, smtp)
     deployment.users = sum("shared_airflow" in item.fixturenames for item in request.session.items)
     try:
         deployment.stack.start()

@@ -1,4 +1,4 @@
-"""The chaos suite on a real Airflow: a fixed-seed list of runs, three of which CI runs
+"""The chaos suite on a real Airflow: a fixed-seed list of runs, one of which CI runs
 (``IN_CI``), the others ``make test-scenarios`` (``make chaos`` runs every fault, seeds drawn anew).
 
 One fault per run, each on its own pipeline of one deployment (scheduler with LocalExecutor,
@@ -30,11 +30,11 @@ FAULTS = [
     "kill_processing@delta",  # appended: the four runs above keep their seeds
     "kill_log_backend",  # appended too; its seed draws the "processed" moment (staged rows lost)
 ]
-IN_CI = ("kill_processing", "kill_log_backend")
-"""The runs ``make test`` makes (each with the seed it has in the whole list): a task process
-killed (its txid fails, the later ones in flight with it, and the failure sensors re-queue them:
-a cascade), and the staged rows a crash recovery empties. The log's Postgres restarted and the
-backend kills have CI runs without Airflow too (``test_chaos_fast.py``); the other four runs
+IN_CI = ("kill_processing",)
+"""The run ``make test`` makes (with the seed it has in the whole list): a task process killed
+(its txid fails, the later ones in flight with it, and the failure sensors re-queue them: a
+cascade). The log's Postgres restarted and the backend kills (``kill_log_backend``: staged rows a
+crash recovery empties) have CI runs without Airflow (``test_chaos_fast.py``); the other runs
 are in ``make test-scenarios``."""
 
 

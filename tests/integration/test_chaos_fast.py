@@ -1,11 +1,11 @@
 """The fast chaos tier's CI subset: a few fixed-seed runs of chaos/fast.py (no Airflow).
 
 Real worker processes on the session's Spark Connect server, a durable Postgres of its own for the
-log (the faults crash it). Seed 19's four runs cover a worker killed mid-job, the log's Postgres
-crashed and restarted, and a Postgres backend SIGKILLed (crash recovery while the server stays
-up: the UNLOGGED staging tables come back empty) at each of its points: inside a worker's
-staging, between the two jobs of a two-job txid, between a txid's processed output and its
-commit, and inside the commit. ``python chaos/fast.py --seed 19 --runs 4`` replays them;
+log (the faults crash it). Seed 19's four runs of three txids cover a worker killed mid-job, the
+log's Postgres crashed and restarted, and a Postgres backend SIGKILLed (crash recovery while the
+server stays up: the UNLOGGED staging tables come back empty) at each of its points: inside a
+worker's staging, between the two jobs of a two-job txid, between a txid's processed output and its
+commit, and inside the commit. ``python chaos/fast.py --seed 19 --runs 4 --txids 3`` replays them;
 ``make chaos-fast`` runs the whole tier.
 
 The lake-sink subset: one run per sink kind, the word count also committed into two lake tables
@@ -40,7 +40,7 @@ from chaos.report import FaultResult, print_table
 
 SEED = 19
 RUNS = 4
-TXIDS = 4
+TXIDS = 3
 LAKE_SEEDS = {"delta": 112, "iceberg": 37}
 """One run per sink kind (``--runs 1``: the run's seed is the master seed)."""
 

@@ -9,18 +9,23 @@ would in Admin > Connections, with a password this test plants. Txid 1 commits t
 connection is really used, by the job's driver and by the commit). Txid 2's batch holds a marked
 line, on which the job raises an error carrying the catalog's URL, password included: with
 ``max_attempts=1`` that is a poison batch at once, whose error is stored, shown on the page and
-copied into the run's note, and whose failure re-queues txid 3.
+copied into the run's note, and whose failure re-queues txid 3. The pipeline's alerts (an
+``SmtpNotifier``) mail the poison batch and the stall behind it, once each, with the password
+replaced too; its OpenLineage events name the table and the failed batch, never the password.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import httpx
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
+from airflow_txn_provider.alerts import ALERT_CHECK_EVERY
+from airflow_txn_provider.lineage import BATCH_FACET, RUN_FACET
 from airflow_txn_provider.sinks import IcebergSink
 from airflow_txn_provider.transaction_log import TransactionLog
 from tests.conftest import wait_until
@@ -92,10 +97,32 @@ def test_a_planted_catalog_password_shows_nowhere(shared_airflow, monkeypatch):
             return "POISON BATCH" in found and found
 
         run_note = wait_until(note, 120, "the poison batch's run note", stack)
+
+        # alerts, mailed to the deployment's SMTP server: the poison batch, and the stall
+        # behind it (nothing moves after txid 1 for STALL_ALERT_AFTER seconds)
+        def stall_behind_the_poison() -> bool:
+            return any(m.subject.endswith("stalled at txid 2") for m in smtp.mails())
+
+        smtp = shared_airflow.smtp
+        wait_until(stall_behind_the_poison, 120, "the stall alert's mail", stack)
+        time.sleep(2 * ALERT_CHECK_EVERY)  # a second alert of either would come by now
+        mails = smtp.mails()
     finally:
         shared_airflow.idle(PIPELINE)
         watch.done.set()
         watch.join()
+
+    # one mail per alert: the poisoned attempt, each stall (the one behind txid 1's commit, and
+    # one while txid 1 took longer than STALL_ALERT_AFTER, if it did)
+    subjects = [m.subject for m in mails]
+    assert len(subjects) == len(set(subjects)), subjects
+    poisoned = [m for m in mails if "poisoned" in m.subject]
+    poison_subject = f"[airflow-txn] pipeline {PIPELINE}: poisoned at txid 2"
+    assert [m.subject for m in poisoned] == [poison_subject]
+    assert "POISON BATCH" in poisoned[0].body and "refuses it" in poisoned[0].body
+    assert {m.recipients for m in mails} == {("oncall@example.org",)}
+    assert all("poisoned" in s or "stalled at txid" in s for s in subjects), subjects
+    assert not [m for m in mails if SECRET in m.subject + m.body]
 
     # the error went everywhere it goes, with the password replaced
     assert "refuses it" in last_error and "***" in last_error and SECRET not in last_error
@@ -116,6 +143,33 @@ def test_a_planted_catalog_password_shows_nowhere(shared_airflow, monkeypatch):
         catalog_conn_id=SECRET_CATALOG_CONN,
     )
     assert sink.open().committed_txid(PIPELINE) == 1
+
+    # OpenLineage (the deployment's file transport): txid 1's commit names the Iceberg table at
+    # the version it committed; txid 2's failed processing names its batch and no output
+    def lineage_of_txid(txid: int) -> list[dict]:
+        events = shared_airflow.lineage_events(PIPELINE)
+        return [e for e in events if e["run"]["facets"][RUN_FACET]["txid"] == txid]
+
+    def commit_of_txid_1() -> list[dict]:
+        return [e for e in lineage_of_txid(1) if e["outputs"]]
+
+    [commit] = wait_until(commit_of_txid_1, 60, "txid 1's commit in the lineage", stack)
+    assert commit["job"]["name"] == f"{PIPELINE}.commit"
+    [table] = [o for o in commit["outputs"] if o["namespace"].startswith("iceberg://")]
+    committed = log.transaction(PIPELINE, 1).output[sink.output_key]["commit"]
+    assert table["name"] == "txn_test/words"
+    assert table["facets"]["version"]["datasetVersion"] == str(committed["version"])
+    failed = [
+        e
+        for e in lineage_of_txid(2)
+        if e["eventType"] == "FAIL" and ".process_" in e["job"]["name"]
+    ]
+    assert failed, [(e["job"]["name"], e["eventType"]) for e in lineage_of_txid(2)]
+    batch = log.transaction(PIPELINE, 2).metadata
+    assert all(e["inputs"][0]["inputFacets"][BATCH_FACET]["batch"] == batch for e in failed)
+    assert not [e for t in (2, 3) for e in lineage_of_txid(t) if e["outputs"]]
+    for event in shared_airflow.lineage.parent.iterdir():
+        assert SECRET.encode() not in event.read_bytes(), event
 
     # the log's tables: every row of every txn_ table, as text
     with log.engine.connect() as conn:

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from airflow_txn_provider.exceptions import UnknownPipelineError
+from airflow_txn_provider.lineage import BATCH_FACET, RUN_FACET
 from airflow_txn_provider.state import MapState
 from airflow_txn_provider.transaction_log import TransactionLog
 from airflow_txn_provider.vocabulary import TxStatus
@@ -55,6 +56,12 @@ def _begun_uncommitted(log: TransactionLog, after: int, timeout: float) -> int |
                 return info.txid
         time.sleep(0.05)
     return None
+
+
+def _committed_in_lineage(events: list[dict]) -> set[tuple[int, int]]:
+    """``(txid, attempt)`` of each OpenLineage event that names outputs (a commit's)."""
+    facets = [e["run"]["facets"][RUN_FACET] for e in events if e["outputs"]]
+    return {(f["txid"], f["attempt"]) for f in facets}
 
 
 def _committed_ranges(log: TransactionLog) -> list[dict[str, list[int]]]:
@@ -148,6 +155,14 @@ def test_the_kafka_example_reads_every_record_once_through_a_paused_broker(share
         assert [(e["dag_id"], e["owner"]) for e in events] == [(NAME, ADMIN_USER)]
         assert '"to_txid": 1' in events[0]["extra"]
 
+        # each commit task ends after its txid committed (a worker task start later): wait for
+        # the lineage of the committed attempts before the DAG goes idle
+        def lineage_of_every_commit() -> bool:
+            final = {(t, log.transaction(NAME, t).attempt) for t in range(1, last + 1)}
+            return final <= _committed_in_lineage(shared_airflow.lineage_events(NAME))
+
+        wait_until(lineage_of_every_commit, 120, "the commit tasks' lineage", stack)
+
     # the paused txid waited for the broker and committed after it came back, its offsets kept
     paused = log.transaction(NAME, paused_txid)
     assert paused.status is TxStatus.COMMITTED
@@ -165,13 +180,16 @@ def test_the_kafka_example_reads_every_record_once_through_a_paused_broker(share
     with log.engine.connect() as conn:
         counts = {key[0]: value for key, value in state.items(conn).items()}
     assert counts == dict(word_counts(written))
-    # the rewound txids committed again, each with a new attempt per rewind that reached it
-    assert [after_cli[t] - attempts[t] for t in range(1, last + 1)] == [
-        1 if t >= to else 0 for t in range(1, last + 1)
+    # the rewound txids committed again, each with a new attempt per rewind that reached it (or
+    # more: Airflow's stale-executor-event race can fail a processing task that resumed within
+    # seconds, docs/airflow.md "Known Airflow issue"; that costs an attempt, never a count)
+    assert [after_cli[t] - attempts[t] >= 1 for t in range(1, last + 1)] == [
+        t >= to for t in range(1, last + 1)
     ]
+    assert all(after_cli[t] == attempts[t] for t in range(1, to))  # before N: untouched
     for txid in range(1, last + 1):
         info = log.transaction(NAME, txid)
-        assert info.attempt == after_cli[txid] + 1, (txid, info.attempt, after_cli[txid])
+        assert info.attempt > after_cli[txid], (txid, info.attempt, after_cli[txid])
         assert info.committed_at > before_rewind
 
     # The provider's metrics reached the deployment's StatsD (a server the test owns on
@@ -187,3 +205,31 @@ def test_the_kafka_example_reads_every_record_once_through_a_paused_broker(share
     # every txid the two rewinds reached was begun again with a new attempt
     assert sum(values("reemissions")) >= (last - to + 1) + last
     assert [m for m in received if m.name == "airflow.txn.last_committed_txid"]  # tags dropped
+
+    # OpenLineage (the provider's file transport): the topic with each attempt's batch as the
+    # processing tasks' input; outputs only from a commit task whose attempt committed
+    events = shared_airflow.lineage_events(NAME)
+    history = {t: {a.attempt: a for a in log.attempts(NAME, t)} for t in range(1, last + 1)}
+    outputs = [e for e in events if e["outputs"]]
+    for event in outputs:
+        txn = event["run"]["facets"][RUN_FACET]
+        assert (event["eventType"], event["job"]["name"]) == ("COMPLETE", f"{NAME}.commit"), txn
+        attempt = history[txn["txid"]][txn["attempt"]]
+        # the attempt committed: it is the txid's committed one, or one a rewind undid
+        assert txn["committed"], txn
+        assert attempt.status is TxStatus.COMMITTED or attempt.error.startswith("rewound"), txn
+        names = {o["name"].rsplit(".", 1)[-1] for o in event["outputs"]}
+        assert names == {state.table}, event["outputs"]
+    committed = {(t, log.transaction(NAME, t).attempt) for t in range(1, last + 1)}
+    assert committed <= _committed_in_lineage(events), sorted(committed)
+    reads = [e for e in events if e["inputs"]]
+    assert {e["job"]["name"] for e in reads} == {f"{NAME}.process_kafka_word_count"}
+    for event in reads:
+        txn = event["run"]["facets"][RUN_FACET]
+        [topic] = event["inputs"]
+        assert (topic["namespace"], topic["name"]) == (
+            f"kafka://{shared_airflow.kafka.bootstrap_servers.split(',')[0]}",
+            KAFKA_TOPIC,
+        )
+        batch = topic["inputFacets"][BATCH_FACET]["batch"]
+        assert batch == history[txn["txid"]][txn["attempt"]].metadata, txn

@@ -16,12 +16,12 @@ from airflow_txn_provider.pipeline import TxnPipeline
 from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
 from airflow_txn_provider.state import MapState
 from airflow_txn_provider.vocabulary import EventState
-from airflow_txn_provider.waiting import TxnEvent
+from airflow_txn_provider.waiting import ATTEMPT_NEEDED, TxnEvent
 
 
 @pytest.mark.parametrize("state", list(EventState))
 def test_every_event_survives_its_payload(state):
-    attempts = [2] if state is EventState.LEASE_EXPIRED else [None, 2]
+    attempts = [2] if state in ATTEMPT_NEEDED else [None, 2]
     txids = [None, 7] if state is EventState.MANUAL_RUN else [7]
     for attempt, txid in itertools.product(attempts, txids):
         event = TxnEvent(state, attempt, txid)
@@ -49,6 +49,7 @@ def test_the_payload_is_the_one_the_trigger_always_fired():
         "not_requeued",
         "lease_expired",
         "manual_run",
+        "alert",
     }
 
 
@@ -69,6 +70,7 @@ def test_keys_it_does_not_know_are_ignored():
         ({"state": "failed", "txid": True}, "txid True is not an integer"),
         ({"state": "failed", "txid": 3, "attempt": "1"}, "attempt '1' is not an integer"),
         ({"state": "lease_expired", "txid": 3}, "a lease_expired event names no attempt"),
+        ({"state": "alert", "txid": 3}, "a alert event names no attempt"),
     ],
 )
 def test_a_malformed_payload_is_refused_naming_pipeline_and_txid(payload, problem):

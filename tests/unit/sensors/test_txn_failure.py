@@ -324,3 +324,39 @@ def test_a_watch_rides_out_an_unreachable_log_then_gives_up_at_its_deadline(monk
     watch.outage_timeout = 0.0
     with pytest.raises(OperationalError):
         _run_trigger_once(watch, monkeypatch, [down])
+
+
+def _stall_watch(txid: int, stall_alert_after: float | None = 10.0) -> TxnLogTrigger:
+    return TxnLogTrigger(
+        txn_log_conn_id="c",
+        pipeline="p",
+        txid=txid,
+        attempt=1,
+        wait_for=WaitFor.OUTCOME,
+        stall_alert_after=stall_alert_after,
+    )
+
+
+def test_the_oldest_txids_watch_wakes_its_sensor_when_an_alert_is_due(monkeypatch):
+    from airflow_txn_provider.alerts import Alert, AlertKind
+
+    due = [Alert("p", AlertKind.STALLED, "after txid 2", 3, None, "pipeline=p stalled")]
+    # a poll: the view, then (the oldest txid's watch) the alerts that are due
+    event = _run_trigger_once(_stall_watch(3), monkeypatch, [view((3, 1, PROC), last=2), due])
+    assert type(event) is TriggerEvent
+    assert event.payload == {"state": "alert", "attempt": 1, "txid": 3}  # the watched attempt
+
+
+def test_only_the_oldest_txids_watch_looks_for_due_alerts_every_few_seconds():
+    import time
+
+    from airflow_txn_provider.alerts import ALERT_CHECK_EVERY
+
+    v = view((3, 1, PROC), (4, 1, PROC), last=2)
+    assert _stall_watch(3)._may_alert(v, 3, 0.0)
+    assert not _stall_watch(4)._may_alert(v, 4, 0.0)  # not the oldest uncommitted txid
+    assert not _stall_watch(3)._may_alert(v, 3, time.monotonic())  # looked just now
+    assert _stall_watch(3)._may_alert(v, 3, time.monotonic() - ALERT_CHECK_EVERY)
+    assert not _stall_watch(3, None)._may_alert(v, 3, 0.0)  # no notifiers: never
+    _path, kwargs = _stall_watch(3).serialize()
+    assert kwargs["stall_alert_after"] == 10.0 and TxnLogTrigger(**kwargs).stall_alert_after == 10
