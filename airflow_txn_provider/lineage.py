@@ -23,6 +23,7 @@ This module imports the OpenLineage client only when a listener asks (the provid
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -68,32 +69,27 @@ def lineage_enabled() -> bool:
     return not is_disabled()
 
 
-def _facets() -> Any:
+@functools.cache
+def _facets() -> tuple[type, type]:
     """The facet classes, defined on first use (the OpenLineage client is optional)."""
-    global _FACETS
-    if _FACETS is None:
-        from openlineage.client.facet_v2 import InputDatasetFacet, RunFacet
+    from openlineage.client.facet_v2 import InputDatasetFacet, RunFacet
 
-        @attrs.define
-        class TxnRunFacet(RunFacet):  # type: ignore[misc]
-            """Which transaction a task of a txid's run worked for."""
+    @attrs.define
+    class TxnRunFacet(RunFacet):  # type: ignore[misc]
+        """Which transaction a task of a txid's run worked for."""
 
-            pipeline: str
-            txid: int
-            attempt: int | None
-            committed: bool
+        pipeline: str
+        txid: int
+        attempt: int | None
+        committed: bool
 
-        @attrs.define
-        class TxnBatchInputFacet(InputDatasetFacet):  # type: ignore[misc]
-            """The attempt's batch of the source: its metadata (e.g. partition -> offsets)."""
+    @attrs.define
+    class TxnBatchInputFacet(InputDatasetFacet):  # type: ignore[misc]
+        """The attempt's batch of the source: its metadata (e.g. partition -> offsets)."""
 
-            batch: Any
+        batch: Any
 
-        _FACETS = (TxnRunFacet, TxnBatchInputFacet)
-    return _FACETS
-
-
-_FACETS: tuple[type, type] | None = None
+    return TxnRunFacet, TxnBatchInputFacet
 
 
 def task_lineage(

@@ -31,8 +31,11 @@ if TYPE_CHECKING:
     from txn_testing.spark import SparkConnectServer
 
 # Airflow reads its home at import: keep it (and its airflow.cfg) out of ~/airflow. Spark binds
-# 127.0.0.1 only: no test traffic leaves loopback.
-os.environ.setdefault("AIRFLOW_HOME", tempfile.mkdtemp(prefix="txn-airflow-home-"))
+# 127.0.0.1 only: no test traffic leaves loopback. One home per pytest-xdist worker: a worker
+# inherits the controller's environment, and two workers' dag.test() on one sqlite database and
+# dags folder raced (an IntegrityError on table dag when two DAG files synced at once).
+if os.environ.get("PYTEST_XDIST_WORKER") or "AIRFLOW_HOME" not in os.environ:
+    os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="txn-airflow-home-")
 os.environ.setdefault("AIRFLOW__CORE__LOAD_EXAMPLES", "False")
 os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
 os.environ["SPARK_LOCAL_HOSTNAME"] = "localhost"

@@ -93,13 +93,20 @@ def test_connection_types_and_plugin_are_registered(tmp_path: Path):
     # providers declare as well as the entry points')
     eager = {**env, "AIRFLOW__CORE__LAZY_DISCOVER_PROVIDERS": "False"}
     code = (
-        "from airflow import plugins_manager as m; "
-        "p, e = m._get_plugins(); print([x.name for x in p], e)"
+        "import json; from airflow import plugins_manager as m; "
+        "p, e = m._get_plugins(); print(json.dumps([[x.name for x in p], e], default=str))"
     )
     loaded = subprocess.run(
         [sys.executable, "-c", code], env=eager, cwd=tmp_path, capture_output=True, text=True
     )
-    assert loaded.stdout.strip().endswith("['airflow_txn_provider'] {}"), loaded.stdout
+    names, errors = json.loads(loaded.stdout.strip().splitlines()[-1])
+    assert names.count("airflow_txn_provider") == 1, loaded.stdout
+    # The OpenLineage provider (in the lock, for lineage) declares its plugin both ways, and
+    # eager discovery then skips its second registration: a notice of theirs, not an error here
+    others = {
+        k: v for k, v in errors.items() if not str(v).endswith("already registered, skipping")
+    }
+    assert not others and not [k for k in errors if "txn" in k], errors
 
 
 def test_broken_connection_is_a_clear_error_not_a_broken_airflow(tmp_path: Path, monkeypatch):
