@@ -91,6 +91,10 @@ def plan_begin(view: PipelineView, txid: int, *, replay: bool = True) -> BeginPl
     if rec.status is TxStatus.FAILED:
         if not replay:
             return BeginPlan(BeginAction.NOT_REPLAYED, txid)
+        if txid not in view.window:
+            # A rewind or a cascade can leave more txids failed than the window holds: they
+            # replay in order, each once the window reaches it (max_pending in flight at most).
+            return BeginPlan(BeginAction.WAIT_WINDOW, txid)
         return BeginPlan(
             BeginAction.REPLAY,
             txid,
@@ -100,6 +104,10 @@ def plan_begin(view: PipelineView, txid: int, *, replay: bool = True) -> BeginPl
         )
     if not lease_expired(rec, view.now):
         return BeginPlan(BeginAction.RESUME, txid, attempt=rec.attempt, reuse_metadata=True)
+    if txid not in view.window:
+        # Live beyond the window (it was narrowed by a new declaration): its lease's expiry
+        # fails it, and it replays once the window reaches it.
+        return BeginPlan(BeginAction.WAIT_WINDOW, txid)
     return BeginPlan(
         BeginAction.REEMIT,
         txid,
@@ -113,12 +121,13 @@ def plan_begin(view: PipelineView, txid: int, *, replay: bool = True) -> BeginPl
 def next_to_begin(view: PipelineView) -> int | None:
     """The txid a coordinator loop should begin next, or ``None`` if it must wait.
 
-    Failed txids come first, oldest first (they replay in order); then a new txid if the window has
-    room.
+    Failed txids come first, oldest first (they replay in order); then a new txid. Either only
+    inside the window: however many txids a rewind or a cascade failed, at most ``max_pending``
+    are in flight.
     """
     for rec in view.in_flight:
         if rec.status is TxStatus.FAILED:
-            return rec.txid
+            return rec.txid if rec.txid in view.window else None
     new = view.next_new_txid
     return new if new in view.window else None
 

@@ -267,3 +267,36 @@ def test_the_floor_follows_retention_and_the_version_that_wrote_no_undo_records(
     txlog.rewind(name, pruned + 2, by="test")  # the floor itself: exact
     ranges = {t: ((t - 1) * STEP, t * STEP) for t in range(1, pruned + 2)}
     assert tx_counts(txlog, name) == truth(ranges, lambda t: old_transform)
+
+
+def test_a_rewind_of_more_txids_than_the_window_replays_max_pending_at_a_time(txlog):
+    """``max_pending=2``, six txids rewound: ``begin_next`` and ``begin`` of every rewound txid
+    start two; the next starts once the oldest commits, until all six are committed again."""
+    name = "rw_window"
+    txlog.register_pipeline(name, source_kind="transactional", max_pending=2)
+    source = Ranges()
+    for txid in range(1, 7):
+        e = txlog.begin(name, txid, source)
+        txlog.stage_output(name, txid, e.attempt, lambda conn: None)
+        assert commit_registered(txlog, name, txid, e.attempt).applied
+    txlog.rewind(name, 1, by="test:window")
+
+    started = [txlog.begin_next(name, source), txlog.begin_next(name, source)]
+    assert [e.txid for e in started] == [1, 2] and all(e.attempt == 2 for e in started)
+    assert txlog.begin_next(name, source) is None  # window full
+    begins = [txlog.begin(name, txid, source) for txid in range(3, 7)]
+    assert not any(e.emitted for e in begins), begins  # each waits for the window or txid - 1
+    statuses = [txlog.transaction(name, t).status for t in range(1, 7)]
+    assert statuses.count(TxStatus.PROCESSING) == 2, statuses
+    for txid in range(1, 7):
+        e = txlog.begin(name, txid, source)  # resumes the live one, or replays the next
+        assert e.emitted and e.attempt == 2, e
+        txlog.stage_output(name, txid, e.attempt, lambda conn: None)
+        assert commit_registered(txlog, name, txid, e.attempt).applied
+        live = [
+            t
+            for t in range(txid + 1, 7)
+            if txlog.transaction(name, t).status is not TxStatus.FAILED
+        ]
+        assert len(live) <= 2, live
+    assert txlog.last_committed(name) == 6
