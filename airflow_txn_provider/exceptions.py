@@ -57,6 +57,25 @@ class PipelineConfigError(TxnError):
     """A pipeline is re-registered with a definition that contradicts the stored one."""
 
 
+class OutputDeclarationError(PipelineConfigError):
+    """A state or lake sink is added to, or removed from, a pipeline in a way that would leave an
+    output silently partial or decide its tables' fate unasked; ``output`` names it (or them) and
+    the message what to choose. Nothing was changed."""
+
+    fields = ("output",)
+    output: str | None
+
+
+class OutputStartRequiredError(OutputDeclarationError):
+    """An output is added to a pipeline that has begun txids without saying how it starts
+    (``start={name: "next_txid"}``): it would hold only the txids after it, short of all before."""
+
+
+class OutputRemovedError(OutputDeclarationError):
+    """An output that holds committed txids is no longer declared and ``retired={name: …}``
+    does not say whether its tables are kept or dropped."""
+
+
 class NotBegunError(TxnError):
     """An operation names a txid that was never begun."""
 
@@ -117,6 +136,11 @@ class SourceError(TxnError):
 
 class ProcessingError(TxnError):
     """A txid's processing job failed (a Spark error, a bug in the transform); see the cause."""
+
+
+class ProcessingStoppedError(ProcessingError):
+    """This process's run of an attempt was stopped (Airflow killed its task, or its lease was
+    lost): it ends without reporting a failure; whoever stopped it decides about the attempt."""
 
 
 class MalformedRecordError(SourceError):
@@ -212,6 +236,17 @@ class OffsetsDeletedError(SourceError):
     would lose records; an opaque source skips them instead, and says so."""
 
     fields = ("partition",)
+
+
+class SourceLogChangedError(SourceError):
+    """The log a txid's offsets belong to is not the one the log recorded: the topic was created
+    again (another topic id), the partition was truncated (its leader epoch no longer reaches
+    the offset), or another record sits at a recorded offset (the broker lost its data and the
+    log was written again). Reading on would read around the lost records, or read other records
+    for a transactional replay; refused until an operator rewinds or declares a reset
+    (``reset_log_from_txid``). ``partition``, ``recorded`` and ``current`` say where and what."""
+
+    fields = ("partition", "recorded", "current")
 
 
 class OffsetGapError(SourceError):

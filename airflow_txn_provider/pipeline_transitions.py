@@ -211,22 +211,33 @@ class PipelineTransitions:
 
     @staticmethod
     def _metadata_for(view: PipelineView, plan: BeginPlan, source: Source) -> Any:
-        if plan.reuse_metadata:
-            rec = view.record(plan.txid)
-            assert rec is not None
-            return rec.metadata
+        asked = "initialize_transaction"
         try:
-            metadata = source.initialize_transaction(plan.txid, plan.prev_metadata)
+            if plan.reuse_metadata:
+                asked = "replay_metadata"
+                rec = view.record(plan.txid)
+                assert rec is not None
+                if rec.metadata is None:
+                    return None
+                metadata = source.replay_metadata(plan.txid, rec.metadata, plan.prev_metadata)
+                if metadata is rec.metadata:
+                    return metadata  # the stored batch, as stored
+            else:
+                metadata = source.initialize_transaction(plan.txid, plan.prev_metadata)
         except TxnError as err:
             if err.pipeline is not None:
                 raise
             # A source knows no pipeline (e.g. next_offset_ranges): name the one it failed for.
             raise type(err)(
-                err.detail, pipeline=view.pipeline, txid=plan.txid, attempt=plan.attempt
+                err.detail,
+                pipeline=view.pipeline,
+                txid=plan.txid,
+                attempt=plan.attempt,
+                **{name: getattr(err, name) for name in err.fields},
             ) from err
         except Exception as err:
             raise SourceError(
-                f"{type(source).__name__}.initialize_transaction failed: {err}",
+                f"{type(source).__name__}.{asked} failed: {err}",
                 pipeline=view.pipeline,
                 txid=plan.txid,
                 attempt=plan.attempt,

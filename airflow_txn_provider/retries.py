@@ -116,6 +116,30 @@ def sqlstate(err: BaseException) -> str | None:
     return str(code) if code else None
 
 
+_RETRIED_CONDITIONS = {
+    "40001": "hit a serialization failure (concurrent transactions)",
+    "40P01": "hit a deadlock (Postgres aborted one of two transactions)",
+    "53300": "has too many connections",
+    "55P03": "could not have a lock in time",
+    "57P01": "is shutting down (an administrator's command)",
+    "57P02": "is restarting after a crash",
+    "57P03": "is starting up or recovering",
+}
+"""What a retried SQLSTATE says happened, as a log line names it."""
+
+
+def retry_condition(err: BaseException | None) -> str:
+    """What happened to a call that is retried, in words an on-call reader acts on: a deadlock or
+    a serialization failure is a conflict between transactions (the database is fine), not an
+    outage."""
+    code = sqlstate(err) if err is not None else None
+    if code == DISK_FULL:
+        return "is out of disk space"
+    if code is not None and code in _RETRIED_CONDITIONS:
+        return _RETRIED_CONDITIONS[code]
+    return "is unreachable"
+
+
 def is_transient(err: BaseException) -> bool:
     """Whether ``err`` says the database is unreachable or restarting (retry on a new connection),
     as opposed to a query or a value that is wrong (report it: waiting cures nothing).
@@ -163,8 +187,9 @@ def retrying(
             metrics.incr(metrics.RETRIES, pipeline, kind=type(err).__name__)
         first_line = str(err).strip().splitlines()[0] if err and str(err).strip() else ""
         log.warning(
-            "%s is unreachable (%s: %s); retry %s in %.1f s (%.0f of %.0f s waited)",
+            "%s %s (%s: %s); retry %s in %.1f s (%.0f of %.0f s waited)",
             what,
+            retry_condition(err),
             type(err).__name__,
             first_line[:200],
             state.attempt_number,

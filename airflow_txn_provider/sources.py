@@ -47,6 +47,16 @@ class Source(ABC):
             that one ended.
         """
 
+    def replay_metadata(
+        self, txid: int, stored: Metadata, prev_metadata: Metadata | None
+    ) -> Metadata | None:
+        """The metadata a replay of ``txid`` reads, when the log reuses ``stored`` (a
+        transactional source): ``stored`` itself, after whatever check the source can make that
+        it still describes the same records (a Kafka source checks its log's identity and
+        raises if the log was replaced). Only a reset the source's owner declared may answer
+        other metadata (then from ``prev_metadata``, as a first emission would)."""
+        return stored
+
     def prefetch(self) -> None:  # noqa: B027 (optional hook; most sources need none)
         """Read, before the log takes the pipeline's lock, what :meth:`initialize_transaction`
         will need (e.g. the footers of new files), so the lock is held for a cheap lookup only.

@@ -141,7 +141,13 @@ def _ensure_databases(admin_url: str, names: Sequence[str]) -> None:
 class KafkaFeed(threading.Thread):
     """Writes :data:`KAFKA_LINES_PER_SECOND` lines a second to the demo's topic, line ``n`` to
     partition ``n % 4``; :meth:`catch_up` first writes again the lines of earlier runs (their
-    count is in :data:`KAFKA_FED_FILE`), so that each record sits at the offset it had."""
+    count is in :data:`KAFKA_FED_FILE`), so that each record sits at the offset it had. Line
+    ``n`` always has the same timestamp (:data:`EPOCH_MS` + ``n``): the log written again is
+    record for record the log it replaces, so the source's log identity check
+    (``spark/kafka_log.py``) finds the same log and the pipeline continues."""
+
+    EPOCH_MS = 1_767_225_600_000
+    """2026-01-01T00:00Z: line ``n``'s timestamp is this plus ``n`` milliseconds."""
 
     WORDS = ("storm", "spark", "airflow", "batch", "commit", "txid", "kafka", "offset", "state")
 
@@ -160,9 +166,14 @@ class KafkaFeed(threading.Thread):
         from txn_testing.kafka import PARTITIONS
 
         for partition in range(PARTITIONS):
-            lines = [self.line(n) for n in range(start, stop) if n % PARTITIONS == partition]
-            if lines:
-                self.cluster.produce(KAFKA_TOPIC, lines, partition=partition)
+            numbers = [n for n in range(start, stop) if n % PARTITIONS == partition]
+            if numbers:
+                self.cluster.produce(
+                    KAFKA_TOPIC,
+                    [self.line(n) for n in numbers],
+                    partition=partition,
+                    timestamps=[self.EPOCH_MS + n for n in numbers],
+                )
         self.count_file.write_text(str(stop))
 
     def catch_up(self) -> None:

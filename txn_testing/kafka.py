@@ -61,10 +61,16 @@ class MockKafkaCluster:
         return {"bootstrap.servers": self.bootstrap_servers}
 
     def produce(
-        self, topic: str, values: Iterable[bytes | str], *, partition: int | None = None
+        self,
+        topic: str,
+        values: Iterable[bytes | str],
+        *,
+        partition: int | None = None,
+        timestamps: Iterable[int] | None = None,
     ) -> list[tuple[int, int]]:
-        """Write ``values`` to ``topic`` (round robin over its partitions, or to ``partition``);
-        returns each record's ``(partition, offset)``, in order, once all are acknowledged."""
+        """Write ``values`` to ``topic`` (round robin over its partitions, or to ``partition``),
+        each with its ``timestamps`` (milliseconds; default: now); returns each record's
+        ``(partition, offset)`` as acknowledged (in order within a partition)."""
         from confluent_kafka import Producer
 
         producer = Producer({**self.config, "acks": "all", "linger.ms": 5})
@@ -77,9 +83,16 @@ class MockKafkaCluster:
             else:
                 written.append((message.partition(), message.offset()))
 
+        stamps = iter(timestamps) if timestamps is not None else None
         for n, value in enumerate(values):
             target = partition if partition is not None else n % PARTITIONS
-            producer.produce(topic, value=value, partition=target, on_delivery=delivered)
+            producer.produce(
+                topic,
+                value=value,
+                partition=target,
+                on_delivery=delivered,
+                timestamp=next(stamps) if stamps is not None else 0,  # 0: now
+            )
             producer.poll(0)
         left = producer.flush(30)
         if errors or left:

@@ -38,6 +38,19 @@ CONSUMER_GROUP = "airflow-txn-provider-unused"
 """librdkafka wants a ``group.id``; with ``assign`` and no commit, no group is ever joined."""
 
 
+def record_fingerprint(message: Any) -> str:
+    """What a record holds, in a few characters: its timestamp, key and value (CRC-32). A log's
+    record at an offset never changes, so another fingerprint there is another log
+    (:mod:`~airflow_txn_provider.spark.kafka_log`)."""
+    import zlib
+
+    kind, millis = message.timestamp()
+    crc = zlib.crc32(f"{kind}:{millis}:".encode())
+    for part in (message.key(), message.value()):
+        crc = zlib.crc32(b"-" if part is None else b"+%d:" % len(part) + part, crc)
+    return f"{crc:08x}"
+
+
 def consumer_settings(config: Mapping[str, Any]) -> dict[str, Any]:
     """``config`` (a Kafka connection's settings) for a consumer that reads assigned ranges."""
     return {
@@ -53,12 +66,18 @@ def consumer_settings(config: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def range_reader(
-    config: Mapping[str, Any], *, timeout: float
+    config: Mapping[str, Any],
+    *,
+    timeout: float,
+    anchors: Mapping[str, tuple[int, str]] | None = None,
 ) -> Callable[[Iterator[Any]], Iterator[Any]]:
     """The ``mapInArrow`` function that reads the ranges of :data:`RANGE_SCHEMA` batches into
     :data:`RECORD_SCHEMA` batches. ``config`` travels to the workers inside the function (a
-    pickled closure, never a command line)."""
+    pickled closure, never a command line). ``anchors``: ``{"<topic>-<partition>": (offset,
+    fingerprint)}`` of records the txid's metadata recorded; a range that holds another record
+    there belongs to another log, and fails."""
     settings = consumer_settings(config)
+    anchored = dict(anchors or {})
 
     def read(ranges: Iterator[Any]) -> Iterator[Any]:
         from confluent_kafka import Consumer
@@ -68,7 +87,13 @@ def range_reader(
             for batch in ranges:
                 for row in batch.to_pylist():
                     yield from read_range(
-                        consumer, row["topic"], row["partition"], row["start"], row["end"], timeout
+                        consumer,
+                        row["topic"],
+                        row["partition"],
+                        row["start"],
+                        row["end"],
+                        timeout,
+                        anchor=anchored.get(f"{row['topic']}-{row['partition']}"),
                     )
         finally:
             consumer.close()
@@ -77,9 +102,17 @@ def range_reader(
 
 
 def read_range(
-    consumer: Any, topic: str, partition: int, start: int, end: int, timeout: float
+    consumer: Any,
+    topic: str,
+    partition: int,
+    start: int,
+    end: int,
+    timeout: float,
+    *,
+    anchor: tuple[int, str] | None = None,
 ) -> Iterator[Any]:
-    """Arrow record batches of ``topic``'s ``partition``, offsets ``[start, end)``, exactly."""
+    """Arrow record batches of ``topic``'s ``partition``, offsets ``[start, end)``, exactly;
+    the record at ``anchor``'s offset, if read, must have its fingerprint."""
     import time
 
     import pyarrow as pa
@@ -111,9 +144,10 @@ def read_range(
                     continue
                 if error.code() in (KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET):
                     raise OffsetsDeletedError(
-                        f"Kafka partition {name}: offset {position} is no longer in the topic "
-                        f"(deleted by its retention?): [{start}, {end}) cannot be read whole "
-                        f"({error.str()})",
+                        f"Kafka partition {name}: offset {position} is no longer in the "
+                        "partition's log: either the topic's retention deleted it, or the "
+                        "broker lost its data (a restart or a replaced disk) and the log starts "
+                        f"again below it; [{start}, {end}) cannot be read whole ({error.str()})",
                         partition=name,
                     )
                 if error.fatal() or not error.retriable():
@@ -124,6 +158,8 @@ def read_range(
             position = offset + 1
             if offset >= end:
                 break  # a gap ended the range just before: nothing of this record is ours
+            if anchor is not None and offset == anchor[0]:
+                _check_anchor(name, anchor, record_fingerprint(message))
             rows.append(_record(message))
             if len(rows) >= ROWS_PER_ARROW_BATCH:
                 yield pa.RecordBatch.from_pylist(rows, schema=arrow_schema())
@@ -132,6 +168,20 @@ def read_range(
         consumer.unassign()
     if rows:
         yield pa.RecordBatch.from_pylist(rows, schema=arrow_schema())
+
+
+def _check_anchor(name: str, anchor: tuple[int, str], found: str) -> None:
+    from airflow_txn_provider.exceptions import SourceLogChangedError
+
+    if found != anchor[1]:
+        raise SourceLogChangedError(
+            f"Kafka partition {name}: the record at offset {anchor[0]} is not the one the txid "
+            f"recorded (fingerprint {found}, recorded {anchor[1]}): the log was lost and written "
+            "again, and these offsets now hold other records",
+            partition=name,
+            recorded=anchor[1],
+            current=found,
+        )
 
 
 def _position(consumer: Any, topic: str, partition: int, fallback: int) -> int:
@@ -175,4 +225,11 @@ def arrow_schema() -> Any:
     )
 
 
-__all__ = ["RANGE_SCHEMA", "RECORD_SCHEMA", "consumer_settings", "range_reader", "read_range"]
+__all__ = [
+    "RANGE_SCHEMA",
+    "RECORD_SCHEMA",
+    "consumer_settings",
+    "range_reader",
+    "read_range",
+    "record_fingerprint",
+]

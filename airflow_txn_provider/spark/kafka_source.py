@@ -31,12 +31,24 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from airflow_txn_provider.credentials import kafka_config, kafka_connection_env
-from airflow_txn_provider.exceptions import OffsetsDeletedError, SourceError
+from airflow_txn_provider.exceptions import (
+    OffsetsDeletedError,
+    SourceError,
+    SourceLogChangedError,
+)
 from airflow_txn_provider.sources import (
     Metadata,
     OpaqueSource,
     TransactionalSource,
     next_offset_ranges,
+)
+from airflow_txn_provider.spark.kafka_log import (
+    LOG,
+    RESET,
+    LogIdentity,
+    Seen,
+    log_changes,
+    read_anchors,
 )
 from airflow_txn_provider.spark.sources import SparkSource
 
@@ -60,9 +72,13 @@ def partition_key(topic: str, partition: int) -> str:
     return f"{topic}-{partition}"
 
 
+NOTES = (SKIPPED, LOG, RESET)
+"""The metadata's keys that are notes, not partitions."""
+
+
 def offset_ranges(metadata: Metadata | None) -> dict[str, list[int]]:
-    """A txid's ``{partition: [start, end)}``, without its :data:`SKIPPED` note."""
-    return {k: [int(r[0]), int(r[1])] for k, r in dict(metadata or {}).items() if k != SKIPPED}
+    """A txid's ``{partition: [start, end)}``, without its notes (:data:`NOTES`)."""
+    return {k: [int(r[0]), int(r[1])] for k, r in dict(metadata or {}).items() if k not in NOTES}
 
 
 def split_key(key: str) -> tuple[str, int]:
@@ -76,7 +92,11 @@ class _KafkaTopic(SparkSource):
     """What both kinds share. ``topic``: the topic; ``kafka_conn_id``: the Airflow connection of
     the cluster; ``max_per_partition``: batch size cap per partition; ``reader``: one of
     :data:`READERS`; ``read_timeout``: seconds a read may go without progress before its txid
-    fails (a broker down); ``request_timeout``: seconds for a begin's metadata requests."""
+    fails (a broker down); ``request_timeout``: seconds for a begin's metadata requests;
+    ``reset_log_from_txid``: an operator's declared reset after a partition's log was lost or
+    the topic created again (:class:`~airflow_txn_provider.exceptions.SourceLogChangedError`):
+    from this txid on, a partition whose log is not the one a txid before it recorded starts
+    again at the new log's earliest offset, noted in the txid's metadata under :data:`RESET`."""
 
     topic: str
     kafka_conn_id: str = "kafka_default"
@@ -84,10 +104,13 @@ class _KafkaTopic(SparkSource):
     reader: str = "arrow"
     read_timeout: float = 120.0
     request_timeout: float = 30.0
+    reset_log_from_txid: int | None = None
 
     def __post_init__(self) -> None:
         if not self.topic:
             raise ValueError("topic must be a topic name")
+        if self.reset_log_from_txid is not None and self.reset_log_from_txid < 1:
+            raise ValueError(f"reset_log_from_txid must be >= 1, got {self.reset_log_from_txid}")
         if self.max_per_partition < 1:
             raise ValueError(f"max_per_partition must be >= 1, got {self.max_per_partition}")
         if self.reader not in READERS:
@@ -128,9 +151,129 @@ class _KafkaTopic(SparkSource):
             raise SourceError(f"Kafka topic {self.topic!r}: {err}") from err
         return {key: (low, high) for key, (low, high) in offsets.items()}
 
+    def topic_id(self) -> str | None:
+        """The topic's id (a UUID it got at creation), or ``None`` where the cluster cannot
+        describe topics (no controller in its metadata: librdkafka's mock cluster)."""
+        from confluent_kafka import TopicCollection
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient(kafka_config(self.kafka_conn_id))
+        try:
+            cluster = admin.list_topics(self.topic, timeout=self.request_timeout)
+            if cluster.controller_id not in cluster.brokers:
+                return None
+            futures = admin.describe_topics(
+                TopicCollection([self.topic]), request_timeout=self.request_timeout
+            )
+            found = futures[self.topic].result().topic_id
+        except Exception as err:  # KafkaException: the cluster unreachable, the topic unknown
+            raise SourceError(f"Kafka topic {self.topic!r}: {err}") from err
+        return None if found is None else str(found)
+
+    def log_now(
+        self,
+        positions: Mapping[str, tuple[int, int | None]],
+        marks: Mapping[str, tuple[int, int]],
+        txid: int,
+    ) -> dict[str, Seen]:
+        """What the partitions' logs hold at ``positions`` now
+        (:func:`~airflow_txn_provider.spark.kafka_log.read_anchors`)."""
+        if not positions:
+            return {}
+        try:
+            return read_anchors(
+                kafka_config(self.kafka_conn_id),
+                self.topic,
+                positions,
+                marks,
+                txid=txid,
+                timeout=self.request_timeout,
+            )
+        except Exception as err:  # KafkaException: the cluster unreachable
+            raise SourceError(f"Kafka topic {self.topic!r}: {err}") from err
+
+    def _check_log(
+        self,
+        txid: int,
+        recorded: LogIdentity | None,
+        marks: Mapping[str, tuple[int, int]],
+        topic_id: str | None,
+    ) -> dict[str, str]:
+        """The partitions whose log is no longer ``recorded``'s that a declared reset lets
+        ``txid`` start again, with why; any other raises
+        :class:`~airflow_txn_provider.exceptions.SourceLogChangedError`."""
+        if recorded is None:
+            return {}
+        reset = self.reset_log_from_txid
+        seen = self.log_now(
+            {k: (a.offset, a.epoch) for k, a in recorded.anchors.items()}, marks, txid
+        )
+        changes = log_changes(recorded, topic_id, seen)
+        for key, why in changes.items():
+            anchor = recorded.anchors[key]
+            # A reset at N covers a log lost before N: an anchor taken by a txid before N, or by
+            # N itself before the reset (its stored metadata carries no reset note yet).
+            if (
+                reset is not None
+                and reset <= txid
+                and (anchor.txid < reset or (anchor.txid == reset and not recorded.after_reset))
+            ):
+                continue
+            raise SourceLogChangedError(
+                f"Kafka partition {key}: its log is not the one txid {anchor.txid} read: {why}. "
+                "Its offsets now name other records, so nothing is read from them. To go on: "
+                "rewind to a txid before the loss and declare the reset, or declare "
+                f"reset_log_from_txid={txid} on the source (the partition starts again at the "
+                "new log's earliest offset; what the old log held after the last committed txid "
+                "is lost); see docs/sources.md, 'When a Kafka log is lost'",
+                txid=txid,
+                partition=key,
+                recorded=f"topic id {recorded.topic_id}, offset {anchor.offset} "
+                f"(epoch {anchor.epoch}) fingerprint {anchor.fingerprint}",
+                current=f"topic id {topic_id}: {why}",
+            )
+        return changes
+
+    def replay_metadata(
+        self, txid: int, stored: Metadata, prev_metadata: Metadata | None
+    ) -> Metadata | None:
+        """A replay reads the stored offsets only from the log they were recorded on; with a
+        declared reset covering the txid, it starts again on the new log instead."""
+        recorded = LogIdentity.of(stored)
+        if recorded is None:
+            return stored
+        marks = self.watermarks()
+        changed = self._check_log(txid, recorded, marks, self.topic_id())
+        if not changed:
+            return stored
+        fresh = self.initialize_transaction(txid, prev_metadata)
+        if fresh is not None:  # the note says this txid's batch moved to the new log
+            was, now = offset_ranges(stored), offset_ranges(fresh)
+            notes = fresh.setdefault(RESET, {})
+            for key in changed:
+                notes.setdefault(key, [was.get(key, [0])[0], now.get(key, [0])[0]])
+        return fresh
+
     def initialize_transaction(self, txid: int, prev_metadata: Metadata | None) -> Metadata | None:
         marks = self.watermarks()
+        topic_id = self.topic_id()
+        recorded = LogIdentity.of(prev_metadata)
+        reset = self._check_log(txid, recorded, marks, topic_id)
         starts = {k: r[1] for k, r in offset_ranges(prev_metadata).items()}
+        restarted: dict[str, list[int]] = {}
+        for key in reset:
+            low = marks[key][0] if key in marks else 0
+            restarted[key] = [starts.get(key, 0), low]
+            starts[key] = low
+            log.warning(
+                "txid=%s Kafka partition %s starts again at offset %s of a new log (declared "
+                "reset_log_from_txid=%s): %s",
+                txid,
+                key,
+                low,
+                self.reset_log_from_txid,
+                reset[key],
+            )
         skipped: dict[str, list[int]] = {}
         for key, (low, _high) in marks.items():
             start = starts.get(key)
@@ -145,9 +288,37 @@ class _KafkaTopic(SparkSource):
             max_per_partition=self.max_per_partition,
             txid=txid,
         )
-        if ranges is not None and skipped:
+        if ranges is None:
+            return None
+        if skipped:
             ranges[SKIPPED] = skipped  # the txid's note: stored, and shown with its offsets
+        if restarted:
+            ranges[RESET] = restarted
+        identity = self._identity(txid, ranges, recorded, marks, topic_id, set(reset))
+        if identity.topic_id or identity.anchors:
+            ranges[LOG] = identity.to_json()
         return ranges
+
+    def _identity(
+        self,
+        txid: int,
+        ranges: Mapping[str, Any],
+        recorded: LogIdentity | None,
+        marks: Mapping[str, tuple[int, int]],
+        topic_id: str | None,
+        restarted: set[str],
+    ) -> LogIdentity:
+        """The log identity ``txid`` records: the newest record of each partition's range as
+        its anchor; a partition with no new record keeps the one it had (not if it started
+        again on a new log)."""
+        anchors = {
+            k: a for k, a in (recorded.anchors if recorded else {}).items() if k not in restarted
+        }
+        newest = {k: (r[1] - 1, None) for k, r in offset_ranges(ranges).items() if r[1] > r[0]}
+        for key, seen in self.log_now(newest, marks, txid).items():
+            if seen.anchor is not None:
+                anchors[key] = seen.anchor
+        return LogIdentity(topic_id, anchors)
 
     def _deleted(self, txid: int, key: str, start: int, low: int) -> int:
         """Where partition ``key`` continues when ``[start, low)`` was deleted before a txid
@@ -167,7 +338,11 @@ class _KafkaTopic(SparkSource):
             return self._spark_reader(spark, ranges)
         frame = spark.createDataFrame([r for r in ranges if r[3] > r[2]] or [], RANGE_SCHEMA)
         config = kafka_config(self.kafka_conn_id)
-        reader = range_reader(config, timeout=self.read_timeout)
+        identity = LogIdentity.of(metadata)
+        anchors = {
+            k: (a.offset, a.fingerprint) for k, a in (identity.anchors if identity else {}).items()
+        }
+        reader = range_reader(config, timeout=self.read_timeout, anchors=anchors)
         # one partition's range per task, read side by side
         spread = frame.repartition(max(1, sum(1 for r in ranges if r[3] > r[2])))
         return spread.mapInArrow(reader, RECORD_SCHEMA)
@@ -180,6 +355,9 @@ class _KafkaTopic(SparkSource):
             starting.setdefault(topic, {})[str(partition)] = start
             ending.setdefault(topic, {})[str(partition)] = end
         options = {f"kafka.{k}": str(v) for k, v in kafka_config(self.kafka_conn_id).items()}
+        # As the default reader: a transactional producer's aborted records are never part of a
+        # batch (Spark's Kafka reader reads uncommitted records unless told)
+        options["kafka.isolation.level"] = "read_committed"
         return (
             spark.read.format("kafka")
             .options(**options)

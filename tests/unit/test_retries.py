@@ -13,6 +13,7 @@ from airflow_txn_provider.retries import (
     Backoff,
     is_permanent,
     is_transient,
+    retry_condition,
     retrying,
 )
 
@@ -200,3 +201,35 @@ def test_the_rest_hooks_waits_are_the_ones_it_always_had(monkeypatch):
         for attempt in range(8):
             assert backoff.wait(attempt + 1) == min(2.0**attempt, 10.0) * draw
     assert backoff.floor == 0.5 and backoff.deadline == 42.0
+
+
+# -- what a retry's log line says happened (issue 46) ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("code", "said"),
+    [
+        ("40P01", "hit a deadlock"),
+        ("40001", "hit a serialization failure"),
+        ("55P03", "could not have a lock in time"),
+        ("57P01", "is shutting down"),
+        ("08006", "is unreachable"),
+        (None, "is unreachable"),
+    ],
+)
+def test_a_retry_names_what_happened_not_always_an_outage(code, said, caplog):
+    tries = []
+
+    def flaky():
+        tries.append(1)
+        if len(tries) == 1:
+            raise _err(code)
+        return "done"
+
+    policy = retrying(outage_timeout=600)
+    policy.wait = lambda state: 0.0
+    with caplog.at_level("WARNING", logger="airflow_txn_provider.retries"):
+        assert policy(flaky) == "done"
+    (line,) = [r.getMessage() for r in caplog.records if "retry 1" in r.getMessage()]
+    assert line.startswith(f"the transaction log {said} ("), line
+    assert retry_condition(_err(code)) == said or retry_condition(_err(code)).startswith(said)

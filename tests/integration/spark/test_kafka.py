@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from airflow_txn_provider.commit import commit_registered
-from airflow_txn_provider.exceptions import SourceError
+from airflow_txn_provider.exceptions import SourceError, SourceLogChangedError
 from airflow_txn_provider.spark.job import BatchJob
-from airflow_txn_provider.spark.kafka_source import KafkaSource, OpaqueKafkaSource
+from airflow_txn_provider.spark.kafka_source import KafkaSource, OpaqueKafkaSource, offset_ranges
 from airflow_txn_provider.spark.submit import SparkConnectRunner, keep_classic_mode
 from airflow_txn_provider.state import MapState
 from airflow_txn_provider.vocabulary import TxStatus
@@ -119,7 +119,7 @@ def test_transactional_txids_read_every_record_once_while_producers_write(
     runner = SparkConnectRunner(JOB, url=connect_server.url)
     first, replayed = _drain(txlog, "kafka_tx", source, runner, producer, fail_txid=2)
     assert replayed == first  # a transactional replay reads the same offsets
-    assert set(first) == {f"words_tx-{p}" for p in range(PARTITIONS)}
+    assert set(offset_ranges(first)) == {f"words_tx-{p}" for p in range(PARTITIONS)}
     assert txlog.last_committed("kafka_tx") >= 3
     assert _counts(txlog, state) == dict(word_counts(producer.written))
 
@@ -132,6 +132,7 @@ def test_an_opaque_replay_takes_the_records_that_arrived_meanwhile(txlog, kafka,
     producer.start()
     runner = SparkConnectRunner(JOB, url=connect_server.url)
     first, replayed = _drain(txlog, "kafka_opaque", source, runner, producer, fail_txid=2)
+    first, replayed = offset_ranges(first), offset_ranges(replayed)
     starts = {k: r[0] for k, r in first.items()}
     assert {k: r[0] for k, r in replayed.items()} == starts  # from the previous txid's end
     assert sum(r[1] for r in replayed.values()) > sum(r[1] for r in first.values())
@@ -198,10 +199,74 @@ def test_a_paused_cluster_fails_the_read_and_the_begin_then_the_txid_heals(
     finally:
         kafka.resume()
     two = txlog.begin_next("kafka_paused", source)
-    assert two.txid == 2 and all(r[0] == 10 for r in two.metadata.values())
+    assert two.txid == 2 and all(r[0] == 10 for r in offset_ranges(two.metadata).values())
     runner.run(BatchJob("kafka_paused", 2, two.attempt, source), txlog)
     assert commit_registered(txlog, "kafka_paused", 2, two.attempt).applied
     assert _counts(txlog, state) == dict(word_counts(lines + more))
+
+
+def _use_cluster(monkeypatch, cluster):
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_KAFKA_DEFAULT", json.dumps({"conn_type": "kafka", "extra": cluster.config})
+    )
+
+
+def test_a_lost_log_refilled_past_its_old_end_is_refused_until_a_reset_is_declared(
+    txlog, connect_server, monkeypatch
+):
+    """The broker loses its data (a restarted mock cluster: every partition's log starts again
+    at offset 0) and producers write past the old end. A begin of the next txid, the read of a
+    txid begun before the loss, and its transactional replay are all refused, however far the
+    new log grows; a declared reset starts again on the new log, noted in the metadata, and the
+    state is exact: what was committed from the old log plus all of the new."""
+    rng = random.Random(SEED + 3)
+    print(f"seed {SEED + 3}")
+    name = "kafka_lost"
+    state = _pipeline(txlog, name, "transactional")
+    runner = SparkConnectRunner(JOB, url=connect_server.url)
+    source = KafkaSource("lost", max_per_partition=5, request_timeout=10)
+    with MockKafkaCluster() as old:
+        _use_cluster(monkeypatch, old)
+        # 10 records a partition, each partition's written in order
+        old_lines = [random_lines(rng.randrange(10**6), 10) for _ in range(PARTITIONS)]
+        for partition, lines in enumerate(old_lines):
+            old.produce("lost", lines, partition=partition)
+        one = txlog.begin_next(name, source)
+        runner.run(BatchJob(name, 1, one.attempt, source), txlog)
+        assert commit_registered(txlog, name, 1, one.attempt).applied
+        two = txlog.begin_next(name, source)  # [5, 10) of each partition, not read yet
+        assert all(r == [5, 10] for r in offset_ranges(two.metadata).values())
+    committed = [line for lines in old_lines for line in lines[:5]]  # txid 1's offsets [0, 5)
+
+    with MockKafkaCluster() as new:
+        _use_cluster(monkeypatch, new)
+        new_lines = random_lines(rng.randrange(10**6), 60)  # 15 a partition: past the old end
+        new.produce("lost", new_lines)
+        # the attempt begun before the loss reads other records at its offsets: its read fails
+        with pytest.raises(Exception, match=r"SourceLogChangedError|not the one the txid recorded"):
+            runner.run(BatchJob(name, 2, two.attempt, source), txlog)
+        assert txlog.transaction(name, 2).status is TxStatus.FAILED
+        for _ in range(2):  # a replay, again after the log grew further: refused each time
+            with pytest.raises(SourceLogChangedError) as raised:
+                txlog.begin(name, 2, source)
+            err = raised.value
+            assert (err.pipeline, err.txid) == (name, 2) and err.partition.startswith("lost-")
+            assert "fingerprint" in err.recorded and "another record" in err.current
+            more = random_lines(rng.randrange(10**6), 40)
+            new.produce("lost", more)
+            new_lines += more
+        assert txlog.last_committed(name) == 1
+
+        reset = KafkaSource(
+            "lost", max_per_partition=1000, request_timeout=10, reset_log_from_txid=2
+        )
+        again = txlog.begin(name, 2, reset)
+        assert again.attempt == 2 and again.metadata["reset"] == {
+            f"lost-{p}": [5, 0] for p in range(PARTITIONS)
+        }
+        runner.run(BatchJob(name, 2, again.attempt, reset), txlog)
+        assert commit_registered(txlog, name, 2, again.attempt).applied
+    assert _counts(txlog, state) == dict(word_counts(committed + new_lines))
 
 
 @pytest.mark.scenario  # make test-scenarios: a spark-submit JVM per txid (CI: the Connect tests)
