@@ -4,41 +4,67 @@ The OpenLineage provider's listener asks each task of a txid's run for its linea
 (``get_openlineage_facets_on_complete`` / ``_on_failure`` of the pipeline's operators); the
 answers are built here:
 
-* every task that knows its txid: the run facet ``txn`` (pipeline, txid, attempt, and whether the
-  txid committed);
+* every task that knows its txid: the run facet ``airflowTxn_transaction`` (pipeline, txid,
+  attempt, and whether the txid committed);
 * the tasks that read the batch (the claim and the processing jobs): the source as an input, with
   the attempt's batch (partitions and offsets, as the log fixed them) in the input facet
-  ``txnBatch``;
+  ``airflowTxn_batch``;
 * the commit task, once its txid committed: every state table and lake table as outputs, a lake
   table with the version the txid committed (facet ``version``) and the rows it added or changed
   (``outputStatistics``).
 
 Nothing else ever names an output: an attempt that did not commit wrote nothing a reader can see.
 
+The two custom facets follow the spec's custom facet naming (``<prefix>_<name>``, prefix
+``airflowTxn``); their JSON schemas ship in the package (``lineage_schemas/``), each file's
+``$id`` the ``_schemaURL`` the facet names, and their ``_producer`` is this provider.
+
 Dataset names follow OpenLineage's naming spec: ``postgres://host:port`` and
 ``database.schema.table`` for a state, ``file`` and the path for a local file or table,
 ``scheme://authority`` and the path for other stores, ``kafka://bootstrap-server`` and the topic.
+A lake table is named by its storage location, as OpenLineage's Spark integration names it; an
+Iceberg table's catalog name goes in its ``symlinks`` facet.
 This module imports the OpenLineage client only when a listener asks (the provider is optional).
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import os
 from collections.abc import Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import attrs
 
+from airflow_txn_provider import __version__
+
 if TYPE_CHECKING:
     from airflow_txn_provider.pipeline import TxnPipeline
+    from airflow_txn_provider.sinks.base import LakeSink
     from airflow_txn_provider.transaction_log import TransactionLog
 
-RUN_FACET = "txn"
+log = logging.getLogger(__name__)
+
+RUN_FACET = "airflowTxn_transaction"
 """The run facet's key: pipeline, txid, attempt, committed."""
-BATCH_FACET = "txnBatch"
+BATCH_FACET = "airflowTxn_batch"
 """The source input's facet key: the attempt's batch (the txid's metadata)."""
+PROJECT_URL = "https://pypi.org/project/airflow-txn-provider/"
+PRODUCER = f"{PROJECT_URL}{__version__}/"
+"""The custom facets' ``_producer``: this provider, at its version."""
+SCHEMAS = Path(__file__).with_name("lineage_schemas")
+"""The custom facets' JSON schemas, shipped in the package: ``<Facet>.json``."""
+SCHEMA_VERSION = "1-0-0"
+"""The facets' schema version (SchemaVer, as the spec's own): part of each ``$id``, changed with
+the schema only, so one version of a schema has one URL."""
+
+
+def schema_url(facet: str) -> str:
+    """The ``_schemaURL`` of custom facet ``facet``: its schema file's ``$id`` and definition."""
+    return f"{PROJECT_URL}lineage_schemas/{SCHEMA_VERSION}/{facet}.json#/$defs/{facet}"
 
 
 def path_dataset(path: str) -> tuple[str, str]:
@@ -74,8 +100,10 @@ def _facets() -> tuple[type, type]:
     """The facet classes, defined on first use (the OpenLineage client is optional)."""
     from openlineage.client.facet_v2 import InputDatasetFacet, RunFacet
 
+    # The base classes name the spec's generic facet schema and the OpenLineage client's (or
+    # Airflow's) producer: each facet names its own schema, and this provider.
     @attrs.define
-    class TxnRunFacet(RunFacet):  # type: ignore[misc]
+    class AirflowTxnTransactionRunFacet(RunFacet):  # type: ignore[misc]
         """Which transaction a task of a txid's run worked for."""
 
         pipeline: str
@@ -83,13 +111,21 @@ def _facets() -> tuple[type, type]:
         attempt: int | None
         committed: bool
 
+        @staticmethod
+        def _get_schema() -> str:
+            return schema_url("AirflowTxnTransactionRunFacet")
+
     @attrs.define
-    class TxnBatchInputFacet(InputDatasetFacet):  # type: ignore[misc]
+    class AirflowTxnBatchInputDatasetFacet(InputDatasetFacet):  # type: ignore[misc]
         """The attempt's batch of the source: its metadata (e.g. partition -> offsets)."""
 
         batch: Any
 
-    return TxnRunFacet, TxnBatchInputFacet
+        @staticmethod
+        def _get_schema() -> str:
+            return schema_url("AirflowTxnBatchInputDatasetFacet")
+
+    return AirflowTxnTransactionRunFacet, AirflowTxnBatchInputDatasetFacet
 
 
 def task_lineage(
@@ -126,12 +162,13 @@ def task_lineage(
             txid=int(claim["txid"]),
             attempt=claim.get("attempt"),
             committed=committed_output is not None,
+            producer=PRODUCER,
         )
     }
     inputs = []
     source = pipeline.source.lineage_dataset() if reads_batch else None
     if source is not None:
-        batch = {BATCH_FACET: batch_facet(batch=claim.get("metadata"))}
+        batch = {BATCH_FACET: batch_facet(batch=claim.get("metadata"), producer=PRODUCER)}
         inputs.append(InputDataset(*source, inputFacets=batch))
     outputs = []
     done: Mapping[str, Any] = committed_output if committed_output is not None else {}
@@ -147,14 +184,36 @@ def task_lineage(
             facets["version"] = version.DatasetVersionDatasetFacet(
                 datasetVersion=str(commit["version"])
             )
+        symlinks = _symlinks(sink, log_url)
+        if symlinks:
+            facets["symlinks"] = symlinks
         outputs.append(
             OutputDataset(
-                *path_dataset(sink.uri),
+                *sink.lineage_dataset(),
                 facets=facets,
                 outputFacets=rows(int(commit.get("rows", 0))),
             )
         )
     return OperatorLineage(inputs=inputs, outputs=outputs, run_facets=run)
+
+
+def _symlinks(sink: LakeSink, log_url: str | None) -> Any:
+    """The ``symlinks`` facet of a lake table that a catalog names too (an Iceberg table), or
+    ``None``. A catalog that cannot be looked up costs the facet, never the event."""
+    from openlineage.client.facet_v2 import symlinks_dataset as symlinks
+
+    try:
+        names = sink.lineage_symlinks(log_url)
+    except Exception as err:
+        log.warning("sink %s: its catalog name is left out of the lineage: %s", sink.name, err)
+        return None
+    if not names:
+        return None
+    return symlinks.SymlinksDatasetFacet(
+        identifiers=[
+            symlinks.Identifier(namespace=ns, name=name, type=kind) for ns, name, kind in names
+        ]
+    )
 
 
 class TxidLineage:

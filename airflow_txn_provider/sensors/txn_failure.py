@@ -11,6 +11,7 @@ from airflow.sdk.exceptions import AirflowSkipException
 
 from airflow_txn_provider import metrics
 from airflow_txn_provider.alerts import due_alerts, poisoned_alert, send_once
+from airflow_txn_provider.lineage import lineage_enabled
 from airflow_txn_provider.redaction import redact
 from airflow_txn_provider.run_context import (
     BEGIN_TASK_ID,
@@ -66,8 +67,9 @@ class TxnFailureSensor(BaseSensorOperator):
     neither replays a poison batch once more nor restarts a run twice.
 
     It starts in the triggerer (``start_from_trigger``): a txid that commits without failing
-    never starts it on a worker. Only scheduled txid runs are watched: a manual run (``dag.test``)
-    has nobody to restart it.
+    never starts it on a worker. Once a failure woke it on a worker, with OpenLineage on, it ends
+    on a worker too (its lineage run gets its COMPLETE). Only scheduled txid runs are watched: a
+    manual run (``dag.test``) has nobody to restart it.
     """
 
     ui_color = "#fde8e8"
@@ -108,10 +110,20 @@ class TxnFailureSensor(BaseSensorOperator):
 
     def _watch(self, txid: int, attempt: int, *, requeue: bool = False) -> NoReturn:
         """Defer until the txid commits, an attempt after ``attempt`` fails, or its lease runs
-        out; with ``requeue``, also if failed ``attempt`` waits too long for its run to restart."""
-        self.defer(trigger=self._trigger(txid, attempt, requeue=requeue), method_name="on_failure")
+        out; with ``requeue``, also if failed ``attempt`` waits too long for its run to restart.
 
-    def _trigger(self, txid: int, attempt: int, *, requeue: bool = False) -> TxnLogTrigger:
+        Called on a worker, where the OpenLineage listener (if a transport is set) sent this
+        try's START: the try must then end on a worker too, whose listener sends COMPLETE (one
+        in the triggerer sends no event, and the run would stay open in a lineage catalog).
+        Without a transport it ends in the triggerer: no worker start at the commit."""
+        trigger = self._trigger(
+            txid, attempt, requeue=requeue, end_task_on_commit=not lineage_enabled()
+        )
+        self.defer(trigger=trigger, method_name="on_failure")
+
+    def _trigger(
+        self, txid: int, attempt: int, *, requeue: bool = False, end_task_on_commit: bool = True
+    ) -> TxnLogTrigger:
         p = self.pipeline
         return TxnLogTrigger(
             txn_log_conn_id=p.txn_log_conn_id,
@@ -120,7 +132,7 @@ class TxnFailureSensor(BaseSensorOperator):
             attempt=attempt,
             wait_for=WaitFor.OUTCOME,
             poll_interval=p.poll_interval,
-            end_task_on_commit=True,
+            end_task_on_commit=end_task_on_commit,
             requeue_timeout=REQUEUE_TIMEOUT if requeue else None,
             stall_alert_after=p.stall_alert_after if p.alert_notifiers else None,
         )

@@ -179,6 +179,16 @@ class LakeSink(abc.ABC):
     def uri(self) -> str:
         """The table's URI: names the Airflow Asset its commits update."""
 
+    def lineage_dataset(self) -> tuple[str, str]:
+        """OpenLineage's ``(namespace, name)`` of the table: its storage location."""
+        from airflow_txn_provider.lineage import path_dataset
+
+        return path_dataset(self.uri)
+
+    def lineage_symlinks(self, log_url: str | None) -> list[tuple[str, str, str]]:
+        """Other names of the table, ``(namespace, name, type)``: a catalog's (none here)."""
+        return []
+
     def stage_dir(self, pipeline: str, txid: int, attempt: int, run: str) -> str:
         """The directory of one run of ``(txid, attempt)``: a retried task writes a new one, so
         a late duplicate can never overwrite files another run recorded."""

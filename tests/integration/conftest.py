@@ -17,7 +17,7 @@ share one, with a DAG each, on one transaction log.
 
 Every Airflow process sends OpenLineage events through the OpenLineage provider's file transport
 into ``lineage/`` (one file per event): the Kafka and credentials tests read what the pipelines'
-tasks sent.
+tasks sent, and check it as an independent consumer would (``SharedAirflow.check_lineage``).
 
 Two users sign in: the admin, and ``viewer`` (the simple auth manager's role ``viewer``: reads
 every DAG, edits none), whom the browser test's rewind is refused.
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,11 +40,12 @@ from typing import Any
 
 import pytest
 
-from airflow_txn_provider.lineage import RUN_FACET
+from airflow_txn_provider.lineage import PRODUCER, RUN_FACET, SCHEMAS
 from tests.conftest import new_database
 from tests.spark_data import parquet_dataset, random_lines
 from txn_testing.airflow import AirflowStack, txn_log_connection_env
 from txn_testing.kafka import MockKafkaCluster
+from txn_testing.openlineage import facets_of, lifecycle_problems, set_from_outside, spec_schemas
 from txn_testing.smtp import SmtpServer
 from txn_testing.statsd import StatsdListener
 
@@ -62,6 +64,9 @@ SECRET_MARK = "leakmarker"
 SECRET_CATALOG_CONN = "ice_cat"
 STALL_ALERT_AFTER = 10
 """Seconds without progress after which ``secret_words`` alerts a stall (its poison batch's)."""
+
+LEGACY_FACETS = ("txn", "txnBatch")
+"""The keys the provider's facets had before they were prefixed (issue 46)."""
 
 # A second user of the deployment, who may read every DAG but edit none (the simple auth
 # manager's role ``viewer``): the browser test's user whom a rewind is refused.
@@ -118,6 +123,62 @@ class SharedAirflow:
             ):
                 events.append(event)
         return events
+
+    def dag_lineage(self, dag_id: str) -> list[dict[str, Any]]:
+        """Every OpenLineage event of ``dag_id``'s runs and their tasks'."""
+        events = []
+        for path in sorted(self.lineage.parent.glob(f"{self.lineage.name}-*.json")):
+            event = json.loads(path.read_text())
+            job = event.get("job", {}).get("name", "")
+            if job == dag_id or job.startswith(f"{dag_id}."):
+                events.append(event)
+        return events
+
+    def check_lineage(self, dag_id: str, timeout: float = 60) -> list[dict[str, Any]]:
+        """``dag_id``'s events (once it is idle: each run ended) checked as a lineage consumer
+        reads them: each valid against the spec's RunEvent schema and every facet against its
+        own schema (the provider's facets against those it ships, naming it as producer); each
+        run begun with START and ended once. Waits ``timeout`` for events still on their way."""
+        schemas = spec_schemas(SCHEMAS)
+        ours = {json.loads(f.read_text())["$id"] for f in SCHEMAS.glob("*.json")}
+
+        def problems() -> list[str]:
+            events = self.dag_lineage(dag_id)
+            found = [f"{e['job']['name']} {p}" for e in events for p in schemas.problems(e)]
+            for event in events:
+                for where, key, facet in facets_of(event):
+                    url = str(facet.get("_schemaURL")).split("#")[0]
+                    if key.startswith("airflowTxn_") or url in ours or key in LEGACY_FACETS:
+                        if not key.startswith("airflowTxn_") or url not in ours:
+                            found.append(f"{where}.{key} names schema {url}, not its own")
+                        if facet.get("_producer") != PRODUCER:
+                            found.append(f"{where}.{key} has producer {facet.get('_producer')}")
+            return found + lifecycle_problems(
+                events, outside=set_from_outside, ended_silently=self._ended_silently
+            )
+
+        deadline = time.monotonic() + timeout
+        while (found := problems()) and time.monotonic() < deadline:
+            time.sleep(2)
+        assert not found, f"{dag_id}'s lineage:\n" + "\n".join(found[:40])
+        return self.dag_lineage(dag_id)
+
+    def _ended_silently(self, run: list[dict[str, Any]]) -> bool:
+        """Whether Airflow ended this task try neither by success nor by failure: skipped
+        while it waited to resume (its run marked failed through the REST API: a rewind, a
+        test's cleanup) or cleared while deferred; its listener sends no event for either.
+        A try that succeeded or failed must have sent its own."""
+        facet = next(
+            (e["run"]["facets"]["airflow"] for e in run if "airflow" in e["run"]["facets"]), None
+        )
+        if facet is None:
+            return False
+        dag_run, task = facet["dagRun"], facet["task"]["task_id"]
+        path = f"/dags/{dag_run['dag_id']}/dagRuns/{dag_run['run_id']}/taskInstances/{task}/tries"
+        tries = self.stack.client().call("GET", path)["task_instances"]
+        number = facet["taskInstance"]["try_number"]
+        states = [t["state"] for t in tries if t["try_number"] == number]
+        return bool(states) and states[-1] not in ("success", "failed")
 
     def stop(self) -> None:
         if not self.stopped:

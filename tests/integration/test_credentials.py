@@ -11,7 +11,8 @@ line, on which the job raises an error carrying the catalog's URL, password incl
 ``max_attempts=1`` that is a poison batch at once, whose error is stored, shown on the page and
 copied into the run's note, and whose failure re-queues txid 3. The pipeline's alerts (an
 ``SmtpNotifier``) mail the poison batch and the stall behind it, once each, with the password
-replaced too; its OpenLineage events name the table and the failed batch, never the password.
+replaced too; its OpenLineage events name the table (by its location, its catalog's name as a
+symlink) and the failed batch, never the password, and follow the spec's schemas.
 """
 
 from __future__ import annotations
@@ -144,8 +145,13 @@ def test_a_planted_catalog_password_shows_nowhere(shared_airflow, monkeypatch):
     )
     assert sink.open().committed_txid(PIPELINE) == 1
 
-    # OpenLineage (the deployment's file transport): txid 1's commit names the Iceberg table at
-    # the version it committed; txid 2's failed processing names its batch and no output
+    # OpenLineage (the deployment's file transport), as a lineage catalog reads it: every event
+    # valid against the spec's schemas and its facets' own, each run ended once (the pipeline
+    # idle: the runs it left waiting were ended from outside); txid 1's commit names the
+    # Iceberg table at the version it committed; txid 2's failed processing names its batch
+    # and no output
+    shared_airflow.check_lineage(PIPELINE)
+
     def lineage_of_txid(txid: int) -> list[dict]:
         events = shared_airflow.lineage_events(PIPELINE)
         return [e for e in events if e["run"]["facets"][RUN_FACET]["txid"] == txid]
@@ -155,9 +161,16 @@ def test_a_planted_catalog_password_shows_nowhere(shared_airflow, monkeypatch):
 
     [commit] = wait_until(commit_of_txid_1, 60, "txid 1's commit in the lineage", stack)
     assert commit["job"]["name"] == f"{PIPELINE}.commit"
-    [table] = [o for o in commit["outputs"] if o["namespace"].startswith("iceberg://")]
+    # named by its location, as OpenLineage's Spark integration names an Iceberg table; the
+    # catalog's table (its database, never the password) as a symlink
+    [table] = [o for o in commit["outputs"] if "symlinks" in o["facets"]]
+    location = shared_airflow.folder / "warehouse" / "txn_test.db" / "words"
+    assert (table["namespace"], table["name"]) == ("file", str(location))
+    catalog = f"postgres://{log_db.host}:{log_db.port}/{log_db.database}"
+    assert table["facets"]["symlinks"]["identifiers"] == [
+        {"namespace": catalog, "name": "txn.txn_test.words", "type": "TABLE"}
+    ]
     committed = log.transaction(PIPELINE, 1).output[sink.output_key]["commit"]
-    assert table["name"] == "txn_test/words"
     assert table["facets"]["version"]["datasetVersion"] == str(committed["version"])
     failed = [
         e
