@@ -16,6 +16,8 @@
 # make bench-retention: log table sizes and the page's state read over 10k txids, with/without retention
 # make bench-lake : rows/s into a Delta / Iceberg table vs Spark writing the same Parquet directly
 # make bench-sessions: a txid on a new Spark Connect server session vs on its pipeline's reused one
+# make bench-pipelines: N pipelines on one Airflow: paused (Airflow's floor) vs idle vs a trickle
+#               (CPU-s per second by process group), latency, a burst; N = 20, then N = 100
 # make chaos : the seeded chaos suite (faults caused for real; both tiers print their tables)
 # make chaos-lake: both chaos tiers on lake-sink pipelines (a Delta table, then an Iceberg table)
 
@@ -28,7 +30,7 @@ UV_VERSION := 0.13.9
 UV     := $(VENV)/bin/uv
 PYTEST_ARGS ?=
 
-.PHONY: demo demo-stop demo-core install system-deps test test-suite test-scenarios test-all screenshots test-unit test-integration lint chaos chaos-fast chaos-rewind chaos-airflow chaos-lake bench-core bench-undo bench-stage bench-spark bench-airflow bench-peer bench-read bench-preload bench-begin bench-retention bench-lake bench-sessions clean
+.PHONY: demo demo-stop demo-core install system-deps test test-suite test-scenarios test-all screenshots test-unit test-integration lint chaos chaos-fast chaos-rewind chaos-airflow chaos-lake bench-core bench-undo bench-stage bench-spark bench-airflow bench-peer bench-read bench-preload bench-begin bench-retention bench-lake bench-sessions bench-pipelines clean
 
 install: $(STAMP)
 
@@ -99,13 +101,15 @@ lint: install
 # first's, with an opaque source that grows: 240 core-tier runs in all). chaos-airflow: every
 # fault on a real Airflow, CHAOS_REPEAT runs each. chaos-lake: the fast tier's lake runs, then
 # every fault of the Airflow tier once with a Delta, then an Iceberg table; not part of
-# `make chaos`.
+# `make chaos`. Every table also counts re-emissions (attempts beyond a txid's first); the
+# control runs (fault `none`: 10 fast runs, one per Airflow repeat) fail if they have any.
 SEED ?= 2026
 CHAOS_REPEAT ?= 2
 chaos: chaos-fast chaos-rewind chaos-airflow
 
 chaos-fast: install
 	$(PY) chaos/fast.py --runs 200 --seed $(SEED)
+	$(PY) chaos/fast.py --runs 10 --seed $(SEED) --faults none
 	$(PY) chaos/fast.py --runs 20 --seed $(SEED) --sink delta
 	$(PY) chaos/fast.py --runs 20 --seed $(SEED) --sink iceberg
 
@@ -159,6 +163,13 @@ bench-lake: install
 
 bench-sessions: install
 	$(PY) benchmarks/bench_sessions.py
+
+# N = 100 with max_pending 2 (the issue allows a smaller window there); each run checks every
+# state against ground truth and exits non-zero when a goal is not met (both run regardless).
+bench-pipelines: install
+	$(PY) benchmarks/bench_pipelines.py --pipelines 20 --max-pending 4; \
+	a=$$?; $(PY) benchmarks/bench_pipelines.py --pipelines 100 --max-pending 2; \
+	b=$$?; test $$a -eq 0 -a $$b -eq 0
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis var

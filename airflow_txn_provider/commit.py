@@ -10,6 +10,9 @@ in txid order, is ONE Postgres transaction holding the pipeline's row lock
 attempt, an unprocessed txid or a commit out of order: the rule is
 :func:`~airflow_txn_provider.coordinator.plan_commit`):
 
+0. an output complete from a later txid (added to the running pipeline,
+   :mod:`airflow_txn_provider.outputs`) is left out, and one never declared is refused
+   (complete from txid 1 when this is txid 1);
 1. derived states compute their batch from the committed values before this txid
    (:meth:`~airflow_txn_provider.state.BucketCountState.derive`);
 2. every state applies the attempt's staged rows by its kind's rule, and its staged row count
@@ -46,9 +49,16 @@ from airflow_txn_provider.coordinator import committable, retention_horizon
 from airflow_txn_provider.exceptions import StagedOutputMismatchError, StateDefinitionError
 from airflow_txn_provider.health import judge
 from airflow_txn_provider.log_rows import TxidRows
+from airflow_txn_provider.outputs import (
+    DeclaredOutput,
+    read_outputs,
+    record_first,
+    skipped_at_commit,
+)
 from airflow_txn_provider.rewind import read_rewound_through
 from airflow_txn_provider.sinks.base import OUTPUT_PREFIX, SINK_SPEC, StagedFiles
 from airflow_txn_provider.state import BucketCountState, MapState, counted_states, load_states
+from airflow_txn_provider.vocabulary import OutputKind
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
@@ -97,6 +107,8 @@ def commit_states(
                 txid=txid,
                 attempt=attempt,
             )
+    outputs = [DeclaredOutput(s.name, OutputKind.STATE, s.derived_from) for s in states]
+    outputs += [DeclaredOutput(s.name, OutputKind.LAKE_SINK) for s in sinks]
     log_url = txlog.engine.url.render_as_string(hide_password=False)
     tables = {sink: sink.open(log_url) for sink in sinks}
     staged: dict[LakeSink, StagedFiles | None] = {}
@@ -114,18 +126,31 @@ def commit_states(
                 attempt=attempt,
             )
         result: dict[str, Any] = {}
+        # An output added to the running pipeline holds the txids from its first on, exactly:
+        # an older txid committing now (in flight then, replayed, rewound) is not applied to it.
+        skipped, first = skipped_at_commit(
+            pipeline, txid, attempt, outputs, read_outputs(conn, pipeline)
+        )
+        record_first(conn, pipeline, first)
+        for name, since in skipped.items():
+            result[name] = {"skipped": f"complete from txid {since}"}
         # Which lake commits a rewind undid (a table still holding them follows the log now).
         rewound = read_rewound_through(conn, pipeline) if sinks else 0
         # Derived states read the committed values as they are before this txid: first.
         for state in states:
-            if isinstance(state, BucketCountState):
+            if isinstance(state, BucketCountState) and state.name not in skipped:
                 state.derive(conn, txid, attempt, by_name[state.of])
         for state in states:
+            if state.name in skipped:
+                continue
             expected = recorded.get(state.output_key)
             applied = state.apply(conn, txid, attempt, expected_rows=expected)
             result[state.name] = {"staged_rows": applied.staged_rows, "keys": applied.keys}
         patch = {}
         for sink in sinks:
+            if sink.name in skipped:
+                staged[sink] = None  # its staged files are garbage: cleaned up below
+                continue
             files = recorded.get(sink.output_key)
             staged[sink] = StagedFiles.from_json(files) if files else None
             done = sink.commit(

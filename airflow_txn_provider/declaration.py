@@ -1,10 +1,11 @@
-"""Declaring a pipeline to the log: its registration, its states, and the DAGs that run it.
+"""Declaring a pipeline to the log: its registration, its outputs, and the DAGs that run it.
 
-A pipeline is declared by its source's kind, its window, its retention and its states
-(:class:`~airflow_txn_provider.pipeline.TxnPipeline`). Every begin declares it again, so a
-declaration the log holds already costs one read (its fingerprint), with no lock and no DDL; only
-a changed one registers again. Kept apart from the transitions, which never change a declaration
-(:class:`PipelineDeclarations` is a part of
+A pipeline is declared by its source's kind, its window, its retention and its outputs (states
+and lake sinks, with the choices for those added or removed while it runs:
+:mod:`airflow_txn_provider.outputs`), as :class:`~airflow_txn_provider.pipeline.TxnPipeline`
+says. Every begin declares it again, so a declaration the log holds already costs one read (its
+fingerprint), with no lock and no DDL; only a changed one registers again. Kept apart from the
+transitions, which never change a declaration (:class:`PipelineDeclarations` is a part of
 :class:`~airflow_txn_provider.transaction_log.TransactionLog`).
 """
 
@@ -28,11 +29,13 @@ from airflow_txn_provider.config import (
 from airflow_txn_provider.exceptions import PipelineConfigError
 from airflow_txn_provider.log_rows import lock_pipeline
 from airflow_txn_provider.models import PIPELINE_DAGS, PIPELINES
+from airflow_txn_provider.outputs import DeclaredOutput, declare_outputs
 from airflow_txn_provider.retries import retry_transient
-from airflow_txn_provider.vocabulary import SourceKind
+from airflow_txn_provider.state.backing import lock_ddl
+from airflow_txn_provider.vocabulary import OutputKind, OutputRetirement, OutputStart, SourceKind
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import Engine
+    from sqlalchemy.engine import Connection, Engine
 
 log = logging.getLogger(__name__)
 
@@ -43,9 +46,40 @@ class DeclaredState(Protocol):
     @property
     def name(self) -> str: ...
 
+    @property
+    def derived_from(self) -> str | None: ...
+
     def definition(self) -> Mapping[str, Any]: ...
 
-    def create(self, bind: Engine) -> Any: ...
+    def create(self, bind: Connection, *, start: OutputStart | None = None) -> Any: ...
+
+
+class DeclaredSink(Protocol):
+    """What :meth:`TransactionLog.ensure_pipeline` needs of a lake sink (``LakeSink`` has it)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def kind(self) -> str: ...
+
+
+def output_choices(
+    start: Mapping[str, OutputStart | str] | None,
+    retired: Mapping[str, OutputRetirement | str] | None,
+) -> tuple[dict[str, OutputStart], dict[str, OutputRetirement]]:
+    """The declaration's choices for its outputs, checked (``ValueError`` names the choices)."""
+
+    def check(choices: Mapping[str, Any] | None, enum: Any, what: str) -> dict[str, Any]:
+        try:
+            return {str(n): enum(v) for n, v in (choices or {}).items()}
+        except ValueError:
+            allowed = [m.value for m in enum]
+            raise ValueError(
+                f"{what} takes {{output name: one of {allowed}}}, got {choices!r}"
+            ) from None
+
+    return check(start, OutputStart, "start"), check(retired, OutputRetirement, "retired")
 
 
 def declaration_fingerprint(
@@ -54,9 +88,13 @@ def declaration_fingerprint(
     dag_id: str | None,
     states: Sequence[DeclaredState],
     keep_txids: int = DEFAULT_KEEP_TXIDS,
+    sinks: Sequence[DeclaredSink] = (),
+    start: Mapping[str, OutputStart | str] | None = None,
+    retired: Mapping[str, OutputRetirement | str] | None = None,
 ) -> str:
     """A digest of everything registration writes, and of this library's version (a new version
     may add to the state tables' DDL): equal digests, nothing to register again."""
+    starts, retirements = output_choices(start, retired)
     declared = {
         "library": __version__,
         "schema": schema.HEAD_REVISION,
@@ -65,6 +103,9 @@ def declaration_fingerprint(
         "keep_txids": keep_txids,
         "dag_id": dag_id,
         "states": [[s.name, dict(s.definition())] for s in states],
+        "sinks": [[s.name, s.kind] for s in sinks],
+        "start": {n: c.value for n, c in starts.items()},
+        "retired": {n: c.value for n, c in retirements.items()},
     }
     return hashlib.sha256(json.dumps(declared, sort_keys=True).encode()).hexdigest()
 
@@ -147,11 +188,22 @@ class PipelineDeclarations:
         dag_id: str | None = None,
         states: Sequence[DeclaredState] = (),
         keep_txids: int = DEFAULT_KEEP_TXIDS,
+        sinks: Sequence[DeclaredSink] = (),
+        start: Mapping[str, OutputStart | str] | None = None,
+        retired: Mapping[str, OutputRetirement | str] | None = None,
     ) -> bool:
-        """Register the pipeline and create its states, unless the log holds this very
-        declaration already: then it is one read, with no lock and no DDL (every begin calls it,
-        each no-data poll included). Returns whether it registered."""
-        declaration = declaration_fingerprint(source_kind, max_pending, dag_id, states, keep_txids)
+        """Register the pipeline and declare its outputs (states and lake sinks), unless the log
+        holds this very declaration already: then it is one read, with no lock and no DDL (every
+        begin calls it, each no-data poll included). Returns whether it registered.
+
+        An output new to a pipeline that has begun txids needs ``start={name: "next_txid"}``,
+        and one it no longer names that holds committed txids ``retired={name: "keep" |
+        "drop"}`` (:mod:`airflow_txn_provider.outputs`); otherwise
+        :class:`~airflow_txn_provider.exceptions.OutputStartRequiredError` or
+        :class:`~airflow_txn_provider.exceptions.OutputRemovedError`, and no output changes."""
+        declaration = declaration_fingerprint(
+            source_kind, max_pending, dag_id, states, keep_txids, sinks, start, retired
+        )
         if self._declaration(name, dag_id) == declaration:
             return False
         self.register_pipeline(
@@ -161,11 +213,31 @@ class PipelineDeclarations:
             dag_id=dag_id,
             keep_txids=keep_txids,
         )
-        for state in states:
-            state.create(self.engine)
+        self._declare_outputs(name, states, sinks, *output_choices(start, retired))
         self._set_declaration(name, declaration)
         log.info("pipeline=%s registered (declaration %s)", name, declaration[:12])
         return True
+
+    @retry_transient
+    def _declare_outputs(
+        self,
+        name: str,
+        states: Sequence[DeclaredState],
+        sinks: Sequence[DeclaredSink],
+        start: Mapping[str, OutputStart],
+        retired: Mapping[str, OutputRetirement],
+    ) -> None:
+        """Every output in one transaction: the plan checked whole before anything changes, and
+        every new output complete from the same txid. The DDL lock first: the order a state's
+        creation takes its locks in (DDL, then the pipeline's row)."""
+        declared = [DeclaredOutput(s.name, OutputKind.STATE, s.derived_from) for s in states]
+        declared += [DeclaredOutput(s.name, OutputKind.LAKE_SINK) for s in sinks]
+        with self.engine.begin() as conn:
+            lock_ddl(conn)
+            declare_outputs(conn, name, declared, start=start, retired=retired)
+            # a derived state after the state it is computed from
+            for state in sorted(states, key=lambda s: s.derived_from is not None):
+                state.create(conn, start=start.get(state.name))
 
     @retry_transient
     def _declaration(self, name: str, dag_id: str | None = None) -> str | None:

@@ -2,6 +2,10 @@
 (``GET /transactions/api/health``, :mod:`airflow_txn_provider.ui.app`), for load balancers and
 monitors. Pure: it judges what the log says, read by :func:`read_health`.
 
+Beside its status, each pipeline's outputs say from which txid each is complete (an output
+added to the running pipeline holds only the txids after it: a monitor can look for
+``"partial": true``).
+
 A pipeline is **stalled** when it has txids waiting to commit and nothing has moved for
 ``stall_after`` seconds: no commit since then, and its oldest uncommitted txid began (its first
 attempt) before then. A poison batch the failure sensor stopped at, a dead scheduler, a lost
@@ -13,7 +17,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +57,9 @@ class PipelineHealth:
     """Seconds without progress while txids wait (``None``: nothing waits)."""
     oldest_failed: int | None
     """The oldest txid whose current attempt failed (waiting for a replay), if any."""
+    outputs: tuple[dict[str, Any], ...] = ()
+    """Each output (state, lake sink) and from which txid it is complete
+    (:func:`airflow_txn_provider.outputs.completeness`)."""
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "status": self.status.value}
@@ -127,16 +134,20 @@ def read_health(
     txn_log: TransactionLog, pipeline: str, now: datetime, stall_after: float = STALL_AFTER
 ) -> PipelineHealth:
     """:func:`judge` the pipeline as the log has it now (its clock where it gives one)."""
+    from airflow_txn_provider.outputs import read_completeness
+
     view = txn_log.view(pipeline)
     with txn_log.engine.connect() as conn:
         last_commit_at, pending_since = progress_times(conn, view)
-    return judge(
+        outputs = tuple(read_completeness(conn, pipeline))
+    judged = judge(
         view,
         last_commit_at=last_commit_at,
         pending_since=pending_since,
         now=view.now or now,
         stall_after=stall_after,
     )
+    return replace(judged, outputs=outputs)
 
 
 __all__ = [

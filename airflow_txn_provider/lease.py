@@ -13,6 +13,10 @@ recorded stops renewing and leaves the work alone: the job may still be shutting
 A block that ends without an error hands the lease over for ``handover`` seconds: after one of
 several jobs of a txid the attempt is still processing, and the next task (the next job, or the
 one recording the output) needs time to start before it renews the lease itself.
+
+A process told to stop (Airflow's SIGTERM: the operator's ``on_kill``) abandons the lease
+(:meth:`LeaseKeeper.abandon`): it renews no more, so a later try of the task that resumed the
+attempt holds it alone (and only its failure reports count), or else the lease runs out.
 """
 
 from __future__ import annotations
@@ -77,6 +81,7 @@ class LeaseKeeper:
         self.handover = timeout if handover is None else handover
         self.lost = False
         self.done = False
+        self.abandoned = False
         self.renewals = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(
@@ -86,7 +91,7 @@ class LeaseKeeper:
     def renew(self, timeout: float | None = None) -> bool:
         """Renew once now (for ``timeout`` seconds, default the keeper's); False once there is
         nothing left to renew: the attempt is lost (``on_lost`` called) or done."""
-        if self.lost or self.done:
+        if self.lost or self.done or self.abandoned:
             return False
         found = self.txlog.renew_lease(
             self.pipeline,
@@ -115,6 +120,11 @@ class LeaseKeeper:
             except Exception:  # stopping is best effort: fencing keeps the work from counting
                 log.exception("stopping the work of a lost attempt failed")
         return False
+
+    def abandon(self) -> None:
+        """Renew no more (this process was told to stop). Only sets a flag: safe in a signal
+        handler; the renewing thread ends at its next wake-up."""
+        self.abandoned = True
 
     def _run(self) -> None:
         while not self._stop.wait(self.timeout / RENEWALS_PER_TIMEOUT):

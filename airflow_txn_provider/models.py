@@ -12,6 +12,8 @@ describe it for queries. The tables:
 * ``txn_pipeline_dag``: which Airflow DAGs run which pipeline.
 * ``txn_rewind``: one row per rewind (who, when, to which txid; migration 0009).
 * ``txn_alert``: one row per alert sent to the pipeline's notifiers (migration 0010).
+* ``txn_output``: one row per output (state or lake sink) of a pipeline: from which txid it is
+  complete, and its retirement (migration 0011).
 * ``txn_map_summary``: per map state, its key count and value sum, kept by each commit (the
   Transactions page reads them instead of scanning the state).
 
@@ -47,7 +49,15 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from airflow_txn_provider.config import DEFAULT_KEEP_TXIDS
 from airflow_txn_provider.exceptions import CorruptLogError
-from airflow_txn_provider.vocabulary import FailureResponse, SourceKind, StateKind, TxStatus
+from airflow_txn_provider.vocabulary import (
+    FailureResponse,
+    OutputKind,
+    OutputRetirement,
+    OutputStart,
+    SourceKind,
+    StateKind,
+    TxStatus,
+)
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -223,6 +233,40 @@ class StateRegistryRow(Base):
     __table_args__ = (CheckConstraint(one_of("kind", StateKind), name="kind"),)
 
 
+class OutputRow(Base):
+    """One output of a pipeline, a state or a lake sink (:mod:`airflow_txn_provider.outputs`):
+    from which txid it is complete, and whether it was retired (migration 0011)."""
+
+    __tablename__ = "txn_output"
+
+    pipeline: Mapped[str] = mapped_column(String(250), primary_key=True)
+    name: Mapped[str] = mapped_column(String(250), primary_key=True)
+    kind: Mapped[OutputKind] = mapped_column(StrEnumText(OutputKind, "output kind"))
+    start: Mapped[OutputStart | None] = mapped_column(
+        StrEnumText(OutputStart, "output start"), nullable=True
+    )
+    """The declaration's choice; ``None``: declared before the pipeline began any txid."""
+    complete_from_txid: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    """It holds every committed txid from this one on and none before (``None``: not recorded,
+    an output declared by an earlier version once the pipeline had begun txids)."""
+    declared_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
+    retired_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    retired_after_txid: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    """Once retired: the last committed txid then, the newest it holds."""
+    retirement: Mapped[OutputRetirement | None] = mapped_column(
+        StrEnumText(OutputRetirement, "output retirement"), nullable=True
+    )
+
+    __table_args__ = (
+        CheckConstraint(one_of("kind", OutputKind), name="kind"),
+        CheckConstraint(one_of("start", OutputStart), name="start"),
+        CheckConstraint(one_of("retirement", OutputRetirement), name="retirement"),
+        CheckConstraint("complete_from_txid >= 1", name="complete_from_txid"),
+    )
+
+
 class RewindRow(Base):
     """One rewind of a pipeline (:mod:`airflow_txn_provider.rewind`): its txids from ``to_txid``
     on were rolled back and re-queued."""
@@ -295,3 +339,4 @@ STATE_REGISTRY = cast(Table, StateRegistryRow.__table__)
 MAP_SUMMARY = cast(Table, MapSummaryRow.__table__)
 REWINDS = cast(Table, RewindRow.__table__)
 ALERTS = cast(Table, AlertRow.__table__)
+OUTPUTS = cast(Table, OutputRow.__table__)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,11 +27,13 @@ from airflow_txn_provider.config import (
     validate_keep_txids,
     validate_max_pending,
 )
+from airflow_txn_provider.declaration import output_choices
 from airflow_txn_provider.health import STALL_AFTER
 from airflow_txn_provider.names import PIPELINE, check_name
 from airflow_txn_provider.sinks.base import LakeSink
 from airflow_txn_provider.spark.sources import SparkSource
 from airflow_txn_provider.state import MapState
+from airflow_txn_provider.vocabulary import OutputRetirement, OutputStart
 
 SPARK_MODES = ("connect", "submit")
 
@@ -70,6 +72,16 @@ class TxnPipeline:
         (:mod:`airflow_txn_provider.alerts`; "Alerts" in ``docs/airflow.md``).
     :param stall_alert_after: seconds without progress while txids wait after which the
         notifiers hear of a stall (default 600, the health endpoint's).
+    :param start: how an output (state or sink) added once the pipeline has begun txids starts,
+        by name: ``"next_txid"`` (:class:`~airflow_txn_provider.vocabulary.OutputStart`): it
+        holds the txids from the next one on, and the log, the Transactions page and the health
+        endpoint say from which. Without it such a declaration is refused
+        (:class:`~airflow_txn_provider.exceptions.OutputStartRequiredError`); an output declared
+        with the pipeline needs none. See "Adding and removing outputs" in ``docs/airflow.md``.
+    :param retired: outputs no longer declared, by name: ``"keep"`` (their tables stay, no
+        longer updated) or ``"drop"`` (a state's tables are dropped; a lake table never is).
+        Removing an output that holds committed txids without it is refused
+        (:class:`~airflow_txn_provider.exceptions.OutputRemovedError`).
     """
 
     name: str
@@ -91,6 +103,8 @@ class TxnPipeline:
     sinks: Sequence[LakeSink] = ()
     alert_notifiers: Sequence[Any] = ()
     stall_alert_after: float = STALL_AFTER
+    start: Mapping[str, OutputStart | str] = field(default_factory=dict)
+    retired: Mapping[str, OutputRetirement | str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         check_name(self.name, PIPELINE)
@@ -135,6 +149,19 @@ class TxnPipeline:
         names = [s.name for s in self.states] + [s.name for s in self.sinks]
         if len(set(names)) != len(names):
             raise ValueError(f"state and sink names must differ (they name outputs): {names}")
+        starts, retirements = output_choices(self.start, self.retired)
+        if set(starts) - set(names):
+            raise ValueError(
+                f"pipeline {self.name!r}: start= names {sorted(set(starts) - set(names))}, which "
+                f"are not among its outputs {names}"
+            )
+        if set(retirements) & set(names):
+            raise ValueError(
+                f"pipeline {self.name!r}: {sorted(set(retirements) & set(names))} both declared "
+                "and retired"
+            )
+        object.__setattr__(self, "start", starts)
+        object.__setattr__(self, "retired", retirements)
         if self.sinks:
             if len(self.jobs) != 1:
                 raise ValueError(

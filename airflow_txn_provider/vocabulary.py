@@ -48,6 +48,39 @@ class StateKind(enum.StrEnum):
     """Stores the value before the txid too, and re-applies a replay over it: for any source."""
 
 
+class OutputKind(enum.StrEnum):
+    """What a pipeline's output is (``txn_output``, :mod:`airflow_txn_provider.outputs`)."""
+
+    STATE = "state"
+    """A Postgres state (:mod:`airflow_txn_provider.state`)."""
+    LAKE_SINK = "lake_sink"
+    """A lake table (:mod:`airflow_txn_provider.sinks`)."""
+
+
+class OutputStart(enum.StrEnum):
+    """How an output added to a pipeline that has begun txids starts: the declaration's choice
+    (``TxnPipeline(start={name: …})``). Without one such a declaration is refused: the output
+    would silently hold only the txids after it. The log records from which txid it is
+    complete."""
+
+    NEXT_TXID = "next_txid"
+    """Knowingly partial: it holds the txids from the next one to begin on, none before
+    (recorded and shown as "complete from txid N")."""
+    # A later issue adds FILL_HISTORY (computed over the committed txids' batches first); the
+    # CHECK constraint of txn_output.start (migration 0011) then needs a migration too.
+
+
+class OutputRetirement(enum.StrEnum):
+    """What becomes of an output's tables when the declaration drops it (``retired={name: …}``).
+    Without a choice, removing an output that holds committed txids is refused."""
+
+    KEEP = "keep"
+    """Its tables stay as they are, no longer updated (shown as retired after txid R); its name
+    cannot be declared again while they do."""
+    DROP = "drop"
+    """Its Postgres tables are dropped (a lake table is never dropped by the provider)."""
+
+
 LAKE_OUTPUT_PREFIX = "lake:"
 """Keys of a txid's recorded output that a lake sink wrote (``lake:<sink>``: its table's version
 and the files it staged), read by the commit and by the rewind."""

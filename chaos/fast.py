@@ -43,6 +43,9 @@ txid gives exactly the rows of txids 1..txid.
 txid that was in flight (begun, not committed) at that moment had committed; 0 when none was. A
 run with several faults reports the longest. It includes the normal processing of those txids.
 
+Every run also reports its re-emissions (attempts beyond a txid's first, from the log);
+``--faults none`` runs without a fault, each of which fails if it re-emitted anything.
+
 Usage: ``python chaos/fast.py --runs 200 --seed 2026 [--txids 4] [--faults a,b] [--sink delta]``.
 Every run prints its own seed; ``--seed <run seed> --runs 1`` (with the same ``--txids``,
 ``--faults`` and ``--sink``) replays that run's plan: the first run of a suite uses the master
@@ -92,7 +95,7 @@ from airflow_txn_provider.state import MapState  # noqa: E402
 from airflow_txn_provider.transaction_log import TransactionLog  # noqa: E402
 from airflow_txn_provider.vocabulary import BeginAction, TxStatus  # noqa: E402
 from chaos.committer import TABLE_COMMITTED  # noqa: E402
-from chaos.report import FaultResult, print_table  # noqa: E402
+from chaos.report import NO_FAULT, FaultResult, print_table, reemissions  # noqa: E402
 from tests.spark_data import (  # noqa: E402
     lines_in_ranges,
     parquet_dataset,
@@ -186,7 +189,7 @@ class RunPlan:
 
     @property
     def fault_name(self) -> str:
-        return " + ".join(sorted(f.kind for f in self.faults))
+        return " + ".join(sorted(f.kind for f in self.faults)) or NO_FAULT
 
     @property
     def opaque(self) -> bool:
@@ -207,7 +210,8 @@ class RunPlan:
 
 def plan_run(seed: int, txids: int, kinds: Sequence[str], *, sink: str = "none") -> RunPlan:
     """The plan of the run with ``seed``: window size, jobs per txid (two only without a lake
-    ``sink``: a txid with lake sinks has one job), one or two faults, their moments."""
+    ``sink``: a txid with lake sinks has one job), one or two faults, their moments; none when
+    ``kinds`` is ``[NO_FAULT]`` (a control run: it must re-emit nothing)."""
     if txids < 3:
         raise ValueError(f"a run needs at least 3 txids, got {txids}")
     rng = random.Random(seed)
@@ -215,7 +219,7 @@ def plan_run(seed: int, txids: int, kinds: Sequence[str], *, sink: str = "none")
     with_sink = sink != "none" or KILL_COMMITTER in kinds or FAIL_SINK in kinds
     jobs = 1 if with_sink else rng.choice((1, 2))
     faults = []
-    for _ in range(rng.choice((1, 1, 2))):
+    for _ in range(0 if list(kinds) == [NO_FAULT] else rng.choice((1, 1, 2))):
         kind = rng.choice(list(kinds))
         spawn = rng.randint(1, txids - 2)  # later spawns exist: a kill always finds a victim
         if kind == RESTART_LOG:
@@ -845,6 +849,9 @@ class ChaosRun:
                 }
             lost += int(figures["lost"])  # type: ignore[call-overload]
             doubled += int(figures["doubled"])  # type: ignore[call-overload]
+        reemitted = reemissions(infos)
+        if not plan.faults and reemitted:  # nothing failed on purpose: nothing may replay
+            problems.append(f"{reemitted} attempt(s) re-emitted in a run without a fault")
         recovered = not problems
         ttr = None
         if recovered:
@@ -878,6 +885,7 @@ class ChaosRun:
                 "events": dict(self.events),
                 **({"lake": lake} if lake else {}),
             },
+            reemitted=reemitted,
         )
 
     def _check_lake(
@@ -1076,7 +1084,7 @@ def run_suite(
     """
     known = faults_for(sink)
     faults = known if faults is None else tuple(faults)
-    unknown = sorted(set(faults) - set(known))
+    unknown = sorted(set(faults) - set(known)) if list(faults) != [NO_FAULT] else []
     if unknown or not faults:
         raise ValueError(f"unknown faults {unknown} with sink {sink!r}; known: {list(known)}")
     own_workdir = workdir is None
@@ -1112,8 +1120,8 @@ def run_suite(
             )
             progress(
                 f"[{index + 1:>3}/{runs}] seed {run_seed} {plan.describe()} -> {outcome}, "
-                f"lost {result.records_lost}, doubled {result.records_doubled}"
-                f"{lake_summary(result)} "
+                f"lost {result.records_lost}, doubled {result.records_doubled}, "
+                f"re-emitted {result.reemitted}{lake_summary(result)} "
                 f"({time.monotonic() - started:.1f} s){'' if result.ok else '  FAILED'}"
             )
             streak = len(results) - max((i + 1 for i, r in enumerate(results) if r.ok), default=0)
@@ -1237,8 +1245,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--faults",
         default=None,
-        help=f"comma-separated, from {','.join(SINK_FAULTS)} ({KILL_COMMITTER} needs a sink); "
-        "default: all of them the sink allows",
+        help=f"comma-separated, from {','.join(SINK_FAULTS)} ({KILL_COMMITTER} needs a sink), "
+        f"or {NO_FAULT} (runs without a fault: each must re-emit nothing); default: all of them "
+        "the sink allows",
     )
     parser.add_argument(
         "--sink",

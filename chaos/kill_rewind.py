@@ -25,6 +25,8 @@ Then the checks, against ground truth computed in plain Python:
    from N recompute with the new transform through the normal commit. Then every state and table
    equals ground truth: the old transform before N, the new one from N. A state or table count
    above the truth is a doubled record, below it a lost one.
+3. **Re-emissions** (attempts beyond a txid's first, in the table): exactly the rewind's own, one
+   per txid from N; a kill, or its healing, adds none.
 
 Usage: ``python chaos/kill_rewind.py --runs 20 --seed 2026 [--sink delta|iceberg]``. Every run
 prints its seed; ``--seed <run seed> --runs 1`` replays its plan. Exits 1 if a run mixed, did
@@ -62,7 +64,7 @@ from airflow_txn_provider.sources import TransactionalSource  # noqa: E402
 from airflow_txn_provider.spark.job import LOG_URL_ENV  # noqa: E402
 from airflow_txn_provider.state import MapState, load_states, stage_states  # noqa: E402
 from airflow_txn_provider.transaction_log import TransactionLog  # noqa: E402
-from chaos.report import FaultResult, print_table  # noqa: E402
+from chaos.report import FaultResult, print_table, reemissions  # noqa: E402
 
 PIPELINE = "rw"
 WORDS = [f"w{i:02d}" for i in range(30)]
@@ -432,12 +434,24 @@ def _run(
             problems.append(f"table {sink.name}: {l_} rows lost, {d_} doubled")
         if sink.open(log_url).committed_txid(PIPELINE) != last_txid:
             problems.append(f"table {sink.name} does not hold txid {last_txid}")
+    # The rewind re-emits each txid from n once; a kill or its healing must add none.
+    reemitted = reemissions(txlog.transactions(PIPELINE))
+    if reemitted != last_txid - n + 1:
+        problems.append(f"{reemitted} re-emissions, the rewind's own are {last_txid - n + 1}")
     recovered = txlog.last_committed(PIPELINE) == last_txid and not problems
     outcome = "log as before" if log_old else "log rewound" if log_rewound else "MIX"
-    detail = f"{plan}; killed at {at or 'no step (completed)'}: {outcome}; " + "; ".join(problems)
+    detail = f"{plan}; killed at {at or 'no step (completed)'}: {outcome}, re-emitted {reemitted}; "
+    detail += "; ".join(problems)
     print(f"  -> {detail}", flush=True)
     return FaultResult(
-        phase(at), seed, recovered, healed if recovered else None, lost, doubled, detail
+        phase(at),
+        seed,
+        recovered,
+        healed if recovered else None,
+        lost,
+        doubled,
+        detail,
+        reemitted=reemitted,
     )
 
 

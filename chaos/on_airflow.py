@@ -24,7 +24,10 @@ commit (its staged rows then are what crash recovery loses). The server stays up
 resets every connection and runs crash recovery, which empties every UNLOGGED table: the staged rows
 of every txid in flight are gone, with no restart for a clock to tell. Each txid whose staged rows
 were lost must be found so by content (the counts its jobs recorded) and replay, never commit a
-partial or empty batch.
+partial or empty batch. Last, ``none``: a run with no fault at all, the control run.
+
+Every run reports its re-emissions (attempts beyond a txid's first, from the log); the control
+run fails if it has any (a spurious replay: issue 46).
 
 Time to recover: from the fault to the commit of the last txid that was in flight at the fault
 (that txid's ``committed_at``, the log's clock, which is this machine's).
@@ -72,7 +75,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: the repository's packages
     sys.path.insert(0, str(ROOT))
 
-from chaos.report import FaultResult, print_table  # noqa: E402
+from chaos.report import NO_FAULT, FaultResult, print_table, reemissions  # noqa: E402
 
 if TYPE_CHECKING:
     from airflow_txn_provider.sinks import LakeSink
@@ -94,6 +97,7 @@ FAULTS = (
     "cascade_herd",
     "duplicate_task",
     "kill_log_backend",  # appended: the runs of the faults above keep their seeds
+    NO_FAULT,  # the control run: nothing injected, nothing may be re-emitted
 )
 """Every fault the suite knows, in the order the table lists them."""
 SINKS = ("none", "delta", "iceberg")
@@ -305,6 +309,8 @@ def inject(
 ) -> tuple[str, datetime]:
     """Wait for the fault's moment, cause it; return what was done and when it began."""
     d, name = deployment, plan.name
+    if plan.fault == NO_FAULT:
+        return "no fault", datetime.now(UTC)
     if plan.fault == "cascade_herd":
         # Three txids fail once each, late: each failure cascades over the txids in flight
         # behind it, and each cascade re-queues max_pending runs at once.
@@ -491,12 +497,16 @@ def run_one(deployment: Deployment, plan: Plan) -> FaultResult:
         problems.append("committed batches do not tile the data")
     if any(i.status.value != "committed" for i in infos[:TXIDS]):
         problems.append("a txid is left in flight")
+    replays = reemissions(i for i in infos if i.txid <= TXIDS)
+    if plan.fault == NO_FAULT and replays:
+        problems.append(f"{replays} attempt(s) re-emitted in a run without a fault")
     herd_restarts = {k: v - restarts_before[k] for k, v in deployment.stack.restarts.items()}
     if plan.fault in (
         "cascade_herd",
         "kill_processing",
         "restart_log_postgres",
         "kill_log_backend",
+        NO_FAULT,
     ) and any(herd_restarts.values()):
         problems.append(f"an Airflow component died and was restarted: {herd_restarts}")
 
@@ -520,7 +530,6 @@ def run_one(deployment: Deployment, plan: Plan) -> FaultResult:
         last = max((i.committed_at for i in committed if i.txid in in_flight), default=None)
         seconds = max(0.0, (last - fault_at).total_seconds()) if last else 0.0
     attempts = {t: log.attempts(plan.name, t) for t in range(1, TXIDS + 1)}
-    replays = sum(len(of_txid) - 1 for of_txid in attempts.values())
     # Attempts failed on their own because their staged rows were gone (crash recovery emptied
     # staging), not those failed with an earlier txid.
     lost_staging = sum(
@@ -546,6 +555,7 @@ def run_one(deployment: Deployment, plan: Plan) -> FaultResult:
             ]
         ),
         extra={"lake": lake} if lake else {},
+        reemitted=replays,
     )
 
 
@@ -619,8 +629,8 @@ def run_suite(
             took = result.seconds_to_recover
             print(
                 f"  {plan.label:<26} seed {plan.seed:<10} {'ok ' if result.ok else 'FAIL'} "
-                f"recovered in {'-' if took is None else f'{took:.1f}'} s"
-                f"{lake_summary(result)} "
+                f"recovered in {'-' if took is None else f'{took:.1f}'} s, "
+                f"re-emitted {result.reemitted}{lake_summary(result)} "
                 f"(run {time.monotonic() - started:.0f} s): {result.detail}",
                 flush=True,
             )

@@ -2,6 +2,10 @@
 
 A tier (the fast one without Airflow, the Airflow one) turns each run into a :class:`FaultResult`
 and calls :func:`print_table`. Nothing here knows what a fault does.
+
+Each run also reports its **re-emissions**: attempts beyond a txid's first, from the log
+(:func:`reemissions`). A fault may cost some (its txids replay); a run without a fault
+(:data:`NO_FAULT`) must cost none, or it failed: a spurious replay is a bug (issue 46).
 """
 
 from __future__ import annotations
@@ -11,7 +15,16 @@ import sys
 import textwrap
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TextIO
+from typing import Any, TextIO
+
+NO_FAULT = "none"
+"""The fault name of a run with no fault injected (a control run): it must re-emit nothing."""
+
+
+def reemissions(transactions: Iterable[Any]) -> int:
+    """Attempts beyond each txid's first, from the log's transactions (each with ``attempt``,
+    its current one; attempts are 1, 2, … per txid)."""
+    return sum(max(int(t.attempt) - 1, 0) for t in transactions)
 
 
 @dataclass(frozen=True)
@@ -28,6 +41,8 @@ class FaultResult:
     :param records_lost: records of the ground truth missing from the state (must be 0).
     :param records_doubled: records counted more than once in the state (must be 0).
     :param detail: what happened, for a person replaying the run.
+    :param reemitted: attempts beyond each txid's first (:func:`reemissions`); ``None`` where not
+        counted. Must be 0 in a run without a fault (:data:`NO_FAULT`).
     """
 
     fault: str
@@ -38,10 +53,17 @@ class FaultResult:
     records_doubled: int
     detail: str = ""
     extra: dict[str, object] = field(default_factory=dict, compare=False)
+    reemitted: int | None = None
 
     @property
     def ok(self) -> bool:
-        return self.recovered and self.records_lost == 0 and self.records_doubled == 0
+        spurious = self.fault == NO_FAULT and bool(self.reemitted)
+        return (
+            self.recovered
+            and self.records_lost == 0
+            and self.records_doubled == 0
+            and not (spurious)
+        )
 
 
 def _seconds(value: float | None) -> str:
@@ -66,12 +88,29 @@ def table_rows(results: Iterable[FaultResult]) -> list[list[str]]:
                 _seconds(max(times) if times else None),
                 str(sum(r.records_lost for r in group)),
                 str(sum(r.records_doubled for r in group)),
+                _per_run([r.reemitted for r in group]),
             ]
         )
     return rows
 
 
-HEADER = ["fault", "runs", "recovered", "median recovery", "max recovery", "lost", "doubled"]
+def _per_run(counts: Sequence[int | None]) -> str:
+    """Re-emissions of a group of runs: their total and the most in one run (``-``: none
+    counted)."""
+    known = [n for n in counts if n is not None]
+    return f"{sum(known)} (max {max(known)})" if known else "-"
+
+
+HEADER = [
+    "fault",
+    "runs",
+    "recovered",
+    "median recovery",
+    "max recovery",
+    "lost",
+    "doubled",
+    "re-emitted",
+]
 
 
 def format_table(results: Sequence[FaultResult]) -> str:
@@ -108,7 +147,8 @@ def print_table(
     results: Sequence[FaultResult], *, title: str | None = None, file: TextIO | None = None
 ) -> None:
     """Print the table (per fault: runs, recovered, median and max time to recover, records lost,
-    records doubled), then every run's seed, then the runs that failed with their detail."""
+    records doubled, re-emissions), then every run's seed, then the runs that failed with their
+    detail."""
     out = file or sys.stdout
     if title:
         print(title, file=out)
@@ -121,7 +161,7 @@ def print_table(
         for r in failed:
             print(
                 f"  seed {r.seed} [{r.fault}] recovered={r.recovered} lost={r.records_lost} "
-                f"doubled={r.records_doubled}: {r.detail}",
+                f"doubled={r.records_doubled} re-emitted={r.reemitted}: {r.detail}",
                 file=out,
             )
     out.flush()

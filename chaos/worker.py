@@ -7,7 +7,11 @@ path of the processing operator does, with its runner
 (:class:`~airflow_txn_provider.spark.submit.SparkConnectRunner`: the pipeline's slot session,
 :func:`~airflow_txn_provider.spark.job.process_batch` (read, transform, stage fenced by the
 attempt, mark processed), the session released if the attempt failed). If the attempt is
-failed meanwhile, the keeper interrupts the session's Spark work.
+failed meanwhile, the keeper interrupts the run's Spark work. SIGTERM does what Airflow's task
+runner does with it: the operator's ``on_kill`` (the lease abandoned, the run's own Spark work
+interrupted, no failure reported), and the worker goes on until its work ends.
+
+``--job PATH``: a job file whose ``transform`` to run instead of ``spark_jobs/word_count.py``.
 
 With ``--sink`` (a :meth:`~airflow_txn_provider.sinks.LakeSink.to_spec`), the job also writes
 the word count into that lake sink: the executors stage it as Parquet in the attempt's own
@@ -24,7 +28,7 @@ transaction, after the COPY; or after the first of two jobs staged) the worker c
 Postgres backend meanwhile (the ``kill_backend`` fault).
 
 Exit codes: 0 processed (or the attempt was stale: nothing to do), 1 processing failed (the log
-has the reason), 2 bad arguments.
+has the reason) or stopped by SIGTERM (it prints ``{"status": "stopped"}``), 2 bad arguments.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -43,7 +48,7 @@ from airflow_txn_provider.lease import LeaseKeeper, holder_name
 from airflow_txn_provider.sinks import LakeSink, sink_from_spec
 from airflow_txn_provider.spark.job import LOG_URL_ENV, BatchJob, ProcessOutcome, Transform
 from airflow_txn_provider.spark.sources import source_from_spec
-from airflow_txn_provider.spark.submit import SparkConnectRunner
+from airflow_txn_provider.spark.submit import SparkConnectRunner, load_job_module
 from airflow_txn_provider.transaction_log import TransactionLog
 
 if TYPE_CHECKING:
@@ -126,7 +131,11 @@ def to_state_and_sinks(transform: Transform, state: str, sinks: Sequence[str]) -
 
 
 def run_two_jobs(
-    runner: SparkConnectRunner, job: BatchJob, txlog: TransactionLog, pause_between: str | None
+    runner: SparkConnectRunner,
+    job: BatchJob,
+    txlog: TransactionLog,
+    pause_between: str | None,
+    holder: str | None = None,
 ) -> ProcessOutcome:
     """Process the attempt as two jobs (``runner``'s transform split by :func:`split_jobs`),
     then record its output, as a txid of two processing tasks does; ``pause_between``: the
@@ -142,7 +151,7 @@ def run_two_jobs(
         if i == 1 and pause_between is not None:
             pause(pause_between)
         runner.transform = piece
-        outcome = runner.run(part, txlog)
+        outcome = runner.run(part, txlog, holder=holder)
         if outcome.status == "stale":
             return outcome
         for key, rows in outcome.staged_rows.items():
@@ -168,6 +177,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, choices=(1, 2), default=1, help="jobs per txid")
     parser.add_argument("--pause-at", choices=PAUSE_POINTS, default=None)
     parser.add_argument("--pause-file", default=None)
+    parser.add_argument("--job", default=None, help="a job file (default: the word count)")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -181,7 +191,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("--pause-at needs --pause-file")
     if args.pause_at == "between_jobs" and args.jobs != 2:
         parser.error("--pause-at between_jobs needs --jobs 2")
-    transform = load_transform()
+    # A job file's module is pickled by value (its UDFs reach the server's Python workers)
+    transform = load_job_module(args.job).transform if args.job else load_transform()
     sinks: tuple[LakeSink, ...] = ()
     if args.sinks:
         if args.state is None:
@@ -198,26 +209,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The processing operator's own runner: a slot's server session, released on failure.
     runner = SparkConnectRunner(transform, url=args.spark_url, connect_timeout=30.0)
     holder = holder_name(f"chaos worker txid {job.txid} attempt {job.attempt}")
+    keeper = LeaseKeeper(
+        txlog,
+        job.pipeline,
+        job.txid,
+        job.attempt,
+        holder=holder,
+        timeout=args.lease,
+        on_lost=runner.kill,
+    )
+
+    def on_kill(signum: int, frame: object) -> None:  # the processing operator's on_kill
+        keeper.abandon()
+        runner.kill()
+
+    signal.signal(signal.SIGTERM, on_kill)
     try:
-        with LeaseKeeper(
-            txlog,
-            job.pipeline,
-            job.txid,
-            job.attempt,
-            holder=holder,
-            timeout=args.lease,
-            on_lost=runner.kill,
-        ) as keeper:
+        with keeper:
             if keeper.lost:  # failed before this process could take the lease over
                 print(json.dumps({"status": "stale"}))
                 return 0
             if args.jobs == 1:
-                outcome = runner.run(job, txlog)
+                outcome = runner.run(job, txlog, holder=holder)
             else:
                 between = args.pause_file if args.pause_at == "between_jobs" else None
-                outcome = run_two_jobs(runner, job, txlog, between)
+                outcome = run_two_jobs(runner, job, txlog, between, holder)
     except TxnError as err:
         log.error("%s", err)
+        if runner.stopped:
+            print(json.dumps({"status": "stopped"}))
         return 1
     finally:
         txlog.engine.dispose()

@@ -117,6 +117,9 @@ class _TxnOperator(TxidLineage, BaseOperator):
             dag_id=self.dag_id,
             states=p.states,
             keep_txids=p.keep_txids,
+            sinks=p.sinks,
+            start=p.start,
+            retired=p.retired,
         )
         emission = log.begin(
             p.name,
@@ -205,6 +208,9 @@ class TxnProcessOperator(_TxnOperator):
         self.finish = finish
         self.claims = claim
         self._runner: Any = None
+        self._lease: Any = None
+        self.stopped = False
+        """Set by :meth:`on_kill`: this try reports no failure of its attempt."""
 
     def execute(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
         self.woken_by(event)  # the claim asks the log again: the event only has to be ours
@@ -259,6 +265,7 @@ class TxnProcessOperator(_TxnOperator):
             # After one of several jobs the txid still processes: time for the next task to start.
             handover=max(CLAIM_TIMEOUT, p.lease_timeout),
         )
+        self._lease = lease
         try:
             with lease:
                 maybe_inject_failure(p.name, job.txid, job.attempt)
@@ -268,7 +275,7 @@ class TxnProcessOperator(_TxnOperator):
                         conn_id=p.spark_connect_conn_id,
                         reuse_sessions=p.reuse_spark_sessions,
                     )
-                    outcome = self._runner.run(job, log)
+                    outcome = self._runner.run(job, log, holder=lease.holder)
                     return {"status": outcome.status, "staged_rows": dict(outcome.staged_rows)}
                 self._runner = SparkSubmitRunner(
                     self.job,
@@ -284,10 +291,14 @@ class TxnProcessOperator(_TxnOperator):
                 )
                 self._runner.run(job)
         except BaseException as err:
+            if self.stopped:  # its error is the stop's: the stopper decides (on_kill)
+                msg = "pipeline=%s txid=%s attempt=%s stopped, not reported as failed: %s"
+                self.log.warning(msg, p.name, job.txid, job.attempt, err)
+                raise
             # The job fails its attempt itself when it can; this covers what it cannot see
-            # (spark-submit dying, a kill). A stale attempt fails nothing, an attempt whose
-            # output the job recorded before the bad exit keeps it (it commits), and one that a
-            # later try of this task took over is left to that try (Airflow stopped this one).
+            # (spark-submit dying). A stale attempt fails nothing, an attempt whose output the
+            # job recorded before the bad exit keeps it (it commits), and one that a later try
+            # of this task took over is left to that try.
             log.fail(
                 p.name,
                 job.txid,
@@ -301,6 +312,12 @@ class TxnProcessOperator(_TxnOperator):
         return {"status": info.status.value if info else "unknown"}
 
     def on_kill(self) -> None:
+        """Airflow stopped this try, or its lease is lost: stop its own Spark work, renew no
+        more, report no failure. Airflow stops a try it put up for retry while it ran (a stale
+        event after a deferral, apache/airflow#72716): the next try resumes the attempt."""
+        self.stopped = True  # first: the interruption's error must find it set
+        if self._lease is not None:
+            self._lease.abandon()
         if self._runner is not None:
             self._runner.kill()
 
@@ -443,6 +460,10 @@ def fail_attempt_on_task_failure(context: Context) -> None:
     task = context.get("task")
     pipeline = getattr(task, "pipeline", None)
     if pipeline is None:
+        return
+    if getattr(task, "stopped", False):  # on_kill ran in this process: see its docstring
+        msg = "pipeline=%s: task %s (try %s) was stopped: a later try or the lease decides"
+        logging.getLogger(__name__).warning(msg, pipeline.name, ti.task_id, ti.try_number)
         return
     try:
         claim = claimed(context, getattr(task, "claim_task_id", BEGIN_TASK_ID))

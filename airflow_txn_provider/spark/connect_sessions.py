@@ -10,6 +10,10 @@ attaches to a session by its id.
   runs (a process that dies drops it with its connection), so two live processes never share a
   session's temporary views, settings or operations. With every slot taken, the txid gets a
   session of its own, as before.
+* **Only one's own operations.** A killed run interrupts the operations tagged with its own tag
+  (pipeline, txid, attempt, a nonce), and only until it gives its session up, never every
+  operation of the session: the slot's next lessee shares the server session id
+  (:meth:`~airflow_txn_provider.spark.submit.SparkConnectRunner.kill`).
 * **Fenced cleanup.** After a failed attempt, its process releases the slot's server session:
   nothing the failed transform left there (a view, a setting, a running operation) reaches a
   later txid. The server keeps a released id closed, so the next lessee moves to the slot's next

@@ -40,6 +40,7 @@ from airflow_txn_provider.exceptions import (
     MalformedRecordError,
     NotBegunError,
     ProcessingError,
+    ProcessingStoppedError,
     StateDefinitionError,
     TxnError,
 )
@@ -158,11 +159,18 @@ def process_batch(
     transform: Transform,
     *,
     timings: Mapping[str, float] | None = None,
+    holder: str | None = None,
+    stopped: Callable[[], bool] | None = None,
 ) -> ProcessOutcome:
     """Process one txid's batch on ``spark`` and stage the results, fenced by ``(txid, attempt)``.
 
     Any failure fails ``(txid, attempt)`` in the log (and, by the cascade, every later txid in
-    flight) and raises a :class:`TxnError` naming them; nothing is staged for commit.
+    flight) and raises a :class:`TxnError` naming them; nothing is staged for commit. Not when
+    the failure is reported by ``holder`` (this process's lease holder name) while another
+    process holds the attempt's lease, nor once ``stopped()`` (this run was told to stop: its
+    interrupted Spark work is no failure of the attempt): it then raises
+    :class:`~airflow_txn_provider.exceptions.ProcessingStoppedError` before its next Spark
+    action or its staging.
 
     The attempt's timings (seconds) are recorded with its output: ``start`` (from its begin to
     this job's start), ``spark`` (read, transform, collect), ``staging`` (the COPY into Postgres),
@@ -185,19 +193,30 @@ def process_batch(
     if info.begun_at is not None:
         spent["start"] = max(0.0, time.time() - info.begun_at.timestamp() - sum(spent.values()))
     computing = time.monotonic()
+    is_stopped = stopped or (lambda: False)
+    where: dict[str, Any] = {"pipeline": job.pipeline, "txid": job.txid, "attempt": job.attempt}
+
+    def check() -> None:  # before each Spark action and the staging: a stopped run goes no further
+        if is_stopped():
+            raise ProcessingStoppedError("stopped: its failure is not reported", **where)
+
+    def report(error: TxnError) -> None:
+        if is_stopped():  # the error is the interruption's: whoever stopped the run decides
+            log.warning("%s stopped, not reported as failed: %s", job.app_name, error)
+        else:
+            txlog.fail(**where, error=str(error), of_processing=True, holder=holder)
+
     try:
-        tables, staged = _compute(spark, txlog, job, info.metadata, transform)
+        tables, staged = _compute(spark, txlog, job, info.metadata, transform, check)
+        check()
     except TxnError as err:
-        txlog.fail(job.pipeline, job.txid, job.attempt, error=str(err), of_processing=True)
+        report(err)
         raise
     except Exception as err:
         error = ProcessingError(
-            f"processing failed: {type(err).__name__}: {_first_line(err)}",
-            pipeline=job.pipeline,
-            txid=job.txid,
-            attempt=job.attempt,
+            f"processing failed: {type(err).__name__}: {_first_line(err)}", **where
         )
-        txlog.fail(job.pipeline, job.txid, job.attempt, error=str(error), of_processing=True)
+        report(error)
         raise error from err
 
     spent["spark"] = time.monotonic() - computing
@@ -273,13 +292,17 @@ def _compute(
     job: BatchJob,
     metadata: Any,
     transform: Transform,
+    check: Callable[[], None] = lambda: None,
 ) -> tuple[dict[MapState, pa.Table], dict[LakeSink, StagedFiles]]:
     """Run the Spark side: read, check, transform, collect the states' partial results, and
-    write the lake sinks' output from the executors. Takes no lock in Postgres."""
+    write the lake sinks' output from the executors. Takes no lock in Postgres. ``check()``
+    before each Spark action (it raises once the run is stopped)."""
+    check()
     states = load_states(txlog.engine, job.pipeline)
     batch = job.source.read_batch(spark, metadata)
     malformed = job.source.malformed_records(batch)
     if malformed is not None:
+        check()
         bad = malformed.limit(1).collect()
         if bad:
             location, record = bad[0][LOCATION], bad[0][RECORD]
@@ -295,13 +318,17 @@ def _compute(
         _refuse_mismatch(job, job.source.batch_mismatch(batch, metadata))
     results = transform(job.source.records(observed))
     by_state, by_sink = _results_by_output(results, states, job)
-    tables = {state: frame.toArrow() for state, frame in by_state.items()}
+    tables = {}
+    for state, frame in by_state.items():
+        check()
+        tables[state] = frame.toArrow()
     staged = {}
     if by_sink:
         from airflow_txn_provider.sinks.staging import stage_frame
 
         log_url = txlog.engine.url.render_as_string(hide_password=False)
         for sink, frame in by_sink.items():
+            check()
             staged[sink] = stage_frame(
                 spark,
                 frame,

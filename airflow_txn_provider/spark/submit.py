@@ -11,7 +11,13 @@
 
 Both stop their Spark work when the task is killed (:meth:`kill`, called from an operator's
 ``on_kill``): the submit path signals the whole process group of ``spark-submit`` (the driver JVM
-and its Python children), the Connect path interrupts every operation of its session.
+and its Python children). The Connect path interrupts only its own operations, by a tag unique to
+the run (:func:`operation_tag`: pipeline, txid, attempt and a nonce), and only while the session
+is still its own: a server session is a slot's, reused by the pipeline's next txids
+(:mod:`~airflow_txn_provider.spark.connect_sessions`), so interrupting "the session" after the
+slot is released would cancel whichever txid leased it next. A killed run reports no failure
+(:attr:`SparkConnectRunner.stopped`): whoever stopped it decides (see :meth:`SparkConnectRunner.
+kill`).
 """
 
 from __future__ import annotations
@@ -21,7 +27,9 @@ import importlib.util
 import logging
 import os
 import sys
+import threading
 import time
+import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from types import ModuleType
@@ -192,6 +200,12 @@ class SparkConnectRunner:
         self.connect_timeout = connect_timeout
         self.reuse_sessions = reuse_sessions
         self.session: SparkSession | None = None
+        self.stopped = False
+        """Set by :meth:`kill` (for good): its work is to end, and it reports no failure."""
+        self._run: tuple[BatchJob, str] | None = None  # the running job and its operation tag
+        # Reentrant: kill() may run in a signal handler on the thread that holds it (Airflow's
+        # SIGTERM); another thread (the lease's) waits until the session is no longer this run's.
+        self._guard = threading.RLock()
 
     def connection_url(self) -> str:
         if self.url:
@@ -200,15 +214,34 @@ class SparkConnectRunner:
 
         return str(SparkConnectHook(self.conn_id).get_connection_url())
 
-    def run(self, job: BatchJob, txlog: TransactionLog) -> ProcessOutcome:
+    def run(
+        self, job: BatchJob, txlog: TransactionLog, *, holder: str | None = None
+    ) -> ProcessOutcome:
+        """Process ``job`` on a session of the pipeline (:meth:`_session`). ``holder``: the
+        attempt's lease holder name of this process; a failure it reports is refused once
+        another process (a later try of the task) holds the attempt's lease."""
         from airflow_txn_provider.spark.job import process_batch
 
         with keep_classic_mode(), self._session(job, txlog) as (session, connect):
-            self.session = session
+            tag = operation_tag(job)
+            session.addTag(tag)  # every operation of this run (thread-local: this thread's)
+            with self._guard:
+                self.session, self._run = session, (job, tag)
             try:
-                return process_batch(session, txlog, job, self.transform, timings=connect)
+                return process_batch(
+                    session,
+                    txlog,
+                    job,
+                    self.transform,
+                    timings=connect,
+                    holder=holder,
+                    stopped=lambda: self.stopped,
+                )
             finally:
-                self.session = None
+                # Before the session is stopped and its slot released: a kill() from now on
+                # finds nothing of this run to interrupt.
+                with self._guard:
+                    self.session, self._run = None, None
 
     @contextlib.contextmanager
     def _session(
@@ -230,6 +263,14 @@ class SparkConnectRunner:
                 slot = stack.enter_context(leased_slot(txlog.engine, job.pipeline, url))
             session: Any  # a Spark Connect session
             session, shared = self._connect(SparkSession, url, slot)
+            log.info(
+                "pipeline=%s txid=%s attempt=%s: Spark Connect session %s (%s)",
+                job.pipeline,
+                job.txid,
+                job.attempt,
+                session.session_id,
+                f"slot {slot.slot}" if shared and slot else "its own",
+            )
             failed = True
             try:
                 yield session, {"connect": time.monotonic() - started}
@@ -265,10 +306,46 @@ class SparkConnectRunner:
         raise AssertionError("unreachable")  # Retrying returns or re-raises
 
     def kill(self) -> None:
-        session = self.session
-        if session is not None:
-            interrupted = session.interruptAll()
-            log.info("Interrupted Spark Connect operations %s", interrupted)
+        """Stop this run: interrupt its own operations (by its tag, never every operation of a
+        session that later txids reuse) while the session is still this run's, and mark it
+        :attr:`stopped`, so that the error the interruption causes is not reported as a failure
+        of the attempt. Whoever stopped the run decides about the attempt: Airflow stopped a
+        try that a later try resumes (its stale-success race, apache/airflow#72716), or failed
+        the task (its failure callback, else the lease runs out); a lost lease means the attempt
+        failed already."""
+        self.stopped = True
+        with self._guard:
+            session, run = self.session, self._run
+            if session is None or run is None:
+                log.info("Spark Connect run ended or not started: nothing of it to interrupt")
+                return
+            job, tag = run
+            try:
+                interrupted = session.interruptTag(tag)
+            except Exception as err:  # best effort: a stopped run reports nothing either way
+                log.warning(
+                    "pipeline=%s txid=%s attempt=%s: interrupting its Spark work failed: %s",
+                    job.pipeline,
+                    job.txid,
+                    job.attempt,
+                    err,
+                )
+                return
+        log.info(
+            "pipeline=%s txid=%s attempt=%s: interrupted its Spark Connect operations %s",
+            job.pipeline,
+            job.txid,
+            job.attempt,
+            interrupted,
+        )
+
+
+def operation_tag(job: BatchJob) -> str:
+    """The tag of every Spark Connect operation of one run of ``job``: its pipeline, txid and
+    attempt, and a nonce (two processes may run one attempt: an Airflow try and the later try
+    that resumed it)."""
+    # Spark refuses a tag with a comma; a pipeline name has none (names.py)
+    return f"txn-{job.pipeline}-txid-{job.txid}-attempt-{job.attempt}-{uuid.uuid4().hex[:12]}"
 
 
 def _open_session(session_class: Any, url: str, slot: SessionSlot | None) -> tuple[Any, bool]:

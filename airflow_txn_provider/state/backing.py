@@ -65,8 +65,13 @@ def _log_tables() -> frozenset[str]:
     return frozenset([*Base.metadata.tables, VERSION_TABLE])
 
 
+def table_names(name: str) -> tuple[str, str, str]:
+    """The tables of the state ``name``: state, staging, undo records."""
+    return f"txn_state_{name}", f"txn_stage_{name}", f"txn_undo_{name}"
+
+
 def check_table_names(name: str) -> None:
-    for table in (f"txn_state_{name}", f"txn_stage_{name}", f"txn_undo_{name}"):
+    for table in table_names(name):
         if table in _log_tables():
             raise ValueError(
                 f"state name {name!r} is refused: its table {table} is one of the transaction "
@@ -115,15 +120,15 @@ class BackingTable:
 
     @property
     def table(self) -> str:
-        return f"txn_state_{self.name}"
+        return table_names(self.name)[0]
 
     @property
     def stage_table(self) -> str:
-        return f"txn_stage_{self.name}"
+        return table_names(self.name)[1]
 
     @property
     def undo_table(self) -> str:
-        return f"txn_undo_{self.name}"
+        return table_names(self.name)[2]
 
     @property
     def key_columns(self) -> list[str]:

@@ -48,7 +48,7 @@ from airflow_txn_provider.state.summary import (
     upkeep_cte,
 )
 from airflow_txn_provider.state.undo import UndoRecords
-from airflow_txn_provider.vocabulary import StateKind
+from airflow_txn_provider.vocabulary import OutputStart, StateKind
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -156,21 +156,25 @@ class MapState:
 
     # -- DDL -------------------------------------------------------------------------------------
 
-    def create(self, bind: Engine | Connection) -> MapState:
-        """Create the state and staging tables if missing; refuse a contradicting definition."""
+    def create(
+        self, bind: Engine | Connection, *, start: OutputStart | str | None = None
+    ) -> MapState:
+        """Create the state and staging tables if missing; refuse a contradicting definition.
+        ``start``: how a state new to a pipeline that has begun txids starts (the registry)."""
         from sqlalchemy.engine import Engine
 
         if isinstance(bind, Engine):
             with bind.begin() as conn:
-                self._create(conn)
+                self._create(conn, start)
         else:
-            self._create(bind)
+            self._create(bind, start)
         return self
 
-    def _create(self, conn: Connection) -> None:
+    def _create(self, conn: Connection, start: OutputStart | str | None) -> None:
         """Register, then the tables: one transaction, serialised with other processes' DDL."""
         lock_ddl(conn)
-        register_state(conn, self.name, self.pipeline, StateKind(self.kind), self.definition())
+        kind, definition = StateKind(self.kind), self.definition()
+        register_state(conn, self.name, self.pipeline, kind, definition, start)
         backing = self.backing
         existed = backing.exists(conn)
         backing.create_table(conn)

@@ -17,6 +17,8 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from airflow_txn_provider.exceptions import StateDefinitionError
 from airflow_txn_provider.models import STATE_REGISTRY
+from airflow_txn_provider.outputs import DeclaredOutput, declare_outputs
+from airflow_txn_provider.vocabulary import OutputKind, OutputStart
 
 if TYPE_CHECKING:
     from sqlalchemy import ColumnElement
@@ -26,10 +28,19 @@ if TYPE_CHECKING:
 
 
 def register_state(
-    conn: Connection, name: str, pipeline: str, kind: StateKind, definition: Mapping[str, Any]
+    conn: Connection,
+    name: str,
+    pipeline: str,
+    kind: StateKind,
+    definition: Mapping[str, Any],
+    start: OutputStart | str | None = None,
 ) -> None:
     """Register the state ``name`` of ``pipeline`` unless registered; refuse a registered one
-    of another pipeline or definition (:class:`StateDefinitionError`)."""
+    of another pipeline or definition (:class:`StateDefinitionError`). A new one is recorded as
+    an output of the pipeline, complete from txid 1 or, if the pipeline has begun txids, from
+    the next one with ``start="next_txid"`` (:func:`~airflow_txn_provider.outputs.
+    declare_outputs`; without it, :class:`~airflow_txn_provider.exceptions.
+    OutputStartRequiredError`)."""
     conn.execute(
         pg_insert(STATE_REGISTRY)
         .values(name=name, pipeline=pipeline, kind=kind, definition=definition)
@@ -46,6 +57,14 @@ def register_state(
             f"declared as {definition} of pipeline {pipeline!r}",
             pipeline=pipeline,
         )
+    derived = definition.get("bucket_counts_of")
+    declare_outputs(
+        conn,
+        pipeline,
+        [DeclaredOutput(name, OutputKind.STATE, derived)],
+        start={name: OutputStart(start)} if start else None,
+        removals=False,
+    )
 
 
 def named(name: str) -> ColumnElement[bool]:

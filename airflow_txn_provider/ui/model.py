@@ -454,6 +454,23 @@ def map_state_summary(
     }
 
 
+def with_completeness(
+    states: Iterable[Mapping[str, Any]], outputs: Iterable[Mapping[str, Any]]
+) -> list[dict[str, Any]]:
+    """Each state's summary with the sentence saying from which txid it is complete (its
+    output's, :func:`airflow_txn_provider.outputs.completeness`), beside its figures: a state
+    added to the running pipeline is short of every earlier txid, and must not look whole."""
+    said = {o["name"]: o for o in outputs}
+    return [
+        {
+            **s,
+            "complete": said.get(s["name"], {}).get("complete"),
+            "partial": said.get(s["name"], {}).get("partial"),
+        }
+        for s in states
+    ]
+
+
 def state_error(name: str, error: str) -> dict[str, Any]:
     """A state whose table could not be read: its name and why, instead of a broken page."""
     return {"name": name, "type": "error", "error": error}

@@ -27,6 +27,7 @@ from airflow_txn_provider.exceptions import (
     TxnError,
     UnknownPipelineError,
 )
+from airflow_txn_provider.outputs import read_completeness
 from airflow_txn_provider.timetables import txid_run_id
 from airflow_txn_provider.ui import model, rewind_options
 from airflow_txn_provider.ui.errors import LogUnavailableError
@@ -229,7 +230,8 @@ def pipeline_payload(
     txn_log: TransactionLog, pipeline: str, now: datetime, limit: int = model.TXID_LIMIT
 ) -> dict[str, Any]:
     """One pipeline: summary, newest ``limit`` txids (each with what a rewind to it recomputes),
-    chart series, committed states, retention and how far back a rewind reaches."""
+    chart series, committed states, its outputs and from which txid each is complete, retention
+    and how far back a rewind reaches."""
     view = txn_log.view(pipeline)  # UnknownPipelineError: a 404
     summary = model.pipeline_summary(view)
     txs = txn_log.transactions(
@@ -237,12 +239,16 @@ def pipeline_payload(
     )
     retention = txn_log.retention(pipeline)
     floor = retention.rewind_floor
+    with txn_log.engine.connect() as conn:
+        outputs = read_completeness(conn, pipeline)
+    states = state_summaries(txn_log.engine, pipeline, summary["last_committed"])
     return {
         "pipeline": summary,
         "limit": limit,
         "txids": rewind_options.with_rewind_options(model.txid_rows(txs, now), view, floor),
         "chart": model.chart_series(txs, now),
-        "states": state_summaries(txn_log.engine, pipeline, summary["last_committed"]),
+        "states": model.with_completeness(states, outputs),
+        "outputs": outputs,
         "retention": _retention(retention),
         "rewind": rewind_options.rewind_reach(view, floor),
         "now": model.iso(now),

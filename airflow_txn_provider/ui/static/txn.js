@@ -126,6 +126,7 @@
     lastChart = data.chart;
     drawChart(document.getElementById("chart"), data.chart);
     renderStates(data.states);
+    renderOutputs(data.outputs, data.now);
     const rows = data.txids.map((t) => h("tr", {},
       num(h("a", { href: `${root}/pipelines/${q(p.name)}/runs/${q(t.run_id)}` }, t.txid)),
       num(t.attempt),
@@ -146,16 +147,34 @@
     }
   }
 
+  // From which txid a state holds every committed txid (outputs.completeness): beside its figures.
+  function complete(st) {
+    return st.complete ? h("div", { class: st.partial ? "complete warn" : "complete" }, st.complete) : null;
+  }
+
+  function renderOutputs(outputs, now) {
+    const tbody = document.getElementById("outputs");
+    if (!tbody || !outputs) return;
+    const rows = outputs.map((o) => h("tr", {},
+      h("td", {}, o.name),
+      h("td", {}, o.kind.replace("_", " ")),
+      h("td", { class: o.partial || o.retired ? "complete warn" : "complete" }, o.complete),
+      h("td", {}, fmtTime(o.declared_at, now))));
+    tbody.replaceChildren(...(rows.length ? rows : [empty(4, "No output is recorded for this pipeline.")]));
+  }
+
   function renderStates(states) {
     const blocks = states.map((st) => {
       if (st.type === "global") {
         return h("div", { class: "state" },
           h("h3", {}, st.name, " ", h("span", { class: "tag" }, `${st.kind} · global`)),
+          complete(st),
           h("div", { class: "v" }, st.value === null ? "—" : st.value));
       }
       if (st.type === "map") {
         return h("div", { class: "state" },
           h("h3", {}, st.name, " ", h("span", { class: "tag" }, `${st.kind} · map by ${st.key_columns.join(", ")}`)),
+          complete(st),
           h("div", { class: "kv" }, h("span", {}, `${st.keys} keys`), h("span", {}, `sum ${st.sum}`)),
           h("table", { class: "grid small" },
             h("thead", {}, h("tr", {}, h("th", {}, `key (top ${st.top.length})`), h("th", { class: "num" }, "value"))),

@@ -324,7 +324,9 @@ def test_killing_spark_connect_interrupts_the_job(txlog, tmp_path, connect_serve
     assert not thread.is_alive()
     assert isinstance(result.get("error"), ProcessingError)
     _wait_for(lambda: not connect_server.running_jobs(), 30, "the server's jobs to stop")
-    assert txlog.transaction("kill_connect", e.txid).status is TxStatus.FAILED
+    # A stopped run reports no failure: whoever stopped it (Airflow, a lost lease) decides
+    assert runner.stopped
+    assert txlog.transaction("kill_connect", e.txid).status is TxStatus.PROCESSING
 
 
 def test_process_batch_refuses_unknown_state(txlog, tmp_path, spark):

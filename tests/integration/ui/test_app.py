@@ -275,6 +275,8 @@ def test_pipeline_json(admin):
         "kind": "opaque",
         "type": "global",
         "value": 13,
+        "complete": "complete from txid 1",
+        "partial": False,
     }
     word_counts = states["ui_word_counts"]
     assert (word_counts["keys"], word_counts["sum"]) == (4, 13)
@@ -865,7 +867,8 @@ class Element extends Node {
   }
 }
 const ids = {};
-const names = ["pipelines", "summary", "chart", "states", "txids", "current", "attempts"];
+const names = ["pipelines", "summary", "chart", "states", "outputs", "txids", "current"];
+names.push("attempts");
 for (const id of [...names, "banner", "stamp"]) ids[id] = new Element("div");
 ids.banner.hidden = true;
 ids["txid-table"] = new Element("table");  // the rewind rights the page was rendered with
@@ -939,6 +942,8 @@ def test_script_renders_the_pipeline_page(admin):
     assert "<svg" in dom["chart"]["html"] and "committed 3" in dom["chart"]["text"]
     assert "processed 4" in dom["chart"]["text"]
     assert "4 keys" in dom["states"]["text"] and "&lt;i&gt;emu&lt;/i&gt;" in dom["states"]["html"]
+    assert dom["states"]["text"].count("complete from txid 1") == 2  # each state says it
+    assert dom["outputs"]["html"].count("<tr>") == 2 and "ui_word_counts" in dom["outputs"]["text"]
     assert "lag1" in dom["summary"]["text"].replace(" ", "")
     assert dom["stamp"]["text"].startswith("updated ") and dom["stamp"]["text"].endswith(" UTC")
     assert dom["stamp"]["text"] != "updated 00:00:00 UTC"
