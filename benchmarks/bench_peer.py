@@ -46,7 +46,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pyarrow as pa
 import pyarrow.parquet as pq
 from sqlalchemy import create_engine, text
@@ -59,6 +58,13 @@ sys.path.insert(0, str(ROOT))
 from chaos.report import reemissions  # noqa: E402
 from spark_jobs.word_count import transform  # noqa: E402
 from txn_testing.airflow import AirflowStack, txn_log_connection_env  # noqa: E402
+from txn_testing.cpu import (  # noqa: E402
+    AIRFLOW,
+    AIRFLOW_GROUPS,
+    SPARK,
+    cpu_by_group,
+    cpu_since,
+)
 from txn_testing.postgres import EmbeddedPostgres  # noqa: E402
 from txn_testing.spark import SparkConnectServer  # noqa: E402
 
@@ -212,72 +218,8 @@ def run_spark_floor(data: Path, batches: int) -> dict[str, Any]:
     return {"seconds": seconds, "cpu": sum(v for g, v in used.items() if g != AIRFLOW)}
 
 
-SCHEDULER = "Airflow scheduler (and its executor)"
-TRIGGERER = "Airflow triggerer"
-API_SERVER = "Airflow api-server"
-DAG_PROCESSOR = "Airflow dag-processor"
-TASKS = "Airflow task processes (supervisor + task)"
-AIRFLOW_GROUPS = (SCHEDULER, TRIGGERER, API_SERVER, DAG_PROCESSOR, TASKS)
-AIRFLOW = "Airflow, all of it"
-SPARK = "Spark (JVM)"
 IDLE_SAMPLE = 10.0
 """Seconds Airflow's CPU use is sampled with no txid to run."""
-# Process titles Airflow sets (setproctitle) or the command lines it starts, by group.
-_TITLES = (
-    (("airflow worker --", "airflow supervisor:", "airflow task supervisor"), TASKS),
-    (("airflow executor", "LocalExecutor", "airflow scheduler", "serve-logs"), SCHEDULER),
-    (("airflow triggerer",), TRIGGERER),
-    (("api_server", "api-server", "uvicorn", "gunicorn"), API_SERVER),
-    (("dag-processor", "dag_processor", "dag processor"), DAG_PROCESSOR),
-)
-
-
-def _airflow_group(cmdline: str) -> str | None:
-    for titles, group in _TITLES:
-        if any(t in cmdline for t in titles):
-            return group
-    return None
-
-
-def cpu_by_group() -> Counter[str]:
-    """CPU seconds used so far by this process and every process under it, by group. A process
-    that exits is counted by the one that reaped it (its ``children_*`` times): Postgres backends
-    by the postmaster, and a task's supervisor and task process, which end with the task, by the
-    executor process that started them, whose reaped children's times count as task processes.
-    A process Airflow did not title takes the group of its nearest titled ancestor."""
-    me = psutil.Process()
-    used: Counter[str] = Counter()
-    groups: dict[int, str] = {}
-    for proc in [me, *me.children(recursive=True)]:  # parents before their children
-        try:
-            times, name = proc.cpu_times(), proc.name()
-            cmdline = " ".join(proc.cmdline())
-            parent = proc.ppid()
-        except psutil.Error:  # gone meanwhile: its parent counts it
-            continue
-        if proc.pid == me.pid:
-            group = "driver (this process)"
-        elif name == "java":
-            group = SPARK
-        elif name.startswith("postgres"):
-            group = "Postgres"
-        else:
-            group = _airflow_group(cmdline) or groups.get(parent, SCHEDULER)
-        groups[proc.pid] = group
-        own = times.user + times.system
-        reaped = times.children_user + times.children_system
-        if group == SCHEDULER and ("executor" in cmdline or "LocalExecutor" in cmdline):
-            used[group] += own
-            used[TASKS] += reaped  # the supervisors and tasks it started, once they ended
-        else:
-            used[group] += own + reaped
-    used[AIRFLOW] = sum(used[g] for g in AIRFLOW_GROUPS)
-    return used
-
-
-def cpu_since(before: Counter[str]) -> dict[str, float]:
-    after = cpu_by_group()
-    return {group: after[group] - before.get(group, 0.0) for group in after}
 
 
 # -- this project without Airflow: the core loop ------------------------------------------------

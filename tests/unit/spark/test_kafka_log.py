@@ -4,8 +4,6 @@ it. A refilled log on a real (mock) cluster is tests/integration/spark/test_kafk
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from airflow_txn_provider.exceptions import SourceLogChangedError
@@ -18,6 +16,7 @@ from airflow_txn_provider.spark.kafka_log import (
     log_changes,
 )
 from airflow_txn_provider.spark.kafka_source import KafkaSource, OpaqueKafkaSource, offset_ranges
+from tests.unit.spark.kafka_given import given_topic
 
 
 def _recorded(topic_id=None, **anchors):
@@ -69,29 +68,10 @@ class TestLogChanges:
         assert LogIdentity.of({"words-0": [5, 10]}) is None  # a txid of an older version
 
 
-def _source(cls, marks, logs, *, topic_id=None, **kw):
+def _source(cls, marks, logs, **kw):
     """``cls`` over a topic whose partitions' watermarks are ``marks`` and whose logs hold
     ``logs`` ({key: {offset: fingerprint}})."""
-
-    @dataclasses.dataclass(frozen=True)
-    class Given(cls):  # type: ignore[misc, valid-type]
-        def watermarks(self):
-            return dict(marks)
-
-        def topic_id(self):
-            return topic_id
-
-        def log_now(self, positions, marks_now, txid):
-            seen = {}
-            for key, (offset, _epoch) in positions.items():
-                low, high = marks_now[key]
-                if offset >= high:
-                    seen[key] = Seen(ends_at=high)
-                elif offset >= low and offset in logs.get(key, {}):
-                    seen[key] = Seen(anchor=Anchor(offset, 0, logs[key][offset], txid))
-            return seen
-
-    return Given("words", **kw)
+    return given_topic(cls, marks, logs, **kw)
 
 
 def _log(prefix, n):

@@ -4,7 +4,6 @@ connection settings, with the watermarks given: no cluster. The integration test
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 
@@ -16,7 +15,6 @@ from airflow_txn_provider.exceptions import (
     OffsetsWentBackError,
     TxnConfigError,
 )
-from airflow_txn_provider.spark.kafka_log import Anchor, Seen
 from airflow_txn_provider.spark.kafka_read import consumer_settings
 from airflow_txn_provider.spark.kafka_source import (
     SKIPPED,
@@ -27,35 +25,14 @@ from airflow_txn_provider.spark.kafka_source import (
 )
 from airflow_txn_provider.spark.sources import source_from_spec
 from airflow_txn_provider.vocabulary import SourceKind
+from tests.unit.spark.kafka_given import given_topic
 
 SECRET = "k4fka-S3cret"
 
 
-def _with_marks(cls, marks, *, logs=None, topic_id=None, **kw):
-    """A source of ``cls`` whose topic's watermarks are ``marks`` ({key: (earliest, latest)}),
-    whose topic id is ``topic_id`` and whose logs hold ``logs`` ({key: {offset: fingerprint}},
-    with leader epoch 0; none by default: nothing to anchor)."""
-
-    @dataclasses.dataclass(frozen=True)
-    class Given(cls):  # type: ignore[misc, valid-type]
-        def watermarks(self):
-            return dict(marks)
-
-        def topic_id(self):
-            return topic_id
-
-        def log_now(self, positions, marks_now, txid):
-            seen = {}
-            for key, (offset, _epoch) in positions.items():
-                held = (logs or {}).get(key, {})
-                low, high = marks_now[key]
-                if offset >= high:
-                    seen[key] = Seen(ends_at=high)
-                elif offset in held and offset >= low:
-                    seen[key] = Seen(anchor=Anchor(offset, 0, held[offset], txid))
-            return seen
-
-    return Given("words", **kw)
+def _with_marks(cls, marks, **kw):
+    """A source of ``cls`` whose topic's watermarks are ``marks`` ({key: (earliest, latest)})."""
+    return given_topic(cls, marks, **kw)
 
 
 @pytest.mark.parametrize("cls", [KafkaSource, OpaqueKafkaSource])
