@@ -31,6 +31,7 @@ import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from typing import Any
 
 from openlineage.client.serde import Serde
 
@@ -38,6 +39,7 @@ from airflow_txn_provider.exceptions import UnknownPipelineError
 from airflow_txn_provider.lineage import BATCH_FACET, RUN_FACET
 from airflow_txn_provider.spark.kafka_source import offset_ranges
 from airflow_txn_provider.state import MapState
+from airflow_txn_provider.timetables import txid_run_id
 from airflow_txn_provider.transaction_log import TransactionLog
 from airflow_txn_provider.vocabulary import TxStatus
 from tests.conftest import wait_until
@@ -68,6 +70,13 @@ def _committed_in_lineage(events: list[dict]) -> set[tuple[int, int]]:
     """``(txid, attempt)`` of each OpenLineage event that names outputs (a commit's)."""
     facets = [e["run"]["facets"][RUN_FACET] for e in events if e["outputs"]]
     return {(f["txid"], f["attempt"]) for f in facets}
+
+
+def _commit_skipped(api: Any, txid: int) -> bool:
+    """Whether the commit task of ``txid``'s run was skipped: the claim's retry found the txid
+    committed by a try whose success report Airflow lost, so no commit task named its outputs."""
+    tis = api.task_instances(NAME, txid_run_id(txid))
+    return any(ti["task_id"] == "commit" and ti["state"] == "skipped" for ti in tis)
 
 
 def _committed_ranges(log: TransactionLog) -> list[dict[str, list[int]]]:
@@ -168,10 +177,14 @@ def test_the_kafka_example_reads_every_record_once_through_a_paused_broker(share
         assert '"to_txid": 1' in events[0]["extra"]
 
         # each commit task ends after its txid committed (a worker task start later): wait for
-        # the lineage of the committed attempts before the DAG goes idle
+        # the lineage of the committed attempts before the DAG goes idle. Known gap: when Airflow
+        # loses the success report of the processing try that committed ("Failed to report
+        # terminal task state"), its retry finds the txid committed and skips, and so does the
+        # run's commit task: that attempt's outputs are in no event (docs/airflow.md, Lineage)
         def lineage_of_every_commit() -> bool:
             final = {(t, log.transaction(NAME, t).attempt) for t in range(1, last + 1)}
-            return final <= _committed_in_lineage(shared_airflow.lineage_events(NAME))
+            missing = final - _committed_in_lineage(shared_airflow.lineage_events(NAME))
+            return all(_commit_skipped(api, t) for t, _ in missing)
 
         wait_until(lineage_of_every_commit, 120, "the commit tasks' lineage", stack)
 
@@ -243,7 +256,8 @@ def test_the_kafka_example_reads_every_record_once_through_a_paused_broker(share
         names = {o["name"].rsplit(".", 1)[-1] for o in event["outputs"]}
         assert names == {state.table}, event["outputs"]
     committed = {(t, log.transaction(NAME, t).attempt) for t in range(1, last + 1)}
-    assert committed <= _committed_in_lineage(events), sorted(committed)
+    missing = committed - _committed_in_lineage(events)
+    assert all(_commit_skipped(api, t) for t, _ in missing), sorted(missing)
     reads = [e for e in events if e["inputs"]]
     assert {e["job"]["name"] for e in reads} == {f"{NAME}.process_kafka_word_count"}
     for event in reads:
