@@ -1,7 +1,9 @@
 """Build a transaction DAG from a :class:`~airflow_txn_provider.pipeline.TxnPipeline`.
 
-One run per txid (:class:`~airflow_txn_provider.timetables.TxidTimetable`), at most
-``max_pending`` runs in flight (``max_active_runs``), in txid order. Per run::
+One run per txid, created by the pipeline's waker (:mod:`airflow_txn_provider.triggers.waker`,
+the ``AssetWatcher`` of the DAG's schedule) once the window has room and the source has data for
+that txid: an idle pipeline holds no run. At most ``max_pending`` runs in flight
+(``max_active_runs``), in txid order (each run's logical date encodes its txid). Per run::
 
     process_<job> >> commit                                  (one job: it claims the txid itself)
     begin >> [process_<job> ...] >> processed >> commit      (several jobs, in parallel)
@@ -18,7 +20,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from airflow.sdk import DAG
+from airflow.sdk import DAG, Asset, AssetWatcher
 
 from airflow_txn_provider.operators.txn import (
     TxnBeginOperator,
@@ -31,7 +33,8 @@ from airflow_txn_provider.operators.txn import (
 from airflow_txn_provider.pipeline import TxnPipeline
 from airflow_txn_provider.run_context import BEGIN_TASK_ID, WATCH_TASK_ID
 from airflow_txn_provider.sensors.txn_failure import TxnFailureSensor
-from airflow_txn_provider.timetables import TXID_EPOCH, TxidTimetable
+from airflow_txn_provider.timetables import TXID_EPOCH
+from airflow_txn_provider.triggers.waker import TxnWakerTrigger
 
 # Begin, gate, commit and the failure sensor are safe to run again (claims and commits are fenced
 # and idempotent), so Airflow may retry them: a lost database connection, and Airflow 3.3's race
@@ -69,11 +72,12 @@ def build_dag(
     }
     dag_kwargs.setdefault("tags", ["transactions"])
     dag_kwargs.setdefault("dagrun_timeout", None)
+    dag_id = dag_id or pipeline.name
     with DAG(
-        dag_id=dag_id or pipeline.name,
-        schedule=TxidTimetable(),
+        dag_id=dag_id,
+        schedule=waker_asset(pipeline, dag_id),
         start_date=TXID_EPOCH,
-        catchup=True,
+        catchup=False,
         max_active_runs=pipeline.max_pending,
         max_consecutive_failed_dag_runs=0,
         default_args=default_args,
@@ -117,3 +121,23 @@ def build_dag(
             task_id=WATCH_TASK_ID, triggerer_start=triggerer_start, **coordination, **common
         )
     return dag
+
+
+def waker_asset(pipeline: TxnPipeline, dag_id: str) -> Asset:
+    """The asset a pipeline's DAG is scheduled on: it only carries the pipeline's waker (Airflow
+    runs an ``AssetWatcher``'s trigger while its DAG is unpaused). The waker never fires an event,
+    so the asset gets none and the DAG no asset-triggered run: its runs are the txids' own."""
+    waker = TxnWakerTrigger(
+        txn_log_conn_id=pipeline.txn_log_conn_id,
+        airflow_api_conn_id=pipeline.airflow_api_conn_id,
+        pipeline=pipeline.name,
+        dag_id=dag_id,
+        source=pipeline.source.to_spec(),
+        poll_interval=pipeline.poll_interval,
+    )
+    return Asset(
+        name=f"txn:{dag_id}:due",
+        uri=f"txn-waker://{dag_id}",
+        group="txn",
+        watchers=[AssetWatcher(name=f"{dag_id}_waker", trigger=waker)],
+    )

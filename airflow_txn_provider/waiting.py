@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from airflow_txn_provider.coordinator import committable, plan_begin, plan_commit
+from airflow_txn_provider.coordinator import committable, next_to_begin, plan_begin, plan_commit
 from airflow_txn_provider.exceptions import (
     MalformedEventError,
     NotBegunError,
@@ -132,6 +132,21 @@ def may_begin_now(view: PipelineView, txid: int) -> bool:
     """Whether beginning ``txid`` would do something other than wait (for ``txid - 1`` to be
     (re-)initialised, or for the window to move)."""
     return plan_begin(view, txid).action not in (BeginAction.WAIT_PREVIOUS, BeginAction.WAIT_WINDOW)
+
+
+def new_txid_due(view: PipelineView | None) -> int | None:
+    """The new txid whose DAG run the waker creates once its source has data for it, or
+    ``None`` (``view`` ``None``: the pipeline is not in the log yet, so txid 1).
+
+    Only the txid the coordinator would begin next (:func:`~airflow_txn_provider.coordinator.
+    next_to_begin`), and only when that is a new one: a failed txid already has its run (its
+    failure sensor restarts it), and a txid beyond the window would only wait in its run. So an
+    idle pipeline holds no run at all, and a run exists only for work that can start now.
+    """
+    if view is None:
+        return 1
+    txid = next_to_begin(view)
+    return txid if txid == view.next_new_txid else None
 
 
 def blocked_by(view: PipelineView, txid: int) -> TxRecord | None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import quote
 
@@ -128,6 +128,26 @@ class AirflowApiHook(BaseHook):
             {f"{ti['dag_run_id']}: {ti['task_id']}" for ti in found.get("task_instances", [])}
         )
 
+    def create_txid_run(self, dag_id: str, txid: int, *, note: str | None = None) -> bool:
+        """Create the DAG run of ``txid`` (run id ``txid-00000N``, its logical date on the txid
+        grid, ``run_after`` now, so the grid says when it became due). Returns False if that run
+        exists already (409): creating it twice is harmless, so the request may be sent again."""
+        from airflow_txn_provider.timetables import txid_logical_date, txid_run_id
+
+        path = f"/api/v2/dags/{quote(dag_id)}/dagRuns"
+        body: dict[str, Any] = {
+            "dag_run_id": txid_run_id(txid),
+            "logical_date": txid_logical_date(txid).isoformat(),
+            "run_after": datetime.now(timezone.utc).isoformat(),
+        }
+        if note:
+            body["note"] = note[:1000]
+        response = self._authorized("POST", path, repeatable=True, json=body)
+        if response.status_code == 409:
+            return False
+        _raise_for_status("POST", path, response)
+        return True
+
     def task_ids(self, dag_id: str) -> list[str]:
         """Every task of ``dag_id``, as the api-server's parsed DAG has them."""
         found = self.request("GET", f"/api/v2/dags/{quote(dag_id)}/tasks")
@@ -150,7 +170,7 @@ class AirflowApiHook(BaseHook):
         )
 
     def finished_runs_through(self, dag_id: str, through: datetime, *, limit: int) -> list[str]:
-        """Ids of the oldest finished (success or failed) scheduled runs of ``dag_id`` whose
+        """Ids of the oldest finished (success or failed) txid runs of ``dag_id`` whose
         logical date is at most ``through``, oldest first, at most ``limit``."""
         found = self.request(
             "GET",
@@ -158,7 +178,8 @@ class AirflowApiHook(BaseHook):
             params={
                 "logical_date_lte": through.isoformat(),
                 "state": ["success", "failed"],
-                "run_type": ["scheduled"],
+                # txid runs: the waker's (manual, since 0.4), the timetable's before
+                "run_type": ["manual", "scheduled"],
                 "order_by": "logical_date",
                 "limit": limit,
             },

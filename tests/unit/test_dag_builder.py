@@ -1,4 +1,4 @@
-"""The DAG builder's output: tasks, dependencies, window, and txid run ids from the timetable."""
+"""The DAG builder's output: tasks, dependencies, window, its waker, and txid run ids."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def test_one_job_dag_shape():
     assert _upstream(dag, "commit") == {"process_word_count"}
     # A processing task that recorded its output may fail to report it: the log decides.
     assert dag.get_task("commit").trigger_rule == "none_skipped"
-    assert dag.max_active_runs == 3 and dag.catchup
+    assert dag.max_active_runs == 3 and not dag.catchup  # the waker creates the runs
     process = dag.get_task("process_word_count")
     assert process.finish is True and process.claims is True
     assert {dag.get_task(t).claim_task_id for t in dag.task_ids} == {"process_word_count"}
@@ -134,8 +134,7 @@ def test_a_runs_logical_date_is_its_txid_and_its_run_after_the_time_it_is_due():
 
 def test_txid_a_billion_is_schedulable_at_once():
     """No calendar cap: the run after txid 10^9 - 1 is txid 10^9, due now (long past)."""
-    timetable = build_dag(_pipeline()).timetable
-    assert isinstance(timetable, TxidTimetable)
+    timetable = TxidTimetable()  # a DAG built before 0.4 (runs created by the scheduler)
     restriction = TimeRestriction(earliest=TXID_EPOCH, latest=None, catchup=True)
     before = timetable.next_dagrun_info(last_automated_data_interval=None, restriction=restriction)
     last = type(before.data_interval)(
@@ -192,3 +191,33 @@ def test_the_commit_and_the_watch_start_in_the_triggerer_unless_told_not_to(trig
         kwargs = BaseSerialization.deserialize(commit.start_trigger_args.trigger_kwargs)
         assert (kwargs["wait_for"], kwargs["end_task_on_commit"]) == ("committed", True)
         assert commit.start_trigger_args.next_method == "execute_complete"
+
+
+def test_the_schedule_is_an_asset_whose_only_watcher_is_the_pipelines_waker():
+    """Airflow runs the waker while the DAG is unpaused; it creates the txids' runs itself."""
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    from airflow_txn_provider.triggers.waker import TxnWakerTrigger
+
+    pipeline = _pipeline(poll_interval=0.5, airflow_api_conn_id="api")
+    built = build_dag(pipeline, dag_id="words_dag")
+    asset = built.timetable.asset_condition
+    [watcher] = asset.watchers
+    waker = watcher.trigger
+    assert isinstance(waker, TxnWakerTrigger)
+    path, kwargs = waker.serialize()
+    assert path == "airflow_txn_provider.triggers.waker.TxnWakerTrigger"
+    assert kwargs == {
+        "txn_log_conn_id": pipeline.txn_log_conn_id,
+        "airflow_api_conn_id": "api",
+        "pipeline": "words",
+        "dag_id": "words_dag",
+        "source": pipeline.source.to_spec(),
+        "poll_interval": 0.5,
+    }
+    assert TxnWakerTrigger(**kwargs).serialize() == (path, kwargs)  # as the triggerer rebuilds it
+    # the scheduler's view: asset-triggered (never a run of its own: the asset gets no event),
+    # the grid ordered by logical date, which encodes the txid
+    dag = DagSerialization.from_dict(DagSerialization.to_dict(built))
+    assert type(dag.timetable).__name__ == "AssetTriggeredTimetable"
+    assert dag.timetable.run_ordering == ("logical_date",)

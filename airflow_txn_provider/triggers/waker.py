@@ -1,0 +1,217 @@
+"""The waker: a pipeline's one always-on watch, which creates a txid's DAG run once there is work
+for it, so that an idle pipeline holds no DAG run at all.
+
+Airflow runs it as the ``AssetWatcher`` of the pipeline DAG's schedule (event-driven scheduling:
+the triggerer runs it while the DAG is unpaused, and only then). It never fires an event: an
+asset-triggered run has no logical date, and a txid's run needs one (it orders the grid by txid
+and makes "Clear → Future" mean "replay this txid and every later one"). So it creates the run
+itself, through the REST API, as ``txid-00000N`` with the txid's logical date: idempotent (a run
+that exists answers 409), as a trigger's work must be (triggers may run twice).
+
+Every ``poll_interval`` it asks the coordinator's rule which new txid is due
+(:func:`~airflow_txn_provider.waiting.new_txid_due`: the next txid, if the window has room) and,
+if there is one, whether the source has data for it: the same question a begin asks, asked
+without recording anything. The log is read on every poll while txids are in flight, and every
+``QUIET_LOG_EVERY`` seconds when none is (nothing but a person's rewind or rerun changes it then,
+and those restart their runs themselves); the source, which is where new data appears, on every
+poll. So a pipeline costs one look at its source per interval when idle, plus one at its log
+while busy, however many txids it has in flight: no parked runs, no per-txid polling.
+
+Once a run exists, its txid's tasks do the rest (claim, process, commit, the failure watch), as
+before. Replays never need the waker: a failed txid's run exists, and its failure sensor restarts
+it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from airflow.triggers.base import BaseEventTrigger, TriggerEvent
+
+from airflow_txn_provider.exceptions import UnknownPipelineError
+from airflow_txn_provider.records import PipelineView
+from airflow_txn_provider.retries import Backoff
+from airflow_txn_provider.waiting import new_txid_due
+
+QUIET_LOG_EVERY = 10.0
+"""Seconds between looks at the log while nothing is in flight (the source is looked at every
+``poll_interval``; a look that finds data reads the log again before creating a run)."""
+RECREATE_AFTER = 60.0
+"""Seconds before the waker asks again for a run it created whose txid has not begun since
+(a run that already exists answers 409: harmless)."""
+REPORT_EVERY = 60.0
+"""Seconds between two log lines about the same kind of trouble (the log, the source, the API)."""
+
+
+def source_has_data(source: Any, txid: int, prev_metadata: Any) -> bool:
+    """Whether ``source`` has a batch for ``txid`` after ``prev_metadata``, as a begin would
+    decide it, without recording anything. Blocking: the waker calls it in a thread."""
+    source.prefetch()
+    return source.initialize_transaction(txid, prev_metadata) is not None
+
+
+class TxnWakerTrigger(BaseEventTrigger):
+    """Create the DAG run of a pipeline's next txid once the window has room and its source has
+    data for it (see the module's doc). Never fires.
+
+    :param txn_log_conn_id: the ``txn_log`` connection.
+    :param airflow_api_conn_id: the connection to Airflow's REST API (creates the runs).
+    :param pipeline: the pipeline's name in the log.
+    :param dag_id: the DAG whose runs it creates.
+    :param source: the pipeline's source, as :meth:`~airflow_txn_provider.spark.sources.
+        SparkSource.to_spec` gives it.
+    :param poll_interval: seconds between looks (the pipeline's ``poll_interval``).
+    """
+
+    def __init__(
+        self,
+        *,
+        txn_log_conn_id: str,
+        airflow_api_conn_id: str,
+        pipeline: str,
+        dag_id: str,
+        source: dict[str, Any],
+        poll_interval: float = 1.0,
+    ) -> None:
+        super().__init__()
+        if not float(poll_interval) > 0:
+            raise ValueError(f"poll_interval must be > 0 seconds, got {poll_interval!r}")
+        self.txn_log_conn_id = txn_log_conn_id
+        self.airflow_api_conn_id = airflow_api_conn_id
+        self.pipeline = pipeline
+        self.dag_id = dag_id
+        self.source = dict(source)
+        self.poll_interval = float(poll_interval)
+        self._reported: dict[str, float] = {}
+
+    def serialize(self) -> tuple[str, dict[str, Any]]:
+        return (
+            f"{type(self).__module__}.{type(self).__qualname__}",
+            {
+                "txn_log_conn_id": self.txn_log_conn_id,
+                "airflow_api_conn_id": self.airflow_api_conn_id,
+                "pipeline": self.pipeline,
+                "dag_id": self.dag_id,
+                "source": self.source,
+                "poll_interval": self.poll_interval,
+            },
+        )
+
+    def _report(self, kind: str, message: str, *args: Any) -> None:
+        """A warning, at most once per ``REPORT_EVERY`` seconds for each ``kind``."""
+        now = time.monotonic()
+        if now - self._reported.get(kind, -REPORT_EVERY) >= REPORT_EVERY:
+            self._reported[kind] = now
+            self.log.warning("pipeline=%s: " + message, self.pipeline, *args)
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        await self.wake_forever()
+        return
+        yield  # an async generator, as Airflow asks of a trigger; it never fires (see the doc)
+
+    async def wake_forever(self) -> None:
+        """The waker's loop on the real log, source and REST API (:meth:`wake`)."""
+        from airflow_txn_provider.hooks.airflow_api import AirflowApiHook
+        from airflow_txn_provider.hooks.txn_log import TxnLogHook
+        from airflow_txn_provider.log_rows import load_view
+        from airflow_txn_provider.spark.sources import source_from_spec
+        from airflow_txn_provider.triggers.txn_log import shared_engine
+
+        url = await TxnLogHook(txn_log_conn_id=self.txn_log_conn_id).async_sqlalchemy_url()
+        engine = shared_engine(url)
+        api = AirflowApiHook(self.airflow_api_conn_id, outage_timeout=30.0)
+        source = await asyncio.to_thread(source_from_spec, self.source)
+        pipeline = self.pipeline
+
+        async def read_view() -> PipelineView | None:
+            try:
+                async with engine.connect() as conn:
+                    return await conn.run_sync(lambda c: load_view(c, pipeline))
+            except UnknownPipelineError:
+                return None  # not declared yet: its first claim declares it (txid 1 is due)
+
+        async def has_data(txid: int, prev: Any) -> bool:
+            return await asyncio.to_thread(source_has_data, source, txid, prev)
+
+        async def create_run(txid: int) -> bool:
+            return await asyncio.to_thread(api.create_txid_run, self.dag_id, txid)
+
+        self.log.info("pipeline=%s: waker of DAG %s started", pipeline, self.dag_id)
+        await self.wake(read_view, has_data, create_run, asyncio.sleep)
+
+    async def wake(
+        self,
+        read_view: Callable[[], Awaitable[PipelineView | None]],
+        has_data: Callable[[int, Any], Awaitable[bool]],
+        create_run: Callable[[int], Awaitable[bool]],
+        sleep: Callable[[float], Awaitable[Any]],
+    ) -> None:
+        """Poll until cancelled: ``read_view`` (``None``: the pipeline is not in the log yet),
+        ``has_data(txid, prev_metadata)``, ``create_run(txid)`` (False: it existed) and
+        ``sleep`` are the log, the source, the REST API and the clock."""
+        pipeline = self.pipeline
+        view: PipelineView | None = None
+        read_at = -float("inf")
+        created: dict[int, float] = {}
+        failures = 0
+        trouble = Backoff(first=self.poll_interval, cap=30.0, deadline=float("inf"), floor=0.5)
+        while True:
+            now = time.monotonic()
+            try:
+                busy = view is not None and bool(view.in_flight)
+                if busy or now - read_at >= QUIET_LOG_EVERY:
+                    view, read_at = await read_view(), now
+                due = new_txid_due(view)
+                if due is not None and now - created.get(due, -RECREATE_AFTER) >= RECREATE_AFTER:
+                    prev = None if view is None else view.metadata_before(due)
+                    if await self._has_data(has_data, due, prev):
+                        # Data appeared: ask the log again (the view may be QUIET_LOG_EVERY old)
+                        view, read_at = await read_view(), time.monotonic()
+                        if new_txid_due(view) == due:
+                            made = await create_run(due)
+                            created = {t: at for t, at in created.items() if t >= due}
+                            created[due] = time.monotonic()
+                            self.log.info(
+                                "pipeline=%s txid=%s: %s",
+                                pipeline,
+                                due,
+                                "new data: its DAG run is created" if made else "its run exists",
+                            )
+                failures = 0
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # a watcher that raised would not be run again: never raise
+                failures += 1
+                pause = trouble.wait(failures)
+                self._report(
+                    type(err).__name__,
+                    "the waker could not look or create a run (%s: %s); trying again in %.1f s",
+                    type(err).__name__,
+                    (str(err).strip().splitlines() or [""])[0][:300],
+                    pause,
+                )
+                await sleep(pause)
+                continue
+            await sleep(self.poll_interval)
+
+    async def _has_data(
+        self, has_data: Callable[[int, Any], Awaitable[bool]], txid: int, prev: Any
+    ) -> bool:
+        """Whether the source has data for ``txid``; a source that cannot say (it raises: a lost
+        Kafka log, a missing folder) counts as having it: the run's claim then asks again and
+        reports the typed error where people look, on the run, instead of the waker hiding it."""
+        try:
+            return await has_data(txid, prev)
+        except Exception as err:
+            self._report(
+                "source",
+                "txid=%s: the source could not say whether it has data (%s: %s): creating the "
+                "run, whose claim reports it",
+                txid,
+                type(err).__name__,
+                str(err)[:300],
+            )
+            return True

@@ -1,0 +1,190 @@
+"""The waker: which new txid's run is due (a pure rule) and its loop, on a fake log, source and
+REST API (the real ones are the integration tier's: every test on a real Airflow runs it)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import hypothesis
+import hypothesis.strategies as st
+import pytest
+
+from airflow_txn_provider.coordinator import plan_begin
+from airflow_txn_provider.triggers import waker as waker_module
+from airflow_txn_provider.triggers.waker import TxnWakerTrigger, source_has_data
+from airflow_txn_provider.vocabulary import BeginAction
+from airflow_txn_provider.waiting import new_txid_due
+from tests.unit.builders import DONE, FAIL, PROC, view
+
+
+@pytest.mark.parametrize(
+    ("records", "last", "max_pending", "due"),
+    [
+        ((), 0, 4, 1),  # a new pipeline with no txid yet
+        ((), 7, 4, 8),  # idle after txid 7
+        (((8, 1, PROC),), 7, 4, 9),  # the window has room
+        (((8, 1, PROC), (9, 1, DONE)), 7, 2, None),  # the window is full
+        (((8, 2, FAIL), (9, 1, FAIL)), 7, 4, None),  # failed txids replay in their own runs
+        (((8, 1, DONE), (9, 1, PROC), (10, 1, PROC)), 7, 4, 11),
+    ],
+)
+def test_the_next_new_txid_is_due_while_the_window_has_room(records, last, max_pending, due):
+    assert new_txid_due(view(*records, last=last, max_pending=max_pending)) == due
+
+
+def test_a_pipeline_not_in_the_log_yet_is_due_its_first_txid():
+    assert new_txid_due(None) == 1
+
+
+STATUSES = st.sampled_from([PROC, DONE, FAIL])
+
+
+@hypothesis.given(
+    last=st.integers(0, 50),
+    statuses=st.lists(STATUSES, max_size=8),
+    max_pending=st.integers(1, 8),
+)
+def test_a_due_txid_is_one_the_coordinator_would_begin_new_now(last, statuses, max_pending):
+    records = [(last + 1 + i, 1, s) for i, s in enumerate(statuses)]
+    v = view(*records, last=last, max_pending=max_pending)
+    due = new_txid_due(v)
+    if due is None:  # nothing new may begin: the window is full, or a failed txid comes first
+        assert v.next_new_txid not in v.window or any(s is FAIL for s in statuses)
+    else:
+        assert due == v.next_new_txid and plan_begin(v, due).action is BeginAction.NEW
+
+
+class _Stop(Exception):
+    """Ends the loop after the polls a test wants."""
+
+
+class Fake:
+    """The waker's world: a log whose view the test sets, a source that has data from a given
+    poll on, and an API that records the runs created (False for one that existed)."""
+
+    def __init__(self, polls: int, *, view=None, data_from: int = 0, source_error=None):
+        self.polls, self.view, self.data_from = polls, view, data_from
+        self.source_error = source_error
+        self.poll = 0
+        self.asked: list[tuple[int, object]] = []
+        self.created: list[int] = []
+        self.view_reads = 0
+
+    async def read_view(self):
+        self.view_reads += 1
+        return self.view
+
+    async def has_data(self, txid, prev):
+        self.asked.append((txid, prev))
+        if self.source_error is not None:
+            raise self.source_error
+        return self.poll >= self.data_from
+
+    async def create_run(self, txid):
+        existed = txid in self.created
+        self.created.append(txid)
+        return not existed
+
+    async def sleep(self, seconds):
+        self.poll += 1
+        if self.poll >= self.polls:
+            raise _Stop
+
+
+def _waker(**kw):
+    return TxnWakerTrigger(
+        txn_log_conn_id="log",
+        airflow_api_conn_id="api",
+        pipeline="p",
+        dag_id="p_dag",
+        source={"class": "x:Y", "args": {}},
+        **kw,
+    )
+
+
+def _run(fake: Fake, waker: TxnWakerTrigger | None = None) -> Fake:
+    with pytest.raises(_Stop):
+        asyncio.run((waker or _waker()).wake(fake.read_view, fake.has_data, fake.create_run, fake.sleep))
+    return fake
+
+
+def test_an_idle_source_creates_no_run_and_the_log_is_read_rarely():
+    fake = _run(Fake(polls=20, view=view(last=3), data_from=10**9))
+    assert fake.created == []
+    # the source is asked on every poll, from where txid 3 ended
+    assert fake.asked == [(4, {"end": 30})] * 20
+    assert fake.view_reads == 1  # idle: the log again only every QUIET_LOG_EVERY seconds
+
+
+def test_new_data_creates_the_due_txids_run_once():
+    fake = _run(Fake(polls=10, view=view(last=3), data_from=4))
+    assert fake.created == [4]  # once: the run is not asked for again while it starts
+    assert len(fake.asked) == 5  # until data came, then not again for that txid
+
+
+def test_a_run_that_did_not_begin_its_txid_is_asked_for_again_after_a_while(monkeypatch):
+    monkeypatch.setattr(waker_module, "RECREATE_AFTER", 0.0)
+    fake = _run(Fake(polls=3, view=view(last=3)))
+    assert fake.created == [4, 4, 4]  # the API answers "exists" (409) to the second and third
+
+
+def test_a_new_pipeline_gets_its_first_txids_run():
+    fake = _run(Fake(polls=2, view=None))
+    assert fake.created == [1] and fake.asked == [(1, None)]
+
+
+def test_a_busy_pipeline_reads_its_log_every_poll_and_fills_the_window():
+    fake = Fake(polls=4, view=view((4, 1, PROC), last=3, max_pending=2))
+    _run(fake)
+    assert fake.created == [5] and fake.asked[0] == (5, {"end": 40})
+    assert fake.view_reads >= 4
+    full = _run(Fake(polls=4, view=view((4, 1, PROC), (5, 1, PROC), last=3, max_pending=2)))
+    assert full.created == [] and full.asked == []  # a full window asks nothing of the source
+
+
+def _logged(caplog, capsys) -> str:
+    """What the trigger logged (Airflow's structlog writes to stdout, or to logging)."""
+    return caplog.text + capsys.readouterr().out
+
+
+def test_a_source_that_cannot_answer_gets_its_run_created_so_the_claim_reports_it(
+    caplog, capsys
+):
+    fake = _run(Fake(polls=2, view=view(last=3), source_error=FileNotFoundError("/data/gone")))
+    assert fake.created == [4]
+    logged = _logged(caplog, capsys)
+    assert "/data/gone" in logged and "pipeline=p" in logged
+
+
+def test_trouble_with_the_log_is_reported_and_waited_out_never_raised(caplog, capsys):
+    class Broken(Fake):
+        async def read_view(self):
+            self.view_reads += 1
+            if self.view_reads <= 2:
+                raise ConnectionError("log down")
+            return self.view
+
+    fake = _run(Broken(polls=5, view=view(last=3)))
+    assert fake.created == [4]
+    # reported once, not on every failed poll
+    assert _logged(caplog, capsys).count("log down") == 1
+
+
+def test_the_waker_refuses_a_non_positive_poll_interval():
+    with pytest.raises(ValueError, match="poll_interval"):
+        _waker(poll_interval=0)
+
+
+def test_source_has_data_asks_as_a_begin_would():
+    class Source:
+        prefetched = False
+
+        def prefetch(self):
+            self.prefetched = True
+
+        def initialize_transaction(self, txid, prev):
+            return None if prev == {"end": 10} else {"end": 10}
+
+    src = Source()
+    assert source_has_data(src, 2, None) and src.prefetched
+    assert not source_has_data(src, 3, {"end": 10})
