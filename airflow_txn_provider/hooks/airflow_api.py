@@ -13,7 +13,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import quote
 
@@ -138,7 +138,7 @@ class AirflowApiHook(BaseHook):
         body: dict[str, Any] = {
             "dag_run_id": txid_run_id(txid),
             "logical_date": txid_logical_date(txid).isoformat(),
-            "run_after": datetime.now(timezone.utc).isoformat(),
+            "run_after": datetime.now(UTC).isoformat(),
         }
         if note:
             body["note"] = note[:1000]

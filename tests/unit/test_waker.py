@@ -104,7 +104,8 @@ def _waker(**kw):
 
 def _run(fake: Fake, waker: TxnWakerTrigger | None = None) -> Fake:
     with pytest.raises(_Stop):
-        asyncio.run((waker or _waker()).wake(fake.read_view, fake.has_data, fake.create_run, fake.sleep))
+        waking = (waker or _waker()).wake(fake.read_view, fake.has_data, fake.create_run, fake.sleep)
+        asyncio.run(waking)
     return fake
 
 
