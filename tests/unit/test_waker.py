@@ -104,8 +104,8 @@ def _waker(**kw):
 
 def _run(fake: Fake, waker: TxnWakerTrigger | None = None) -> Fake:
     with pytest.raises(_Stop):
-        waking = (waker or _waker()).wake(fake.read_view, fake.has_data, fake.create_run, fake.sleep)
-        asyncio.run(waking)
+        waker = waker or _waker()
+        asyncio.run(waker.wake(fake.read_view, fake.has_data, fake.create_run, fake.sleep))
     return fake
 
 
@@ -148,9 +148,7 @@ def _logged(caplog, capsys) -> str:
     return caplog.text + capsys.readouterr().out
 
 
-def test_a_source_that_cannot_answer_gets_its_run_created_so_the_claim_reports_it(
-    caplog, capsys
-):
+def test_a_source_that_cannot_answer_gets_its_run_created_so_the_claim_reports_it(caplog, capsys):
     fake = _run(Fake(polls=2, view=view(last=3), source_error=FileNotFoundError("/data/gone")))
     assert fake.created == [4]
     logged = _logged(caplog, capsys)
