@@ -180,6 +180,7 @@ class AirflowApiHook(BaseHook):
                 "state": ["success", "failed"],
                 # txid runs: the waker's (manual, since 0.4), the timetable's before
                 "run_type": ["manual", "scheduled"],
+                "run_id_prefix_pattern": "txid-",
                 "order_by": "logical_date",
                 "limit": limit,
             },

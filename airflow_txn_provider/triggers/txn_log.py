@@ -13,6 +13,9 @@ It also rides out a restarting database (polls that fail to connect are retried 
 Every trigger of one triggerer polls through one shared pool per log (:func:`shared_engine`,
 ``[txn_provider] trigger_pool_size`` connections): a poll holds a connection for milliseconds, so
 a triggerer's connections to a log stay bounded whatever max_pending and however many pipelines.
+And the triggers of one pipeline share its view (:func:`shared_view`): one look at the log per
+pipeline per ``poll_interval``, however many of its tasks wait (a commit wait and a failure watch
+per txid in flight, a claim waiting for its turn, the pipeline's waker).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import functools
 import time
 import weakref
 from collections.abc import AsyncIterator
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
@@ -110,6 +113,36 @@ def shared_engine(url: Any) -> AsyncEngine:
             pool_pre_ping=True,
         )
     return engine
+
+
+@dataclass
+class _SharedView:
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    view: PipelineView | None = None
+    read_at: float = -float("inf")
+
+
+_VIEWS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[int, str], _SharedView]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def shared_view(engine: AsyncEngine, pipeline: str, *, max_age: float) -> PipelineView:
+    """``pipeline``'s view, read through ``engine`` unless a trigger of this event loop read one
+    less than ``max_age`` seconds ago: the triggers of a pipeline then share one look at the log
+    per interval. Triggers only read, and each decides from the view alone, so a view a few
+    hundred milliseconds old only delays a wake-up by as much. A failed read is not kept: each
+    waiting trigger retries it with its own backoff."""
+    from airflow_txn_provider.log_rows import load_view
+
+    views = _VIEWS.setdefault(asyncio.get_running_loop(), {})
+    shared = views.setdefault((id(engine), pipeline), _SharedView())
+    async with shared.lock:  # one read at a time; the others then find it fresh
+        if shared.view is None or time.monotonic() - shared.read_at >= max_age:
+            async with engine.connect() as conn:
+                shared.view = await conn.run_sync(lambda c: load_view(c, pipeline))
+            shared.read_at = time.monotonic()
+        return shared.view
 
 
 class WaitFor(enum.StrEnum):
@@ -253,7 +286,6 @@ class TxnLogTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from airflow_txn_provider.hooks.txn_log import TxnLogHook
-        from airflow_txn_provider.log_rows import load_view
 
         txid = self.txid or txid_from_run_id(getattr(self.task_instance, "run_id", "") or "")
         if txid is None:  # started from the triggerer in a manual run: its task knows the txid
@@ -272,12 +304,12 @@ class TxnLogTrigger(BaseTrigger):
         stall_after = self.stall_alert_after or 0.0
         while True:
             try:
-                async with engine.connect() as conn:
-                    view = await conn.run_sync(lambda c: load_view(c, pipeline))
-                    due: list[Any] = []
-                    if self._may_alert(view, txid, alerts_checked):
-                        alerts_checked = time.monotonic()
-                        look = functools.partial(due_alerts, view=view, stall_after=stall_after)
+                view = await shared_view(engine, pipeline, max_age=self.poll_interval)
+                due: list[Any] = []
+                if self._may_alert(view, txid, alerts_checked):
+                    alerts_checked = time.monotonic()
+                    look = functools.partial(due_alerts, view=view, stall_after=stall_after)
+                    async with engine.connect() as conn:
                         due = await conn.run_sync(look)
             except UnknownPipelineError:
                 # A trigger that starts its task may poll before the pipeline's first claim

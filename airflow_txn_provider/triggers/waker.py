@@ -116,9 +116,8 @@ class TxnWakerTrigger(BaseEventTrigger):
         """The waker's loop on the real log, source and REST API (:meth:`wake`)."""
         from airflow_txn_provider.hooks.airflow_api import AirflowApiHook
         from airflow_txn_provider.hooks.txn_log import TxnLogHook
-        from airflow_txn_provider.log_rows import load_view
         from airflow_txn_provider.spark.sources import source_from_spec
-        from airflow_txn_provider.triggers.txn_log import shared_engine
+        from airflow_txn_provider.triggers.txn_log import shared_engine, shared_view
 
         url = await TxnLogHook(txn_log_conn_id=self.txn_log_conn_id).async_sqlalchemy_url()
         engine = shared_engine(url)
@@ -128,8 +127,7 @@ class TxnWakerTrigger(BaseEventTrigger):
 
         async def read_view() -> PipelineView | None:
             try:
-                async with engine.connect() as conn:
-                    return await conn.run_sync(lambda c: load_view(c, pipeline))
+                return await shared_view(engine, pipeline, max_age=self.poll_interval)
             except UnknownPipelineError:
                 return None  # not declared yet: its first claim declares it (txid 1 is due)
 

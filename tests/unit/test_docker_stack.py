@@ -930,6 +930,8 @@ def _api_hook_calls(services, monkeypatch) -> list[tuple[str, str]]:
         "unfinished_runs_from": lambda: hook.unfinished_runs_from("d", day),
         "set_run_state": lambda: hook.set_run_state("d", "r", "failed"),
         "set_paused": lambda: hook.set_paused("d", True),
+        # the waker's (and a claim's) creation of a txid's run
+        "create_txid_run": lambda: hook.create_txid_run("d", 1),
     }
     for call in exercised.values():
         call()

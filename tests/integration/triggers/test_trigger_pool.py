@@ -82,3 +82,60 @@ def test_many_triggers_share_a_bounded_pool(txlog, db_url, monkeypatch):
     assert [e.payload["txid"] for e in events] == list(range(2, TRIGGERS + 1))
     assert {e.payload["state"] for e in events} <= {"open", "committed"}
     watcher.dispose()
+
+
+def test_the_triggers_of_a_pipeline_share_one_look_at_the_log_per_interval(
+    txlog, db_url, monkeypatch
+):
+    """Twelve waits of one pipeline (a failure watch per txid in flight) read its view about once
+    per poll_interval between them, not twelve times: what an idle or busy pipeline costs the
+    log does not grow with the tasks that wait on it."""
+    from airflow_txn_provider import log_rows
+
+    set_txn_log_connection(monkeypatch, "txn_share", db_url)
+    txlog.register_pipeline("share", source_kind="transactional", max_pending=TRIGGERS)
+    for _ in range(TRIGGERS):
+        assert txlog.begin_next("share", Numbers()).emitted
+    reads = []
+    real = log_rows.load_view
+
+    def counted(conn, pipeline, **kw):
+        reads.append(pipeline)
+        return real(conn, pipeline, **kw)
+
+    monkeypatch.setattr(log_rows, "load_view", counted)
+    interval, seconds = 0.2, 3.0
+    triggers = [
+        TxnLogTrigger(
+            txn_log_conn_id="txn_share",
+            pipeline="share",
+            txid=txid,
+            attempt=0,
+            wait_for=WaitFor.OUTCOME,
+            poll_interval=interval,
+        )
+        for txid in range(1, TRIGGERS + 1)
+    ]
+
+    async def scenario():
+        async def first(trigger):
+            events = trigger.run()
+            try:
+                return await events.__anext__()
+            finally:
+                await events.aclose()
+
+        waits = [asyncio.ensure_future(first(t)) for t in triggers]
+        await asyncio.sleep(seconds)
+        assert not any(w.done() for w in waits), "a watch woke with nothing to report"
+        await asyncio.to_thread(txlog.fail, "share", 1, 1, error="boom")  # fails all twelve
+        events = await asyncio.wait_for(asyncio.gather(*waits), 30)
+        return events
+
+    events = asyncio.run(scenario())
+    per_interval = len(reads) / ((seconds + 1) / interval)
+    print(f"{len(triggers)} watches read the view {len(reads)} times: {per_interval:.2f} a poll")
+    # one look per interval (a little more: the loops are not aligned), never one per trigger
+    assert len(reads) <= 2 * (seconds + 2) / interval < TRIGGERS * seconds / interval / 2
+    assert sorted(e.payload["txid"] for e in events) == list(range(1, TRIGGERS + 1))
+    assert {e.payload["state"] for e in events} == {"failed"}

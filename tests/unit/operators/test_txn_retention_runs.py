@@ -52,7 +52,10 @@ class Api(BaseHTTPRequestHandler):
         found = sorted(
             (date, run_id)
             for run_id, (state, run_type, date) in self.server.runs.items()
-            if state in q["state"] and run_type in q["run_type"] and date <= lte
+            if state in q["state"]
+            and run_type in q["run_type"]
+            and date <= lte
+            and run_id.startswith(q["run_id_prefix_pattern"][0])
         )
         assert q["order_by"] == ["logical_date"]
         limit = int(q["limit"][0])
@@ -93,7 +96,12 @@ def airflow():
 
 def txid_runs(n: int, state: str = "success") -> dict[str, tuple[str, str, str]]:
     return {
-        txid_run_id(t): (state, "scheduled", txid_logical_date(t).isoformat())
+        # the waker's runs (manual); runs the timetable scheduled before 0.4 are pruned alike
+        txid_run_id(t): (
+            state,
+            "manual" if t % 3 else "scheduled",
+            txid_logical_date(t).isoformat(),
+        )
         for t in range(1, n + 1)
     }
 
