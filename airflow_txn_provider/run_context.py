@@ -89,3 +89,20 @@ def last_error(log: TransactionLog, pipeline: str, txid: int) -> str:
     """The last error recorded for ``txid``, or ``(none recorded)``: what a task reports."""
     info = log.transaction(pipeline, txid)
     return (info.last_error if info else None) or "(none recorded)"
+
+
+def why_waiting(log: TransactionLog, pipeline: TxnPipeline, txid: int) -> str:
+    """Which txid this one waits for, and why: what the UI and a person reading the log need."""
+    from airflow_txn_provider.waiting import blocked_by
+
+    view = log.view(pipeline.name)
+    blocker = blocked_by(view, txid)
+    if blocker is not None:
+        error = last_error(log, pipeline.name, blocker.txid)
+        return f"blocked by txid {blocker.txid} (failed, attempt {blocker.attempt}: {error})"
+    if txid > view.next_new_txid:
+        return f"txid {txid - 1} has not begun yet"
+    return (
+        f"window full: txids {view.window.start}..{view.window.stop - 1} in flight "
+        f"(max_pending={pipeline.max_pending})"
+    )

@@ -5,7 +5,9 @@ Run with ``make bench-pipelines`` (N = 20, then N = 100 with ``max_pending`` 2).
 Postgres clusters (Airflow's metadata; the transaction log), a Spark Connect server (local[2]) and
 Airflow (scheduler with the LocalExecutor, dag-processor, triggerer, api-server), all on
 127.0.0.1, with N word-count pipelines (``benchmarks/pipelines_dags/many_words.py``: a Parquet
-directory each, one transactional map state, created paused). Phases, in one deployment:
+directory each, one transactional map state, created paused), a DAG file each (``--one-file``:
+all N in one file, whose every parse, a task's start included, then builds all N DAGs). Phases,
+in one deployment:
 
 1. **paused**: the N DAGs parsed, all paused: Airflow's own floor for them;
 2. **single**: one pipeline unpaused, fed one small file every ``--trickle-every`` seconds: the
@@ -22,7 +24,7 @@ idle <= 1.3 x paused; trickle median latency <= 2 x the single pipeline's, no pi
 over 5 x the median; burst of 20 committed within 25 s.
 
 Usage: python benchmarks/bench_pipelines.py [--pipelines 20] [--max-pending 4] [--sample 60]
-       [--trickle-every 5] [--lines 100] [--seed 41]
+       [--trickle-every 5] [--lines 100] [--seed 41] [--one-file]
 """
 
 from __future__ import annotations
@@ -107,6 +109,29 @@ class Feed:
         os.rename(tmp, directory / f"part-{start:010d}.parquet")
         with self._lock:
             self.files.append((name, start + len(lines), time.time()))
+
+
+def dag_files(folder: Path, names: list[str], feed: Feed) -> Path:
+    """A DAG file per pipeline, as copies of one pipeline are deployed."""
+    folder.mkdir(parents=True)
+    lib = ROOT / "benchmarks" / "pipelines_dags"
+    for name in names:
+        (folder / f"{name}.py").write_text(
+            "import sys\n"
+            f"sys.path.insert(0, {str(lib)!r})\n"
+            "from many_words import word_count_dag\n\n"
+            f"dag = word_count_dag({name!r}, {str(feed.data(name))!r})\n"
+        )
+    return folder
+
+
+def committed_txids(engine: Any) -> int:
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                text("SELECT count(*) FROM txn_transaction WHERE status = 'committed'")
+            ).scalar_one()
+        )
 
 
 def committed(engine: Any) -> dict[str, list[tuple[int, float]]]:
@@ -198,16 +223,21 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         admin.dispose()
         log = TransactionLog.from_url(log_pg.url)
         env = {
-            "BENCH_PIPELINES": json.dumps([{"name": n, "data": str(feed.data(n))} for n in names]),
             "BENCH_PIPELINES_MAX_PENDING": str(args.max_pending),
             "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": connect.url,
             **txn_log_connection_env("txn_log_default", log_pg.url.replace("+psycopg", "")),
         }
+        if args.one_file:
+            specs = [{"name": n, "data": str(feed.data(n))} for n in names]
+            env["BENCH_PIPELINES"] = json.dumps(specs)
+            dags = ROOT / "benchmarks" / "pipelines_dags"
+        else:
+            dags = dag_files(workdir / "dags", names, feed)
         meta = meta_pg.url.rsplit("/", 1)[0] + "/meta"
         stack = AirflowStack(
             workdir / "airflow",
             meta,
-            ROOT / "benchmarks" / "pipelines_dags",
+            dags,
             env=env,
             failure_injection=False,
         )
@@ -238,6 +268,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
             print("  phase 4: a trickle into every pipeline", flush=True)
             trickle_from = len(feed.files)
+            txids_before, started = committed_txids(log.engine), time.monotonic()
             writer = threading.Thread(
                 target=trickle,
                 args=(feed, names, args.trickle_every, SETTLE + args.sample),
@@ -248,6 +279,8 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             result["trickle"] = sample(args.sample, postmasters)
             writer.join()
             wait_committed(log.engine, feed, names, 900)
+            result["trickle_txids"] = committed_txids(log.engine) - txids_before
+            result["trickle_seconds"] = time.monotonic() - started
             result["trickle_latency"] = latencies(log.engine, feed.files[trickle_from:])
 
             print("  phase 5: a burst into every pipeline", flush=True)
@@ -268,6 +301,7 @@ def report(args: argparse.Namespace, result: dict[str, Any]) -> bool:
     paused, idle, busy = result["paused"], result["idle"], result["trickle"]
     print(
         f"\nbench-pipelines: N = {args.pipelines}, max_pending {args.max_pending}, "
+        f"{'one DAG file' if args.one_file else 'a DAG file per pipeline'}, "
         f"{os.cpu_count()} cores, CPU-s per second over {args.sample:.0f} s each "
         f"(trickle: a {args.lines}-line file per pipeline every {args.trickle_every:g} s)\n"
     )
@@ -311,6 +345,15 @@ def report(args: argparse.Namespace, result: dict[str, Any]) -> bool:
     print(
         f"burst (a file in all {args.pipelines} at once): all committed in {result['burst']:.1f} s"
     )
+    rate = result["trickle_txids"] / result["trickle_seconds"]
+    added = {g: busy.get(g, 0.0) - idle.get(g, 0.0) for g in GROUPS}
+    airflow = sum(v for g, v in added.items() if g.startswith("Airflow"))
+    print(
+        f"trickle: {result['trickle_txids']} txids committed in {result['trickle_seconds']:.0f} s "
+        f"({rate:.2f}/s) for {len(every)} files; above idle, per txid: Airflow "
+        f"{airflow / rate:.2f} CPU-s, Spark {added.get(cpu.SPARK, 0.0) / rate:.2f} CPU-s, "
+        f"all {sum(added.values()) / rate:.2f} CPU-s"
+    )
     print(f"re-emissions (attempts beyond the first): {result['reemissions']}")
     print("every state equals its ground truth (word counts of every line written)")
     print("\ngoals:")
@@ -328,6 +371,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--single-files", type=int, default=8)
     parser.add_argument("--lines", type=int, default=100)
     parser.add_argument("--seed", type=int, default=41)
+    parser.add_argument(
+        "--one-file", action="store_true", help="all N pipelines in one DAG file (dynamic DAGs)"
+    )
     args = parser.parse_args(argv)
     print(
         f"bench-pipelines: seed {args.seed}, N = {args.pipelines}, max_pending "

@@ -10,6 +10,7 @@ Every decision is the log's (and so the coordinator's): these operators only cla
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -25,10 +26,11 @@ from airflow_txn_provider.run_context import (
     BEGIN_TASK_ID,
     CLAIM_XCOM_KEY,
     claimed,
-    last_error,
+    is_scheduled_txid_run,
     pipeline_log,
     run_txid,
     start_in_triggerer,
+    why_waiting,
 )
 from airflow_txn_provider.triggers.txn_log import RUN_TXID, TxnLogTrigger, WaitFor
 from airflow_txn_provider.vocabulary import BeginAction
@@ -73,6 +75,7 @@ class _TxnOperator(TxidLineage, BaseOperator):
         self.claim_task_id = claim_task_id
         self.pipeline_name = pipeline.name  # PIPELINE_FIELD (a name has no Jinja: rendered as is)
         self._lineage_claim: dict[str, Any] | None = None
+        self._chain: threading.Thread | None = None
 
     def txn_log(self) -> TransactionLog:
         return pipeline_log(self.pipeline)
@@ -150,7 +153,7 @@ class _TxnOperator(TxidLineage, BaseOperator):
             )
         if not emission.emitted:
             self.log.info(
-                "pipeline=%s txid=%s: waiting, %s", p.name, txid, _why_waiting(log, p, txid)
+                "pipeline=%s txid=%s: waiting, %s", p.name, txid, why_waiting(log, p, txid)
             )
             self.defer(trigger=self.trigger(txid, WaitFor.CAN_BEGIN), method_name="execute")
         self.log.info(
@@ -164,7 +167,19 @@ class _TxnOperator(TxidLineage, BaseOperator):
         claim = {"txid": txid, "attempt": emission.attempt, "metadata": emission.metadata}
         context["ti"].xcom_push(key=CLAIM_XCOM_KEY, value=claim)
         self._lineage_claim = claim
+        if is_scheduled_txid_run(context):  # a manual run (dag.test) has no run after it
+            from airflow_txn_provider.triggers.waker import start_next_run
+
+            self._chain = start_next_run(p, self.dag_id, txid, emission.metadata, log, self.log)
         return claim
+
+    def join_chain(self) -> None:
+        """Wait (a few seconds at most) for the thread that creates the next txid's run (see
+        :func:`~airflow_txn_provider.triggers.waker.start_next_run`): the task's end must not cut
+        it off."""
+        if self._chain is not None:
+            self._chain.join(timeout=15.0)
+            self._chain = None
 
     def claimed(self, context: Context) -> dict[str, Any]:
         """What the run's claiming task claimed (:func:`~airflow_txn_provider.run_context.
@@ -181,7 +196,10 @@ class TxnBeginOperator(_TxnOperator):
 
     def execute(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
         self.woken_by(event)  # the claim asks the log again: the event only has to be ours
-        return self.claim(context)
+        try:
+            return self.claim(context)
+        finally:
+            self.join_chain()
 
 
 class TxnProcessOperator(_TxnOperator):
@@ -225,6 +243,8 @@ class TxnProcessOperator(_TxnOperator):
             # A claimed attempt is replayed by the failure sensor, in order, with a new attempt:
             # never by an Airflow retry of this task (retries cover the claim, and a lost process).
             raise AirflowFailException(f"{type(err).__name__}: {err}") from err
+        finally:
+            self.join_chain()
         if self.finish and result.get("status") == "processed":
             from airflow_txn_provider.commit import commit_ready, prune_airflow_runs
 
@@ -433,23 +453,6 @@ class TxnCommitOperator(_TxnOperator):
                 "version": commit.get("version"),
                 "rows": commit.get("rows", 0),
             }
-
-
-def _why_waiting(log: TransactionLog, pipeline: TxnPipeline, txid: int) -> str:
-    """Which txid this one waits for, and why: what the UI and a person reading the log need."""
-    from airflow_txn_provider.waiting import blocked_by
-
-    view = log.view(pipeline.name)
-    blocker = blocked_by(view, txid)
-    if blocker is not None:
-        error = last_error(log, pipeline.name, blocker.txid)
-        return f"blocked by txid {blocker.txid} (failed, attempt {blocker.attempt}: {error})"
-    if txid > view.next_new_txid:
-        return f"txid {txid - 1} has not begun yet"
-    return (
-        f"window full: txids {view.window.start}..{view.window.stop - 1} in flight "
-        f"(max_pending={pipeline.max_pending})"
-    )
 
 
 def fail_attempt_on_task_failure(context: Context) -> None:

@@ -25,9 +25,10 @@ it.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
@@ -35,6 +36,10 @@ from airflow_txn_provider.exceptions import UnknownPipelineError
 from airflow_txn_provider.records import PipelineView
 from airflow_txn_provider.retries import Backoff
 from airflow_txn_provider.waiting import new_txid_due
+
+if TYPE_CHECKING:
+    from airflow_txn_provider.pipeline import TxnPipeline
+    from airflow_txn_provider.transaction_log import TransactionLog
 
 QUIET_LOG_EVERY = 10.0
 """Seconds between looks at the log while nothing is in flight (the source is looked at every
@@ -51,6 +56,52 @@ def source_has_data(source: Any, txid: int, prev_metadata: Any) -> bool:
     decide it, without recording anything. Blocking: the waker calls it in a thread."""
     source.prefetch()
     return source.initialize_transaction(txid, prev_metadata) is not None
+
+
+def create_next_run(
+    view: PipelineView, source: Any, txid: int, metadata: Any, create: Callable[[int], bool]
+) -> bool:
+    """Right after ``txid`` began with ``metadata`` (``view`` read since): create the run of
+    ``txid + 1`` if it is due and the source has data after ``metadata``. The waker's question,
+    asked by the claim at once rather than at the waker's next poll, so that a backlog fills the
+    window without a poll and a scheduling round per txid. Returns whether a run was created
+    (``create`` answers False for a run that exists)."""
+    if new_txid_due(view) != txid + 1 or not source_has_data(source, txid + 1, metadata):
+        return False
+    return create(txid + 1)
+
+
+def start_next_run(
+    pipeline: TxnPipeline,
+    dag_id: str,
+    txid: int,
+    metadata: Any,
+    log: TransactionLog,
+    logger: Any,
+) -> threading.Thread:
+    """:func:`create_next_run` in a thread, beside ``txid``'s own work (a claim calls it): best
+    effort, the waker's next poll does the same. Returns the thread, for the task to join."""
+
+    def chain() -> None:
+        from airflow_txn_provider.hooks.airflow_api import AirflowApiHook
+        from airflow_txn_provider.spark.sources import source_from_spec
+
+        try:
+            api = AirflowApiHook(pipeline.airflow_api_conn_id, outage_timeout=10.0)
+            source = source_from_spec(pipeline.source.to_spec())  # its own: no cache shared
+            view = log.view(pipeline.name)
+            if create_next_run(
+                view, source, txid, metadata, lambda n: api.create_txid_run(dag_id, n)
+            ):
+                msg = "pipeline=%s txid=%s: more data waits: txid %s's run is created"
+                logger.info(msg, pipeline.name, txid, txid + 1)
+        except Exception as err:
+            msg = "pipeline=%s txid=%s: the next txid's run is left to the waker (%s: %s)"
+            logger.warning(msg, pipeline.name, txid, type(err).__name__, str(err)[:300])
+
+    thread = threading.Thread(target=chain, name=f"txn-next-run-{txid}", daemon=True)
+    thread.start()
+    return thread
 
 
 class TxnWakerTrigger(BaseEventTrigger):

@@ -187,3 +187,54 @@ def test_source_has_data_asks_as_a_begin_would():
     src = Source()
     assert source_has_data(src, 2, None) and src.prefetched
     assert not source_has_data(src, 3, {"end": 10})
+
+
+class Batches:
+    """A source with data up to offset ``end``, batches of 10."""
+
+    def __init__(self, end: int) -> None:
+        self.end, self.asked = end, []
+
+    def prefetch(self):
+        pass
+
+    def initialize_transaction(self, txid, prev):
+        self.asked.append((txid, prev))
+        start = (prev or {"end": 0})["end"]
+        return {"end": min(start + 10, self.end)} if start < self.end else None
+
+
+@pytest.mark.parametrize(
+    ("records", "source_end", "created"),
+    [
+        (((4, 1, PROC),), 100, [5]),  # txid 4 began with more data behind it: 5's run
+        (((4, 1, PROC),), 40, []),  # txid 4 took everything there was: no run
+        (((4, 1, PROC), (5, 1, PROC)), 100, []),  # txid 5 began already (a replay's claim)
+    ],
+)
+def test_a_claim_creates_the_next_txids_run_when_its_source_has_more(records, source_end, created):
+    from airflow_txn_provider.triggers.waker import create_next_run
+
+    made: list[int] = []
+    v = view(*records, last=3, max_pending=4)
+    source = Batches(source_end)
+    result = create_next_run(v, source, 4, {"end": 40}, lambda n: made.append(n) or True)
+    assert made == created and result is bool(created)
+    if not created and len(records) == 2:
+        assert source.asked == []  # a txid that is not due asks nothing of the source
+
+
+def test_a_claim_never_creates_a_run_beyond_the_window():
+    from airflow_txn_provider.triggers.waker import create_next_run
+
+    full = view((4, 1, PROC), (5, 1, PROC), last=3, max_pending=2)
+    source = Batches(100)
+    assert not create_next_run(full, source, 5, {"end": 50}, lambda n: True)
+    assert source.asked == []
+
+
+def test_an_existing_run_is_not_created_again():
+    from airflow_txn_provider.triggers.waker import create_next_run
+
+    v = view((4, 1, PROC), last=3)
+    assert create_next_run(v, Batches(100), 4, {"end": 40}, lambda n: False) is False
