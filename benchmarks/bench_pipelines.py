@@ -117,6 +117,7 @@ def dag_files(folder: Path, names: list[str], feed: Feed) -> Path:
     lib = ROOT / "benchmarks" / "pipelines_dags"
     for name in names:
         (folder / f"{name}.py").write_text(
+            f'"""{name}: an Airflow DAG of bench-pipelines."""\n\n'
             "import sys\n"
             f"sys.path.insert(0, {str(lib)!r})\n"
             "from many_words import word_count_dag\n\n"
