@@ -20,14 +20,19 @@ from airflow_txn_provider.vocabulary import LeaseRenewal, ProcessedAction, TxSta
 # -- processed ---------------------------------------------------------------------------------
 
 
-def attempt_is_current(record: TxRecord | None, *, pipeline: str, txid: int, attempt: int) -> bool:
+def attempt_is_current(
+    record: TxRecord | None, *, pipeline: str, txid: int, attempt: int, pruned: bool = False
+) -> bool:
     """Whether ``(txid, attempt)`` may still record processed output.
 
-    False for a stale attempt (replaced, failed, or its txid committed): its reports are ignored, as
-    in Storm. Raises :class:`NotBegunError` for a txid or attempt that was never emitted.
-    A per-txid rule: it needs only the txid's own record (``None`` if it was never begun), so the
-    log can apply it holding that txid's row lock while other txids stage their output in parallel.
+    False for a stale attempt (replaced, failed, or its txid committed, ``pruned`` by retention
+    since): its reports are ignored, as in Storm. Raises :class:`NotBegunError` for a txid or
+    attempt that was never emitted. A per-txid rule: it needs only the txid's own record (``None``
+    if it was never begun, or pruned), so the log can apply it holding that txid's row lock while
+    other txids stage their output in parallel.
     """
+    if record is None and pruned:
+        return False  # a late report of a txid committed and pruned since: stale, not unknown
     if record is None:
         raise NotBegunError(
             "processing reported for a txid that was never begun",
@@ -45,13 +50,17 @@ def attempt_is_current(record: TxRecord | None, *, pipeline: str, txid: int, att
     return attempt == record.attempt and record.status in (TxStatus.PROCESSING, TxStatus.PROCESSED)
 
 
-def attempt_may_stage(record: TxRecord | None, *, pipeline: str, txid: int, attempt: int) -> bool:
+def attempt_may_stage(
+    record: TxRecord | None, *, pipeline: str, txid: int, attempt: int, pruned: bool = False
+) -> bool:
     """Whether ``(txid, attempt)`` may stage (part of) its output now.
 
     Only while it is current and still processing: once its output is recorded, staging more would
     change what the commit applies behind the recorded counts.
     """
-    current = attempt_is_current(record, pipeline=pipeline, txid=txid, attempt=attempt)
+    current = attempt_is_current(
+        record, pipeline=pipeline, txid=txid, attempt=attempt, pruned=pruned
+    )
     return current and record is not None and record.status is TxStatus.PROCESSING
 
 
@@ -62,9 +71,11 @@ def plan_processed(
     txid: int,
     attempt: int,
     output: Mapping[str, Any] | None,
+    pruned: bool = False,
 ) -> ProcessedAction:
-    """Decide what a "processing finished" report of ``(txid, attempt)`` with ``output`` means."""
-    if not attempt_is_current(record, pipeline=pipeline, txid=txid, attempt=attempt):
+    """Decide what a "processing finished" report of ``(txid, attempt)`` with ``output`` means
+    (``pruned``: the txid has no record because retention pruned it)."""
+    if not attempt_is_current(record, pipeline=pipeline, txid=txid, attempt=attempt, pruned=pruned):
         return ProcessedAction.IGNORE_STALE
     assert record is not None
     if record.status is TxStatus.PROCESSED:

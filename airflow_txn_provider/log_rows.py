@@ -50,6 +50,9 @@ class TxidRows:
         self.conn = conn
         self.pipeline = pipeline
         self.txid = txid
+        self.pruned = False
+        """Set by :meth:`locked_record`: the txid has no row because retention pruned it (it
+        committed long ago), not because it was never begun."""
 
     def _txid_row(self) -> ColumnElement[bool]:
         return (TRANSACTIONS.c.pipeline == self.pipeline) & (TRANSACTIONS.c.txid == self.txid)
@@ -214,11 +217,12 @@ class TxidRows:
                 select(TRANSACTIONS).where(self._txid_row()).with_for_update()
             ).one_or_none()
         if row is None:
-            exists = self.conn.execute(
-                select(PIPELINES.c.name).where(PIPELINES.c.name == self.pipeline)
-            ).one_or_none()
-            if exists is None:
+            pruned_through = self.conn.execute(
+                select(PIPELINES.c.pruned_through_txid).where(PIPELINES.c.name == self.pipeline)
+            ).scalar_one_or_none()
+            if pruned_through is None:
                 raise UnknownPipelineError("pipeline is not registered", pipeline=self.pipeline)
+            self.pruned = self.txid <= int(pruned_through)
             return None
         return record_of(row)
 

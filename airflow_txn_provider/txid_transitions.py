@@ -71,8 +71,11 @@ class TxidTransitions:
         found by its content. Returns False (and stages nothing) for a stale attempt.
         """
         with self.engine.begin() as conn:
-            record = TxidRows(conn, pipeline, txid).locked_record()
-            if attempt_may_stage(record, pipeline=pipeline, txid=txid, attempt=attempt):
+            found = TxidRows(conn, pipeline, txid)
+            record = found.locked_record()
+            if attempt_may_stage(
+                record, pipeline=pipeline, txid=txid, attempt=attempt, pruned=found.pruned
+            ):
                 counts = stage(conn)
                 if not isinstance(counts, Mapping):
                     raise TypeError(
@@ -114,12 +117,21 @@ class TxidTransitions:
         """
         output_dict: dict[str, Any] | None = None
         with self.engine.begin() as conn:
-            record = TxidRows(conn, pipeline, txid).locked_record()
-            if attempt_is_current(record, pipeline=pipeline, txid=txid, attempt=attempt):
+            found = TxidRows(conn, pipeline, txid)
+            record = found.locked_record()
+            pruned = found.pruned
+            if attempt_is_current(
+                record, pipeline=pipeline, txid=txid, attempt=attempt, pruned=pruned
+            ):
                 output = stage(conn)
                 output_dict = None if output is None else dict(output)
             action = plan_processed(
-                record, pipeline=pipeline, txid=txid, attempt=attempt, output=output_dict
+                record,
+                pipeline=pipeline,
+                txid=txid,
+                attempt=attempt,
+                output=output_dict,
+                pruned=pruned,
             )
             if action is ProcessedAction.ACCEPT:
                 rows = TxidRows(conn, pipeline, txid)

@@ -177,6 +177,26 @@ def test_pruning_never_touches_txids_in_flight_and_replay_works_after_it(engine)
     assert not reader.txid_payload(txlog, "p", 50, now)["pruned"]  # not begun yet: not pruned
 
 
+def test_a_late_report_of_a_pruned_txid_is_ignored_as_stale(engine):
+    """A processing task's report that arrives after its txid committed and was pruned (found by
+    the log's state machine): ignored as stale, stages nothing, not 'never begun'."""
+    from airflow_txn_provider.vocabulary import ProcessedAction
+
+    txlog = TransactionLog(engine)
+    txlog.register_pipeline("late", source_kind="opaque", max_pending=1, keep_txids=1)
+    for txid in (1, 2):
+        em = txlog.begin("late", txid, Offsets())
+        txlog.mark_processed("late", txid, em.attempt, {})
+        txlog.commit("late", txid, em.attempt)
+    while txlog.prune("late"):
+        pass
+    assert 1 not in {t.txid for t in txlog.transactions("late")}
+    assert txlog.mark_processed("late", 1, 1, {}) is ProcessedAction.IGNORE_STALE
+    assert txlog.stage("late", 1, 1, lambda conn: {"x": 1}) is False
+    with pytest.raises(Exception, match="never begun"):  # a txid not begun yet is still refused
+        txlog.mark_processed("late", 3, 1, {})
+
+
 def test_commits_prune_by_themselves_and_concurrent_prunes_count_once(engine):
     txlog = TransactionLog(engine)
     txlog.register_pipeline("c", source_kind="opaque", max_pending=1, keep_txids=5)

@@ -32,6 +32,7 @@ from airflow_txn_provider.exceptions import (
 )
 from airflow_txn_provider.fencing import (
     CLAIM_BACKOFF_LIMIT,
+    attempt_may_stage,
     claim_timeout_for,
     lease_expired,
     lease_renewal,
@@ -254,6 +255,14 @@ class TestProcessed:
             plan_processed(None, pipeline="p", txid=9, attempt=1, output=None)
         with pytest.raises(NotBegunError, match="never emitted"):
             plan_processed(TxRecord(1, 1, PROC), pipeline="p", txid=1, attempt=2, output=None)
+
+    def test_a_late_report_of_a_txid_pruned_since_is_stale_not_unknown(self):
+        """Found by the log's state machine: txid 1 committed, retention pruned its row, then its
+        processing task's report arrived; it was refused as "never begun"."""
+        assert plan_processed(None, pipeline="p", txid=1, attempt=1, output={}, pruned=True) is (
+            ProcessedAction.IGNORE_STALE
+        )
+        assert not attempt_may_stage(None, pipeline="p", txid=1, attempt=1, pruned=True)
 
     def test_committed_txid_ignores_reports(self):
         rec = TxRecord(1, 1, TxStatus.COMMITTED)
