@@ -178,7 +178,7 @@ class AirflowApiHook(BaseHook):
             params={
                 "logical_date_lte": through.isoformat(),
                 "state": ["success", "failed"],
-                # txid runs: the waker's (manual, since 0.4), the timetable's before
+                # txid runs: the waker's (manual), and the timetable's of older DAGs (scheduled)
                 "run_type": ["manual", "scheduled"],
                 "run_id_prefix_pattern": "txid-",
                 "order_by": "logical_date",

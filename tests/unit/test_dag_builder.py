@@ -134,7 +134,7 @@ def test_a_runs_logical_date_is_its_txid_and_its_run_after_the_time_it_is_due():
 
 def test_txid_a_billion_is_schedulable_at_once():
     """No calendar cap: the run after txid 10^9 - 1 is txid 10^9, due now (long past)."""
-    timetable = TxidTimetable()  # a DAG built before 0.4 (runs created by the scheduler)
+    timetable = TxidTimetable()  # a DAG built before the waker (runs created by the scheduler)
     restriction = TimeRestriction(earliest=TXID_EPOCH, latest=None, catchup=True)
     before = timetable.next_dagrun_info(last_automated_data_interval=None, restriction=restriction)
     last = type(before.data_interval)(
