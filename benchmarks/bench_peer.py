@@ -54,6 +54,8 @@ from airflow_txn_provider.state import MapState
 from airflow_txn_provider.transaction_log import TransactionLog
 
 ROOT = Path(__file__).resolve().parents[1]
+# The peer's classic Spark session binds its driver here, not on the host's address: loopback only
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 sys.path.insert(0, str(ROOT))
 from chaos.report import reemissions  # noqa: E402
 from spark_jobs.word_count import transform  # noqa: E402
