@@ -56,10 +56,11 @@ class TxnFailureSensor(BaseSensorOperator):
     a poison batch.
 
     Deferred from the claim to the end of the run (no worker slot), it wakes when the txid
-    commits (the task ends in the triggerer) or when an attempt of it fails. A failure of txid k
-    fails k and every later txid in flight in the log (one database transaction); the sensor of
-    each of those runs then restarts its run through the Airflow REST API, so they re-begin with
-    new attempts, in order, after k. A txid that failed on its own ``max_attempts`` times stops
+    commits (the task ends in the triggerer: *skipped* if it had no failure to answer, which
+    spares the dag-processor the parse Airflow makes for a task that succeeds there) or when an
+    attempt of it fails. A failure of txid k fails k and every later txid in flight in the log
+    (one database transaction); the sensor of each of those runs then restarts its run through
+    the Airflow REST API, so they re-begin with new attempts, in order, after k. A txid that failed on its own ``max_attempts`` times stops
     the pipeline (a poison batch): its failed task stays red, the run's note and this task's log
     name the txid and its error, and later txids wait for it until a person fixes the cause and
     clears its run in the UI (which gives it a fresh ``max_attempts``). The log, not this task,
@@ -87,7 +88,7 @@ class TxnFailureSensor(BaseSensorOperator):
         self.claim_task_id = claim_task_id
         start_in_triggerer(
             self,
-            self._trigger(RUN_TXID, FIRST_WATCHED),
+            self._trigger(RUN_TXID, FIRST_WATCHED, quiet=True),
             "on_failure",
             enabled=triggerer_start,
         )
@@ -106,23 +107,33 @@ class TxnFailureSensor(BaseSensorOperator):
         if not is_scheduled_txid_run(context):
             raise AirflowSkipException("a manual run is not restarted on failure")
         view = self.txn_log().view(self.pipeline.name)
-        self._watch(txid, first_watched_attempt(view, txid))
+        self._watch(txid, first_watched_attempt(view, txid), quiet=True)
 
-    def _watch(self, txid: int, attempt: int, *, requeue: bool = False) -> NoReturn:
+    def _watch(
+        self, txid: int, attempt: int, *, requeue: bool = False, quiet: bool = False
+    ) -> NoReturn:
         """Defer until the txid commits, an attempt after ``attempt`` fails, or its lease runs
         out; with ``requeue``, also if failed ``attempt`` waits too long for its run to restart.
 
         Called on a worker, where the OpenLineage listener (if a transport is set) sent this
         try's START: the try must then end on a worker too, whose listener sends COMPLETE (one
         in the triggerer sends no event, and the run would stay open in a lineage catalog).
-        Without a transport it ends in the triggerer: no worker start at the commit."""
+        Without a transport it ends in the triggerer: no worker start at the commit; ``quiet``
+        (no failure answered yet), as *skipped*: nothing to answer, and a task that succeeds in
+        the triggerer costs a parse of its DAG file in the dag-processor."""
         trigger = self._trigger(
-            txid, attempt, requeue=requeue, end_task_on_commit=not lineage_enabled()
+            txid, attempt, requeue=requeue, end_task_on_commit=not lineage_enabled(), quiet=quiet
         )
         self.defer(trigger=trigger, method_name="on_failure")
 
     def _trigger(
-        self, txid: int, attempt: int, *, requeue: bool = False, end_task_on_commit: bool = True
+        self,
+        txid: int,
+        attempt: int,
+        *,
+        requeue: bool = False,
+        end_task_on_commit: bool = True,
+        quiet: bool = False,
     ) -> TxnLogTrigger:
         p = self.pipeline
         return TxnLogTrigger(
@@ -135,6 +146,7 @@ class TxnFailureSensor(BaseSensorOperator):
             end_task_on_commit=end_task_on_commit,
             requeue_timeout=REQUEUE_TIMEOUT if requeue else None,
             stall_alert_after=p.stall_alert_after if p.alert_notifiers else None,
+            end_skipped=quiet,
         )
 
     def on_failure(self, context: Context, event: dict[str, Any], **_legacy: Any) -> None:

@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from airflow.triggers.base import BaseTrigger, TaskSuccessEvent, TriggerEvent
+from airflow.triggers.base import BaseTrigger, TaskSkippedEvent, TaskSuccessEvent, TriggerEvent
 
 from airflow_txn_provider.alerts import ALERT_CHECK_EVERY, due_alerts
 from airflow_txn_provider.exceptions import UnknownPipelineError
@@ -217,6 +217,10 @@ class TxnLogTrigger(BaseTrigger):
     :param attempt: the attempt it holds (``COMMIT_GATE``) or last handled (``OUTCOME``;
         ``FIRST_WATCHED``: the one its run's claim holds).
     :param wait_for: a :class:`WaitFor` value.
+    :param end_skipped: with ``end_task_on_commit``, end it as skipped, not successful: a watch
+        that had nothing to answer (Airflow parses the task's DAG file in the dag-processor for
+        every task that succeeds in the triggerer, to run callbacks it may have; a skipped one
+        costs nothing there).
     :param end_task_on_commit: on "committed", end the waiting task successfully here in the
         triggerer (no worker slot, no task start): for a task with nothing left to do then.
     :param requeue_timeout: ``OUTCOME`` only: also wake if the txid is still failed at ``attempt``
@@ -242,8 +246,10 @@ class TxnLogTrigger(BaseTrigger):
         requeue_timeout: float | None = None,
         outage_timeout: float = DEFAULT_OUTAGE_TIMEOUT,
         stall_alert_after: float | None = None,
+        end_skipped: bool = False,
     ) -> None:
         super().__init__()
+        self.end_skipped = bool(end_skipped)
         self.stall_alert_after = None if stall_alert_after is None else float(stall_alert_after)
         if not float(poll_interval) > 0:
             raise ValueError(f"poll_interval must be > 0 seconds, got {poll_interval!r}")
@@ -271,6 +277,7 @@ class TxnLogTrigger(BaseTrigger):
                 "requeue_timeout": self.requeue_timeout,
                 "outage_timeout": self.outage_timeout,
                 "stall_alert_after": self.stall_alert_after,
+                "end_skipped": self.end_skipped,
             },
         )
 
@@ -364,7 +371,7 @@ class TxnLogTrigger(BaseTrigger):
             if event is not None:
                 self.log.info("pipeline=%s txid=%s: %s", pipeline, txid, event.to_payload())
                 if self.end_task_on_commit and event.state is EventState.COMMITTED:
-                    yield TaskSuccessEvent()
+                    yield TaskSkippedEvent() if self.end_skipped else TaskSuccessEvent()
                 else:
                     yield TriggerEvent(replace(event, txid=txid).to_payload())
                 return

@@ -203,6 +203,31 @@ def test_a_committed_watch_ends_its_task_in_the_triggerer(monkeypatch):
     assert isinstance(event, TaskSuccessEvent)
 
 
+def test_a_watch_with_nothing_to_answer_ends_skipped_which_costs_no_callback(monkeypatch):
+    """Airflow parses the DAG file for every task that succeeds in the triggerer (to run its
+    callbacks); a skipped one it does not. The run-start watch ends so when its txid commits."""
+    from airflow.triggers.base import TaskSkippedEvent
+
+    from airflow_txn_provider.pipeline import TxnPipeline
+    from airflow_txn_provider.sensors.txn_failure import TxnFailureSensor
+    from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
+    from airflow_txn_provider.state import MapState
+
+    pipeline = TxnPipeline(
+        name="p",
+        source=PartitionedParquetSource("/d"),
+        jobs=["j.py"],
+        states=[MapState("p", "p_counts", keys={"word": "text"})],
+    )
+    sensor = TxnFailureSensor(task_id="watch_failures", pipeline=pipeline)
+    kwargs = sensor.start_trigger_args.trigger_kwargs
+    assert kwargs["end_skipped"] is True and kwargs["end_task_on_commit"] is True
+    quiet = TxnLogTrigger(**{**kwargs, "txid": 3, "attempt": 0})
+    assert isinstance(_run_trigger_once(quiet, monkeypatch, view(last=3)), TaskSkippedEvent)
+    # a watch that answered a failure ends successful: the grid shows the txid had one
+    assert sensor._trigger(3, 2, requeue=True).end_skipped is False
+
+
 def test_a_failure_resumes_the_task_with_the_failed_attempt(monkeypatch):
     v = failed(view((3, 2, PROC), last=2), 3)
     event = _run_trigger_once(_outcome_trigger(True), monkeypatch, v)
