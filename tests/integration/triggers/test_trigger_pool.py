@@ -21,6 +21,15 @@ class Numbers(TransactionalSource):
         return {"n": txid}
 
 
+async def first_event(trigger):
+    """The first event ``trigger`` fires (then its generator is closed, as the triggerer does)."""
+    events = trigger.run()
+    try:
+        return await events.__anext__()
+    finally:
+        await events.aclose()
+
+
 def test_many_triggers_share_a_bounded_pool(txlog, db_url, monkeypatch):
     set_txn_log_connection(monkeypatch, "txn_pool", db_url)
     monkeypatch.setenv("AIRFLOW__TXN_PROVIDER__TRIGGER_POOL_SIZE", str(POOL))
@@ -58,14 +67,7 @@ def test_many_triggers_share_a_bounded_pool(txlog, db_url, monkeypatch):
     baseline = connections()  # the test's own (sync) log engine
 
     async def scenario():
-        async def first(trigger):
-            events = trigger.run()
-            try:
-                return await events.__anext__()
-            finally:
-                await events.aclose()
-
-        waits = [asyncio.ensure_future(first(t)) for t in triggers]
+        waits = [asyncio.ensure_future(first_event(t)) for t in triggers]
         most = 0
         for _ in range(20):  # they all poll meanwhile: none may open a connection of its own
             await asyncio.sleep(0.05)
@@ -118,14 +120,7 @@ def test_the_triggers_of_a_pipeline_share_one_look_at_the_log_per_interval(
     ]
 
     async def scenario():
-        async def first(trigger):
-            events = trigger.run()
-            try:
-                return await events.__anext__()
-            finally:
-                await events.aclose()
-
-        waits = [asyncio.ensure_future(first(t)) for t in triggers]
+        waits = [asyncio.ensure_future(first_event(t)) for t in triggers]
         await asyncio.sleep(seconds)
         assert not any(w.done() for w in waits), "a watch woke with nothing to report"
         await asyncio.to_thread(txlog.fail, "share", 1, 1, error="boom")  # fails all twelve
