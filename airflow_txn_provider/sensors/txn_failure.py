@@ -60,8 +60,9 @@ class TxnFailureSensor(BaseSensorOperator):
     spares the dag-processor the parse Airflow makes for a task that succeeds there) or when an
     attempt of it fails. A failure of txid k fails k and every later txid in flight in the log
     (one database transaction); the sensor of each of those runs then restarts its run through
-    the Airflow REST API, so they re-begin with new attempts, in order, after k. A txid that failed on its own ``max_attempts`` times stops
-    the pipeline (a poison batch): its failed task stays red, the run's note and this task's log
+    the Airflow REST API, so they re-begin with new attempts, in order, after k. A txid that
+    failed on its own ``max_attempts`` times stops the pipeline (a poison batch): its failed
+    task stays red, the run's note and this task's log
     name the txid and its error, and later txids wait for it until a person fixes the cause and
     clears its run in the UI (which gives it a fresh ``max_attempts``). The log, not this task,
     keeps the count and what was done about each failure, so an Airflow retry of this task
