@@ -19,6 +19,7 @@ import re
 from datetime import UTC, datetime, timedelta
 
 import sqlalchemy as sa
+from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from airflow_txn_provider.exceptions import UnknownPipelineError
@@ -298,7 +299,15 @@ def test_watch_commits_read_the_transactions_page_and_clear_a_failed_txid(shared
                 "bs => bs.map(b => [b.disabled, b.title])"
             )
             assert buttons and all(off and why == NOT_AN_EDITOR for off, why in buttons), buttons
-            viewer.locator("button.rewind").first.click(force=True)
+            # The page re-renders its table every few seconds: a button can be replaced between
+            # being found and clicked ("not visible", seen in CI); click a fresh one again.
+            for last_try in (False, False, True):
+                try:
+                    viewer.locator("button.rewind").first.click(force=True, timeout=10_000)
+                    break
+                except PlaywrightError:
+                    if last_try:
+                        raise
             assert not viewer.locator("#rewind-dialog").is_visible()
             url = f"{stack.url}/transactions/api/pipelines/{DAG}/rewind"
             status, body = viewer.evaluate(POST_REWIND, [url, to])
