@@ -128,7 +128,7 @@ class AirflowApiHook(BaseHook):
             {f"{ti['dag_run_id']}: {ti['task_id']}" for ti in found.get("task_instances", [])}
         )
 
-    def create_txid_run(self, dag_id: str, txid: int, *, note: str | None = None) -> bool:
+    def create_txid_run(self, dag_id: str, txid: int) -> bool:
         """Create the DAG run of ``txid`` (run id ``txid-00000N``, its logical date on the txid
         grid, ``run_after`` now, so the grid says when it became due). Returns False if that run
         exists already (409): creating it twice is harmless, so the request may be sent again."""
@@ -140,8 +140,6 @@ class AirflowApiHook(BaseHook):
             "logical_date": txid_logical_date(txid).isoformat(),
             "run_after": datetime.now(UTC).isoformat(),
         }
-        if note:
-            body["note"] = note[:1000]
         response = self._authorized("POST", path, repeatable=True, json=body)
         if response.status_code == 409:
             return False
