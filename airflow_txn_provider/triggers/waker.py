@@ -51,6 +51,17 @@ REPORT_EVERY = 60.0
 """Seconds between two log lines about the same kind of trouble (the log, the source, the API)."""
 
 
+def _migrate(hook: Any) -> None:
+    """The log's schema at head (once per process and engine; safe from many processes)."""
+    from airflow_txn_provider.schema import ensure
+
+    engine = hook.get_engine()
+    try:
+        ensure(engine)
+    finally:
+        engine.dispose()
+
+
 def source_has_data(source: Any, txid: int, prev_metadata: Any) -> bool:
     """Whether ``source`` has a batch for ``txid`` after ``prev_metadata``, as a begin would
     decide it, without recording anything. Blocking: the waker calls it in a thread."""
@@ -166,21 +177,12 @@ class TxnWakerTrigger(BaseEventTrigger):
     async def wake_forever(self) -> None:
         """The waker's loop on the real log, source and REST API (:meth:`wake`)."""
         from airflow_txn_provider.hooks.airflow_api import AirflowApiHook
-        from airflow_txn_provider.hooks.txn_log import TxnLogHook
         from airflow_txn_provider.spark.sources import source_from_spec
-        from airflow_txn_provider.triggers.txn_log import shared_engine, shared_view
 
-        url = await TxnLogHook(txn_log_conn_id=self.txn_log_conn_id).async_sqlalchemy_url()
-        engine = shared_engine(url)
+        read_view = await self.log_reader()
         api = AirflowApiHook(self.airflow_api_conn_id, outage_timeout=30.0)
         source = await asyncio.to_thread(source_from_spec, self.source)
         pipeline = self.pipeline
-
-        async def read_view() -> PipelineView | None:
-            try:
-                return await shared_view(engine, pipeline, max_age=self.poll_interval)
-            except UnknownPipelineError:
-                return None  # not declared yet: its first claim declares it (txid 1 is due)
 
         async def has_data(txid: int, prev: Any) -> bool:
             return await asyncio.to_thread(source_has_data, source, txid, prev)
@@ -190,6 +192,30 @@ class TxnWakerTrigger(BaseEventTrigger):
 
         self.log.info("pipeline=%s: waker of DAG %s started", pipeline, self.dag_id)
         await self.wake(read_view, has_data, create_run, asyncio.sleep)
+
+    async def log_reader(self) -> Callable[[], Awaitable[PipelineView | None]]:
+        """What :meth:`wake` reads the log with: the pipeline's shared view (``None`` until the
+        pipeline is declared: its first claim declares it, so txid 1 is due). Its first call
+        brings the log's schema to head, as a claim's begin does: on a new deployment the log
+        has no tables yet, and the first claim's run is the waker's to create."""
+        from airflow_txn_provider.hooks.txn_log import TxnLogHook
+        from airflow_txn_provider.triggers.txn_log import shared_engine, shared_view
+
+        hook = TxnLogHook(txn_log_conn_id=self.txn_log_conn_id)
+        engine = shared_engine(await hook.async_sqlalchemy_url())
+        migrated = False
+
+        async def read_view() -> PipelineView | None:
+            nonlocal migrated
+            if not migrated:
+                await asyncio.to_thread(_migrate, hook)
+                migrated = True
+            try:
+                return await shared_view(engine, self.pipeline, max_age=self.poll_interval)
+            except UnknownPipelineError:
+                return None
+
+        return read_view
 
     async def wake(
         self,
