@@ -20,6 +20,8 @@
 #               (CPU-s per second by process group), latency, a burst; N = 20, then N = 100
 # make chaos : the seeded chaos suite (faults caused for real; both tiers print their tables)
 # make chaos-lake: both chaos tiers on lake-sink pipelines (a Delta table, then an Iceberg table)
+# make test-stack: docker/compose.yaml run for real in podman containers (images built here), every
+#               example committing across hosts, a UI rerun, faults healed (tests/stack/run.py)
 
 PYTHON ?= python3
 VENV   := .venv
@@ -30,7 +32,7 @@ UV_VERSION := 0.13.9
 UV     := $(VENV)/bin/uv
 PYTEST_ARGS ?=
 
-.PHONY: demo demo-stop demo-core install system-deps test test-suite test-scenarios test-all screenshots test-unit test-integration lint chaos chaos-fast chaos-rewind chaos-airflow chaos-lake bench-core bench-undo bench-stage bench-spark bench-airflow bench-peer bench-read bench-preload bench-begin bench-retention bench-lake bench-sessions bench-pipelines clean
+.PHONY: demo demo-stop demo-core install system-deps test test-suite test-scenarios test-all screenshots test-unit test-integration lint chaos chaos-fast chaos-rewind chaos-airflow chaos-lake bench-core bench-undo bench-stage bench-spark bench-airflow bench-peer bench-read bench-preload bench-begin bench-retention bench-lake bench-sessions bench-pipelines test-stack stack-deps clean
 
 install: $(STAMP)
 
@@ -166,6 +168,17 @@ bench-sessions: install
 
 # N = 100 with max_pending 2 (the issue allows a smaller window there); each run checks every
 # state against ground truth and exits non-zero when a goal is not met (both run regardless).
+# The container stack (docker/): podman, runc and debootstrap from Debian, podman-compose from
+# PyPI (pinned in tests/stack/requirements.txt), then the test; required of every change to
+# docker/, the Dockerfile's inputs or the deployment docs. STACK_ARGS: e.g. --faults kill_scheduler
+STACK_ARGS ?=
+stack-deps: install
+	bash scripts/stack-deps.sh
+	$(UV) pip install -q --python $(PY) -r tests/stack/requirements.txt
+
+test-stack: stack-deps
+	$(PY) -m tests.stack.run --seed $(SEED) $(STACK_ARGS)
+
 bench-pipelines: install
 	$(PY) benchmarks/bench_pipelines.py --pipelines 20 --max-pending 4; \
 	a=$$?; $(PY) benchmarks/bench_pipelines.py --pipelines 100 --max-pending 2; \

@@ -3,9 +3,10 @@
 Storm's opaque transactional spout. The source is a landing folder with one sub-folder per
 partition of numbered JSON-lines files
 (:class:`~airflow_txn_provider.spark.landing_source.LandingDirectorySource`); here a simulated
-producer lands files as batches are chosen (:class:`~txn_examples.SimulatedLandingSource`,
-3 partitions, 30 files a minute each, in ``opaque_landing`` under ``$TXN_EXAMPLES_DATA``, by
-default ``$AIRFLOW_HOME/txn_examples``).
+producer lands files as batches are chosen
+(:class:`~airflow_txn_provider.spark.simulated_landing.SimulatedLandingSource`, 3 partitions, 30
+files a minute each, in ``opaque_landing`` under ``$TXN_EXAMPLES_DATA``, by default
+``$AIRFLOW_HOME/txn_examples``).
 
 A partition that is unavailable when a txid is re-emitted is left out of the replay and read by a
 later txid, so a replay of a txid can be a *different* batch. Word counts use an opaque state

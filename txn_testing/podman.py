@@ -1,4 +1,4 @@
-"""Containers for tests: podman (rootful, runc), images built here, compose files run by podman-compose.
+"""Containers for tests: podman (rootful, runc), images built here, compose run by podman-compose.
 
 No image registry is reachable from the test machines, and no Docker engine runs on them; Debian's
 podman does (../shared/DESIGN.md, "fourth round"). What this module does, each step a thin call of
@@ -44,9 +44,14 @@ def _env() -> dict[str, str]:
     return {**os.environ, "CONTAINERS_CONF": str(CONTAINERS_CONF)}
 
 
-def podman(*args: str, check: bool = True, timeout: float = 600, input: str | None = None,
-           quiet: bool = True) -> subprocess.CompletedProcess[str]:
-    """Run ``podman ARGS`` with the test's configuration; raise :class:`ContainerError` on failure."""
+def podman(
+    *args: str,
+    check: bool = True,
+    timeout: float = 600,
+    input: str | None = None,
+    quiet: bool = True,
+) -> subprocess.CompletedProcess[str]:
+    """``podman ARGS`` with the test's configuration; :class:`ContainerError` if it fails."""
     result = subprocess.run(
         ["podman", *args], capture_output=quiet, text=True, env=_env(), timeout=timeout, input=input
     )
@@ -70,23 +75,35 @@ def build_base_image(work: Path, name: str = BASE_IMAGE) -> str:
     started = time.monotonic()
     subprocess.run(
         ["debootstrap", "--variant=minbase", "bookworm", str(rootfs), DEBIAN_MIRROR],
-        check=True, capture_output=True, timeout=900,
+        check=True,
+        capture_output=True,
+        timeout=900,
     )
     tar = subprocess.Popen(["tar", "-C", str(rootfs), "-c", "."], stdout=subprocess.PIPE)
     imported = subprocess.run(
-        ["podman", "import", "-", name], stdin=tar.stdout, env=_env(), capture_output=True,
+        ["podman", "import", "-", name],
+        stdin=tar.stdout,
+        env=_env(),
+        capture_output=True,
         timeout=600,
     )
     tar.wait()
     shutil.rmtree(rootfs)
     if imported.returncode != 0 or tar.returncode != 0:
-        raise ContainerError(f"podman import of the debootstrap root failed: {imported.stderr[-2000:]}")
+        raise ContainerError(
+            f"podman import of the debootstrap root failed: {imported.stderr[-2000:].decode()}"
+        )
     log.info("base image %s built in %.0f s", name, time.monotonic() - started)
     return name
 
 
-def build_image(containerfile: Path, tag: str, context: Path, build_args: dict[str, str] | None = None,
-                timeout: float = 3600) -> float:
+def build_image(
+    containerfile: Path,
+    tag: str,
+    context: Path,
+    build_args: dict[str, str] | None = None,
+    timeout: float = 3600,
+) -> float:
     """``podman build`` (never pulling; its layer cache makes a rebuild of the same inputs quick).
     Returns the seconds it took."""
     started = time.monotonic()
@@ -115,7 +132,9 @@ class ComposeStack:
         )
         if check and result.returncode != 0:
             tail = "\n".join((result.stdout + result.stderr).splitlines()[-40:])
-            raise ContainerError(f"podman-compose {' '.join(args)} exited {result.returncode}:\n{tail}")
+            raise ContainerError(
+                f"podman-compose {' '.join(args)} exited {result.returncode}:\n{tail}"
+            )
         return result.stdout
 
     def up(self, services: Iterable[str], *, no_deps: bool = True) -> None:
@@ -127,7 +146,13 @@ class ComposeStack:
 
     def containers(self, service: str | None = None, *, all: bool = True) -> list[dict]:
         """This project's containers (``podman ps`` JSON), of ``service`` if given, by name."""
-        args = ["ps", "--format", "json", "--filter", f"label=io.podman.compose.project={self.project}"]
+        args = [
+            "ps",
+            "--format",
+            "json",
+            "--filter",
+            f"label=io.podman.compose.project={self.project}",
+        ]
         if all:
             args.append("-a")
         if service:
@@ -143,7 +168,9 @@ class ComposeStack:
         result = podman("healthcheck", "run", container, check=False, timeout=120)
         return result.returncode == 0
 
-    def wait_healthy(self, services: Iterable[str], timeout: float = 600, every: float = 5) -> float:
+    def wait_healthy(
+        self, services: Iterable[str], timeout: float = 600, every: float = 5
+    ) -> float:
         """Until every container of ``services`` passes its healthcheck; the seconds it took."""
         started = time.monotonic()
         pending = {name for s in services for name in self.container_names(s)}
@@ -155,7 +182,9 @@ class ComposeStack:
                 break
             if time.monotonic() - started > timeout:
                 logs = {name: self.logs(name, 40) for name in sorted(pending)}
-                raise ContainerError(f"not healthy after {timeout:.0f} s: {sorted(pending)}\n{logs}")
+                raise ContainerError(
+                    f"not healthy after {timeout:.0f} s: {sorted(pending)}\n{logs}"
+                )
             time.sleep(every)
         return time.monotonic() - started
 
@@ -167,8 +196,15 @@ class ComposeStack:
         result = podman("logs", "--tail", str(lines), container, check=False)
         return (result.stdout or "") + (result.stderr or "")
 
-    def exec(self, container: str, argv: Sequence[str], *, input: str | None = None,
-             timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def exec(
+        self,
+        container: str,
+        argv: Sequence[str],
+        *,
+        input: str | None = None,
+        timeout: float = 600,
+        check: bool = True,
+    ) -> subprocess.CompletedProcess[str]:
         args = ["exec", *(["-i"] if input is not None else []), container, *argv]
         return podman(*args, input=input, timeout=timeout, check=check)
 

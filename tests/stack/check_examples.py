@@ -9,7 +9,7 @@ what the outputs must hold from their committed metadata, compares, and prints o
 What is recomputed, by source: the landing examples (opaque, Iceberg) re-derive every line of
 every committed file (``landing_lines``), so their word counts are exact per word; the generated
 examples (words, global count, Delta) know each line's word count but not its words (a Spark
-hash picks them), so their checks are per txid and in total: lines × words per line, the ranges
+hash picks them), so their checks are per txid and in total: lines x words per line, the ranges
 tiling with no gap or overlap, and the derived state equal to the counts bucketed afresh.
 """
 
@@ -82,8 +82,12 @@ def check(log, name: str) -> dict:
         checks[label] = "ok" if ok else (why or "mismatch")
 
     numbers = [t.txid for t in txids]
-    expect("txids 1..N all committed, in order", numbers == list(range(1, len(numbers) + 1))
-           and all(t.status.value == "committed" for t in txids), f"{numbers}")
+    expect(
+        "txids 1..N all committed, in order",
+        numbers == list(range(1, len(numbers) + 1))
+        and all(t.status.value == "committed" for t in txids),
+        f"{numbers}",
+    )
     stamps = [t.committed_at for t in txids]
     expect("commit times follow txid order", stamps == sorted(stamps), f"{stamps}")
     metadata = [t.metadata for t in txids]
@@ -100,20 +104,27 @@ def check(log, name: str) -> dict:
         wpl = module.pipeline.source.words_per_line
         if name == "example_txn_words":
             counts = {k[0]: v for k, v in states[f"{name}_counts"].items()}
-            expect("word counts sum to words per line × committed lines",
-                   sum(counts.values()) == wpl * lines_of(metadata),
-                   f"{sum(counts.values())} != {wpl * lines_of(metadata)}")
+            expect(
+                "word counts sum to words per line x committed lines",
+                sum(counts.values()) == wpl * lines_of(metadata),
+                f"{sum(counts.values())} != {wpl * lines_of(metadata)}",
+            )
             buckets = {k[0]: v for k, v in states[f"{name}_buckets"].items() if v}
-            expect("bucket state = the counts bucketed afresh",
-                   buckets == dict(Counter(c // 10 for c in counts.values())))
+            expect(
+                "bucket state = the counts bucketed afresh",
+                buckets == dict(Counter(c // 10 for c in counts.values())),
+            )
         else:
             import pyarrow.compute as pc
 
             sink = module.SINK
             table = sink.open()
             last = numbers[-1] if numbers else 0
-            expect("table's committed txid = the log's", table.committed_txid(name) == last,
-                   f"{table.committed_txid(name)} != {last}")
+            expect(
+                "table's committed txid = the log's",
+                table.committed_txid(name) == last,
+                f"{table.committed_txid(name)} != {last}",
+            )
             rows = table.read(table.version_as_of(name, last)) if last else None
             bad = []
             for t in txids:
@@ -124,20 +135,30 @@ def check(log, name: str) -> dict:
                     bad.append(t.txid)
             expect("each txid's rows: its batch's words, each word once", not bad, f"txids {bad}")
             versions = dict(table.versions(name))
-            expect("one table version per txid, the one the log recorded",
-                   all(t.output[sink.output_key]["commit"]["version"] == versions.get(t.txid)
-                       for t in txids))
+            expect(
+                "one table version per txid, the one the log recorded",
+                all(
+                    t.output[sink.output_key]["commit"]["version"] == versions.get(t.txid)
+                    for t in txids
+                ),
+            )
     elif name == "example_txn_global_count":
         total = states[f"{name}_total"]
-        expect("total = committed lines", total == {(True,): lines_of(metadata)},
-               f"{total} != {lines_of(metadata)}")
+        expect(
+            "total = committed lines",
+            total == {(True,): lines_of(metadata)},
+            f"{total} != {lines_of(metadata)}",
+        )
     elif name == "example_txn_opaque_words":
         counts = {k[0]: v for k, v in states[f"{name}_counts"].items()}
         truth = dict(landing_words(metadata))
         lost = sum(max(truth.get(w, 0) - counts.get(w, 0), 0) for w in truth | counts)
         doubled = sum(max(counts.get(w, 0) - truth.get(w, 0), 0) for w in truth | counts)
-        expect("word counts = the committed files' words, exactly", counts == truth,
-               f"{lost} lost, {doubled} doubled")
+        expect(
+            "word counts = the committed files' words, exactly",
+            counts == truth,
+            f"{lost} lost, {doubled} doubled",
+        )
     elif name == "example_txn_iceberg_words":
         expected: dict[str, tuple[int, int]] = {}
         for t in txids:  # the newest txid a word appeared in, and its count there
@@ -148,8 +169,11 @@ def check(log, name: str) -> dict:
         expect("table's committed txid = the log's", table.committed_txid(name) == last)
         rows = table.read(table.version_as_of(name, last)).to_pylist() if last else []
         got = {r["word"]: (r["txid"], r["delta"]) for r in rows}
-        expect("each word's newest count and txid, exactly", got == expected and len(rows) == len(
-            expected), f"{len(rows)} rows, {len(expected)} expected")
+        expect(
+            "each word's newest count and txid, exactly",
+            got == expected and len(rows) == len(expected),
+            f"{len(rows)} rows, {len(expected)} expected",
+        )
     return {"committed": len(numbers), "checks": checks}
 
 

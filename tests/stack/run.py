@@ -39,7 +39,6 @@ from __future__ import annotations
 import argparse
 import base64
 import json
-import os
 import random
 import re
 import secrets
@@ -58,7 +57,6 @@ from txn_testing.podman import (
     ContainerError,
     build_base_image,
     build_image,
-    image_exists,
     podman,
 )
 
@@ -84,8 +82,13 @@ PIPELINES = [
 DOWNSTREAM = "example_txn_lake_downstream"
 LEFT_OUT = {"example_txn_kafka_words": "no Kafka broker can be built on these machines"}
 RERUN_PIPELINE = "example_txn_global_count"
-FAULTS = ("kill_celery_worker", "kill_spark_worker", "restart_postgres", "kill_scheduler",
-          "restart_stack")
+FAULTS = (
+    "kill_celery_worker",
+    "kill_spark_worker",
+    "restart_postgres",
+    "kill_scheduler",
+    "restart_stack",
+)
 # The stages of a start: podman 4.3 starts no container whose dependency chain passes through a
 # finished one-shot container (airflow-init), and runs no healthcheck by itself, so the test
 # brings services up stage by stage, each healthy before the next (what `depends_on:
@@ -147,7 +150,9 @@ def build_images() -> dict[str, float]:
     took["debian base (debootstrap + import)"] = time.monotonic() - started
     # The stand-in Python reaches PyPI through this machine's CA bundle, copied into its build
     # context (git-ignored) and into the stand-in only: never into an image a user builds.
-    (IMAGES / "host-ca-bundle.crt").write_bytes(Path("/etc/ssl/certs/ca-certificates.crt").read_bytes())
+    (IMAGES / "host-ca-bundle.crt").write_bytes(
+        Path("/etc/ssl/certs/ca-certificates.crt").read_bytes()
+    )
     for containerfile, tag in STAND_INS.items():
         took[tag] = build_image(IMAGES / containerfile, tag, IMAGES)
     took[f"{TXN_IMAGE} (docker/Dockerfile)"] = build_image(
@@ -211,7 +216,7 @@ class Stack:
         for i in range(tries):
             try:
                 return fn(self.api())
-            except Exception:  # noqa: BLE001 - a restart in progress: log in again, later
+            except Exception:
                 if i == tries - 1:
                     raise
                 self._api = None
@@ -221,14 +226,17 @@ class Stack:
     def sql(self, query: str) -> list[list[str]]:
         """A query on the transaction log's database, through psql in the Postgres container."""
         (pg,) = self.compose.container_names("postgres")
-        result = self.compose.exec(pg, ["psql", "-U", "postgres", "-d", "txn", "-AtF", "|", "-c", query])
+        result = self.compose.exec(
+            pg, ["psql", "-U", "postgres", "-d", "txn", "-AtF", "|", "-c", query]
+        )
         return [line.split("|") for line in result.stdout.splitlines() if line]
 
     def progress(self) -> dict[str, tuple[int, int]]:
         """Per pipeline: (last committed txid, highest txid begun)."""
         rows = self.sql(
-            "select p.name, p.last_committed_txid, coalesce(max(t.txid), 0) from txn_pipeline p "
-            "left join txn_transaction t on t.pipeline = p.name group by p.name, p.last_committed_txid"
+            "select p.name, p.last_committed_txid, coalesce(max(t.txid), 0) "
+            "from txn_pipeline p left join txn_transaction t on t.pipeline = p.name "
+            "group by p.name, p.last_committed_txid"
         )
         return {name: (int(done), int(begun)) for name, done, begun in rows}
 
@@ -247,7 +255,7 @@ def wait_until(what: str, predicate: Callable[[], Any], timeout: float, every: f
             found = predicate()
             if found:
                 return found
-        except Exception as err:  # noqa: BLE001 - a service restarting: try again
+        except Exception as err:
             last_error = err
         time.sleep(every)
     raise TimeoutError(f"{what}: not after {timeout:.0f} s (last error: {last_error!r})")
@@ -264,7 +272,10 @@ def commit_examples(stack: Stack, txids: int) -> dict[str, int]:
 
     def enough() -> dict[str, int] | None:
         done = {name: stack.progress().get(name, (0, 0))[0] for name in PIPELINES}
-        say("  committed: " + ", ".join(f"{n.removeprefix('example_txn_')} {d}" for n, d in done.items()))
+        say(
+            "  committed: "
+            + ", ".join(f"{n.removeprefix('example_txn_')} {d}" for n, d in done.items())
+        )
         return done if all(d >= txids for d in done.values()) else None
 
     return wait_until(f"{txids} commits in every pipeline", enough, 1800, every=15)
@@ -328,8 +339,12 @@ def rerun_from_the_ui(stack: Stack) -> dict[str, Any]:
         confirm.click()
     cleared = time.monotonic()
     say(f"Clear pressed on {name} {run_id} in the Airflow UI")
-    wait_until(f"{name}: txids {bad}..{bad + 2} to commit",
-               lambda: stack.progress()[name][0] >= bad + 2, 900, every=5)
+    wait_until(
+        f"{name}: txids {bad}..{bad + 2} to commit",
+        lambda: stack.progress()[name][0] >= bad + 2,
+        900,
+        every=5,
+    )
     order = stack.sql(
         f"select txid from txn_transaction where pipeline = '{name}' and txid >= {bad} "
         f"and status = 'committed' order by committed_at"
@@ -345,7 +360,9 @@ def rerun_from_the_ui(stack: Stack) -> dict[str, Any]:
 def running_on(stack: Stack, prefix: str = "process") -> dict[str, str]:
     """Host name → a processing task instance running there (from the REST API)."""
     found = stack.call(
-        lambda api: api.call("GET", "/dags/~/dagRuns/~/taskInstances", params={"state": "running", "limit": 100})
+        lambda api: api.call(
+            "GET", "/dags/~/dagRuns/~/taskInstances", params={"state": "running", "limit": 100}
+        )
     )
     return {
         ti["hostname"]: f"{ti['dag_id']}/{ti['dag_run_id']}/{ti['task_id']}"
@@ -359,7 +376,9 @@ def hostname(container: str) -> str:
 
 
 def spark_executors(stack: Stack, container: str) -> int:
-    result = stack.compose.exec(container, ["curl", "-s", "http://localhost:8081/json/"], check=False)
+    result = stack.compose.exec(
+        container, ["curl", "-s", "http://localhost:8081/json/"], check=False
+    )
     try:
         return len(json.loads(result.stdout).get("executors", []))
     except ValueError:
@@ -373,8 +392,12 @@ def cause(stack: Stack, fault: str, rng: random.Random) -> tuple[str, Callable[[
     down_for = rng.uniform(5, 20)
     if fault == "kill_celery_worker":
         workers = {hostname(n): n for n in c.container_names("airflow-worker")}
-        busy = wait_until("a processing task on a Celery worker",
-                          lambda: {h: t for h, t in running_on(stack).items() if h in workers}, 300, 1)
+        busy = wait_until(
+            "a processing task on a Celery worker",
+            lambda: {h: t for h, t in running_on(stack).items() if h in workers},
+            300,
+            1,
+        )
         host = rng.choice(sorted(busy))
         target = workers[host]
         c.kill(target)
@@ -382,8 +405,13 @@ def cause(stack: Stack, fault: str, rng: random.Random) -> tuple[str, Callable[[
     elif fault == "kill_spark_worker":
         holding = wait_until(
             "a Spark worker holding an executor while a processing task runs",
-            lambda: running_on(stack) and [n for n in c.container_names("spark-worker")
-                                           if spark_executors(stack, n)], 300, 1)
+            lambda: (
+                running_on(stack)
+                and [n for n in c.container_names("spark-worker") if spark_executors(stack, n)]
+            ),
+            300,
+            1,
+        )
         target = rng.choice(holding)
         c.kill(target)
         what = f"{target} (an executor of Spark Connect)"
@@ -425,9 +453,11 @@ def run_faults(stack: Stack, faults: list[str], rng: random.Random) -> list[dict
         restart()
         in_flight = {name: begun for name, (_, begun) in before.items() if name in PIPELINES}
 
-        def healed() -> bool:
+        def healed(before=before, in_flight=in_flight) -> bool:
             now = stack.progress()
-            return all(now[name][0] >= max(begun, before[name][0] + 1) for name, begun in in_flight.items())
+            return all(
+                now[name][0] >= max(begun, before[name][0] + 1) for name, begun in in_flight.items()
+            )
 
         wait_until(f"{fault}: every txid in flight at the fault committed", healed, HEAL_BOUND, 5)
         took = time.monotonic() - at
@@ -469,8 +499,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown faults {sorted(unknown)}; known: {', '.join(FAULTS)}")
     rng = random.Random(args.seed)
     order = rng.sample(faults, len(faults))
-    print(f"stack test: seed {args.seed} (python -m tests.stack.run --seed {args.seed}); "
-          f"faults in this order: {', '.join(order) or 'none'}", flush=True)
+    print(
+        f"stack test: seed {args.seed} (python -m tests.stack.run --seed {args.seed}); "
+        f"faults in this order: {', '.join(order) or 'none'}",
+        flush=True,
+    )
     started = time.monotonic()
 
     say("building images (podman, never pulling)")
@@ -488,8 +521,10 @@ def main(argv: list[str] | None = None) -> int:
         up = stack.bring_up(fresh=True)
         c = stack.compose
         spark_hosts = {n: c.address(n) for n in c.container_names("spark-worker")}
-        say(f"  hosts: {len(c.containers())} containers; Spark workers at {spark_hosts}, "
-            f"Connect driver at {c.address(c.container_names('spark-connect')[0])}")
+        say(
+            f"  hosts: {len(c.containers())} containers; Spark workers at {spark_hosts}, "
+            f"Connect driver at {c.address(c.container_names('spark-connect')[0])}"
+        )
         counts = commit_examples(stack, args.txids)
         assert_ground_truth(stack, f"after {args.txids}+ commits each")
         browse_transactions_page(stack)
@@ -499,25 +534,37 @@ def main(argv: list[str] | None = None) -> int:
         re_emitted = attempts_beyond_first(stack)
 
         print("\nstack test: results")
-        print(f"seed {args.seed}; {time.monotonic() - started:.0f} s in all; "
-              f"bring-up {sum(up.values()):.0f} s")
+        print(
+            f"seed {args.seed}; {time.monotonic() - started:.0f} s in all; "
+            f"bring-up {sum(up.values()):.0f} s"
+        )
         print("| pipeline | committed txids (first phase) | committed txids (end) |\n|---|---|---|")
         for name in PIPELINES:
             print(f"| {name} | {counts[name]} | {checked[name]['committed']} |")
         for name, why in LEFT_OUT.items():
             print(f"| {name} | not run: {why} | — |")
         if rerun:
-            print(f"\nUI rerun: {RERUN_PIPELINE} txid {rerun['txid']} failed 3 times, cleared in "
-                  f"the UI, it and the next two committed in order {rerun['seconds']:.0f} s later")
-        print("\n| fault | what | txids in flight | heal s | committed meanwhile |\n|---|---|---|---|---|")
+            print(
+                f"\nUI rerun: {RERUN_PIPELINE} txid {rerun['txid']} failed 3 times, cleared in "
+                f"the UI, it and the next two committed in order {rerun['seconds']:.0f} s later"
+            )
+        print("\n| fault | what | txids in flight | heal s | committed meanwhile |")
+        print("|---|---|---|---|---|")
         for row in table:
-            print(f"| {row['fault']} | {row['what']} | {row['in_flight']} | {row['heal_s']:.0f} | "
-                  f"{row['committed_since']} |")
+            print(
+                f"| {row['fault']} | {row['what']} | {row['in_flight']} | {row['heal_s']:.0f} | "
+                f"{row['committed_since']} |"
+            )
         print(f"\n0 lost, 0 doubled (ground truth above); re-emitted attempts: {re_emitted}")
         ok = True
     finally:
         if not ok:
-            for service in ["airflow-scheduler", "airflow-triggerer", "airflow-worker", "spark-connect"]:
+            for service in [
+                "airflow-scheduler",
+                "airflow-triggerer",
+                "airflow-worker",
+                "spark-connect",
+            ]:
                 for name in stack.compose.container_names(service):
                     print(f"--- {name} ---\n{stack.compose.logs(name, 30)}", file=sys.stderr)
         if args.keep:

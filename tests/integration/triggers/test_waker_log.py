@@ -45,7 +45,10 @@ def test_the_waker_migrates_a_new_log_then_finds_txid_1_due(postgres, monkeypatc
     view = asyncio.run(first_look())
     assert view is None and new_txid_due(view) == 1  # nothing declared: txid 1 is due
     with engine.connect() as conn:
-        assert conn.exec_driver_sql(f"SELECT version_num FROM {VERSION_TABLE}").scalar() == HEAD_REVISION
+        assert (
+            conn.exec_driver_sql(f"SELECT version_num FROM {VERSION_TABLE}").scalar()
+            == HEAD_REVISION
+        )
     engine.dispose()
 
 
