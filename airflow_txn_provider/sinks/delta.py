@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 HISTORY_LIMIT = 10_000
 """Commits of the table's history read when looking a txid's version up (newest first)."""
+HISTORY_TRIES = 20
+"""Reads of the history before giving up while other writers keep committing (see _history)."""
 
 
 @dataclass(frozen=True)
@@ -174,7 +176,7 @@ class DeltaLakeTable(LakeTable):
                 c.get("txn.pipeline"),
                 int(c["txn.txid"]) if "txn.txid" in c else None,
             )
-            for c in dt.history(HISTORY_LIMIT)
+            for c in self._history(HISTORY_LIMIT)
         ]
         first = first_undone_commit(commits, pipeline=pipeline, keep_txid=txid, sink=self.uri)
         if first is None:
@@ -195,6 +197,30 @@ class DeltaLakeTable(LakeTable):
         )
         return self._newest_version_of(pipeline, txid)
 
+    def _history(self, limit: int) -> list[dict[str, Any]]:
+        """The table's newest ``limit`` commits, newest first, each with its true ``version``.
+
+        delta-rs's ``history()`` lists the commits on storage, those newer than the handle's
+        snapshot included, but numbers them down from the snapshot's version: once another
+        writer has committed, every number is off by as many commits (the stack test saw "read
+        as of txid N" resolve to txid N-1's version while a pipeline committed). So the handle
+        is brought to the newest commit first, and the history read again if one landed while
+        it was read (commits only ever append: the same newest version after the read means
+        nothing newer was listed).
+        """
+        from deltalake import DeltaTable
+
+        dt = self._table()
+        for _ in range(HISTORY_TRIES):
+            dt.update_incremental()
+            commits = dt.history(limit)
+            if DeltaTable(self.uri, without_files=True).version() == dt.version():
+                return commits
+        raise RuntimeError(
+            f"Delta table {self.uri}: commits kept landing while its history was read "
+            f"({HISTORY_TRIES} tries)"
+        )
+
     def _newest_commit_of(self, pipeline: str, txid: int) -> dict[str, Any] | None:
         dt = self._table()
         if dt is None:
@@ -202,7 +228,7 @@ class DeltaLakeTable(LakeTable):
         # The newest commit is usually ours: a few commits back first, the history if need be
         # (history() reads one log file per commit).
         for limit in (16, HISTORY_LIMIT):
-            for commit in dt.history(limit):
+            for commit in self._history(limit):
                 if commit.get("txn.pipeline") == pipeline and commit.get("txn.txid") == str(txid):
                     return dict(commit)
         return None
@@ -232,7 +258,7 @@ class DeltaLakeTable(LakeTable):
                 c.get("txn.pipeline"),
                 int(c["txn.txid"]) if "txn.txid" in c else None,
             )
-            for c in dt.history(HISTORY_LIMIT)  # newest first
+            for c in self._history(HISTORY_LIMIT)  # newest first
         ]
         return held_versions(commits, pipeline=pipeline)
 

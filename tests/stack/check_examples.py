@@ -121,9 +121,9 @@ def check(log, name: str) -> dict:
             table = sink.open()
             last = numbers[-1] if numbers else 0
             expect(
-                "table's committed txid = the log's",
-                table.committed_txid(name) == last,
-                f"{table.committed_txid(name)} != {last}",
+                "table's committed txid >= the log's (later commits go on meanwhile)",
+                table.committed_txid(name) >= last,
+                f"{table.committed_txid(name)} < {last}",
             )
             rows = table.read(table.version_as_of(name, last)) if last else None
             bad = []
@@ -135,12 +135,18 @@ def check(log, name: str) -> dict:
                     bad.append(t.txid)
             expect("each txid's rows: its batch's words, each word once", not bad, f"txids {bad}")
             versions = dict(table.versions(name))
+            differ = [
+                (
+                    t.txid,
+                    (t.output or {}).get(sink.output_key, {}).get("commit"),
+                    versions.get(t.txid),
+                )
+                for t in txids
+                if (t.output or {}).get(sink.output_key, {}).get("commit", {}).get("version")
+                != versions.get(t.txid)
+            ]
             expect(
-                "one table version per txid, the one the log recorded",
-                all(
-                    t.output[sink.output_key]["commit"]["version"] == versions.get(t.txid)
-                    for t in txids
-                ),
+                "one table version per txid, the one the log recorded", not differ, f"{differ[:3]}"
             )
     elif name == "example_txn_global_count":
         total = states[f"{name}_total"]
@@ -166,7 +172,11 @@ def check(log, name: str) -> dict:
                 expected[word] = (t.txid, n)
         table = module.SINK.open(log.engine.url.render_as_string(hide_password=False))
         last = numbers[-1] if numbers else 0
-        expect("table's committed txid = the log's", table.committed_txid(name) == last)
+        expect(
+            "table's committed txid >= the log's (later commits go on meanwhile)",
+            table.committed_txid(name) >= last,
+            f"{table.committed_txid(name)} < {last}",
+        )
         rows = table.read(table.version_as_of(name, last)).to_pylist() if last else []
         got = {r["word"]: (r["txid"], r["delta"]) for r in rows}
         expect(
