@@ -334,9 +334,16 @@ def rerun_from_the_ui(stack: Stack) -> dict[str, Any]:
         login(page, stack.url, "admin", stack.env["AIRFLOW_ADMIN_PASSWORD"])
         page.goto(f"{stack.url}/dags/{name}/runs/{run_id}")
         page.get_by_role("button", name=re.compile("clear", re.I)).first.click()
-        confirm = page.get_by_role("dialog").get_by_role("button", name=re.compile("confirm", re.I))
-        confirm.wait_for()
-        confirm.click()
+        dialog = page.get_by_role("dialog")
+        dialog.get_by_text("Affected Tasks").wait_for()  # the dialog's dry run has answered
+        confirm = dialog.get_by_role("button", name=re.compile("confirm", re.I))
+        # the browser stays open until the clear's request has its answer: closed at once, it
+        # once took the request with it (and nothing was cleared)
+        with page.expect_response(
+            lambda r: r.url.endswith(f"/dagRuns/{run_id}/clear") and r.request.method == "POST"
+        ) as answer:
+            confirm.click()
+        assert answer.value.ok, f"the UI's clear answered {answer.value.status}"
     cleared = time.monotonic()
     say(f"Clear pressed on {name} {run_id} in the Airflow UI")
     wait_until(
@@ -385,8 +392,11 @@ def spark_executors(stack: Stack, container: str) -> int:
         return 0
 
 
-def cause(stack: Stack, fault: str, rng: random.Random) -> tuple[str, Callable[[], None]]:
-    """Cause ``fault`` now; returns what was hit and how the person-free restart happens (the
+def cause(
+    stack: Stack, fault: str, rng: random.Random, mark: Callable[[], None]
+) -> tuple[str, Callable[[], None]]:
+    """Cause ``fault`` once its moment comes (``mark()`` right before it: what is in flight
+    then, and the clock); returns what was hit and how the person-free restart happens (the
     container's restart, as a host that comes back; nothing else is done by hand)."""
     c = stack.compose
     down_for = rng.uniform(5, 20)
@@ -400,6 +410,7 @@ def cause(stack: Stack, fault: str, rng: random.Random) -> tuple[str, Callable[[
         )
         host = rng.choice(sorted(busy))
         target = workers[host]
+        mark()
         c.kill(target)
         what = f"{target} (running {busy[host]})"
     elif fault == "kill_spark_worker":
@@ -413,18 +424,22 @@ def cause(stack: Stack, fault: str, rng: random.Random) -> tuple[str, Callable[[
             1,
         )
         target = rng.choice(holding)
+        mark()
         c.kill(target)
         what = f"{target} (an executor of Spark Connect)"
     elif fault == "restart_postgres":
         (target,) = c.container_names("postgres")
+        mark()
         c.kill(target)
         what = f"{target} (killed, started again)"
     elif fault == "kill_scheduler":
         (target,) = c.container_names("airflow-scheduler")
+        mark()
         c.kill(target)
         what = target
     elif fault == "restart_stack":
         names = [r["Names"][0] for r in c.containers() if r["State"] == "running"]
+        mark()
         for name in names:
             podman("stop", "-t", "10", name, timeout=300)
         what = f"all {len(names)} containers stopped, volumes kept"
@@ -446,9 +461,13 @@ def cause(stack: Stack, fault: str, rng: random.Random) -> tuple[str, Callable[[
 def run_faults(stack: Stack, faults: list[str], rng: random.Random) -> list[dict[str, Any]]:
     table = []
     for fault in faults:
-        before = stack.progress()
-        at = time.monotonic()
-        what, restart = cause(stack, fault, rng)
+        moment: dict[str, Any] = {}
+
+        def mark(moment: dict[str, Any] = moment) -> None:
+            moment.update(before=stack.progress(), at=time.monotonic())
+
+        what, restart = cause(stack, fault, rng, mark)
+        before, at = moment["before"], moment["at"]
         say(f"fault {fault}: {what}")
         restart()
         in_flight = {name: begun for name, (_, begun) in before.items() if name in PIPELINES}
