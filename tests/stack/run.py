@@ -335,13 +335,21 @@ def rerun_from_the_ui(stack: Stack) -> dict[str, Any]:
         page.goto(f"{stack.url}/dags/{name}/runs/{run_id}")
         page.get_by_role("button", name=re.compile("clear", re.I)).first.click()
         dialog = page.get_by_role("dialog")
-        dialog.get_by_text("Affected Tasks").wait_for()  # the dialog's dry run has answered
+        # the dialog lists what it will clear from a dry run of the same call: wait for its rows
+        dialog.get_by_role("cell", name="process_global_count").wait_for()
         confirm = dialog.get_by_role("button", name=re.compile("confirm", re.I))
-        # the browser stays open until the clear's request has its answer: closed at once, it
-        # once took the request with it (and nothing was cleared)
-        with page.expect_response(
-            lambda r: r.url.endswith(f"/dagRuns/{run_id}/clear") and r.request.method == "POST"
-        ) as answer:
+
+        def the_clear(response: Any) -> bool:  # the confirmed call, not the dialog's dry run
+            request = response.request
+            return (
+                response.url.endswith(f"/dagRuns/{run_id}/clear")
+                and request.method == "POST"
+                and json.loads(request.post_data or "{}").get("dry_run") is False
+            )
+
+        # the browser stays open until the clear has its answer: closed at once, it once took
+        # the request with it, and a dry run's answer was once taken for the clear's
+        with page.expect_response(the_clear) as answer:
             confirm.click()
         assert answer.value.ok, f"the UI's clear answered {answer.value.status}"
     cleared = time.monotonic()
