@@ -52,14 +52,8 @@ REPORT_EVERY = 60.0
 
 
 def _migrate(hook: Any) -> None:
-    """The log's schema at head (once per process and engine; safe from many processes)."""
-    from airflow_txn_provider.schema import ensure
-
-    engine = hook.get_engine()
-    try:
-        ensure(engine)
-    finally:
-        engine.dispose()
+    """The log's schema at head, as a claim's begin brings it (``get_log`` migrates)."""
+    hook.get_log(migrate=True).engine.dispose()
 
 
 def source_has_data(source: Any, txid: int, prev_metadata: Any) -> bool:
