@@ -29,9 +29,19 @@ from airflow_txn_provider.sinks import DeltaSink, list_staged
 from airflow_txn_provider.sources import TransactionalSource
 from airflow_txn_provider.state import BucketCountState, MapState, load_states, stage_states
 from tests.conftest import new_database
+from airflow_txn_provider.ui import access as ui_access
+from airflow_txn_provider.ui import app as ui_app
 from tests.integration.ui.plugin_client import plugin_client
 
 pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(autouse=True)
+def _clean_overrides():
+    """``plugin_client`` stands in for Airflow's dependencies: they are Airflow's again after."""
+    yield
+    ui_app.app.dependency_overrides.clear()
+    ui_access.provider.reset()
 
 P = "p"
 DAGS = {P: frozenset({"p_dag"})}

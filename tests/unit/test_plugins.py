@@ -25,6 +25,14 @@ from airflow_txn_provider.ui import access as ui_access
 from airflow_txn_provider.ui import app as ui_app
 
 
+@pytest.fixture(autouse=True)
+def _airflow_dependencies():
+    """Each test starts from Airflow's own dependencies, whatever another test on this pytest
+    worker stood in for."""
+    ui_app.app.dependency_overrides.clear()
+    ui_access.provider.reset()
+
+
 def views_by_destination() -> dict[str, dict]:
     return {view["destination"]: view for view in TxnProviderPlugin.external_views}
 
