@@ -28,9 +28,9 @@ from airflow_txn_provider.outputs import read_outputs
 from airflow_txn_provider.sinks import DeltaSink, list_staged
 from airflow_txn_provider.sources import TransactionalSource
 from airflow_txn_provider.state import BucketCountState, MapState, load_states, stage_states
-from tests.conftest import new_database
 from airflow_txn_provider.ui import access as ui_access
 from airflow_txn_provider.ui import app as ui_app
+from tests.conftest import new_database
 from tests.integration.ui.plugin_client import plugin_client
 
 pytestmark = pytest.mark.integration
@@ -42,6 +42,7 @@ def _clean_overrides():
     yield
     ui_app.app.dependency_overrides.clear()
     ui_access.provider.reset()
+
 
 P = "p"
 DAGS = {P: frozenset({"p_dag"})}
