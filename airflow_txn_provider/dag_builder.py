@@ -2,8 +2,9 @@
 
 One run per txid, created by the pipeline's waker (:mod:`airflow_txn_provider.triggers.waker`,
 the ``AssetWatcher`` of the DAG's schedule) once the window has room and the source has data for
-that txid: an idle pipeline holds no run. At most ``max_pending`` runs in flight
-(``max_active_runs``), in txid order (each run's logical date encodes its txid). Per run::
+that txid: an idle pipeline holds no run. At most ``max_pending`` txids in flight, and one run
+more (``max_active_runs``) for the txid whose claim waits to begin next, in txid order (each
+run's logical date encodes its txid). Per run::
 
     process_<job> >> commit                                  (one job: it claims the txid itself)
     begin >> [process_<job> ...] >> processed >> commit      (several jobs, in parallel)
@@ -78,7 +79,9 @@ def build_dag(
         schedule=waker_asset(pipeline, dag_id),
         start_date=TXID_EPOCH,
         catchup=False,
-        max_active_runs=pipeline.max_pending,
+        # One run more than the window: the txid just past a full window may have its run
+        # already, waiting in its worker to begin (waiting.txid_ahead).
+        max_active_runs=pipeline.max_pending + 1,
         max_consecutive_failed_dag_runs=0,
         default_args=default_args,
         **dag_kwargs,

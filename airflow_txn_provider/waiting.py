@@ -149,6 +149,22 @@ def new_txid_due(view: PipelineView | None) -> int | None:
     return txid if txid == view.next_new_txid else None
 
 
+def txid_ahead(view: PipelineView) -> int | None:
+    """The new txid just past a full window, whose run a claim may create ahead of time, or
+    ``None``.
+
+    Its claim then waits in its worker and begins the moment the oldest txid commits, instead of
+    the commit freeing a slot, then the waker's poll, the run's creation, its scheduling and its
+    task's start, one after the other, each txid. One txid ahead at most (the run of the txid
+    after it is created by its own claim, once it begins), and none while a failed txid is in
+    flight: that one replays first, in its own run.
+    """
+    if any(rec.status is TxStatus.FAILED for rec in view.in_flight):
+        return None
+    new = view.next_new_txid
+    return new if new == view.window.stop else None
+
+
 def blocked_by(view: PipelineView, txid: int) -> TxRecord | None:
     """The failed txid that holds ``txid`` back (the oldest failed one before it), if any:
     metadata is (re-)initialised in order, so nothing after it can begin until it does."""

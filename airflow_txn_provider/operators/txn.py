@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -34,7 +35,7 @@ from airflow_txn_provider.run_context import (
 )
 from airflow_txn_provider.triggers.txn_log import RUN_TXID, TxnLogTrigger, WaitFor
 from airflow_txn_provider.vocabulary import BeginAction
-from airflow_txn_provider.waiting import GateState, TxnEvent
+from airflow_txn_provider.waiting import GateState, TxnEvent, may_begin_now, txid_ahead
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -46,6 +47,31 @@ PIPELINE_FIELD = "pipeline_name"
 """The operators' attribute holding their pipeline's name: a template field, so Airflow keeps it
 in the serialized DAG, where the Transactions page reads which pipeline a DAG runs now (a
 pairing the claiming task recorded counts only while the DAG still declares that pipeline)."""
+
+
+AHEAD_WAIT = 60.0
+"""Seconds the claim of the txid just past a full window waits in its worker for the window to
+move, before it defers (see :func:`~airflow_txn_provider.waiting.txid_ahead`): with a backlog,
+that is about one txid's processing away."""
+AHEAD_POLL = 0.1
+"""Seconds between two looks at the log while it waits (one indexed read each)."""
+
+
+def window_moved(log: TransactionLog, pipeline: str, txid: int, deadline: float) -> bool:
+    """Wait until ``txid`` may begin (the oldest txid committed), if it is the txid just past the
+    full window; ``False`` at once for any other (a rewind's later txids: they defer) and once
+    ``deadline`` (``time.monotonic``) passes."""
+    view = log.view(pipeline)
+    if txid_ahead(view) != txid:
+        return False
+    while time.monotonic() < deadline:
+        time.sleep(AHEAD_POLL)
+        view = log.view(pipeline)
+        if may_begin_now(view, txid):
+            return True
+        if txid_ahead(view) != txid:
+            return False
+    return False
 
 
 def is_airflow_retry(ti: Any, retries: int | None) -> bool:
@@ -124,15 +150,22 @@ class _TxnOperator(TxidLineage, BaseOperator):
             start=p.start,
             retired=p.retired,
         )
-        emission = log.begin(
-            p.name,
-            txid,
-            p.source,
-            claim_timeout=max(CLAIM_TIMEOUT, p.lease_timeout),
-            # A failed attempt replays when its failure sensor (or a person) restarts the run,
-            # never on an Airflow retry: that would add an attempt behind the sensor's count.
-            replay=not is_airflow_retry(context["ti"], self.retries),
-        )
+        deadline = time.monotonic() + AHEAD_WAIT
+        while True:
+            emission = log.begin(
+                p.name,
+                txid,
+                p.source,
+                claim_timeout=max(CLAIM_TIMEOUT, p.lease_timeout),
+                # A failed attempt replays when its failure sensor (or a person) restarts the
+                # run, never on an Airflow retry: that would add an attempt behind the sensor's
+                # count.
+                replay=not is_airflow_retry(context["ti"], self.retries),
+            )
+            if emission.action is not BeginAction.WAIT_WINDOW:
+                break
+            if not window_moved(log, p.name, txid, deadline):
+                break
         if emission.action is BeginAction.NOT_REPLAYED:
             failed = log.transaction(p.name, txid)
             raise AirflowFailException(

@@ -35,7 +35,7 @@ from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 from airflow_txn_provider.exceptions import UnknownPipelineError
 from airflow_txn_provider.records import PipelineView
 from airflow_txn_provider.retries import Backoff
-from airflow_txn_provider.waiting import new_txid_due
+from airflow_txn_provider.waiting import new_txid_due, txid_ahead
 
 if TYPE_CHECKING:
     from airflow_txn_provider.pipeline import TxnPipeline
@@ -67,11 +67,15 @@ def create_next_run(
     view: PipelineView, source: Any, txid: int, metadata: Any, create: Callable[[int], bool]
 ) -> bool:
     """Right after ``txid`` began with ``metadata`` (``view`` read since): create the run of
-    ``txid + 1`` if it is due and the source has data after ``metadata``. The waker's question,
-    asked by the claim at once rather than at the waker's next poll, so that a backlog fills the
-    window without a poll and a scheduling round per txid. Returns whether a run was created
-    (``create`` answers False for a run that exists)."""
-    if new_txid_due(view) != txid + 1 or not source_has_data(source, txid + 1, metadata):
+    ``txid + 1`` if it is due, or just past the full window (:func:`~airflow_txn_provider.
+    waiting.txid_ahead`: its claim waits in its worker for the window to move), and the source
+    has data after ``metadata``. The waker's question, asked by the claim at once rather than at
+    the waker's next poll, so that a backlog fills the window, and keeps it full, without a poll
+    and a scheduling round per txid. Returns whether a run was created (``create`` answers
+    False for a run that exists)."""
+    if txid + 1 not in (new_txid_due(view), txid_ahead(view)):
+        return False
+    if not source_has_data(source, txid + 1, metadata):
         return False
     return create(txid + 1)
 

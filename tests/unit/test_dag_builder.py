@@ -51,7 +51,7 @@ def test_one_job_dag_shape():
     assert _upstream(dag, "commit") == {"process_word_count"}
     # A processing task that recorded its output may fail to report it: the log decides.
     assert dag.get_task("commit").trigger_rule == "none_skipped"
-    assert dag.max_active_runs == 3 and not dag.catchup  # the waker creates the runs
+    assert dag.max_active_runs == 3 + 1 and not dag.catchup  # max_pending and the run ahead
     process = dag.get_task("process_word_count")
     assert process.finish is True and process.claims is True
     assert {dag.get_task(t).claim_task_id for t in dag.task_ids} == {"process_word_count"}

@@ -13,7 +13,7 @@ from airflow_txn_provider.coordinator import plan_begin
 from airflow_txn_provider.triggers import waker as waker_module
 from airflow_txn_provider.triggers.waker import TxnWakerTrigger, source_has_data
 from airflow_txn_provider.vocabulary import BeginAction
-from airflow_txn_provider.waiting import new_txid_due
+from airflow_txn_provider.waiting import new_txid_due, txid_ahead
 from tests.unit.builders import DONE, FAIL, PROC, view
 
 
@@ -224,13 +224,49 @@ def test_a_claim_creates_the_next_txids_run_when_its_source_has_more(records, so
         assert source.asked == []  # a txid that is not due asks nothing of the source
 
 
-def test_a_claim_never_creates_a_run_beyond_the_window():
+def test_a_claim_creates_the_run_just_past_a_full_window_and_no_further():
     from airflow_txn_provider.triggers.waker import create_next_run
 
     full = view((4, 1, PROC), (5, 1, PROC), last=3, max_pending=2)
+    made: list[int] = []
+    assert create_next_run(full, Batches(100), 5, {"end": 50}, lambda n: made.append(n) or True)
+    assert made == [6]  # its claim waits in its worker for txid 4's commit
+    # Txid 6's run waits: the claim of a txid inside the window asks for nothing beyond it.
     source = Batches(100)
-    assert not create_next_run(full, source, 5, {"end": 50}, lambda n: True)
+    assert not create_next_run(full, source, 4, {"end": 40}, lambda n: True)
     assert source.asked == []
+
+
+def test_no_run_is_created_ahead_while_a_failed_txid_waits_to_replay():
+    from airflow_txn_provider.triggers.waker import create_next_run
+
+    v = view((4, 2, FAIL), (5, 1, PROC), last=3, max_pending=2)
+    source = Batches(100)
+    assert txid_ahead(v) is None
+    assert not create_next_run(v, source, 5, {"end": 50}, lambda n: True)
+    assert source.asked == []
+
+
+@hypothesis.given(
+    last=st.integers(0, 50),
+    statuses=st.lists(STATUSES, max_size=8),
+    max_pending=st.integers(1, 8),
+)
+def test_the_txid_ahead_is_the_next_new_one_and_waits_only_for_the_window(
+    last, statuses, max_pending
+):
+    records = [(last + 1 + i, 1, s) for i, s in enumerate(statuses)]
+    v = view(*records, last=last, max_pending=max_pending)
+    ahead = txid_ahead(v)
+    if ahead is None:
+        return
+    assert ahead == v.next_new_txid == v.window.stop and FAIL not in statuses
+    assert new_txid_due(v) is None  # never both: due means the window has room
+    assert plan_begin(v, ahead).action is BeginAction.WAIT_WINDOW
+    # Once the oldest txid commits, it is the txid the coordinator begins next, as a new one.
+    oldest = v.in_flight[0]
+    moved = view(*records[1:], last=oldest.txid, max_pending=max_pending)
+    assert plan_begin(moved, ahead).action is BeginAction.NEW
 
 
 def test_an_existing_run_is_not_created_again():
