@@ -7,6 +7,7 @@ helpers live here, apart from either: the sensor does not import the operators.
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowFailException
@@ -106,3 +107,30 @@ def why_waiting(log: TransactionLog, pipeline: TxnPipeline, txid: int) -> str:
         f"window full: txids {view.window.start}..{view.window.stop - 1} in flight "
         f"(max_pending={pipeline.max_pending})"
     )
+
+
+AHEAD_WAIT = 60.0
+"""Seconds the claim of the txid just past a full window waits in its worker for the window to
+move, before it defers (see :func:`~airflow_txn_provider.waiting.txid_ahead`): with a backlog,
+that is about one txid's processing away."""
+AHEAD_POLL = 0.1
+"""Seconds between two looks at the log while it waits (one indexed read each)."""
+
+
+def window_moved(log: TransactionLog, pipeline: str, txid: int, deadline: float) -> bool:
+    """Wait until ``txid`` may begin (the oldest txid committed), if it is the txid just past the
+    full window; ``False`` at once for any other (a rewind's later txids: they defer) and once
+    ``deadline`` (``time.monotonic``) passes."""
+    from airflow_txn_provider.waiting import may_begin_now, txid_ahead
+
+    view = log.view(pipeline)
+    if txid_ahead(view) != txid:
+        return False
+    while time.monotonic() < deadline:
+        time.sleep(AHEAD_POLL)
+        view = log.view(pipeline)
+        if may_begin_now(view, txid):
+            return True
+        if txid_ahead(view) != txid:
+            return False
+    return False

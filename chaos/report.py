@@ -114,7 +114,7 @@ HEADER = [
 
 
 def format_table(results: Sequence[FaultResult]) -> str:
-    """The table as Markdown (it goes into the README as printed)."""
+    """The table as Markdown (it goes into docs/chaos.md as printed)."""
     rows = [HEADER, *table_rows(results)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(HEADER))]
     left = {0}

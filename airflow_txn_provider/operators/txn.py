@@ -24,6 +24,7 @@ from airflow_txn_provider.config import CLAIM_TIMEOUT
 from airflow_txn_provider.credentials import connection_env
 from airflow_txn_provider.lineage import TxidLineage, lineage_enabled
 from airflow_txn_provider.run_context import (
+    AHEAD_WAIT,
     BEGIN_TASK_ID,
     CLAIM_XCOM_KEY,
     claimed,
@@ -32,10 +33,11 @@ from airflow_txn_provider.run_context import (
     run_txid,
     start_in_triggerer,
     why_waiting,
+    window_moved,
 )
 from airflow_txn_provider.triggers.txn_log import RUN_TXID, TxnLogTrigger, WaitFor
 from airflow_txn_provider.vocabulary import BeginAction
-from airflow_txn_provider.waiting import GateState, TxnEvent, may_begin_now, txid_ahead
+from airflow_txn_provider.waiting import GateState, TxnEvent
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
@@ -47,31 +49,6 @@ PIPELINE_FIELD = "pipeline_name"
 """The operators' attribute holding their pipeline's name: a template field, so Airflow keeps it
 in the serialized DAG, where the Transactions page reads which pipeline a DAG runs now (a
 pairing the claiming task recorded counts only while the DAG still declares that pipeline)."""
-
-
-AHEAD_WAIT = 60.0
-"""Seconds the claim of the txid just past a full window waits in its worker for the window to
-move, before it defers (see :func:`~airflow_txn_provider.waiting.txid_ahead`): with a backlog,
-that is about one txid's processing away."""
-AHEAD_POLL = 0.1
-"""Seconds between two looks at the log while it waits (one indexed read each)."""
-
-
-def window_moved(log: TransactionLog, pipeline: str, txid: int, deadline: float) -> bool:
-    """Wait until ``txid`` may begin (the oldest txid committed), if it is the txid just past the
-    full window; ``False`` at once for any other (a rewind's later txids: they defer) and once
-    ``deadline`` (``time.monotonic``) passes."""
-    view = log.view(pipeline)
-    if txid_ahead(view) != txid:
-        return False
-    while time.monotonic() < deadline:
-        time.sleep(AHEAD_POLL)
-        view = log.view(pipeline)
-        if may_begin_now(view, txid):
-            return True
-        if txid_ahead(view) != txid:
-            return False
-    return False
 
 
 def is_airflow_retry(ti: Any, retries: int | None) -> bool:

@@ -1,5 +1,6 @@
-"""The README: its architecture table names every module of the package (and nothing that is
-gone), and its screenshots (and the docs' pages') are those the browser test retakes."""
+"""The README is a front door (at most 12 KB; the figures and the architecture live in docs/), the
+architecture page's table names every module of the package (and nothing that is gone), and the
+README's screenshots (and the docs' pages') are those the browser test retakes."""
 
 from __future__ import annotations
 
@@ -11,9 +12,8 @@ PACKAGE = ROOT / "airflow_txn_provider"
 
 
 def _architecture_table() -> str:
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## Architecture\n", 1)[1]
-    return section.split("\nNot in the wheel", 1)[0]
+    page = (ROOT / "docs" / "architecture.md").read_text()
+    return page.split("\nNot in the wheel", 1)[0]
 
 
 def _named_modules() -> set[str]:
@@ -37,13 +37,34 @@ def _package_modules() -> set[str]:
     return found
 
 
-def test_every_module_has_its_room_in_the_readme():
+def test_the_readme_is_a_front_door():
+    readme = (ROOT / "README.md").read_bytes()
+    assert len(readme) <= 12 * 1024, f"README.md is {len(readme)} bytes; figures go to docs/"
+    text = readme.decode()
+    assert text.index("make demo") < 600 and text.index("make test") < 600  # the two commands
+
+
+def test_every_relative_link_of_the_readme_and_docs_resolves():
+    """Moving sections between pages must not leave a link pointing at nothing (anchors aside)."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    broken = []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            path = target.split("#", 1)[0]
+            if not path or "://" in target or target.startswith("mailto:"):
+                continue
+            if not (page.parent / path).exists():
+                broken.append(f"{page.relative_to(ROOT)} -> {target}")
+    assert not broken, broken
+
+
+def test_every_module_has_its_room_in_the_architecture_page():
     named = _named_modules()
     files = {n for n in named if n.endswith(".py")}
     missing = _package_modules() - files
-    assert not missing, f"modules the README's architecture table does not name: {missing}"
+    assert not missing, f"modules docs/architecture.md's table does not name: {missing}"
     gone = {n for n in named if not (PACKAGE / n).exists()}
-    assert not gone, f"the README's architecture table names what does not exist: {gone}"
+    assert not gone, f"docs/architecture.md's table names what does not exist: {gone}"
 
 
 def test_the_readmes_screenshots_are_those_the_browser_test_retakes():

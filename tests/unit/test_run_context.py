@@ -1,0 +1,57 @@
+"""How long the run ahead's claim waits in its worker (no services: the log is a list of views)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from airflow_txn_provider import run_context
+from tests.unit.builders import FAIL, PROC, view
+
+
+class Log:
+    """The log as the claim's wait reads it: one view per look, the last one repeated."""
+
+    def __init__(self, *views):
+        self.views, self.looks = list(views), 0
+
+    def view(self, pipeline):
+        assert pipeline == "p"
+        self.looks += 1
+        return self.views[min(self.looks, len(self.views)) - 1]
+
+
+FULL = view((4, 1, PROC), (5, 1, PROC), last=3, max_pending=2)
+MOVED = view((5, 1, PROC), last=4, max_pending=2)  # txid 4 committed: 6 may begin
+FAILED = view((4, 2, FAIL), (5, 1, FAIL), last=3, max_pending=2)  # the cascade: 4 replays first
+
+
+@pytest.fixture
+def fast(monkeypatch):
+    monkeypatch.setattr(run_context, "AHEAD_POLL", 0.001)
+
+
+def test_the_run_ahead_begins_once_the_oldest_txid_commits(fast):
+    log = Log(FULL, FULL, FULL, MOVED)
+    assert run_context.window_moved(log, "p", 6, time.monotonic() + 5)
+    assert log.looks == 4
+
+
+def test_the_run_ahead_stops_waiting_when_a_txid_before_it_fails(fast):
+    log = Log(FULL, FULL, FAILED)
+    assert not run_context.window_moved(log, "p", 6, time.monotonic() + 5)
+    assert log.looks == 3  # it defers: its wait may be long now
+
+
+def test_a_txid_further_than_one_past_the_window_does_not_wait_in_its_worker(fast):
+    log = Log(FULL)
+    assert not run_context.window_moved(log, "p", 7, time.monotonic() + 5)
+    assert log.looks == 1
+
+
+def test_the_run_ahead_waits_no_longer_than_its_deadline(fast):
+    log = Log(FULL)
+    started = time.monotonic()
+    assert not run_context.window_moved(log, "p", 6, started + 0.05)
+    assert 0.05 <= time.monotonic() - started < 2 and log.looks > 2
