@@ -233,13 +233,16 @@ class TxidLineage:
     def txn_log(self) -> TransactionLog:
         raise NotImplementedError
 
+    def txn_log_url(self) -> str:
+        """The log's URL (its connection's): the namespace its states are named in."""
+        raise NotImplementedError
+
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """The run's txid; the source with the batch (a task that reads it); the outputs (the
         commit task, once its attempt committed)."""
         claim, p = self._lineage_claim, self.pipeline
         if not self.commits or claim is None:
             return task_lineage(p, claim, reads_batch=self.reads_batch)
-        from airflow_txn_provider.hooks.txn_log import TxnLogHook
         from airflow_txn_provider.vocabulary import TxStatus
 
         info = self.txn_log().transaction(p.name, claim["txid"])
@@ -253,7 +256,7 @@ class TxidLineage:
             claim,
             reads_batch=self.reads_batch,
             committed_output=(info.output or {}) if committed and info is not None else None,
-            log_url=TxnLogHook(txn_log_conn_id=p.txn_log_conn_id).log_url(),
+            log_url=self.txn_log_url(),
         )
 
     def get_openlineage_facets_on_failure(self, task_instance: Any) -> Any:

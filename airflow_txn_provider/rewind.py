@@ -17,7 +17,8 @@ leaves either the old log and states or the rewound ones):
 4. records who rewound, when, from which txid, with which job version (``txn_rewind``).
 
 Then the txids recompute through the normal path, possibly with a changed job: on Airflow,
-:func:`restart_runs` puts their runs back in the queue, every task cleared, through the REST API.
+:func:`~airflow_txn_provider.rewind_runs.restart_runs` puts their runs back in the queue, every
+task cleared, through the REST API.
 From a shell where Airflow's connections are configured (a scheduler's or a worker's)::
 
     python -m airflow_txn_provider.rewind PIPELINE --to N [--by WHO] [--job-version V]
@@ -40,11 +41,8 @@ reader "as of" the log's last committed txid
 
 from __future__ import annotations
 
-import argparse
-import getpass
 import logging
-import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -59,7 +57,6 @@ from airflow_txn_provider.vocabulary import LAKE_OUTPUT_PREFIX
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection, Engine
 
-    from airflow_txn_provider.hooks.airflow_api import AirflowApiHook
 
 log = logging.getLogger(__name__)
 
@@ -184,96 +181,10 @@ class LogRewind:
             to_txid,
             by,
             view.last_committed,
-            _span(plan.failed),
+            span(plan.failed),
             states,
         )
         return RewindResult(pipeline, to_txid, view.last_committed, plan.failed, states)
-
-
-def restart_runs(api: AirflowApiHook, dag_ids: Iterable[str], result: RewindResult) -> list[str]:
-    """Run every txid from ``result``'s ``to_txid`` again on each DAG that runs the pipeline,
-    in txid order, through the REST API; returns what was cleared (``run_id: task_id``).
-
-    Each run from ``to_txid`` on is cleared whole with its run reset to queued, which Airflow
-    does to finished runs only (a reset run is scheduled before others, in logical-date order).
-    A run still running would keep its ``max_active_runs`` slot while it waits for the txids
-    before it, and with every slot so held the queued ones would never start: so, with the DAG
-    paused meanwhile (no run is started or created halfway), the unfinished runs from
-    ``to_txid`` on are ended first (their attempts were fenced by the rewind already)."""
-    from airflow_txn_provider.timetables import TXID_STEP, txid_logical_date
-
-    if not result.rewound:
-        return []
-    start = txid_logical_date(result.to_txid)
-    # every run from to_txid on, those created after the rewound ones included
-    end = start + TXID_STEP * 10**9
-    note = f"rewound to txid {result.to_txid}: recomputed from it, in order"
-    cleared: list[str] = []
-    for dag_id in sorted(dag_ids):
-        was_paused = api.set_paused(dag_id, True)
-        try:
-            for run_id in api.unfinished_runs_from(dag_id, start):
-                api.set_run_state(dag_id, run_id, "failed")
-            cleared += api.clear_task_instances(
-                dag_id,
-                api.task_ids(dag_id),
-                logical_dates=(start, end),
-                note=note,
-                reset_dag_runs=True,
-            )
-        finally:
-            if not was_paused:
-                api.set_paused(dag_id, False)
-    return cleared
-
-
-def main(argv: list[str] | None = None) -> int:
-    """The rewind's command line (see the module's docstring)."""
-    parser = argparse.ArgumentParser(
-        prog="python -m airflow_txn_provider.rewind",
-        description="Rewind a pipeline to txid N: its Postgres states back to after N - 1, "
-        "every txid from N recomputed (their Airflow runs restarted).",
-    )
-    parser.add_argument("pipeline")
-    parser.add_argument(
-        "--to", type=int, required=True, metavar="N", help="the first txid to recompute"
-    )
-    parser.add_argument("--by", default=f"cli:{getpass.getuser()}", help="who rewinds (recorded)")
-    parser.add_argument("--job-version", help="the job version that recomputes (recorded)")
-    parser.add_argument("--reason", help="why (recorded, and shown on the rewound txids)")
-    parser.add_argument("--txn-log-conn-id", default="txn_log_default")
-    parser.add_argument("--airflow-api-conn-id", default="airflow_api_default")
-    parser.add_argument(
-        "--no-restart", action="store_true", help="rewind the log only; restart no Airflow run"
-    )
-    args = parser.parse_args(argv)
-    from airflow_txn_provider.exceptions import TxnError
-    from airflow_txn_provider.hooks.airflow_api import AirflowApiHook
-    from airflow_txn_provider.hooks.txn_log import TxnLogHook
-
-    try:
-        txlog = TxnLogHook(args.txn_log_conn_id).get_log()
-        result = txlog.rewind(
-            args.pipeline, args.to, by=args.by, job_version=args.job_version, reason=args.reason
-        )
-    except TxnError as err:
-        print(f"rewind refused: {err}", file=sys.stderr)
-        return 2
-    print(
-        f"{result.pipeline}: rewound to txid {result.to_txid} (last committed was "
-        f"{result.last_committed_before}); txids {_span(result.rewound)} pending again"
-    )
-    for name, counts in result.states.items():
-        print(f"  state {name}: {counts['restored']} keys restored, {counts['removed']} removed")
-    for name, what in result.tables.items():
-        print(f"  lake sink {name}: {what}")
-    if args.no_restart:
-        print("no run restarted (--no-restart): restart them from the UI")
-        return 0
-    dag_ids = txlog.pipeline_dags().get(args.pipeline, set())
-    cleared = restart_runs(AirflowApiHook(args.airflow_api_conn_id), dag_ids, result)
-    print(f"restarted the runs of {sorted(dag_ids)}: {len(cleared)} task instances cleared")
-    return 0
 
 
 def read_rewound_through(conn: Connection, pipeline: str) -> int:
@@ -305,12 +216,15 @@ def _lake_outputs_after(conn: Connection, pipeline: str, txid: int) -> dict[str,
     return sinks
 
 
-def _span(txids: tuple[int, ...]) -> str:
+def span(txids: tuple[int, ...]) -> str:
+    """``first..last`` of ``txids`` (``(none)`` when empty), as logs and the CLI print them."""
     return f"{txids[0]}..{txids[-1]}" if txids else "(none)"
 
 
-__all__ = ["LogRewind", "RewindResult", "main", "read_rewound_through", "restart_runs"]
+__all__ = ["LogRewind", "RewindResult", "read_rewound_through", "span"]
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # python -m airflow_txn_provider.rewind: the CLI, above the log
+    from airflow_txn_provider.rewind_runs import main
+
     raise SystemExit(main())

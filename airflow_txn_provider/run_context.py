@@ -66,6 +66,13 @@ def pipeline_log(pipeline: TxnPipeline) -> TransactionLog:
     return TxnLogHook(txn_log_conn_id=pipeline.txn_log_conn_id).get_log()
 
 
+def pipeline_log_url(pipeline: TxnPipeline) -> str:
+    """The URL of the pipeline's log (its connection's, password included: never logged)."""
+    from airflow_txn_provider.hooks.txn_log import TxnLogHook
+
+    return TxnLogHook(txn_log_conn_id=pipeline.txn_log_conn_id).log_url()
+
+
 def start_in_triggerer(
     task: BaseOperator, trigger: TxnLogTrigger, next_method: str, enabled: bool = True
 ) -> None:

@@ -30,6 +30,7 @@ from airflow_txn_provider.run_context import (
     claimed,
     is_scheduled_txid_run,
     pipeline_log,
+    pipeline_log_url,
     run_txid,
     start_in_triggerer,
     why_waiting,
@@ -83,6 +84,9 @@ class _TxnOperator(TxidLineage, BaseOperator):
     def txn_log(self) -> TransactionLog:
         return pipeline_log(self.pipeline)
 
+    def txn_log_url(self) -> str:
+        return pipeline_log_url(self.pipeline)
+
     def woken_by(self, event: Any) -> TxnEvent | None:
         """The log trigger's event this task resumed with, checked
         (:class:`~airflow_txn_provider.exceptions.MalformedEventError` if it is not one);
@@ -134,14 +138,12 @@ class _TxnOperator(TxidLineage, BaseOperator):
                 txid,
                 p.source,
                 claim_timeout=max(CLAIM_TIMEOUT, p.lease_timeout),
-                # A failed attempt replays when its failure sensor (or a person) restarts the
-                # run, never on an Airflow retry: that would add an attempt behind the sensor's
-                # count.
+                # A failed attempt replays when its failure sensor (or a person) restarts the run,
+                # never on an Airflow retry (an attempt behind the sensor's count).
                 replay=not is_airflow_retry(context["ti"], self.retries),
             )
-            if emission.action is not BeginAction.WAIT_WINDOW:
-                break
-            if not window_moved(log, p.name, txid, deadline):
+            waits_window = emission.action is BeginAction.WAIT_WINDOW
+            if not (waits_window and window_moved(log, p.name, txid, deadline)):
                 break
         if emission.action is BeginAction.NOT_REPLAYED:
             failed = log.transaction(p.name, txid)
@@ -469,10 +471,8 @@ def fail_attempt_on_task_failure(context: Context) -> None:
     """``on_failure_callback`` of a processing task: Airflow failed the task (it raised, timed
     out, or its process stopped heartbeating), so its attempt will report nothing: fail it now
     rather than when its lease runs out. Best effort: the lease is the guarantee."""
-    ti = context["ti"]
-    task = context.get("task")
-    pipeline = getattr(task, "pipeline", None)
-    if pipeline is None:
+    ti, task = context["ti"], context.get("task")
+    if (pipeline := getattr(task, "pipeline", None)) is None:
         return
     if getattr(task, "stopped", False):  # on_kill ran in this process: see its docstring
         msg = "pipeline=%s: task %s (try %s) was stopped: a later try or the lease decides"

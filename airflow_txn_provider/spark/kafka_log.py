@@ -97,6 +97,12 @@ class Seen:
     detail: str = ""
 
 
+def split_key(key: str) -> tuple[str, int]:
+    """``"words-3"`` -> ``("words", 3)`` (a topic name may hold dashes; the partition never)."""
+    topic, _, partition = key.rpartition("-")
+    return topic, int(partition)
+
+
 def log_changes(
     recorded: LogIdentity, topic_id: str | None, seen: Mapping[str, Seen]
 ) -> dict[str, str]:
@@ -147,8 +153,6 @@ def read_anchors(
     record at or after the offset is the answer. Offsets below the earliest (deleted) are not
     read; at or past the latest, the log ends before them."""
     from confluent_kafka import Consumer, KafkaError, TopicPartition
-
-    from airflow_txn_provider.spark.kafka_source import split_key
 
     seen: dict[str, Seen] = {}
     wanted: dict[tuple[str, int], str] = {}

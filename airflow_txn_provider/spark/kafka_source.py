@@ -49,6 +49,7 @@ from airflow_txn_provider.spark.kafka_log import (
     Seen,
     log_changes,
     read_anchors,
+    split_key,
 )
 from airflow_txn_provider.spark.sources import SparkSource
 
@@ -79,12 +80,6 @@ NOTES = (SKIPPED, LOG, RESET)
 def offset_ranges(metadata: Metadata | None) -> dict[str, list[int]]:
     """A txid's ``{partition: [start, end)}``, without its notes (:data:`NOTES`)."""
     return {k: [int(r[0]), int(r[1])] for k, r in dict(metadata or {}).items() if k not in NOTES}
-
-
-def split_key(key: str) -> tuple[str, int]:
-    """``"words-3"`` -> ``("words", 3)`` (a topic name may hold dashes; the partition never)."""
-    topic, _, partition = key.rpartition("-")
-    return topic, int(partition)
 
 
 @dataclasses.dataclass(frozen=True)

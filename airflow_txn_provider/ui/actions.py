@@ -27,7 +27,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from airflow_txn_provider.exceptions import RewindError
-from airflow_txn_provider.rewind import RewindResult, restart_runs
+from airflow_txn_provider.rewind import RewindResult
+from airflow_txn_provider.rewind_runs import restart_runs
 from airflow_txn_provider.ui.access import PipelineName, ReadingDep, auth_manager, authorized
 from airflow_txn_provider.ui.errors import AccessDeniedError
 

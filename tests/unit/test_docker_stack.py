@@ -930,7 +930,7 @@ def _api_hook_calls(services, monkeypatch) -> list[tuple[str, str]]:
         "set_run_note": lambda: hook.set_run_note("d", "r", "n"),
         "finished_runs_through": lambda: hook.finished_runs_through("d", day, limit=5),
         "delete_dag_run": lambda: hook.delete_dag_run("d", "r"),
-        # a rewind's restart of the runs (airflow_txn_provider.rewind.restart_runs)
+        # a rewind's restart of the runs (airflow_txn_provider.rewind_runs.restart_runs)
         "task_ids": lambda: hook.task_ids("d"),
         "unfinished_runs_from": lambda: hook.unfinished_runs_from("d", day),
         "set_run_state": lambda: hook.set_run_state("d", "r", "failed"),
