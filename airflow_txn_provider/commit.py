@@ -45,9 +45,10 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_txn_provider import metrics
 from airflow_txn_provider.config import PRUNE_EVERY
-from airflow_txn_provider.coordinator import committable, retention_horizon
+from airflow_txn_provider.coordinator import committable
 from airflow_txn_provider.exceptions import StagedOutputMismatchError, StateDefinitionError
 from airflow_txn_provider.health import judge
+from airflow_txn_provider.history import retention_horizon
 from airflow_txn_provider.log_rows import TxidRows
 from airflow_txn_provider.outputs import (
     DeclaredOutput,
@@ -285,7 +286,7 @@ RUN_PRUNE_TIMEOUT = 10.0
 def airflow_runs_prune_due(committed: Sequence[int]) -> bool:
     """Whether a task that committed the txids ``committed`` prunes Airflow's DAG runs: when one
     of them is a multiple of ``PRUNE_EVERY``. The rule for DAG runs, kept apart from the log's own
-    (:func:`~airflow_txn_provider.coordinator.prune_range`, from where it pruned last): a task
+    (:func:`~airflow_txn_provider.history.prune_range`, from where it pruned last): a task
     does not know where the last prune of the runs stopped."""
     return any(t % PRUNE_EVERY == 0 for t in committed)
 

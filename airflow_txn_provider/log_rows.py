@@ -266,9 +266,9 @@ class TxidRows:
     def rewind(conn: Connection, pipeline: str, from_txid: int, error: str) -> int:
         """Fail the current attempt of every txid from ``from_txid`` on, committed or in flight
         (a rewind: :mod:`airflow_txn_provider.rewind`), both rows, with ``error`` and
-        ``failed_by`` :data:`~airflow_txn_provider.coordinator.REWOUND_BY`; a committed txid
+        ``failed_by`` :data:`~airflow_txn_provider.history.REWOUND_BY`; a committed txid
         loses its commit time. Returns how many txids. The caller holds the pipeline's lock."""
-        from airflow_txn_provider.coordinator import REWOUND_BY
+        from airflow_txn_provider.history import REWOUND_BY
 
         result = conn.execute(
             text(

@@ -31,7 +31,6 @@ from airflow_txn_provider.coordinator import (
     plan_expiry,
     plan_failure,
     plan_recovery,
-    prune_range,
 )
 from airflow_txn_provider.exceptions import (
     LeaseExpiredError,
@@ -40,6 +39,7 @@ from airflow_txn_provider.exceptions import (
     TxnError,
 )
 from airflow_txn_provider.fencing import claim_timeout_for
+from airflow_txn_provider.history import prune_range
 from airflow_txn_provider.log_rows import TxidRows, load_view
 from airflow_txn_provider.models import PIPELINES
 from airflow_txn_provider.records import PipelineView, TxRecord

@@ -1,7 +1,7 @@
 """Retention: deleting the rows of old committed txids, so the log does not grow forever.
 
 The rule of what may go is the coordinator's
-(:func:`~airflow_txn_provider.coordinator.prune_range`): the rows of txids older than the newest
+(:func:`~airflow_txn_provider.history.prune_range`): the rows of txids older than the newest
 ``keep_txids`` committed ones, a bounded batch at a time. A commit prunes now and then under the
 pipeline's lock it holds anyway (:func:`prune_locked`); :meth:`LogRetention.prune` does the same on
 demand, and :meth:`LogRetention.retention` reports the totals. The delete itself is the txid rows'
@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 from sqlalchemy import select
 
 from airflow_txn_provider.config import PRUNE_BATCH
-from airflow_txn_provider.coordinator import prune_range, rewind_floor
 from airflow_txn_provider.exceptions import UnknownPipelineError
+from airflow_txn_provider.history import prune_range, rewind_floor
 from airflow_txn_provider.log_rows import TxidRows, lock_pipeline
 from airflow_txn_provider.models import PIPELINES
 from airflow_txn_provider.retries import retry_transient
@@ -47,7 +47,7 @@ class RetentionInfo:
     @property
     def rewind_floor(self) -> int:
         """The oldest txid a rewind can go back to now
-        (:func:`~airflow_txn_provider.coordinator.rewind_floor`)."""
+        (:func:`~airflow_txn_provider.history.rewind_floor`)."""
         return rewind_floor(self.pruned_through_txid, self.undo_from_txid)
 
 

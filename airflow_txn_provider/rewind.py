@@ -4,9 +4,9 @@ The most common reason to reprocess is a transform that was wrong from txid N on
 one database transaction under the pipeline's lock (so no commit runs beside it, and a crash
 leaves either the old log and states or the rewound ones):
 
-1. asks the coordinator (:func:`~airflow_txn_provider.coordinator.plan_rewind`) whether ``N``
+1. asks the coordinator (:func:`~airflow_txn_provider.history.plan_rewind`) whether ``N``
    can be restored exactly: no further back than retention and the undo records reach
-   (:func:`~airflow_txn_provider.coordinator.rewind_floor`);
+   (:func:`~airflow_txn_provider.history.rewind_floor`);
 2. puts every Postgres map state of the pipeline back as it was after ``N - 1``'s commit, from
    the undo records each commit writes in its apply statement (a key's row before the commit:
    :meth:`~airflow_txn_provider.state.MapState.rewind`);
@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import insert, select, update
 
-from airflow_txn_provider.coordinator import plan_rewind, rewind_floor, rewound_through
+from airflow_txn_provider.history import plan_rewind, rewind_floor, rewound_through
 from airflow_txn_provider.log_rows import TxidRows, load_view, lock_pipeline
 from airflow_txn_provider.models import PIPELINES, REWINDS, TRANSACTIONS
 from airflow_txn_provider.retries import retry_transient
@@ -189,7 +189,7 @@ class LogRewind:
 
 def read_rewound_through(conn: Connection, pipeline: str) -> int:
     """The newest txid a rewind of ``pipeline`` failed (0: never rewound): the rule's input,
-    :func:`~airflow_txn_provider.coordinator.rewound_through`."""
+    :func:`~airflow_txn_provider.history.rewound_through`."""
     rows = conn.execute(
         select(REWINDS.c.to_txid, REWINDS.c.rewound_txids).where(REWINDS.c.pipeline == pipeline)
     )

@@ -17,7 +17,7 @@ transaction:
 * :mod:`~airflow_txn_provider.retention`: a commit also deletes the rows of txids older than the
   newest ``keep_txids`` committed ones (a bounded batch, under the pipeline's lock it holds anyway)
   and adds them to the pipeline's ``pruned_*`` totals (:meth:`TransactionLog.retention`). Nothing
-  a rule reads is pruned (:func:`~airflow_txn_provider.coordinator.retention_horizon`).
+  a rule reads is pruned (:func:`~airflow_txn_provider.history.retention_horizon`).
 * :mod:`~airflow_txn_provider.rewind`: ``rewind`` undoes the commits of txid N and later
   (every Postgres state restored from the undo records each commit writes) and re-queues every
   txid from N, in one database transaction under the pipeline's lock.

@@ -230,7 +230,7 @@ class LakeSink(abc.ABC):
         """Add ``staged`` to the table in one commit recording ``(pipeline, txid)``, unless the
         table holds that txid already. Raises :class:`LakeSchemaMismatchError` (nothing added)
         when the files' columns differ from the table's. ``rewound_through``: the newest txid a
-        rewind of the pipeline failed (:func:`~airflow_txn_provider.coordinator.rewound_through`).
+        rewind of the pipeline failed (:func:`~airflow_txn_provider.history.rewound_through`).
         """
         table_txid = table.committed_txid(pipeline)
         action = plan_sink_commit(

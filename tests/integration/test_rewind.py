@@ -16,12 +16,12 @@ import pytest
 from sqlalchemy import text
 
 from airflow_txn_provider.commit import commit_registered
-from airflow_txn_provider.coordinator import REWOUND_BY
 from airflow_txn_provider.exceptions import (
     RewindAheadError,
     RewindTooFarError,
     StaleAttemptError,
 )
+from airflow_txn_provider.history import REWOUND_BY
 from airflow_txn_provider.sources import OpaqueSource, TransactionalSource
 from airflow_txn_provider.state import (
     BucketCountState,

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from airflow_txn_provider.config import validate_keep_txids, validate_max_pending
+from airflow_txn_provider.config import validate_max_pending
 from airflow_txn_provider.coordinator import (
     committable,
     expired_lease,
@@ -19,8 +19,6 @@ from airflow_txn_provider.coordinator import (
     plan_expiry,
     plan_failure,
     plan_recovery,
-    prune_range,
-    retention_horizon,
 )
 from airflow_txn_provider.exceptions import (
     ConflictingOutputError,
@@ -378,43 +376,3 @@ class TestFailure:
 def test_max_pending_must_be_positive_int(bad):
     with pytest.raises(ValueError, match="max_pending"):
         validate_max_pending(bad)
-
-
-class TestRetention:
-    def test_horizon_keeps_the_newest_committed_txids(self):
-        assert retention_horizon(0, 1000) == 0
-        assert retention_horizon(999, 1000) == 0
-        assert retention_horizon(1500, 1000) == 500
-        assert retention_horizon(10, 1) == 9  # the last committed txid is always kept
-
-    def test_prune_range_is_bounded_and_starts_after_what_was_pruned(self):
-        assert prune_range(2000, 1000, 0, batch=300) == range(1, 301)
-        assert prune_range(2000, 1000, 300, batch=300) == range(301, 601)
-        assert prune_range(2000, 1000, 900, batch=300) == range(901, 1001)
-        assert prune_range(2000, 1000, 1000, batch=300) == range(0)  # idempotent: nothing left
-
-    def test_prune_range_waits_until_enough_are_due(self):
-        assert prune_range(1015, 1000, 0, every=16) == range(0)
-        assert prune_range(1016, 1000, 0, every=16) == range(1, 17)
-
-    def test_a_larger_keep_after_pruning_prunes_nothing(self):
-        assert prune_range(2000, 1900, 500) == range(0)
-
-    @given(
-        last=st.integers(0, 5000),
-        keep=st.integers(1, 2000),
-        pruned=st.integers(0, 5000),
-        batch=st.integers(1, 600),
-        every=st.integers(1, 50),
-    )
-    def test_never_prunes_the_last_committed_txid_nor_anything_newer(
-        self, last, keep, pruned, batch, every
-    ):
-        due = prune_range(last, keep, pruned, batch=batch, every=every)
-        assert len(due) <= batch
-        assert all(pruned < t <= last - keep < last for t in due)
-
-    @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "10"])
-    def test_keep_txids_must_be_positive_int(self, bad):
-        with pytest.raises(ValueError, match="keep_txids"):
-            validate_keep_txids(bad)

@@ -15,13 +15,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from airflow_txn_provider.coordinator import (
-    committable,
-    next_to_begin,
-    plan_begin,
-    plan_failure,
-    plan_rewind,
-)
+from airflow_txn_provider.coordinator import committable, next_to_begin, plan_begin, plan_failure
+from airflow_txn_provider.history import plan_rewind
 from airflow_txn_provider.records import PipelineView, TxRecord
 from airflow_txn_provider.vocabulary import BeginAction, SourceKind, TxStatus
 from tests.unit.builders import DONE, FAIL, NOW, PROC, view

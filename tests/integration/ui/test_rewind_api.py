@@ -171,7 +171,7 @@ def _offered(client) -> tuple[dict, dict[int, dict | None]]:
 
 
 def test_the_page_offers_a_rewind_on_the_txids_the_endpoint_accepts(pipeline):
-    """The page and the endpoint ask the same rule (coordinator.plan_rewind from the floor
+    """The page and the endpoint ask the same rule (history.plan_rewind from the floor
     retention and the undo records leave): here undo records from txid 3 on only."""
     with pipeline.engine.begin() as conn:
         conn.exec_driver_sql(

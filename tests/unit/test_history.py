@@ -1,5 +1,5 @@
-"""The rewind's rules (coordinator.plan_rewind, rewind_floor) with plain values; the rewind on a
-real Postgres and Spark is tests/integration/test_rewind.py."""
+"""The history rules with plain values: retention (prune_range) and the rewind (plan_rewind,
+rewind_floor); the rewind on a real Postgres and Spark is tests/integration/test_rewind.py."""
 
 from __future__ import annotations
 
@@ -7,15 +7,17 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from airflow_txn_provider.coordinator import (
+from airflow_txn_provider.config import validate_keep_txids
+from airflow_txn_provider.coordinator import next_to_begin, plan_begin
+from airflow_txn_provider.exceptions import RewindAheadError, RewindTooFarError
+from airflow_txn_provider.history import (
     REWOUND_BY,
-    next_to_begin,
-    plan_begin,
     plan_rewind,
+    prune_range,
+    retention_horizon,
     rewind_floor,
     rewound_through,
 )
-from airflow_txn_provider.exceptions import RewindAheadError, RewindTooFarError
 from airflow_txn_provider.records import TxRecord
 from airflow_txn_provider.vocabulary import BeginAction, SourceKind
 from tests.unit.builders import DONE, FAIL, PROC, view
@@ -94,3 +96,43 @@ def test_the_newest_txid_a_rewind_undid_spans_every_rewind():
     # that failed nothing (to the oldest uncommitted txid, none begun)
     assert rewound_through([(5, 5), (3, 4), (7, 0)]) == 9
     assert rewound_through([(3, 4)]) == 6
+
+
+class TestRetention:
+    def test_horizon_keeps_the_newest_committed_txids(self):
+        assert retention_horizon(0, 1000) == 0
+        assert retention_horizon(999, 1000) == 0
+        assert retention_horizon(1500, 1000) == 500
+        assert retention_horizon(10, 1) == 9  # the last committed txid is always kept
+
+    def test_prune_range_is_bounded_and_starts_after_what_was_pruned(self):
+        assert prune_range(2000, 1000, 0, batch=300) == range(1, 301)
+        assert prune_range(2000, 1000, 300, batch=300) == range(301, 601)
+        assert prune_range(2000, 1000, 900, batch=300) == range(901, 1001)
+        assert prune_range(2000, 1000, 1000, batch=300) == range(0)  # idempotent: nothing left
+
+    def test_prune_range_waits_until_enough_are_due(self):
+        assert prune_range(1015, 1000, 0, every=16) == range(0)
+        assert prune_range(1016, 1000, 0, every=16) == range(1, 17)
+
+    def test_a_larger_keep_after_pruning_prunes_nothing(self):
+        assert prune_range(2000, 1900, 500) == range(0)
+
+    @given(
+        last=st.integers(0, 5000),
+        keep=st.integers(1, 2000),
+        pruned=st.integers(0, 5000),
+        batch=st.integers(1, 600),
+        every=st.integers(1, 50),
+    )
+    def test_never_prunes_the_last_committed_txid_nor_anything_newer(
+        self, last, keep, pruned, batch, every
+    ):
+        due = prune_range(last, keep, pruned, batch=batch, every=every)
+        assert len(due) <= batch
+        assert all(pruned < t <= last - keep < last for t in due)
+
+    @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "10"])
+    def test_keep_txids_must_be_positive_int(self, bad):
+        with pytest.raises(ValueError, match="keep_txids"):
+            validate_keep_txids(bad)
