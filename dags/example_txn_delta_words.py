@@ -12,7 +12,7 @@ into a Delta table with ``deltalake`` (no JVM on the Airflow side, no Maven):
 Every reader of the table (Spark, DuckDB, pandas via ``deltalake``) sees only committed txids.
 Read it as it was when txid 12 committed::
 
-    from airflow_txn_provider.sinks import DeltaSink
+    from airflow_txn_provider import DeltaSink
     DeltaSink("word_counts", table_uri="<examples data>/lake/delta_words").read_as_of(
         "example_txn_delta_words", 12)
 
@@ -23,10 +23,7 @@ version each txid committed as.
 
 from __future__ import annotations
 
-from airflow_txn_provider.dag_builder import build_dag
-from airflow_txn_provider.pipeline import TxnPipeline
-from airflow_txn_provider.sinks import DeltaSink
-from airflow_txn_provider.spark.generated_source import GeneratedTextSource
+from airflow_txn_provider import DeltaSink, GeneratedTextSource, TxnPipeline, build_dag
 from txn_examples import examples_data_dir, spark_job
 
 NAME = "example_txn_delta_words"

@@ -15,10 +15,7 @@ number of lines in the committed offset ranges.
 
 from __future__ import annotations
 
-from airflow_txn_provider.dag_builder import build_dag
-from airflow_txn_provider.pipeline import TxnPipeline
-from airflow_txn_provider.spark.generated_source import GeneratedTextSource
-from airflow_txn_provider.state import GlobalState
+from airflow_txn_provider import GeneratedTextSource, GlobalState, TxnPipeline, build_dag
 from txn_examples import spark_job
 
 NAME = "example_txn_global_count"

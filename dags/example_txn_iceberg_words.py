@@ -16,9 +16,7 @@ properties and merges nothing twice. Read the table as of txid N with
 
 from __future__ import annotations
 
-from airflow_txn_provider.dag_builder import build_dag
-from airflow_txn_provider.pipeline import TxnPipeline
-from airflow_txn_provider.sinks import IcebergSink
+from airflow_txn_provider import IcebergSink, TxnPipeline, build_dag
 from txn_examples import SimulatedLandingSource, examples_data_dir, spark_job
 
 NAME = "example_txn_iceberg_words"

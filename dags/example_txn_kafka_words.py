@@ -22,10 +22,7 @@ from __future__ import annotations
 
 import os
 
-from airflow_txn_provider.dag_builder import build_dag
-from airflow_txn_provider.pipeline import TxnPipeline
-from airflow_txn_provider.spark.kafka_source import KafkaSource
-from airflow_txn_provider.state import MapState
+from airflow_txn_provider import KafkaSource, MapState, TxnPipeline, build_dag
 from txn_examples import spark_job
 
 NAME = "example_txn_kafka_words"

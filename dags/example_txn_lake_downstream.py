@@ -29,7 +29,7 @@ with DAG(
     def summarize(triggering_asset_events: Any = None) -> dict[str, Any]:
         import pyarrow.compute as pc
 
-        from airflow_txn_provider.sinks import DeltaSink
+        from airflow_txn_provider import DeltaSink
 
         txid, uri = None, str(examples_data_dir() / "lake" / "delta_words")
         for events in (triggering_asset_events or {}).values():

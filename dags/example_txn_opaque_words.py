@@ -25,9 +25,7 @@ equal a count of every landed line.
 
 from __future__ import annotations
 
-from airflow_txn_provider.dag_builder import build_dag
-from airflow_txn_provider.pipeline import TxnPipeline
-from airflow_txn_provider.state import MapState
+from airflow_txn_provider import MapState, TxnPipeline, build_dag
 from txn_examples import SimulatedLandingSource, examples_data_dir, spark_job
 
 NAME = "example_txn_opaque_words"

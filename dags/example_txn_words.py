@@ -22,10 +22,13 @@ The **Transactions** page shows attempts, errors and the two states.
 
 from __future__ import annotations
 
-from airflow_txn_provider.dag_builder import build_dag
-from airflow_txn_provider.pipeline import TxnPipeline
-from airflow_txn_provider.spark.generated_source import GeneratedTextSource
-from airflow_txn_provider.state import BucketCountState, MapState
+from airflow_txn_provider import (
+    BucketCountState,
+    GeneratedTextSource,
+    MapState,
+    TxnPipeline,
+    build_dag,
+)
 from txn_examples import spark_job
 
 NAME = "example_txn_words"
