@@ -3,12 +3,15 @@ the log says to wait (no Airflow scheduler needed: the context is minimal)."""
 
 from __future__ import annotations
 
+import threading
+import time
 from types import SimpleNamespace
 
 import pytest
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException, TaskDeferred
 
 from airflow_txn_provider.dag_builder import build_dag
+from airflow_txn_provider.operators import txn as txn_operators
 from airflow_txn_provider.pipeline import TxnPipeline
 from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
 from airflow_txn_provider.state import MapState
@@ -62,7 +65,8 @@ def _context(txid, claim=None, dag=None, retry=False):
     }
 
 
-def test_the_claim_goes_in_order_and_defers_with_the_log_trigger(dag):
+def test_the_claim_goes_in_order_and_defers_with_the_log_trigger(dag, monkeypatch):
+    monkeypatch.setattr(txn_operators, "AHEAD_WAIT", 0.3)  # the run ahead's wait, then defer
     begin = dag.get_task(CLAIMER)
     with pytest.raises(TaskDeferred) as deferred:
         begin.execute(_context(2))  # txid 1 has not begun: wait, deferred (before any Spark)
@@ -76,9 +80,49 @@ def test_the_claim_goes_in_order_and_defers_with_the_log_trigger(dag):
     assert claim == {"txid": 1, "attempt": 1, "metadata": {"0": [0, 10]}}
     assert ctx["ti"].claim == claim  # for the run's other tasks
     assert begin.claim(_context(2))["metadata"] == {"0": [10, 20]}
+    started = time.monotonic()
     with pytest.raises(TaskDeferred) as deferred:
-        begin.claim(_context(3))  # window of 2 is full
+        begin.claim(_context(3))  # window of 2 is full: the run ahead waits, then defers
     assert deferred.value.trigger.wait_for is WaitFor.CAN_BEGIN
+    assert time.monotonic() - started >= 0.3
+
+
+def test_the_run_ahead_begins_in_its_worker_once_the_oldest_txid_commits(
+    db_url, tmp_path, monkeypatch
+):
+    """Txid 3's claim, past a full window of two, waits in its process (no deferral) and begins
+    as soon as txid 1 commits, from where txid 2 ended."""
+    set_txn_log_connection(monkeypatch, "txn_log_default", db_url)
+    source = PartitionedParquetSource(
+        str(parquet_dataset(tmp_path / "ds", {"0": random_lines(2, 30)})), max_per_partition=10
+    )
+    pipeline = TxnPipeline(
+        name="ahead",
+        source=source,
+        jobs=["spark_jobs/word_count.py"],
+        states=[MapState("ahead", "ahead_words", keys={"word": "text"})],
+        max_pending=2,
+    )
+    dag = build_dag(pipeline)
+    begin, commit = dag.get_task(CLAIMER), dag.get_task("commit")
+    one = begin.claim(_context(1))
+    begin.claim(_context(2))
+    log = begin.txn_log()
+
+    def commit_txid_1() -> None:
+        time.sleep(1.0)
+        log.mark_processed("ahead", 1, one["attempt"], {})
+        commit.execute(_context(1, one))
+
+    committer = threading.Thread(target=commit_txid_1)
+    started = time.monotonic()
+    committer.start()
+    three = begin.claim(_context(3))  # no TaskDeferred: it waited in this process
+    waited = time.monotonic() - started
+    committer.join()
+    assert three == {"txid": 3, "attempt": 1, "metadata": {"0": [20, 30]}}
+    assert 1.0 <= waited < txn_operators.AHEAD_WAIT
+    assert log.view("ahead").last_committed == 1
 
 
 def test_an_airflow_retry_of_a_claim_never_replays_a_failed_attempt(dag):
