@@ -58,7 +58,7 @@ from sqlalchemy import create_engine, text  # noqa: E402
 
 from airflow_txn_provider import schema  # noqa: E402
 from airflow_txn_provider.commit import commit_registered  # noqa: E402
-from airflow_txn_provider.coordinator import REWOUND_BY  # noqa: E402
+from airflow_txn_provider.history import REWOUND_BY  # noqa: E402
 from airflow_txn_provider.sinks import DeltaSink, IcebergSink, LakeSink, list_staged  # noqa: E402
 from airflow_txn_provider.sources import TransactionalSource  # noqa: E402
 from airflow_txn_provider.spark.job import LOG_URL_ENV  # noqa: E402

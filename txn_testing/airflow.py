@@ -86,7 +86,7 @@ def txn_log_connection_env(conn_id: str, url: str, **extra: str) -> dict[str, st
 LOCAL_SETTINGS = """\
 # Written by txn_testing.airflow.AirflowStack: the scheduler imports what a
 # processing task needs once, and every task process it forks inherits it.
-from airflow_txn_provider.preload import warm_task_processes
+from airflow_txn_provider import warm_task_processes
 
 warm_task_processes()
 __all__: list[str] = []  # nothing here is an Airflow setting or policy

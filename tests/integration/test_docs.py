@@ -64,5 +64,6 @@ def test_the_airflow_docs_warm_task_processes_as_the_tested_stack_does():
     def code(text: str) -> list[str]:
         return [line.split("#")[0].rstrip() for line in text.splitlines() if line.strip()]
 
-    (block,) = [b for b in _python_blocks(ROOT / "docs" / "airflow.md") if "preload" in b]
+    blocks = _python_blocks(ROOT / "docs" / "airflow.md")
+    (block,) = [b for b in blocks if "warm_task_processes" in b]
     assert [line for line in code(block) if line] == [line for line in code(LOCAL_SETTINGS) if line]
