@@ -21,20 +21,26 @@ from tests.conftest import set_txn_log_connection
 from tests.spark_data import parquet_dataset, random_lines
 
 
-@pytest.fixture
-def dag(db_url, tmp_path, monkeypatch):
-    set_txn_log_connection(monkeypatch, "txn_log_default", db_url)
+def word_count_dag(name: str, tmp_path, *, seed: int, lines: int):
+    """A word-count pipeline's DAG over ``lines`` lines, 10 a txid, two txids in flight."""
     source = PartitionedParquetSource(
-        str(parquet_dataset(tmp_path / "ds", {"0": random_lines(1, 20)})), max_per_partition=10
+        str(parquet_dataset(tmp_path / "ds", {"0": random_lines(seed, lines)})),
+        max_per_partition=10,
     )
     pipeline = TxnPipeline(
-        name="ops",
+        name=name,
         source=source,
         jobs=["spark_jobs/word_count.py"],
-        states=[MapState("ops", "ops_words", keys={"word": "text"})],
+        states=[MapState(name, f"{name}_words", keys={"word": "text"})],
         max_pending=2,
     )
     return build_dag(pipeline)
+
+
+@pytest.fixture
+def dag(db_url, tmp_path, monkeypatch):
+    set_txn_log_connection(monkeypatch, "txn_log_default", db_url)
+    return word_count_dag("ops", tmp_path, seed=1, lines=20)
 
 
 CLAIMER = "process_word_count"  # with one job, the processing task claims the txid
@@ -93,17 +99,7 @@ def test_the_run_ahead_begins_in_its_worker_once_the_oldest_txid_commits(
     """Txid 3's claim, past a full window of two, waits in its process (no deferral) and begins
     as soon as txid 1 commits, from where txid 2 ended."""
     set_txn_log_connection(monkeypatch, "txn_log_default", db_url)
-    source = PartitionedParquetSource(
-        str(parquet_dataset(tmp_path / "ds", {"0": random_lines(2, 30)})), max_per_partition=10
-    )
-    pipeline = TxnPipeline(
-        name="ahead",
-        source=source,
-        jobs=["spark_jobs/word_count.py"],
-        states=[MapState("ahead", "ahead_words", keys={"word": "text"})],
-        max_pending=2,
-    )
-    dag = build_dag(pipeline)
+    dag = word_count_dag("ahead", tmp_path, seed=2, lines=30)
     begin, commit = dag.get_task(CLAIMER), dag.get_task("commit")
     one = begin.claim(_context(1))
     begin.claim(_context(2))
