@@ -21,10 +21,10 @@ API: dict[str, str] = {
     "TxnPipeline": "airflow_txn_provider.pipeline",
     "build_dag": "airflow_txn_provider.dag_builder",
     # sources: your own, and Spark's
-    "Source": "airflow_txn_provider.sources",
-    "TransactionalSource": "airflow_txn_provider.sources",
-    "OpaqueSource": "airflow_txn_provider.sources",
-    "next_offset_ranges": "airflow_txn_provider.sources",
+    "Source": "airflow_txn_provider.rules.sources",
+    "TransactionalSource": "airflow_txn_provider.rules.sources",
+    "OpaqueSource": "airflow_txn_provider.rules.sources",
+    "next_offset_ranges": "airflow_txn_provider.rules.sources",
     "SparkSource": "airflow_txn_provider.spark.sources",
     "PartitionedParquetSource": "airflow_txn_provider.spark.parquet_source",
     "LandingDirectorySource": "airflow_txn_provider.spark.landing_source",
@@ -38,46 +38,46 @@ API: dict[str, str] = {
     "DeltaSink": "airflow_txn_provider.sinks",
     "IcebergSink": "airflow_txn_provider.sinks",
     # the core without Airflow
-    "TransactionLog": "airflow_txn_provider.transaction_log",
-    "LeaseKeeper": "airflow_txn_provider.lease",
+    "TransactionLog": "airflow_txn_provider.transactions.transaction_log",
+    "LeaseKeeper": "airflow_txn_provider.transactions.lease",
     "stage_states": "airflow_txn_provider.state",
-    "commit_states": "airflow_txn_provider.commit",
+    "commit_states": "airflow_txn_provider.transactions.commit",
     # Airflow
     "TxnLogHook": "airflow_txn_provider.hooks.txn_log",
     "warm_task_processes": "airflow_txn_provider.preload",
-    # errors (all of them in airflow_txn_provider.exceptions, each a TxnError)
-    "TxnError": "airflow_txn_provider.exceptions",
-    "PipelineConfigError": "airflow_txn_provider.exceptions",
-    "OutputStartRequiredError": "airflow_txn_provider.exceptions",
-    "MalformedRecordError": "airflow_txn_provider.exceptions",
-    "MalformedOutputError": "airflow_txn_provider.exceptions",
-    "PoisonBatchError": "airflow_txn_provider.exceptions",
-    "RewindError": "airflow_txn_provider.exceptions",
+    # errors (all of them in airflow_txn_provider.rules.exceptions, each a TxnError)
+    "TxnError": "airflow_txn_provider.rules.exceptions",
+    "PipelineConfigError": "airflow_txn_provider.rules.exceptions",
+    "OutputStartRequiredError": "airflow_txn_provider.rules.exceptions",
+    "MalformedRecordError": "airflow_txn_provider.rules.exceptions",
+    "MalformedOutputError": "airflow_txn_provider.rules.exceptions",
+    "PoisonBatchError": "airflow_txn_provider.rules.exceptions",
+    "RewindError": "airflow_txn_provider.rules.exceptions",
 }
 """Each public name and the module it is defined in."""
 
 __all__ = sorted(API)
 
 if TYPE_CHECKING:  # what type checkers see (``X as X``: re-exported); a test keeps it = API
-    from airflow_txn_provider.commit import commit_states as commit_states
     from airflow_txn_provider.dag_builder import build_dag as build_dag
-    from airflow_txn_provider.exceptions import MalformedOutputError as MalformedOutputError
-    from airflow_txn_provider.exceptions import MalformedRecordError as MalformedRecordError
-    from airflow_txn_provider.exceptions import OutputStartRequiredError as OutputStartRequiredError
-    from airflow_txn_provider.exceptions import PipelineConfigError as PipelineConfigError
-    from airflow_txn_provider.exceptions import PoisonBatchError as PoisonBatchError
-    from airflow_txn_provider.exceptions import RewindError as RewindError
-    from airflow_txn_provider.exceptions import TxnError as TxnError
     from airflow_txn_provider.hooks.txn_log import TxnLogHook as TxnLogHook
-    from airflow_txn_provider.lease import LeaseKeeper as LeaseKeeper
     from airflow_txn_provider.pipeline import TxnPipeline as TxnPipeline
     from airflow_txn_provider.preload import warm_task_processes as warm_task_processes
+    from airflow_txn_provider.rules.exceptions import MalformedOutputError as MalformedOutputError
+    from airflow_txn_provider.rules.exceptions import MalformedRecordError as MalformedRecordError
+    from airflow_txn_provider.rules.exceptions import (
+        OutputStartRequiredError as OutputStartRequiredError,
+    )
+    from airflow_txn_provider.rules.exceptions import PipelineConfigError as PipelineConfigError
+    from airflow_txn_provider.rules.exceptions import PoisonBatchError as PoisonBatchError
+    from airflow_txn_provider.rules.exceptions import RewindError as RewindError
+    from airflow_txn_provider.rules.exceptions import TxnError as TxnError
+    from airflow_txn_provider.rules.sources import OpaqueSource as OpaqueSource
+    from airflow_txn_provider.rules.sources import Source as Source
+    from airflow_txn_provider.rules.sources import TransactionalSource as TransactionalSource
+    from airflow_txn_provider.rules.sources import next_offset_ranges as next_offset_ranges
     from airflow_txn_provider.sinks import DeltaSink as DeltaSink
     from airflow_txn_provider.sinks import IcebergSink as IcebergSink
-    from airflow_txn_provider.sources import OpaqueSource as OpaqueSource
-    from airflow_txn_provider.sources import Source as Source
-    from airflow_txn_provider.sources import TransactionalSource as TransactionalSource
-    from airflow_txn_provider.sources import next_offset_ranges as next_offset_ranges
     from airflow_txn_provider.spark.generated_source import (
         GeneratedTextSource as GeneratedTextSource,
     )
@@ -94,7 +94,9 @@ if TYPE_CHECKING:  # what type checkers see (``X as X``: re-exported); a test ke
     from airflow_txn_provider.state import GlobalState as GlobalState
     from airflow_txn_provider.state import MapState as MapState
     from airflow_txn_provider.state import stage_states as stage_states
-    from airflow_txn_provider.transaction_log import TransactionLog as TransactionLog
+    from airflow_txn_provider.transactions.commit import commit_states as commit_states
+    from airflow_txn_provider.transactions.lease import LeaseKeeper as LeaseKeeper
+    from airflow_txn_provider.transactions.transaction_log import TransactionLog as TransactionLog
 
 
 def __getattr__(name: str) -> Any:

@@ -13,7 +13,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from airflow_txn_provider.exceptions import InjectedFailure
+from airflow_txn_provider.rules.exceptions import InjectedFailure
 
 log = logging.getLogger(__name__)
 

@@ -22,18 +22,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from airflow_txn_provider.config import (
+from airflow_txn_provider.log.health import STALL_AFTER
+from airflow_txn_provider.rules.config import (
     DEFAULT_KEEP_TXIDS,
     validate_keep_txids,
     validate_max_pending,
 )
-from airflow_txn_provider.declaration import output_choices
-from airflow_txn_provider.health import STALL_AFTER
-from airflow_txn_provider.names import PIPELINE, check_name
+from airflow_txn_provider.rules.names import PIPELINE, check_name
+from airflow_txn_provider.rules.vocabulary import OutputRetirement, OutputStart
 from airflow_txn_provider.sinks.base import LakeSink
 from airflow_txn_provider.spark.sources import SparkSource
 from airflow_txn_provider.state import MapState
-from airflow_txn_provider.vocabulary import OutputRetirement, OutputStart
+from airflow_txn_provider.transactions.declaration import output_choices
 
 SPARK_MODES = ("connect", "submit")
 
@@ -69,19 +69,20 @@ class TxnPipeline:
         with sinks has one processing job. See ``docs/lake.md``.
     :param alert_notifiers: Airflow notifiers (``BaseNotifier``, e.g. the SMTP provider's
         ``SmtpNotifier``) told once when a txid is poisoned and once per stall
-        (:mod:`airflow_txn_provider.alerts`; "Alerts" in ``docs/airflow.md``).
+        (:mod:`airflow_txn_provider.log.alerts`; "Alerts" in ``docs/airflow.md``).
     :param stall_alert_after: seconds without progress while txids wait after which the
         notifiers hear of a stall (default 600, the health endpoint's).
     :param start: how an output (state or sink) added once the pipeline has begun txids starts,
-        by name: ``"next_txid"`` (:class:`~airflow_txn_provider.vocabulary.OutputStart`): it
+        by name: ``"next_txid"`` (:class:`~airflow_txn_provider.rules.vocabulary.OutputStart`): it
         holds the txids from the next one on, and the log, the Transactions page and the health
         endpoint say from which. Without it such a declaration is refused
-        (:class:`~airflow_txn_provider.exceptions.OutputStartRequiredError`); an output declared
+        (:class:`~airflow_txn_provider.rules.exceptions.OutputStartRequiredError`); an output
+        declared
         with the pipeline needs none. See "Adding and removing outputs" in ``docs/airflow.md``.
     :param retired: outputs no longer declared, by name: ``"keep"`` (their tables stay, no
         longer updated) or ``"drop"`` (a state's tables are dropped; a lake table never is).
         Removing an output that holds committed txids without it is refused
-        (:class:`~airflow_txn_provider.exceptions.OutputRemovedError`).
+        (:class:`~airflow_txn_provider.rules.exceptions.OutputRemovedError`).
     """
 
     name: str

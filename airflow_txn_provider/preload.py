@@ -38,12 +38,12 @@ TASK_MODULES = (
     "pyspark.sql.connect.functions",
     "pyspark.sql.connect.client.core",
     "airflow_txn_provider.spark.job",
-    "airflow_txn_provider.spark.submit",
+    "airflow_txn_provider.operators.spark_runner",
     "airflow_txn_provider.spark.sources",
     "airflow_txn_provider.spark.parquet_source",
     "airflow_txn_provider.spark.landing_source",
     "airflow_txn_provider.spark.generated_source",
-    "airflow_txn_provider.lease",
+    "airflow_txn_provider.transactions.lease",
     "airflow_txn_provider.state",
 )
 """What a processing task imports on its way to its first Spark Connect call."""

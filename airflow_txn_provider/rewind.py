@@ -1,230 +1,114 @@
-"""Rewind: recompute a pipeline from txid N, its states restored exactly to after N - 1.
+"""A rewind on Airflow: its runs restarted through the REST API, and the rewind's command line.
 
-The most common reason to reprocess is a transform that was wrong from txid N on. A rewind, in
-one database transaction under the pipeline's lock (so no commit runs beside it, and a crash
-leaves either the old log and states or the rewound ones):
-
-1. asks the coordinator (:func:`~airflow_txn_provider.history.plan_rewind`) whether ``N``
-   can be restored exactly: no further back than retention and the undo records reach
-   (:func:`~airflow_txn_provider.history.rewind_floor`);
-2. puts every Postgres map state of the pipeline back as it was after ``N - 1``'s commit, from
-   the undo records each commit writes in its apply statement (a key's row before the commit:
-   :meth:`~airflow_txn_provider.state.MapState.rewind`);
-3. fails the current attempt of every txid from ``N`` on, committed or in flight, and moves the
-   last committed txid to ``N - 1``: each replays in order with a new attempt (a transactional
-   source reads the same batch, an opaque one reads again from where ``N - 1`` ended), and a
-   stale attempt still running can commit nothing (its attempt is no longer current);
-4. records who rewound, when, from which txid, with which job version (``txn_rewind``).
-
-Then the txids recompute through the normal path, possibly with a changed job: on Airflow,
-:func:`~airflow_txn_provider.rewind_runs.restart_runs` puts their runs back in the queue, every
-task cleared, through the REST API.
-From a shell where Airflow's connections are configured (a scheduler's or a worker's)::
-
-    python -m airflow_txn_provider.rewind PIPELINE --to N [--by WHO] [--job-version V]
-        [--reason WHY] [--txn-log-conn-id ID] [--airflow-api-conn-id ID] [--no-restart]
-
-or from the plugin's API (:mod:`airflow_txn_provider.ui.actions`).
-
-**Lake tables** (Delta, Iceberg) go back too, to the version stamped ``N - 1``
-(:meth:`~airflow_txn_provider.sinks.base.LakeTable.rewind`: Delta's RESTORE, Iceberg's current
-snapshot set back), each in one table commit that records ``N - 1`` as the pipeline's newest
-txid. A table is not in the database's transaction, so the log's rewind, committed first, is the
-durable intent, and the tables follow it (:meth:`LogRewind.follow_lake_tables`), under the
-pipeline's lock, to wherever the log's last committed txid then is. If that step cannot run (a
-crash, a store out of reach), nothing is lost: the log records which txids the rewind undid
-(:func:`read_rewound_through`), and the next commit into each table rolls it back first
-(:func:`~airflow_txn_provider.coordinator.plan_sink_commit` answers ``REPLACE``). Meanwhile a
-reader "as of" the log's last committed txid
-(:meth:`~airflow_txn_provider.sinks.base.LakeSink.read_as_of`) reads the table as after N - 1.
+The rewind itself is the log's (:mod:`airflow_txn_provider.transactions.rewind`: states, lake
+tables and txids
+put back in one database transaction); this module is the Airflow side of it, above the log, so
+the log never imports Airflow's hooks. ``python -m airflow_txn_provider.rewind`` runs
+:func:`main`.
 """
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+import argparse
+import getpass
+import sys
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from sqlalchemy import insert, select, update
-
-from airflow_txn_provider.history import plan_rewind, rewind_floor, rewound_through
-from airflow_txn_provider.log_rows import TxidRows, load_view, lock_pipeline
-from airflow_txn_provider.models import PIPELINES, REWINDS, TRANSACTIONS
-from airflow_txn_provider.retries import retry_transient
-from airflow_txn_provider.vocabulary import LAKE_OUTPUT_PREFIX
+from airflow_txn_provider.transactions.rewind import RewindResult, span
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import Connection, Engine
+    from airflow_txn_provider.hooks.airflow_api import AirflowApiHook
 
 
-log = logging.getLogger(__name__)
+def restart_runs(api: AirflowApiHook, dag_ids: Iterable[str], result: RewindResult) -> list[str]:
+    """Run every txid from ``result``'s ``to_txid`` again on each DAG that runs the pipeline,
+    in txid order, through the REST API; returns what was cleared (``run_id: task_id``).
 
+    Each run from ``to_txid`` on is cleared whole with its run reset to queued, which Airflow
+    does to finished runs only (a reset run is scheduled before others, in logical-date order).
+    A run still running would keep its ``max_active_runs`` slot while it waits for the txids
+    before it, and with every slot so held the queued ones would never start: so, with the DAG
+    paused meanwhile (no run is started or created halfway), the unfinished runs from
+    ``to_txid`` on are ended first (their attempts were fenced by the rewind already)."""
+    from airflow_txn_provider.timetables import TXID_STEP, txid_logical_date
 
-@dataclass(frozen=True)
-class RewindResult:
-    pipeline: str
-    to_txid: int
-    last_committed_before: int
-    rewound: tuple[int, ...]
-    """The txids pending again (the rolled back ones, then those that were in flight)."""
-    states: Mapping[str, Mapping[str, int]]
-    """Per state: ``{"restored": keys, "removed": keys}``."""
-    tables: Mapping[str, str] = field(default_factory=dict)
-    """Per lake sink the rewound txids wrote: what :meth:`LogRewind.follow_lake_tables` did."""
-
-
-class LogRewind:
-    """The rewind room of :class:`~airflow_txn_provider.transaction_log.TransactionLog`."""
-
-    engine: Engine
-    outage_timeout: float
-
-    def rewind(
-        self,
-        pipeline: str,
-        to_txid: int,
-        *,
-        by: str,
-        job_version: str | None = None,
-        reason: str | None = None,
-    ) -> RewindResult:
-        """Rewind ``pipeline`` to ``to_txid`` (see the module's docstring): the log and every
-        Postgres state in one database transaction, then the lake tables. Raises
-        :class:`~airflow_txn_provider.exceptions.RewindTooFarError` below the oldest txid it can
-        restore exactly (the error says which),
-        :class:`~airflow_txn_provider.exceptions.RewindAheadError` past the oldest uncommitted
-        txid; nothing changes then."""
-        if not by:
-            raise ValueError("a rewind names who does it (by=)")
-        result = self._rewind_log(pipeline, to_txid, by, job_version, reason)
-        tables = self.follow_lake_tables(pipeline) if result.rewound else {}
-        return replace(result, tables=tables)
-
-    @retry_transient
-    def follow_lake_tables(self, pipeline: str) -> dict[str, str]:
-        """Take every lake table a txid after the log's last committed one wrote back to that
-        txid, under the pipeline's lock (no commit runs meanwhile); returns what happened per
-        sink. Idempotent: a table at the txid already is left alone. Never raises for a table:
-        one that cannot be rolled back now is rolled back by its next commit (see the module's
-        docstring), and a reader as of the last committed txid reads it right meanwhile."""
-        from airflow_txn_provider.sinks.base import sink_from_spec
-
-        log_url = self.engine.url.render_as_string(hide_password=False)
-        done: dict[str, str] = {}
-        with self.engine.begin() as conn:
-            keep = int(lock_pipeline(conn, pipeline).last_committed_txid)
-            for name, spec in sorted(_lake_outputs_after(conn, pipeline, keep).items()):
-                later = f"rolled back by txid {keep + 1}'s commit"
-                if spec is None:  # committed by a version that did not record the sink's spec
-                    done[name] = f"not opened (its spec is not recorded): {later}"
-                    continue
-                try:
-                    version = sink_from_spec(spec).open(log_url).rewind(pipeline, keep)
-                except Exception as err:  # the log's rewind stands; the next commit does this
-                    log.warning(
-                        "pipeline=%s: lake sink %s not rewound now: %s", pipeline, name, err
-                    )
-                    done[name] = f"not rolled back now ({type(err).__name__}: {err}): {later}"
-                    continue
-                done[name] = (
-                    f"at txid {keep} already"
-                    if version is None
-                    else f"rolled back to txid {keep} (version {version})"
-                )
-                log.warning("pipeline=%s: lake sink %s %s", pipeline, name, done[name])
-        return done
-
-    @retry_transient
-    def _rewind_log(
-        self,
-        pipeline: str,
-        to_txid: int,
-        by: str,
-        job_version: str | None,
-        reason: str | None,
-    ) -> RewindResult:
-        from airflow_txn_provider.state import load_states
-
-        with self.engine.begin() as conn:
-            row = lock_pipeline(conn, pipeline)
-            view = load_view(conn, pipeline)
-            floor = rewind_floor(int(row.pruned_through_txid), int(row.undo_from_txid))
-            plan = plan_rewind(view, to_txid, floor=floor)
-            states = {
-                name: state.rewind(conn, to_txid)
-                for name, state in sorted(load_states(conn, pipeline).items())
-            }
-            why = f"rewound to txid {to_txid} by {by}" + (f": {reason}" if reason else "")
-            failed = TxidRows.rewind(conn, pipeline, to_txid, why)
-            conn.execute(
-                update(PIPELINES)
-                .where(PIPELINES.c.name == pipeline)
-                .values(last_committed_txid=plan.last_committed)
+    if not result.rewound:
+        return []
+    start = txid_logical_date(result.to_txid)
+    # every run from to_txid on, those created after the rewound ones included
+    end = start + TXID_STEP * 10**9
+    note = f"rewound to txid {result.to_txid}: recomputed from it, in order"
+    cleared: list[str] = []
+    for dag_id in sorted(dag_ids):
+        was_paused = api.set_paused(dag_id, True)
+        try:
+            for run_id in api.unfinished_runs_from(dag_id, start):
+                api.set_run_state(dag_id, run_id, "failed")
+            cleared += api.clear_task_instances(
+                dag_id,
+                api.task_ids(dag_id),
+                logical_dates=(start, end),
+                note=note,
+                reset_dag_runs=True,
             )
-            conn.execute(
-                insert(REWINDS).values(
-                    pipeline=pipeline,
-                    to_txid=to_txid,
-                    last_committed_txid=view.last_committed,
-                    rewound_txids=failed,
-                    by=by,
-                    job_version=job_version,
-                    reason=reason,
-                    states=states,
-                )
-            )
-        log.warning(
-            "pipeline=%s rewound to txid %s by %s (last committed was %s): txids %s pending "
-            "again; states %s",
-            pipeline,
-            to_txid,
-            by,
-            view.last_committed,
-            span(plan.failed),
-            states,
-        )
-        return RewindResult(pipeline, to_txid, view.last_committed, plan.failed, states)
+        finally:
+            if not was_paused:
+                api.set_paused(dag_id, False)
+    return cleared
 
 
-def read_rewound_through(conn: Connection, pipeline: str) -> int:
-    """The newest txid a rewind of ``pipeline`` failed (0: never rewound): the rule's input,
-    :func:`~airflow_txn_provider.history.rewound_through`."""
-    rows = conn.execute(
-        select(REWINDS.c.to_txid, REWINDS.c.rewound_txids).where(REWINDS.c.pipeline == pipeline)
+def main(argv: list[str] | None = None) -> int:
+    """The rewind's command line (see the module's docstring)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m airflow_txn_provider.rewind",
+        description="Rewind a pipeline to txid N: its Postgres states back to after N - 1, "
+        "every txid from N recomputed (their Airflow runs restarted).",
     )
-    return rewound_through((int(to), int(n)) for to, n in rows)
+    parser.add_argument("pipeline")
+    parser.add_argument(
+        "--to", type=int, required=True, metavar="N", help="the first txid to recompute"
+    )
+    parser.add_argument("--by", default=f"cli:{getpass.getuser()}", help="who rewinds (recorded)")
+    parser.add_argument("--job-version", help="the job version that recomputes (recorded)")
+    parser.add_argument("--reason", help="why (recorded, and shown on the rewound txids)")
+    parser.add_argument("--txn-log-conn-id", default="txn_log_default")
+    parser.add_argument("--airflow-api-conn-id", default="airflow_api_default")
+    parser.add_argument(
+        "--no-restart", action="store_true", help="rewind the log only; restart no Airflow run"
+    )
+    args = parser.parse_args(argv)
+    from airflow_txn_provider.hooks.airflow_api import AirflowApiHook
+    from airflow_txn_provider.hooks.txn_log import TxnLogHook
+    from airflow_txn_provider.rules.exceptions import TxnError
 
-
-def _lake_outputs_after(conn: Connection, pipeline: str, txid: int) -> dict[str, Any]:
-    """The lake sinks the txids after ``txid`` wrote (their current attempts' outputs), each
-    with its recorded spec (``None``: not recorded)."""
-    from airflow_txn_provider.sinks.base import SINK_SPEC
-
-    outputs = conn.execute(
-        select(TRANSACTIONS.c.output).where(
-            TRANSACTIONS.c.pipeline == pipeline, TRANSACTIONS.c.txid > txid
+    try:
+        txlog = TxnLogHook(args.txn_log_conn_id).get_log()
+        result = txlog.rewind(
+            args.pipeline, args.to, by=args.by, job_version=args.job_version, reason=args.reason
         )
-    ).scalars()
-    sinks: dict[str, Any] = {}
-    for output in outputs:
-        for key, value in (output or {}).items():
-            if key.startswith(LAKE_OUTPUT_PREFIX):
-                name = key[len(LAKE_OUTPUT_PREFIX) :]
-                spec = value.get(SINK_SPEC) if isinstance(value, Mapping) else None
-                sinks[name] = sinks.get(name) or spec
-    return sinks
+    except TxnError as err:
+        print(f"rewind refused: {err}", file=sys.stderr)
+        return 2
+    print(
+        f"{result.pipeline}: rewound to txid {result.to_txid} (last committed was "
+        f"{result.last_committed_before}); txids {span(result.rewound)} pending again"
+    )
+    for name, counts in result.states.items():
+        print(f"  state {name}: {counts['restored']} keys restored, {counts['removed']} removed")
+    for name, what in result.tables.items():
+        print(f"  lake sink {name}: {what}")
+    if args.no_restart:
+        print("no run restarted (--no-restart): restart them from the UI")
+        return 0
+    dag_ids = txlog.pipeline_dags().get(args.pipeline, set())
+    cleared = restart_runs(AirflowApiHook(args.airflow_api_conn_id), dag_ids, result)
+    print(f"restarted the runs of {sorted(dag_ids)}: {len(cleared)} task instances cleared")
+    return 0
 
 
-def span(txids: tuple[int, ...]) -> str:
-    """``first..last`` of ``txids`` (``(none)`` when empty), as logs and the CLI print them."""
-    return f"{txids[0]}..{txids[-1]}" if txids else "(none)"
+__all__ = ["main", "restart_runs"]
 
 
-__all__ = ["LogRewind", "RewindResult", "read_rewound_through", "span"]
-
-
-if __name__ == "__main__":  # python -m airflow_txn_provider.rewind: the CLI, above the log
-    from airflow_txn_provider.rewind_runs import main
-
+if __name__ == "__main__":
     raise SystemExit(main())

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from airflow.sdk import BaseOperator, Context
 
     from airflow_txn_provider.pipeline import TxnPipeline
-    from airflow_txn_provider.transaction_log import TransactionLog
+    from airflow_txn_provider.transactions.transaction_log import TransactionLog
     from airflow_txn_provider.triggers.txn_log import TxnLogTrigger
 
 BEGIN_TASK_ID = "begin"
@@ -101,7 +101,7 @@ def last_error(log: TransactionLog, pipeline: str, txid: int) -> str:
 
 def why_waiting(log: TransactionLog, pipeline: TxnPipeline, txid: int) -> str:
     """Which txid this one waits for, and why: what the UI and a person reading the log need."""
-    from airflow_txn_provider.waiting import blocked_by
+    from airflow_txn_provider.rules.waiting import blocked_by
 
     view = log.view(pipeline.name)
     blocker = blocked_by(view, txid)
@@ -118,7 +118,7 @@ def why_waiting(log: TransactionLog, pipeline: TxnPipeline, txid: int) -> str:
 
 AHEAD_WAIT = 60.0
 """Seconds the claim of the txid just past a full window waits in its worker for the window to
-move, before it defers (see :func:`~airflow_txn_provider.waiting.txid_ahead`): with a backlog,
+move, before it defers (see :func:`~airflow_txn_provider.rules.waiting.txid_ahead`): with a backlog,
 that is about one txid's processing away."""
 AHEAD_POLL = 0.1
 """Seconds between two looks at the log while it waits (one indexed read each)."""
@@ -128,7 +128,7 @@ def window_moved(log: TransactionLog, pipeline: str, txid: int, deadline: float)
     """Wait until ``txid`` may begin (the oldest txid committed), if it is the txid just past the
     full window; ``False`` at once for any other (a rewind's later txids: they defer) and once
     ``deadline`` (``time.monotonic``) passes."""
-    from airflow_txn_provider.waiting import may_begin_now, txid_ahead
+    from airflow_txn_provider.rules.waiting import may_begin_now, txid_ahead
 
     view = log.view(pipeline)
     if txid_ahead(view) != txid:

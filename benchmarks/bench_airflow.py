@@ -33,7 +33,7 @@ from pathlib import Path
 
 from sqlalchemy import create_engine, text
 
-from airflow_txn_provider.transaction_log import TransactionLog
+from airflow_txn_provider.transactions.transaction_log import TransactionLog
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))

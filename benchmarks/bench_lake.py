@@ -65,9 +65,9 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
+from airflow_txn_provider.operators.spark_runner import keep_classic_mode
 from airflow_txn_provider.sinks import DeltaSink, IcebergSink, LakeSink
-from airflow_txn_provider.spark.submit import keep_classic_mode
-from airflow_txn_provider.transaction_log import TransactionLog
+from airflow_txn_provider.transactions.transaction_log import TransactionLog
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -241,8 +241,8 @@ class LakeSide:
         batch_rows: int,
         name: str,
     ) -> None:
+        from airflow_txn_provider.operators.spark_runner import SparkConnectRunner
         from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
-        from airflow_txn_provider.spark.submit import SparkConnectRunner
 
         self.kind, self.log, self.name, self.rows = kind, log, name, batch_rows
         self.label = f"this project, {kind.capitalize()}"
@@ -267,8 +267,8 @@ class LakeSide:
         self.parts: dict[str, list[float]] = defaultdict(list)
 
     def step(self, b: int, *, timed: bool = True) -> None:
-        from airflow_txn_provider.commit import commit_registered
         from airflow_txn_provider.spark.job import BatchJob
+        from airflow_txn_provider.transactions.commit import commit_registered
 
         run_spent: dict[str, float] = {}
         commit_spent: dict[str, float] = {}

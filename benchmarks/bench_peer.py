@@ -51,7 +51,7 @@ import pyarrow.parquet as pq
 from sqlalchemy import create_engine, text
 
 from airflow_txn_provider.state import MapState
-from airflow_txn_provider.transaction_log import TransactionLog
+from airflow_txn_provider.transactions.transaction_log import TransactionLog
 
 ROOT = Path(__file__).resolve().parents[1]
 # The peer's classic Spark session binds its driver here, not on the host's address: loopback only
@@ -231,10 +231,10 @@ def run_core(
     log: TransactionLog, connect_url: str, name: str, data: Path, rows: int, batches: int
 ) -> dict[str, Any]:
     """Begin, process (Spark Connect), commit, one txid after another, in this process."""
-    from airflow_txn_provider.commit import commit_registered
+    from airflow_txn_provider.operators.spark_runner import SparkConnectRunner
     from airflow_txn_provider.spark.job import BatchJob
     from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
-    from airflow_txn_provider.spark.submit import SparkConnectRunner
+    from airflow_txn_provider.transactions.commit import commit_registered
 
     source = PartitionedParquetSource(
         str(data), max_per_partition=rows // PARTITIONS, schema=DATA_SCHEMA

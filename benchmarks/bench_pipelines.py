@@ -49,7 +49,7 @@ from sqlalchemy import create_engine, text
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from airflow_txn_provider.state import MapState  # noqa: E402
-from airflow_txn_provider.transaction_log import TransactionLog  # noqa: E402
+from airflow_txn_provider.transactions.transaction_log import TransactionLog  # noqa: E402
 from tests.spark_data import random_lines, word_counts  # noqa: E402
 from txn_testing import cpu  # noqa: E402
 from txn_testing.airflow import AirflowStack, txn_log_connection_env  # noqa: E402

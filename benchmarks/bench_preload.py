@@ -31,7 +31,7 @@ from txn_testing.spark import SparkConnectServer  # noqa: E402
 
 FIRST_CALL = """
 import time
-from airflow_txn_provider.spark.submit import keep_classic_mode
+from airflow_txn_provider.operators.spark_runner import keep_classic_mode
 from pyspark.sql import SparkSession
 
 def first_call(url):
@@ -48,7 +48,7 @@ FRESH = """
 import sys, time
 started = time.perf_counter()
 import pyspark.sql.connect.session
-import airflow_txn_provider.spark.job, airflow_txn_provider.spark.submit
+import airflow_txn_provider.spark.job, airflow_txn_provider.operators.spark_runner
 imports = time.perf_counter() - started
 {first_call}
 print(imports, first_call(sys.argv[1]))

@@ -30,10 +30,10 @@ from pathlib import Path
 
 from sqlalchemy import create_engine, text
 
-from airflow_txn_provider.commit import commit_states
-from airflow_txn_provider.sources import OpaqueSource
+from airflow_txn_provider.rules.sources import OpaqueSource
 from airflow_txn_provider.state import MapState
-from airflow_txn_provider.transaction_log import TransactionLog
+from airflow_txn_provider.transactions.commit import commit_states
+from airflow_txn_provider.transactions.transaction_log import TransactionLog
 from airflow_txn_provider.ui import reader
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -24,12 +24,12 @@ from pathlib import Path
 
 import psutil
 
-from airflow_txn_provider.commit import commit_registered
+from airflow_txn_provider.operators.spark_runner import SparkConnectRunner
 from airflow_txn_provider.spark.job import BatchJob
 from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
-from airflow_txn_provider.spark.submit import SparkConnectRunner
 from airflow_txn_provider.state import MapState
-from airflow_txn_provider.transaction_log import TransactionLog
+from airflow_txn_provider.transactions.commit import commit_registered
+from airflow_txn_provider.transactions.transaction_log import TransactionLog
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script: the repository's txn_testing

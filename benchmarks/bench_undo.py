@@ -26,7 +26,7 @@ from bench_core import state_commit_seconds
 
 from airflow_txn_provider.state import MapState, StateKind
 from airflow_txn_provider.state.backing import BackingTable
-from airflow_txn_provider.transaction_log import TransactionLog
+from airflow_txn_provider.transactions.transaction_log import TransactionLog
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run as a script: the repository's txn_testing

@@ -3,7 +3,8 @@ the log's, to be SIGKILLed there (the ``kill_committer`` fault).
 
 ``python -m chaos.committer --pipeline P --txid T --attempt A --sink JSON`` (the log's URL in
 ``$TXN_LOG_URL``) commits ``(txid, attempt)`` as the driver does
-(:func:`~airflow_txn_provider.commit.commit_registered` with the pipeline's lake sink), except
+(:func:`~airflow_txn_provider.transactions.commit.commit_registered` with the pipeline's lake
+sink), except
 that once the sink's table commit has returned, inside the log's still open transaction, it
 prints one JSON line ``{"table_committed": {...}}`` and sleeps: the driver SIGKILLs it then. The
 log's transaction dies with the process (Postgres rolls it back): the table holds the txid, the
@@ -24,11 +25,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from airflow_txn_provider.commit import commit_registered
-from airflow_txn_provider.exceptions import TxnError
+from airflow_txn_provider.rules.exceptions import TxnError
 from airflow_txn_provider.sinks import LakeSink, SinkCommit, sink_from_spec
 from airflow_txn_provider.spark.job import LOG_URL_ENV
-from airflow_txn_provider.transaction_log import TransactionLog
+from airflow_txn_provider.transactions.commit import commit_registered
+from airflow_txn_provider.transactions.transaction_log import TransactionLog
 
 TABLE_COMMITTED = "table_committed"
 

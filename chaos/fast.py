@@ -82,18 +82,18 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: chaos/ and tests/ are packages of the repository
     sys.path.insert(0, str(ROOT))
 
-from airflow_txn_provider.commit import commit_registered  # noqa: E402
-from airflow_txn_provider.coordinator import committable  # noqa: E402
-from airflow_txn_provider.exceptions import StagedOutputMismatchError, TxnError  # noqa: E402
-from airflow_txn_provider.log_reads import TransactionInfo  # noqa: E402
-from airflow_txn_provider.records import PipelineView  # noqa: E402
+from airflow_txn_provider.log.reads import TransactionInfo  # noqa: E402
+from airflow_txn_provider.rules.coordinator import committable  # noqa: E402
+from airflow_txn_provider.rules.exceptions import StagedOutputMismatchError, TxnError  # noqa: E402
+from airflow_txn_provider.rules.records import PipelineView  # noqa: E402
+from airflow_txn_provider.rules.vocabulary import BeginAction, TxStatus  # noqa: E402
 from airflow_txn_provider.sinks import DeltaSink, IcebergSink, LakeSink, StagedFiles  # noqa: E402
 from airflow_txn_provider.spark.job import LOG_URL_ENV  # noqa: E402
 from airflow_txn_provider.spark.landing_source import LandingDirectorySource  # noqa: E402
 from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource  # noqa: E402
 from airflow_txn_provider.state import MapState  # noqa: E402
-from airflow_txn_provider.transaction_log import TransactionLog  # noqa: E402
-from airflow_txn_provider.vocabulary import BeginAction, TxStatus  # noqa: E402
+from airflow_txn_provider.transactions.commit import commit_registered  # noqa: E402
+from airflow_txn_provider.transactions.transaction_log import TransactionLog  # noqa: E402
 from chaos.committer import TABLE_COMMITTED  # noqa: E402
 from chaos.report import NO_FAULT, FaultResult, print_table, reemissions  # noqa: E402
 from tests.spark_data import (  # noqa: E402

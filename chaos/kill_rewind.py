@@ -56,14 +56,14 @@ if str(ROOT) not in sys.path:  # run as a script: chaos/ is a package of the rep
 
 from sqlalchemy import create_engine, text  # noqa: E402
 
-from airflow_txn_provider import schema  # noqa: E402
-from airflow_txn_provider.commit import commit_registered  # noqa: E402
-from airflow_txn_provider.history import REWOUND_BY  # noqa: E402
+from airflow_txn_provider.log import schema  # noqa: E402
+from airflow_txn_provider.rules.history import REWOUND_BY  # noqa: E402
+from airflow_txn_provider.rules.sources import TransactionalSource  # noqa: E402
 from airflow_txn_provider.sinks import DeltaSink, IcebergSink, LakeSink, list_staged  # noqa: E402
-from airflow_txn_provider.sources import TransactionalSource  # noqa: E402
 from airflow_txn_provider.spark.job import LOG_URL_ENV  # noqa: E402
 from airflow_txn_provider.state import MapState, load_states, stage_states  # noqa: E402
-from airflow_txn_provider.transaction_log import TransactionLog  # noqa: E402
+from airflow_txn_provider.transactions.commit import commit_registered  # noqa: E402
+from airflow_txn_provider.transactions.transaction_log import TransactionLog  # noqa: E402
 from chaos.report import FaultResult, print_table, reemissions  # noqa: E402
 
 PIPELINE = "rw"

@@ -198,7 +198,7 @@ def lake_job(workdir: Path, plan: Plan, sink: LakeSink) -> Path:
         f'''"""Written by chaos/on_airflow.py: the word count of spark_jobs/word_count.py for two
 outputs, the map state {state_name(plan)!r} and the lake sink {sink.name!r}."""
 
-from airflow_txn_provider.spark.submit import load_job_module
+from airflow_txn_provider.operators.spark_runner import load_job_module
 
 _word_count = load_job_module({str(ROOT / "spark_jobs" / "word_count.py")!r})
 
@@ -372,9 +372,9 @@ def inject(
 def _process_again(d: Deployment, plan: Plan, txid: int, attempt: int, log: Any) -> str:
     """Run ``(txid, attempt)``'s processing once more, in this process, while its task runs: what
     Airflow does when it runs one task instance twice (apache/airflow#23520)."""
+    from airflow_txn_provider.operators.spark_runner import SparkConnectRunner
     from airflow_txn_provider.spark.job import BatchJob
     from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
-    from airflow_txn_provider.spark.submit import SparkConnectRunner
 
     source = PartitionedParquetSource(str(d.workdir / "data" / plan.name), max_per_partition=BATCH)
     sink = lake_sink(d.workdir, plan)  # with a sink, a second staging of the attempt's files
@@ -455,7 +455,7 @@ def run_one(deployment: Deployment, plan: Plan) -> FaultResult:
     """Unpause the run's pipeline, cause its fault, wait for it to heal, check it against ground
     truth."""
     from airflow_txn_provider.state import MapState
-    from airflow_txn_provider.transaction_log import TransactionLog
+    from airflow_txn_provider.transactions.transaction_log import TransactionLog
     from chaos.fast import check_lake_table
     from tests.spark_data import word_counts
 

@@ -2,9 +2,11 @@
 
 ``python -m chaos.worker --pipeline P --txid T --attempt A --source JSON --spark-url sc://…
 [--sink JSON --state NAME]`` (the log's URL in ``$TXN_LOG_URL``) processes one attempt on Spark
-Connect under a :class:`~airflow_txn_provider.lease.LeaseKeeper`, exactly as the Spark Connect
+Connect under a :class:`~airflow_txn_provider.transactions.lease.LeaseKeeper`, exactly as the Spark
+Connect
 path of the processing operator does, with its runner
-(:class:`~airflow_txn_provider.spark.submit.SparkConnectRunner`: the pipeline's slot session,
+(:class:`~airflow_txn_provider.operators.spark_runner.SparkConnectRunner`: the pipeline's slot
+session,
 :func:`~airflow_txn_provider.spark.job.process_batch` (read, transform, stage fenced by the
 attempt, mark processed), the session released if the attempt failed). If the attempt is
 failed meanwhile, the keeper interrupts the run's Spark work. SIGTERM does what Airflow's task
@@ -20,7 +22,7 @@ names the map state that gets the same word count, as before.
 
 With ``--jobs 2`` the attempt is processed as a txid of two jobs is: two Spark jobs (the words
 before ``m`` and the rest, both into the one map state, each staged with ``finish=False``
-under its own job name), then :func:`~airflow_txn_provider.commit.record_processed`.
+under its own job name), then :func:`~airflow_txn_provider.transactions.commit.record_processed`.
 
 ``--pause-at staging|between_jobs --pause-file F``: on reaching that point (inside the staging
 transaction, after the COPY; or after the first of two jobs staged) the worker creates
@@ -43,13 +45,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from airflow_txn_provider.exceptions import TxnError
-from airflow_txn_provider.lease import LeaseKeeper, holder_name
+from airflow_txn_provider.operators.spark_runner import SparkConnectRunner, load_job_module
+from airflow_txn_provider.rules.exceptions import TxnError
 from airflow_txn_provider.sinks import LakeSink, sink_from_spec
 from airflow_txn_provider.spark.job import LOG_URL_ENV, BatchJob, ProcessOutcome, Transform
 from airflow_txn_provider.spark.sources import source_from_spec
-from airflow_txn_provider.spark.submit import SparkConnectRunner, load_job_module
-from airflow_txn_provider.transaction_log import TransactionLog
+from airflow_txn_provider.transactions.lease import LeaseKeeper, holder_name
+from airflow_txn_provider.transactions.transaction_log import TransactionLog
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -142,7 +144,7 @@ def run_two_jobs(
     pause file to announce between the jobs."""
     import dataclasses
 
-    from airflow_txn_provider.commit import record_processed
+    from airflow_txn_provider.transactions.commit import record_processed
 
     part = dataclasses.replace(job, finish=False)
     first, rest = split_jobs(runner.transform)

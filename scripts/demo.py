@@ -193,8 +193,8 @@ class KafkaFeed(threading.Thread):
 
 
 def up(args: argparse.Namespace) -> int:
-    from airflow_txn_provider.exceptions import UnknownPipelineError
-    from airflow_txn_provider.transaction_log import TransactionLog
+    from airflow_txn_provider.rules.exceptions import UnknownPipelineError
+    from airflow_txn_provider.transactions.transaction_log import TransactionLog
     from txn_testing.airflow import (
         ADMIN_USER,
         AirflowStack,

@@ -13,10 +13,10 @@ import json
 import os
 import sys
 
-from airflow_txn_provider.commit import commit_registered
-from airflow_txn_provider.exceptions import TxnError
+from airflow_txn_provider.rules.exceptions import TxnError
 from airflow_txn_provider.spark.job import LOG_URL_ENV
-from airflow_txn_provider.transaction_log import TransactionLog
+from airflow_txn_provider.transactions.commit import commit_registered
+from airflow_txn_provider.transactions.transaction_log import TransactionLog
 
 
 def main(argv: list[str] | None = None) -> int:

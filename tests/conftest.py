@@ -21,8 +21,8 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine
 
-from airflow_txn_provider import schema
-from airflow_txn_provider.transaction_log import TransactionLog
+from airflow_txn_provider.log import schema
+from airflow_txn_provider.transactions.transaction_log import TransactionLog
 from txn_testing.postgres import EmbeddedPostgres
 
 if TYPE_CHECKING:

@@ -5,7 +5,7 @@ UI does: ``POST /api/v2/dags/{dag_id}/clearTaskInstances`` with a JWT from ``POS
 retention deletes the runs of old txids with ``DELETE /api/v2/dags/{dag_id}/dagRuns/{run_id}``.
 Credentials come from an Airflow connection and never appear in a log line or an error.
 While the api-server is away a request is sent again with :meth:`AirflowApiHook.backoff`'s waits
-(a :class:`~airflow_txn_provider.retries.Backoff`).
+(a :class:`~airflow_txn_provider.utils.retries.Backoff`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from urllib.parse import quote
 import httpx
 from airflow.sdk import BaseHook
 
-from airflow_txn_provider.exceptions import RequeueError
-from airflow_txn_provider.retries import Backoff
+from airflow_txn_provider.rules.exceptions import RequeueError
+from airflow_txn_provider.utils.retries import Backoff
 
 RETRY_STATUS = frozenset({500, 502, 503, 504})
 """Answers of an api-server that is restarting or overloaded: asked again, not reported."""

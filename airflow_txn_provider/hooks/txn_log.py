@@ -6,22 +6,23 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from airflow.providers.postgres.hooks.postgres import PostgresHook
-from sqlalchemy.engine import make_url
 
-from airflow_txn_provider.exceptions import TxnConfigError
-from airflow_txn_provider.transaction_log import DRIVER, TransactionLog, engine_from_url
+from airflow_txn_provider.rules.exceptions import TxnConfigError
+from airflow_txn_provider.transactions.transaction_log import TransactionLog, engine_from_url
+from airflow_txn_provider.utils.credentials import (
+    DEFAULT_DATABASE,
+    DEFAULT_HOST,
+    DEFAULT_PORT,
+    SYNC_DRIVER,
+    postgres_url,
+)
 
 if TYPE_CHECKING:
     from airflow.sdk import Connection
     from sqlalchemy.engine import URL, Engine
 
-SYNC_DRIVER = f"postgresql+{DRIVER}"
-"""The log's driver: psycopg 3 (it stages with binary ``COPY``), PostgresHook's default too."""
 ASYNC_DRIVER = "postgresql+psycopg"
 """psycopg 3, for the triggers' async engines."""
-DEFAULT_HOST = "127.0.0.1"
-DEFAULT_PORT = 5432
-DEFAULT_DATABASE = "postgres"
 
 _ENGINES: dict[str, Engine] = {}
 """One engine (and connection pool) per log URL and process: a task opens the log several times
@@ -84,7 +85,7 @@ class TxnLogHook(PostgresHook):
 
     def _log_connection(self) -> Connection:
         """The Airflow connection (read once per hook); a missing or unreadable one is a
-        :class:`~airflow_txn_provider.exceptions.TxnConfigError` that says what to set."""
+        :class:`~airflow_txn_provider.rules.exceptions.TxnConfigError` that says what to set."""
         try:
             return self.connection
         except Exception as err:
@@ -97,20 +98,11 @@ class TxnLogHook(PostgresHook):
     @property
     def sqlalchemy_url(self) -> URL:
         """``extra.sqlalchemy_url`` if set, else PostgresHook's URL of the connection with this
-        hook's defaults (host, port, database) and the extra keys as libpq parameters."""
-        override = self._override_url()
-        if override is not None:
-            return make_url(override)
-        url = super().sqlalchemy_url
-        extra = self._log_connection().extra_dejson or {}
-        libpq = {k: str(v) for k, v in extra.items() if k not in self.ignored_extra_options}
-        return url.set(
-            username=url.username or None,
-            password=url.password or None,
-            host=url.host or DEFAULT_HOST,
-            port=url.port or DEFAULT_PORT,
-            database=url.database or DEFAULT_DATABASE,
-        ).update_query_dict(libpq)
+        hook's defaults (host, port, database) and the extra keys as libpq parameters
+        (:func:`~airflow_txn_provider.utils.credentials.postgres_url`)."""
+        return postgres_url(
+            self.txn_log_conn_id, connection=self._log_connection(), scheme=self.sqlalchemy_scheme
+        )
 
     def get_uri(self) -> str:
         """The URL as text, password included (``extra.sqlalchemy_url`` exactly as given)."""
@@ -149,7 +141,7 @@ class TxnLogHook(PostgresHook):
 
     def get_log(self, *, migrate: bool = True) -> TransactionLog:
         """The transaction log; applies the schema migrations first unless ``migrate=False``
-        (checked once per process: see :func:`airflow_txn_provider.schema.ensure`)."""
+        (checked once per process: see :func:`airflow_txn_provider.log.schema.ensure`)."""
         return TransactionLog(self.get_engine(), migrate=migrate)
 
     # [override]: common-sql's stub types DbApiHook.test_connection as returning None

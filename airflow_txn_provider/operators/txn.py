@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from airflow_txn_provider.config import CLAIM_TIMEOUT
-from airflow_txn_provider.credentials import connection_env
-from airflow_txn_provider.lineage import TxidLineage, lineage_enabled
+from airflow_txn_provider.operators.run_retention import prune_airflow_runs
+from airflow_txn_provider.rules.config import CLAIM_TIMEOUT
+from airflow_txn_provider.rules.vocabulary import BeginAction
+from airflow_txn_provider.rules.waiting import GateState, TxnEvent, commit_gate
 from airflow_txn_provider.run_context import (
     AHEAD_WAIT,
     BEGIN_TASK_ID,
@@ -37,14 +38,14 @@ from airflow_txn_provider.run_context import (
     window_moved,
 )
 from airflow_txn_provider.triggers.txn_log import RUN_TXID, TxnLogTrigger, WaitFor
-from airflow_txn_provider.vocabulary import BeginAction
-from airflow_txn_provider.waiting import GateState, TxnEvent
+from airflow_txn_provider.utils.credentials import connection_env
+from airflow_txn_provider.utils.lineage import TxidLineage, lineage_enabled
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from airflow_txn_provider.pipeline import TxnPipeline
-    from airflow_txn_provider.transaction_log import TransactionLog
+    from airflow_txn_provider.transactions.transaction_log import TransactionLog
 
 PIPELINE_FIELD = "pipeline_name"
 """The operators' attribute holding their pipeline's name: a template field, so Airflow keeps it
@@ -89,7 +90,7 @@ class _TxnOperator(TxidLineage, BaseOperator):
 
     def woken_by(self, event: Any) -> TxnEvent | None:
         """The log trigger's event this task resumed with, checked
-        (:class:`~airflow_txn_provider.exceptions.MalformedEventError` if it is not one);
+        (:class:`~airflow_txn_provider.rules.exceptions.MalformedEventError` if it is not one);
         ``None`` at a first start or after the no-data timer (whose event is its moment)."""
         if event is None or isinstance(event, datetime):
             return None
@@ -258,7 +259,7 @@ class TxnProcessOperator(_TxnOperator):
         finally:
             self.join_chain()
         if self.finish and result.get("status") == "processed":
-            from airflow_txn_provider.commit import commit_ready, prune_airflow_runs
+            from airflow_txn_provider.transactions.commit import commit_ready
 
             result["committed"] = commit_ready(self.txn_log(), self.pipeline, self.log)
             prune_airflow_runs(self.pipeline, self.dag_id, result["committed"], self.log)
@@ -266,9 +267,9 @@ class TxnProcessOperator(_TxnOperator):
 
     def _process(self, context: Context, claim: dict[str, Any]) -> dict[str, Any]:
         from airflow_txn_provider.failure_injection import maybe_inject_failure
-        from airflow_txn_provider.lease import LeaseKeeper, holder_name
+        from airflow_txn_provider.operators import spark_runner
         from airflow_txn_provider.spark.job import BatchJob
-        from airflow_txn_provider.spark.submit import SparkConnectRunner, SparkSubmitRunner
+        from airflow_txn_provider.transactions.lease import LeaseKeeper, holder_name
 
         p = self.pipeline
         job = BatchJob(
@@ -302,14 +303,14 @@ class TxnProcessOperator(_TxnOperator):
             with lease:
                 maybe_inject_failure(p.name, job.txid, job.attempt)
                 if p.spark == "connect":
-                    self._runner = SparkConnectRunner(
+                    self._runner = spark_runner.SparkConnectRunner(
                         self.job,
                         conn_id=p.spark_connect_conn_id,
                         reuse_sessions=p.reuse_spark_sessions,
                     )
                     outcome = self._runner.run(job, log, holder=lease.holder)
                     return {"status": outcome.status, "staged_rows": dict(outcome.staged_rows)}
-                self._runner = SparkSubmitRunner(
+                self._runner = spark_runner.SparkSubmitRunner(
                     self.job,
                     log_url=hook.log_url(),
                     conn_id=p.spark_conn_id,
@@ -358,7 +359,7 @@ class TxnRecordProcessedOperator(_TxnOperator):
     """After several jobs of one txid: record the processed output (staged counts)."""
 
     def execute(self, context: Context) -> str:
-        from airflow_txn_provider.commit import commit_ready, prune_airflow_runs, record_processed
+        from airflow_txn_provider.transactions.commit import commit_ready, record_processed
 
         claim = self.claimed(context)
         action = record_processed(
@@ -414,8 +415,7 @@ class TxnCommitOperator(_TxnOperator):
         return self._commit_or_wait(context)
 
     def _commit_or_wait(self, context: Context) -> dict[str, Any]:
-        from airflow_txn_provider.commit import commit_ready, commit_registered, prune_airflow_runs
-        from airflow_txn_provider.waiting import commit_gate
+        from airflow_txn_provider.transactions.commit import commit_ready, commit_registered
 
         p = self.pipeline
         claim = self.claimed(context)

@@ -9,10 +9,9 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from airflow.sdk.bases.sensor import BaseSensorOperator
 from airflow.sdk.exceptions import AirflowSkipException
 
-from airflow_txn_provider import metrics
-from airflow_txn_provider.alerts import due_alerts, poisoned_alert, send_once
-from airflow_txn_provider.lineage import lineage_enabled
-from airflow_txn_provider.redaction import redact
+from airflow_txn_provider.log.alerts import due_alerts, poisoned_alert, send_once
+from airflow_txn_provider.rules.vocabulary import EventState, TxStatus
+from airflow_txn_provider.rules.waiting import TxnEvent, first_watched_attempt
 from airflow_txn_provider.run_context import (
     BEGIN_TASK_ID,
     is_scheduled_txid_run,
@@ -23,14 +22,15 @@ from airflow_txn_provider.run_context import (
 )
 from airflow_txn_provider.timetables import txid_run_id
 from airflow_txn_provider.triggers.txn_log import FIRST_WATCHED, RUN_TXID, TxnLogTrigger, WaitFor
-from airflow_txn_provider.vocabulary import EventState, TxStatus
-from airflow_txn_provider.waiting import TxnEvent, first_watched_attempt
+from airflow_txn_provider.utils import metrics
+from airflow_txn_provider.utils.lineage import lineage_enabled
+from airflow_txn_provider.utils.redaction import redact
 
 if TYPE_CHECKING:
     from airflow.sdk import Context
 
     from airflow_txn_provider.pipeline import TxnPipeline
-    from airflow_txn_provider.transaction_log import TransactionLog
+    from airflow_txn_provider.transactions.transaction_log import TransactionLog
 
 SETTLE_TIMEOUT = 120.0
 """Seconds a re-queue waits for the failed runs' tasks to stop before it clears them anyway."""
@@ -153,8 +153,8 @@ class TxnFailureSensor(BaseSensorOperator):
     def on_failure(self, context: Context, event: dict[str, Any], **_legacy: Any) -> None:
         """Answer a failed attempt of the run's txid (``_legacy``: a deferral made by an older
         version of this sensor carried ``own_failures``; the log counts them now)."""
-        from airflow_txn_provider.vocabulary import FailureResponse
-        from airflow_txn_provider.waiting import (
+        from airflow_txn_provider.rules.vocabulary import FailureResponse
+        from airflow_txn_provider.rules.waiting import (
             known_failed_attempt,
             own_failures,
             requeue_set,
@@ -247,9 +247,9 @@ class TxnFailureSensor(BaseSensorOperator):
         behind the runs waiting for it. The stop is recorded in the log last: a person's rerun
         after it starts a new count of the txid's own failures.
         """
-        from airflow_txn_provider.exceptions import PoisonBatchError
-        from airflow_txn_provider.vocabulary import FailureResponse
-        from airflow_txn_provider.waiting import requeue_set
+        from airflow_txn_provider.rules.exceptions import PoisonBatchError
+        from airflow_txn_provider.rules.vocabulary import FailureResponse
+        from airflow_txn_provider.rules.waiting import requeue_set
 
         p = self.pipeline
         log = self.txn_log()
@@ -299,7 +299,7 @@ class TxnFailureSensor(BaseSensorOperator):
     def _awaits_requeue(self, log: TransactionLog, txid: int, attempt: int) -> bool:
         """Whether the watch of ``attempt`` restarts its run if nobody does (as after answering
         its failure): it failed and was answered by a re-queue, not by a poison batch's stop."""
-        from airflow_txn_provider.vocabulary import FailureResponse
+        from airflow_txn_provider.rules.vocabulary import FailureResponse
 
         last = log.history(self.pipeline.name, txid)[-1:]
         return bool(
@@ -327,7 +327,7 @@ class TxnFailureSensor(BaseSensorOperator):
         makes theirs fail with ``StaleDataError``, which kills that Airflow component. Runs
         beyond them are not touched: their begins wait, and go on by themselves.
         """
-        from airflow_txn_provider.exceptions import RequeueError
+        from airflow_txn_provider.rules.exceptions import RequeueError
         from airflow_txn_provider.timetables import txid_logical_date
 
         dag = context["dag"]

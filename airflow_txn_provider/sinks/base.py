@@ -10,7 +10,8 @@ The protocol, for one txid (docs/lake.md has the picture):
    log, fenced by the attempt like every staged output.
 2. **Commit** (:meth:`LakeSink.commit`, the last step of the log's commit, under its pipeline
    lock): the table's own record says which txid of this pipeline it holds. The coordinator's
-   :func:`~airflow_txn_provider.coordinator.plan_sink_commit` decides: add exactly the recorded
+   :func:`~airflow_txn_provider.rules.coordinator.plan_sink_commit` decides: add exactly the
+   recorded
    files (or merge them by key) in ONE table commit that records ``(pipeline, txid)`` (a Delta app
    transaction, an Iceberg snapshot property), or, if the table holds the txid already (a commit
    that crashed between the table commit and the log's), add nothing and let the log complete.
@@ -31,12 +32,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
-from airflow_txn_provider.coordinator import plan_sink_commit
-from airflow_txn_provider.exceptions import InvalidNameError, LakeSinkError
-from airflow_txn_provider.names import COLUMN, PIPELINE, check_name
+from airflow_txn_provider.rules.coordinator import plan_sink_commit
+from airflow_txn_provider.rules.exceptions import InvalidNameError, LakeSinkError
+from airflow_txn_provider.rules.names import COLUMN, PIPELINE, check_name
+from airflow_txn_provider.rules.specs import from_spec, to_spec
+from airflow_txn_provider.rules.vocabulary import LAKE_OUTPUT_PREFIX, SinkAction
 from airflow_txn_provider.sinks.schema import check_schema
-from airflow_txn_provider.specs import from_spec, to_spec
-from airflow_txn_provider.vocabulary import LAKE_OUTPUT_PREFIX, SinkAction
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -181,7 +182,7 @@ class LakeSink(abc.ABC):
 
     def lineage_dataset(self) -> tuple[str, str]:
         """OpenLineage's ``(namespace, name)`` of the table: its storage location."""
-        from airflow_txn_provider.lineage import path_dataset
+        from airflow_txn_provider.utils.lineage import path_dataset
 
         return path_dataset(self.uri)
 
@@ -201,7 +202,8 @@ class LakeSink(abc.ABC):
     @property
     def conn_ids(self) -> tuple[str, ...]:
         """The Airflow connections this sink opens (their credentials reach a ``spark-submit``
-        driver through its environment: :func:`airflow_txn_provider.credentials.connection_env`).
+        driver through its environment:
+        :func:`airflow_txn_provider.utils.credentials.connection_env`).
         """
         return ()
 
@@ -230,7 +232,7 @@ class LakeSink(abc.ABC):
         """Add ``staged`` to the table in one commit recording ``(pipeline, txid)``, unless the
         table holds that txid already. Raises :class:`LakeSchemaMismatchError` (nothing added)
         when the files' columns differ from the table's. ``rewound_through``: the newest txid a
-        rewind of the pipeline failed (:func:`~airflow_txn_provider.history.rewound_through`).
+        rewind of the pipeline failed (:func:`~airflow_txn_provider.rules.history.rewound_through`).
         """
         table_txid = table.committed_txid(pipeline)
         action = plan_sink_commit(
@@ -342,7 +344,7 @@ class LakeSink(abc.ABC):
 
     def read_as_of(self, pipeline: str, txid: int, *, log_url: str | None = None) -> pa.Table:
         """The table as it was when ``txid`` of ``pipeline`` committed (the newest table version
-        holding a txid <= ``txid``). Raises :class:`~airflow_txn_provider.exceptions.
+        holding a txid <= ``txid``). Raises :class:`~airflow_txn_provider.rules.exceptions.
         TxidNotReadableError` when no version does."""
         table = self.open(log_url)
         return table.read(table.version_as_of(pipeline, txid))
@@ -384,7 +386,7 @@ class LakeTable(abc.ABC):
         as the pipeline's newest; return the version that holds it (``None``: nothing to undo).
 
         Only this pipeline's commits are undone: if another writer committed to the table after
-        them, :class:`~airflow_txn_provider.exceptions.LakeTableOutOfSyncError` (nothing
+        them, :class:`~airflow_txn_provider.rules.exceptions.LakeTableOutOfSyncError` (nothing
         changed), since undoing them would lose its rows."""
 
     @abc.abstractmethod
@@ -400,7 +402,7 @@ class LakeTable(abc.ABC):
         return next((v for t, v in reversed(self.versions(pipeline)) if t == txid), None)
 
     def version_as_of(self, pipeline: str, txid: int) -> int:
-        from airflow_txn_provider.exceptions import TxidNotReadableError
+        from airflow_txn_provider.rules.exceptions import TxidNotReadableError
 
         found = [v for t, v in self.versions(pipeline) if t <= txid]
         if not found:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from airflow_txn_provider.names import quote_ident
+from airflow_txn_provider.rules.names import quote_ident
 from airflow_txn_provider.sinks.base import LakeSink, LakeTable, require
 from airflow_txn_provider.sinks.rewind import first_undone_commit, held_versions
 

@@ -18,11 +18,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from airflow_txn_provider.credentials import connection_url
-from airflow_txn_provider.exceptions import InvalidNameError, TxnConfigError
-from airflow_txn_provider.names import COLUMN, CONN_ID, check_name
+from airflow_txn_provider.rules.exceptions import InvalidNameError, TxnConfigError
+from airflow_txn_provider.rules.names import COLUMN, CONN_ID, check_name
 from airflow_txn_provider.sinks.base import LakeSink, LakeTable, require
 from airflow_txn_provider.sinks.rewind import first_undone_commit, held_versions
+from airflow_txn_provider.utils.credentials import connection_url
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -38,7 +38,8 @@ class IcebergSink(LakeSink):
     :param warehouse: where the catalog puts tables it creates (an absolute path or URI); the
         table lives in ``<warehouse>/<namespace>.db/<name>``.
     :param catalog_conn_id: the Airflow connection of the catalog's Postgres database (looked
-        up where the catalog is opened: :func:`airflow_txn_provider.credentials.connection_url`).
+        up where the catalog is opened:
+        :func:`airflow_txn_provider.utils.credentials.connection_url`).
         ``None`` with no ``catalog_uri`` (the default): the transaction log's database.
     :param catalog_uri: the catalog's SQLAlchemy URL, without a password (``~/.pgpass``, a
         trusted socket): the sink's spec travels in ``spark-submit``'s arguments, so a URL with
@@ -104,7 +105,7 @@ class IcebergSink(LakeSink):
         """Its location, as OpenLineage's Spark integration names an Iceberg table: one dataset
         with what other engines report of it (``uri``'s catalog label is in no convention, and
         is the same in every deployment by default)."""
-        from airflow_txn_provider.lineage import path_dataset
+        from airflow_txn_provider.utils.lineage import path_dataset
 
         return path_dataset(self.location)
 

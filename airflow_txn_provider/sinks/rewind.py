@@ -28,7 +28,7 @@ def first_undone_commit(
         ``txid`` are ``None`` for another writer's commit.
     Raises :class:`LakeTableOutOfSyncError` when another writer committed after the oldest of
     them: going back would lose its rows."""
-    from airflow_txn_provider.exceptions import LakeTableOutOfSyncError
+    from airflow_txn_provider.rules.exceptions import LakeTableOutOfSyncError
 
     undone: list[int] = []  # positions in ``commits``: versions need not be ordered (Iceberg)
     foreign: list[int] = []

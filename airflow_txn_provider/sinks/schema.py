@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from airflow_txn_provider.exceptions import LakeSchemaMismatchError
+from airflow_txn_provider.rules.exceptions import LakeSchemaMismatchError
 
 if TYPE_CHECKING:
     import pyarrow as pa

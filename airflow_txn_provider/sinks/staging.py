@@ -9,9 +9,9 @@ from __future__ import annotations
 import uuid
 from typing import TYPE_CHECKING
 
-from airflow_txn_provider.retries import DEFAULT_OUTAGE_TIMEOUT, retrying
 from airflow_txn_provider.sinks.base import LakeSink, StagedFiles, list_staged
 from airflow_txn_provider.sinks.schema import check_schema
+from airflow_txn_provider.utils.retries import DEFAULT_OUTAGE_TIMEOUT, retrying
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

@@ -13,7 +13,7 @@ attaches to a session by its id.
 * **Only one's own operations.** A killed run interrupts the operations tagged with its own tag
   (pipeline, txid, attempt, a nonce), and only until it gives its session up, never every
   operation of the session: the slot's next lessee shares the server session id
-  (:meth:`~airflow_txn_provider.spark.submit.SparkConnectRunner.kill`).
+  (:meth:`~airflow_txn_provider.operators.spark_runner.SparkConnectRunner.kill`).
 * **Fenced cleanup.** After a failed attempt, its process releases the slot's server session:
   nothing the failed transform left there (a view, a setting, a running operation) reaches a
   later txid. The server keeps a released id closed, so the next lessee moves to the slot's next

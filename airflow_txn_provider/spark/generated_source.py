@@ -10,7 +10,7 @@ import dataclasses
 import functools
 from typing import TYPE_CHECKING
 
-from airflow_txn_provider.sources import Metadata, TransactionalSource, next_offset_ranges
+from airflow_txn_provider.rules.sources import Metadata, TransactionalSource, next_offset_ranges
 from airflow_txn_provider.spark.sources import SparkSource
 
 if TYPE_CHECKING:

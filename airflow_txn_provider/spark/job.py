@@ -16,7 +16,7 @@ creates the session, then calls :func:`process_batch`. The Spark Connect path ca
 malformed records (naming their location), runs the transform on Spark, collects the partial
 results as Arrow and stages them in Postgres fenced by ``(txid, attempt)``: an attempt that is no
 longer current stages nothing, so an old attempt's output can never be committed. The commit
-(:func:`airflow_txn_provider.commit.commit_registered`) needs no Spark.
+(:func:`airflow_txn_provider.transactions.commit.commit_registered`) needs no Spark.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import make_url
 
-from airflow_txn_provider import metrics
-from airflow_txn_provider.exceptions import (
+from airflow_txn_provider.log.rows import TxidRows
+from airflow_txn_provider.rules.exceptions import (
     IncompleteBatchError,
     MalformedRecordError,
     NotBegunError,
@@ -44,15 +44,15 @@ from airflow_txn_provider.exceptions import (
     StateDefinitionError,
     TxnError,
 )
-from airflow_txn_provider.fencing import attempt_may_stage
-from airflow_txn_provider.log_rows import TxidRows
-from airflow_txn_provider.records import TxRecord
-from airflow_txn_provider.redaction import RedactingFilter, register_secret
+from airflow_txn_provider.rules.fencing import attempt_may_stage
+from airflow_txn_provider.rules.records import TxRecord
+from airflow_txn_provider.rules.vocabulary import ProcessedAction
 from airflow_txn_provider.sinks.base import LakeSink, StagedFiles, sink_from_spec
 from airflow_txn_provider.spark.sources import LOCATION, RECORD, SparkSource, source_from_spec
 from airflow_txn_provider.state import MapState, counted_states, load_states
-from airflow_txn_provider.transaction_log import TransactionLog
-from airflow_txn_provider.vocabulary import ProcessedAction
+from airflow_txn_provider.transactions.transaction_log import TransactionLog
+from airflow_txn_provider.utils import metrics
+from airflow_txn_provider.utils.redaction import RedactingFilter, register_secret
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -78,7 +78,7 @@ class BatchJob:
 
     :param finish: record the processed output when staging is done (the default). ``False`` when
         several jobs process parts of one txid; the last step then calls
-        :func:`airflow_txn_provider.commit.record_processed`.
+        :func:`airflow_txn_provider.transactions.commit.record_processed`.
     :param sinks: the pipeline's lake sinks (:mod:`airflow_txn_provider.sinks`): outputs that
         Spark's executors write as Parquet files, recorded with the attempt's output.
     """
@@ -169,7 +169,7 @@ def process_batch(
     the failure is reported by ``holder`` (this process's lease holder name) while another
     process holds the attempt's lease, nor once ``stopped()`` (this run was told to stop: its
     interrupted Spark work is no failure of the attempt): it then raises
-    :class:`~airflow_txn_provider.exceptions.ProcessingStoppedError` before its next Spark
+    :class:`~airflow_txn_provider.rules.exceptions.ProcessingStoppedError` before its next Spark
     action or its staging.
 
     The attempt's timings (seconds) are recorded with its output: ``start`` (from its begin to

@@ -10,7 +10,7 @@ frame from either reader.
 A range is read whole or the task fails, so a batch never commits with records missing:
 
 * records already deleted by the topic's retention (the consumer is refused its start offset):
-  :class:`~airflow_txn_provider.exceptions.OffsetsDeletedError`;
+  :class:`~airflow_txn_provider.rules.exceptions.OffsetsDeletedError`;
 * no progress for ``timeout`` seconds (a broker down, paused, unreachable): a ``TimeoutError``
   naming the partition and how far it got. The txid fails and is replayed, from the same offsets.
 
@@ -118,7 +118,7 @@ def read_range(
     import pyarrow as pa
     from confluent_kafka import KafkaError, TopicPartition
 
-    from airflow_txn_provider.exceptions import OffsetsDeletedError
+    from airflow_txn_provider.rules.exceptions import OffsetsDeletedError
 
     if end <= start:
         return
@@ -171,7 +171,7 @@ def read_range(
 
 
 def _check_anchor(name: str, anchor: tuple[int, str], found: str) -> None:
-    from airflow_txn_provider.exceptions import SourceLogChangedError
+    from airflow_txn_provider.rules.exceptions import SourceLogChangedError
 
     if found != anchor[1]:
         raise SourceLogChangedError(

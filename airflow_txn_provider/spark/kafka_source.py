@@ -10,7 +10,8 @@ Spark's own Kafka reader when its jar is on the classpath: ``reader="spark"``).
 
 * :class:`KafkaSource` (transactional): a replay reads the same offsets. Records that the
   topic's retention deleted before any txid read them stop the pipeline with
-  :class:`~airflow_txn_provider.exceptions.OffsetsDeletedError`: skipping them would lose them.
+  :class:`~airflow_txn_provider.rules.exceptions.OffsetsDeletedError`: skipping them would lose
+  them.
 * :class:`OpaqueKafkaSource` (opaque): a replay starts again from the previous txid's end, and
   may take more records. Deleted records are skipped: the txid's metadata notes them under
   :data:`SKIPPED` (``{"skipped": {"<topic>-<partition>": [start, end)}}``, shown with its offsets
@@ -19,7 +20,7 @@ Spark's own Kafka reader when its jar is on the classpath: ``reader="spark"``).
 
 Credentials come from the Airflow connection ``kafka_conn_id`` (type ``kafka``, its Config Dict:
 librdkafka settings, SASL and SSL included); no setting goes on a command line
-(:func:`~airflow_txn_provider.credentials.kafka_config`).
+(:func:`~airflow_txn_provider.utils.credentials.kafka_config`).
 """
 
 from __future__ import annotations
@@ -30,13 +31,12 @@ import logging
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from airflow_txn_provider.credentials import kafka_config, kafka_connection_env
-from airflow_txn_provider.exceptions import (
+from airflow_txn_provider.rules.exceptions import (
     OffsetsDeletedError,
     SourceError,
     SourceLogChangedError,
 )
-from airflow_txn_provider.sources import (
+from airflow_txn_provider.rules.sources import (
     Metadata,
     OpaqueSource,
     TransactionalSource,
@@ -52,6 +52,7 @@ from airflow_txn_provider.spark.kafka_log import (
     split_key,
 )
 from airflow_txn_provider.spark.sources import SparkSource
+from airflow_txn_provider.utils.credentials import kafka_config, kafka_connection_env
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -89,7 +90,7 @@ class _KafkaTopic(SparkSource):
     :data:`READERS`; ``read_timeout``: seconds a read may go without progress before its txid
     fails (a broker down); ``request_timeout``: seconds for a begin's metadata requests;
     ``reset_log_from_txid``: an operator's declared reset after a partition's log was lost or
-    the topic created again (:class:`~airflow_txn_provider.exceptions.SourceLogChangedError`):
+    the topic created again (:class:`~airflow_txn_provider.rules.exceptions.SourceLogChangedError`):
     from this txid on, a partition whose log is not the one a txid before it recorded starts
     again at the new log's earliest offset, noted in the txid's metadata under :data:`RESET`."""
 
@@ -196,7 +197,7 @@ class _KafkaTopic(SparkSource):
     ) -> dict[str, str]:
         """The partitions whose log is no longer ``recorded``'s that a declared reset lets
         ``txid`` start again, with why; any other raises
-        :class:`~airflow_txn_provider.exceptions.SourceLogChangedError`."""
+        :class:`~airflow_txn_provider.rules.exceptions.SourceLogChangedError`."""
         if recorded is None:
             return {}
         reset = self.reset_log_from_txid

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from airflow_txn_provider.sources import Metadata, OpaqueSource, next_offset_ranges
+from airflow_txn_provider.rules.sources import Metadata, OpaqueSource, next_offset_ranges
 from airflow_txn_provider.spark.file_index import INDEX_MARGIN_NS, DiscoveryIndex
 from airflow_txn_provider.spark.sources import LOCATION, RECORD, SparkSource, local_path
 
@@ -81,7 +81,7 @@ class LandingDirectorySource(OpaqueSource, SparkSource):
 
         An empty partition folder (every consumed file deleted) says nothing about where its
         numbering is: it is left out, and continues from where it stopped. A producer that then
-        numbers from 0 again is caught (:class:`~airflow_txn_provider.exceptions.
+        numbers from 0 again is caught (:class:`~airflow_txn_provider.rules.exceptions.
         OffsetsWentBackError`) instead of its files being skipped.
         """
         latest = {}
@@ -187,7 +187,7 @@ class LandingDirectorySource(OpaqueSource, SparkSource):
         return paths
 
     def lineage_dataset(self) -> tuple[str, str]:
-        from airflow_txn_provider.lineage import path_dataset
+        from airflow_txn_provider.utils.lineage import path_dataset
 
         return path_dataset(self.path)
 

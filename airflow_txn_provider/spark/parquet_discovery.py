@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from airflow_txn_provider.exceptions import OffsetGapError
+from airflow_txn_provider.rules.exceptions import OffsetGapError
 from airflow_txn_provider.spark.file_index import INDEX_MARGIN_NS, file_offsets
 from airflow_txn_provider.spark.parquet_index import (
     CorruptIndexError,

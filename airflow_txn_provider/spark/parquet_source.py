@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
-from airflow_txn_provider.sources import Metadata, TransactionalSource, next_offset_ranges
+from airflow_txn_provider.rules.sources import Metadata, TransactionalSource, next_offset_ranges
 from airflow_txn_provider.spark.file_index import prefetched, take_prefetched
 from airflow_txn_provider.spark.parquet_discovery import OffsetNames, discover
 from airflow_txn_provider.spark.parquet_index import ParquetPartition
@@ -37,7 +37,7 @@ class PartitionedParquetSource(TransactionalSource, SparkSource):
     a Kafka partition). A txid takes at most ``max_per_partition`` new offsets of every partition;
     its metadata is ``{p: [start, end)}``, so its batch holds ``end - start`` records of ``p``; a
     batch that reads another number fails its txid
-    (:class:`~airflow_txn_provider.exceptions.IncompleteBatchError`). Appends must only add
+    (:class:`~airflow_txn_provider.rules.exceptions.IncompleteBatchError`). Appends must only add
     offsets above the existing ones, as new files: a file is immutable once complete (it may be
     deleted; rewriting one in place is not supported, ``docs/sources.md``), so the batch of a
     txid is the same on every replay. The
@@ -169,7 +169,7 @@ class PartitionedParquetSource(TransactionalSource, SparkSource):
         return {str(p): (int(r[0]), int(r[1])) for p, r in dict(metadata).items() if r[1] > r[0]}
 
     def lineage_dataset(self) -> tuple[str, str]:
-        from airflow_txn_provider.lineage import path_dataset
+        from airflow_txn_provider.utils.lineage import path_dataset
 
         return path_dataset(self.path)
 

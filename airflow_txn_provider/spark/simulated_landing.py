@@ -23,7 +23,7 @@ import random
 import time
 from pathlib import Path
 
-from airflow_txn_provider.sources import Metadata
+from airflow_txn_provider.rules.sources import Metadata
 from airflow_txn_provider.spark.generated_source import DEFAULT_VOCABULARY
 from airflow_txn_provider.spark.landing_source import LandingDirectorySource
 

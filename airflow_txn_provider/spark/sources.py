@@ -1,6 +1,7 @@
 """The interface of a source that Spark reads, and how one is rebuilt in a Spark job.
 
-A :class:`SparkSource` is a :class:`~airflow_txn_provider.sources.Source` (it decides each txid's
+A :class:`SparkSource` is a :class:`~airflow_txn_provider.rules.sources.Source` (it decides each
+txid's
 metadata, on the Airflow side, without Spark) that can also *read* the batch its metadata describes
 (on the Spark side, in the processing job): the two halves of Storm's transactional spout. To write
 your own, subclass one of the two kinds and implement three methods; ``docs/sources.md`` walks
@@ -24,8 +25,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import unquote, urlparse
 
-from airflow_txn_provider.sources import Metadata, Source
-from airflow_txn_provider.specs import from_spec, to_spec
+from airflow_txn_provider.rules.sources import Metadata, Source
+from airflow_txn_provider.rules.specs import from_spec, to_spec
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession

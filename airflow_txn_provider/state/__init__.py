@@ -10,7 +10,8 @@ A batch update happens in two steps:
    replaces its rows; several jobs of one txid may stage into the same state side by side. A null
    key or a null/NaN delta is refused (:class:`MalformedOutputError`) before anything is staged.
 2. **apply** (commit phase, in the commit's database transaction, see
-   :mod:`airflow_txn_provider.commit`): one ``INSERT … SELECT … GROUP BY … ON CONFLICT DO UPDATE``
+   :mod:`airflow_txn_provider.transactions.commit`): one ``INSERT … SELECT … GROUP BY … ON CONFLICT
+   DO UPDATE``
    folds the attempt's staged rows into the state table, by the rule of the state's kind
    (:mod:`~airflow_txn_provider.state.kinds`: non-transactional, transactional, opaque). For both
    kinds that store a txid, a stored txid *greater* than the current one is an error
@@ -33,7 +34,8 @@ count, sum and top keys), :mod:`~.undo` (the undo records a rewind restores from
 :mod:`~.staging` (the value domain, the binary COPY, staging several states at once).
 """
 
-from airflow_txn_provider.names import quote_ident
+from airflow_txn_provider.rules.names import quote_ident
+from airflow_txn_provider.rules.vocabulary import StateKind
 from airflow_txn_provider.state.backing import KEY_TYPES, VALUE_TYPES
 from airflow_txn_provider.state.kinds import rule_for
 from airflow_txn_provider.state.maps import (
@@ -45,7 +47,6 @@ from airflow_txn_provider.state.maps import (
     load_states,
 )
 from airflow_txn_provider.state.staging import STAGE_JOB_COLUMN, stage_states
-from airflow_txn_provider.vocabulary import StateKind
 
 __all__ = [
     "KEY_TYPES",

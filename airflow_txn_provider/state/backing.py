@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import text
 
-from airflow_txn_provider.names import SQL_NAME, check_name, quote_ident
+from airflow_txn_provider.rules.names import SQL_NAME, check_name, quote_ident, state_tables
 from airflow_txn_provider.state.kinds import KindRule
 from airflow_txn_provider.state.staging import STAGE_JOB_COLUMN, copy_rows
 from airflow_txn_provider.state.undo import UndoRecords
@@ -59,19 +59,14 @@ DDL_LOCK_KEY = 0x7478_6E5F_7374_61  # "txn_sta"
 
 def _log_tables() -> frozenset[str]:
     """The transaction log's own tables, which no state table may take the name of."""
-    from airflow_txn_provider.models import Base
-    from airflow_txn_provider.schema import VERSION_TABLE
+    from airflow_txn_provider.log.models import Base
+    from airflow_txn_provider.log.schema import VERSION_TABLE
 
     return frozenset([*Base.metadata.tables, VERSION_TABLE])
 
 
-def table_names(name: str) -> tuple[str, str, str]:
-    """The tables of the state ``name``: state, staging, undo records."""
-    return f"txn_state_{name}", f"txn_stage_{name}", f"txn_undo_{name}"
-
-
 def check_table_names(name: str) -> None:
-    for table in table_names(name):
+    for table in state_tables(name):
         if table in _log_tables():
             raise ValueError(
                 f"state name {name!r} is refused: its table {table} is one of the transaction "
@@ -120,15 +115,15 @@ class BackingTable:
 
     @property
     def table(self) -> str:
-        return table_names(self.name)[0]
+        return state_tables(self.name)[0]
 
     @property
     def stage_table(self) -> str:
-        return table_names(self.name)[1]
+        return state_tables(self.name)[1]
 
     @property
     def undo_table(self) -> str:
-        return table_names(self.name)[2]
+        return state_tables(self.name)[2]
 
     @property
     def key_columns(self) -> list[str]:

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
-from airflow_txn_provider.vocabulary import StateKind
+from airflow_txn_provider.rules.vocabulary import StateKind
 
 Combine = Callable[[str, str], str]
 """``combine(a, b)``: the SQL of ``a ⊕ b``."""

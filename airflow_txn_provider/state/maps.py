@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from sqlalchemy.exc import DataError
 
-from airflow_txn_provider.exceptions import (
+from airflow_txn_provider.rules.exceptions import (
     MalformedOutputError,
     StagedOutputMismatchError,
     StateAheadOfLogError,
@@ -29,8 +29,8 @@ from airflow_txn_provider.exceptions import (
     StateValueOutOfRangeError,
     TxnError,
 )
-from airflow_txn_provider.names import SQL_NAME, check_name
-from airflow_txn_provider.retries import sqlstate
+from airflow_txn_provider.rules.names import SQL_NAME, check_name
+from airflow_txn_provider.rules.vocabulary import OutputStart, StateKind
 from airflow_txn_provider.state.backing import (
     BackingTable,
     check_columns,
@@ -48,7 +48,7 @@ from airflow_txn_provider.state.summary import (
     upkeep_cte,
 )
 from airflow_txn_provider.state.undo import UndoRecords
-from airflow_txn_provider.vocabulary import OutputStart, StateKind
+from airflow_txn_provider.utils.retries import sqlstate
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -292,7 +292,7 @@ class MapState:
         """Fold ``(txid, attempt)``'s staged rows (of every job) into the state: one statement.
 
         Also drops staged rows of this txid and older ones (every attempt). Run it inside the
-        commit's database transaction (see :mod:`airflow_txn_provider.commit`).
+        commit's database transaction (see :mod:`airflow_txn_provider.transactions.commit`).
         """
         backing = self.backing
         summary_cte, summarised = upkeep_cte(bool(self.keys))
@@ -328,7 +328,7 @@ class MapState:
     def rewind(self, conn: Connection, to_txid: int) -> dict[str, int]:
         """Put the state back as it was after ``to_txid - 1``'s commit (from the undo records the
         commits of ``to_txid`` and later wrote), and count its summary again. Run it inside the
-        rewind's database transaction (:mod:`airflow_txn_provider.rewind`), under the
+        rewind's database transaction (:mod:`airflow_txn_provider.transactions.rewind`), under the
         pipeline's lock. Returns ``{"restored": keys, "removed": keys}``."""
         restored, removed = UndoRecords(self.backing).rewind(conn, to_txid)
         if self.keys:

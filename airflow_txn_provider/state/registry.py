@@ -15,16 +15,16 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from airflow_txn_provider.exceptions import StateDefinitionError
-from airflow_txn_provider.models import STATE_REGISTRY
-from airflow_txn_provider.outputs import DeclaredOutput, declare_outputs
-from airflow_txn_provider.vocabulary import OutputKind, OutputStart
+from airflow_txn_provider.log.models import STATE_REGISTRY
+from airflow_txn_provider.log.outputs import DeclaredOutput, declare_outputs
+from airflow_txn_provider.rules.exceptions import StateDefinitionError
+from airflow_txn_provider.rules.vocabulary import OutputKind, OutputStart
 
 if TYPE_CHECKING:
     from sqlalchemy import ColumnElement
     from sqlalchemy.engine import Connection, Engine
 
-    from airflow_txn_provider.vocabulary import StateKind
+    from airflow_txn_provider.rules.vocabulary import StateKind
 
 
 def register_state(
@@ -38,8 +38,8 @@ def register_state(
     """Register the state ``name`` of ``pipeline`` unless registered; refuse a registered one
     of another pipeline or definition (:class:`StateDefinitionError`). A new one is recorded as
     an output of the pipeline, complete from txid 1 or, if the pipeline has begun txids, from
-    the next one with ``start="next_txid"`` (:func:`~airflow_txn_provider.outputs.
-    declare_outputs`; without it, :class:`~airflow_txn_provider.exceptions.
+    the next one with ``start="next_txid"`` (:func:`~airflow_txn_provider.log.outputs.
+    declare_outputs`; without it, :class:`~airflow_txn_provider.rules.exceptions.
     OutputStartRequiredError`)."""
     conn.execute(
         pg_insert(STATE_REGISTRY)

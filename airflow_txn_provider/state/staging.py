@@ -3,7 +3,7 @@ one binary ``COPY`` (psycopg 3) for Python rows and Arrow tables alike, with no 
 every key is stored exactly as given (a carriage return, a quote, a backslash included).
 
 The value domain (README, "Keys and values"); a batch outside it is refused whole, before
-anything is staged, with :class:`~airflow_txn_provider.exceptions.MalformedOutputError` naming
+anything is staged, with :class:`~airflow_txn_provider.rules.exceptions.MalformedOutputError` naming
 the pipeline, txid, attempt, state and the first offending row:
 
 * a **key** column is never null. A text key holds any Unicode text but NUL (Postgres text cannot
@@ -15,7 +15,7 @@ the pipeline, txid, attempt, state and the first offending row:
   states refuse NaN and infinities;
 * with the ``sum`` combiner, a batch whose deltas for one key already sum out of an integer
   type's range is refused. A sum that leaves the range only with the committed value is caught
-  at commit (:class:`~airflow_txn_provider.exceptions.StateValueOutOfRangeError`, a permanent
+  at commit (:class:`~airflow_txn_provider.rules.exceptions.StateValueOutOfRangeError`, a permanent
   error: the txid fails at once).
 """
 

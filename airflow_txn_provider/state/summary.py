@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import delete, select, text
 
-from airflow_txn_provider.models import MAP_SUMMARY
+from airflow_txn_provider.log.models import MAP_SUMMARY
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection

@@ -1,4 +1,5 @@
-"""A state's undo records: what a rewind restores from (:mod:`airflow_txn_provider.rewind`).
+"""A state's undo records: what a rewind restores from
+(:mod:`airflow_txn_provider.transactions.rewind`).
 
 Each commit's apply statement writes, for each state, ONE row into ``txn_undo_<state>``: the
 batch's keys and each key's row as it was before the commit (``existed`` false: the key was new),

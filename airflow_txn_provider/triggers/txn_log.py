@@ -8,7 +8,7 @@ A trigger outlives the processes it watches, which makes it the place that notic
 whose process died: the failure sensor's trigger wakes its task when the attempt's lease runs out.
 It also rides out a restarting database (polls that fail to connect are retried with backoff for
 ``outage_timeout`` seconds: :func:`outage_backoff`, a
-:class:`~airflow_txn_provider.retries.Backoff`) instead of failing the task it waits for.
+:class:`~airflow_txn_provider.utils.retries.Backoff`) instead of failing the task it waits for.
 
 Every trigger of one triggerer polls through one shared pool per log (:func:`shared_engine`,
 ``[txn_provider] trigger_pool_size`` connections): a poll holds a connection for milliseconds, so
@@ -31,14 +31,12 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, TaskSkippedEvent, TaskSuccessEvent, TriggerEvent
 
-from airflow_txn_provider.alerts import ALERT_CHECK_EVERY, due_alerts
-from airflow_txn_provider.exceptions import UnknownPipelineError
-from airflow_txn_provider.fencing import lease_expired
-from airflow_txn_provider.records import PipelineView
-from airflow_txn_provider.retries import DEFAULT_OUTAGE_TIMEOUT, Backoff, is_transient
-from airflow_txn_provider.timetables import txid_from_run_id
-from airflow_txn_provider.vocabulary import EventState, TxStatus
-from airflow_txn_provider.waiting import (
+from airflow_txn_provider.log.alerts import ALERT_CHECK_EVERY, due_alerts
+from airflow_txn_provider.rules.exceptions import UnknownPipelineError
+from airflow_txn_provider.rules.fencing import lease_expired
+from airflow_txn_provider.rules.records import PipelineView
+from airflow_txn_provider.rules.vocabulary import EventState, TxStatus
+from airflow_txn_provider.rules.waiting import (
     GateState,
     TxnEvent,
     awaits_commit,
@@ -48,6 +46,8 @@ from airflow_txn_provider.waiting import (
     may_begin_now,
     txid_outcome,
 )
+from airflow_txn_provider.timetables import txid_from_run_id
+from airflow_txn_provider.utils.retries import DEFAULT_OUTAGE_TIMEOUT, Backoff, is_transient
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -58,7 +58,7 @@ RUN_TXID = 0
 the DAG is parsed): the txid of the run its task instance belongs to."""
 FIRST_WATCHED = -1
 """``attempt`` of an ``OUTCOME`` trigger that starts its task: the attempt the run's claim holds,
-read at the first poll (:func:`~airflow_txn_provider.waiting.first_watched_attempt`)."""
+read at the first poll (:func:`~airflow_txn_provider.rules.waiting.first_watched_attempt`)."""
 READY_POLLS = 2
 """A ``COMMITTED`` trigger wakes its task to commit a txid only once the txid was ready to commit
 (processed, ``txid - 1`` committed) on this many polls in a row: the task that recorded its output
@@ -98,7 +98,7 @@ def shared_engine(url: Any) -> AsyncEngine:
     opening another. One snapshot per poll (see TransactionLog.view): triggers only read."""
     from sqlalchemy.ext.asyncio import create_async_engine
 
-    from airflow_txn_provider.log_reads import SNAPSHOT
+    from airflow_txn_provider.log.reads import SNAPSHOT
 
     engines = _SHARED.setdefault(asyncio.get_running_loop(), {})
     key = url if isinstance(url, str) else url.render_as_string(hide_password=False)
@@ -133,7 +133,7 @@ async def shared_view(engine: AsyncEngine, pipeline: str, *, max_age: float) -> 
     per interval. Triggers only read, and each decides from the view alone, so a view a few
     hundred milliseconds old only delays a wake-up by as much. A failed read is not kept: each
     waiting trigger retries it with its own backoff."""
-    from airflow_txn_provider.log_rows import load_view
+    from airflow_txn_provider.log.rows import load_view
 
     views = _VIEWS.setdefault(asyncio.get_running_loop(), {})
     shared = views.setdefault((id(engine), pipeline), _SharedView())
@@ -208,7 +208,7 @@ def evaluate(
 
 class TxnLogTrigger(BaseTrigger):
     """Poll the log every ``poll_interval`` seconds until :func:`evaluate` returns an event; it
-    fires that event's payload (:meth:`~airflow_txn_provider.waiting.TxnEvent.to_payload`).
+    fires that event's payload (:meth:`~airflow_txn_provider.rules.waiting.TxnEvent.to_payload`).
 
     :param txn_log_conn_id: the ``txn_log`` connection.
     :param pipeline: pipeline name.
@@ -228,7 +228,7 @@ class TxnLogTrigger(BaseTrigger):
     :param stall_alert_after: ``OUTCOME`` only, the pipeline's alerts on: also wake (``alert``)
         when the txid is the oldest uncommitted one and an alert is due and unsent: a poison
         batch's, or a stall's once the pipeline has not moved for this many seconds
-        (:mod:`airflow_txn_provider.alerts`; ``None``: no alerts).
+        (:mod:`airflow_txn_provider.log.alerts`; ``None``: no alerts).
     :param outage_timeout: seconds the trigger keeps polling a log it cannot reach before it
         fails (the task's retries then take over).
     """

@@ -9,7 +9,8 @@ itself, through the REST API, as ``txid-00000N`` with the txid's logical date: i
 that exists answers 409), as a trigger's work must be (triggers may run twice).
 
 Every ``poll_interval`` it asks the coordinator's rule which new txid is due
-(:func:`~airflow_txn_provider.waiting.new_txid_due`: the next txid, if the window has room) and,
+(:func:`~airflow_txn_provider.rules.waiting.new_txid_due`: the next txid, if the window has room)
+and,
 if there is one, whether the source has data for it: the same question a begin asks, asked
 without recording anything. The log is read on every poll while txids are in flight, and every
 ``QUIET_LOG_EVERY`` seconds when none is (nothing but a person's rewind or rerun changes it then,
@@ -32,14 +33,14 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
-from airflow_txn_provider.exceptions import UnknownPipelineError
-from airflow_txn_provider.records import PipelineView
-from airflow_txn_provider.retries import Backoff
-from airflow_txn_provider.waiting import new_txid_due, txid_ahead
+from airflow_txn_provider.rules.exceptions import UnknownPipelineError
+from airflow_txn_provider.rules.records import PipelineView
+from airflow_txn_provider.rules.waiting import new_txid_due, txid_ahead
+from airflow_txn_provider.utils.retries import Backoff
 
 if TYPE_CHECKING:
     from airflow_txn_provider.pipeline import TxnPipeline
-    from airflow_txn_provider.transaction_log import TransactionLog
+    from airflow_txn_provider.transactions.transaction_log import TransactionLog
 
 QUIET_LOG_EVERY = 10.0
 """Seconds between looks at the log while nothing is in flight (the source is looked at every

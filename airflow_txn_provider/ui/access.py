@@ -18,7 +18,7 @@ from airflow.api_fastapi.core_api.security import GetUserDep
 from fastapi import Depends
 from fastapi import Path as PathParam
 
-from airflow_txn_provider.transaction_log import TransactionLog
+from airflow_txn_provider.transactions.transaction_log import TransactionLog
 from airflow_txn_provider.ui import model, reader
 from airflow_txn_provider.ui.errors import AccessDeniedError
 

@@ -2,7 +2,8 @@
 
 ``POST /transactions/api/pipelines/{pipeline}/rewind`` with ``{"to_txid": N}`` (and optionally
 ``job_version``, ``reason``, ``restart_runs``) rewinds the pipeline to txid N
-(:mod:`airflow_txn_provider.rewind`): every Postgres state back to after N - 1, every txid from
+(:mod:`airflow_txn_provider.transactions.rewind`): every Postgres state back to after N - 1, every
+txid from
 N re-queued, then their runs restarted through the REST API as the failure sensor does.
 
 Who may: a user who may **edit** every DAG that runs the pipeline (the auth manager's
@@ -26,9 +27,9 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
-from airflow_txn_provider.exceptions import RewindError
-from airflow_txn_provider.rewind import RewindResult
-from airflow_txn_provider.rewind_runs import restart_runs
+from airflow_txn_provider.rewind import restart_runs
+from airflow_txn_provider.rules.exceptions import RewindError
+from airflow_txn_provider.transactions.rewind import RewindResult
 from airflow_txn_provider.ui.access import PipelineName, ReadingDep, auth_manager, authorized
 from airflow_txn_provider.ui.errors import AccessDeniedError
 

@@ -38,10 +38,10 @@ from fastapi.staticfiles import StaticFiles
 from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from airflow_txn_provider.exceptions import TxnError, UnknownPipelineError
-from airflow_txn_provider.health import STALL_AFTER, Health, read_health
+from airflow_txn_provider.log.health import STALL_AFTER, Health, read_health
+from airflow_txn_provider.rules.exceptions import TxnError, UnknownPipelineError
 from airflow_txn_provider.timetables import txid_from_run_id
-from airflow_txn_provider.transaction_log import TransactionLog
+from airflow_txn_provider.transactions.transaction_log import TransactionLog
 from airflow_txn_provider.ui import MOUNT_PATH, actions, model, reader, rewind_options
 from airflow_txn_provider.ui.access import (
     DagId,
@@ -69,7 +69,7 @@ POLL_MS = 2500
 
 StallAfter = Annotated[float, Query(gt=0, le=7 * 24 * 3600)]
 """``?stall_after=`` seconds: how long a pipeline may wait without progress (default
-:data:`~airflow_txn_provider.health.STALL_AFTER`)."""
+:data:`~airflow_txn_provider.log.health.STALL_AFTER`)."""
 
 app = FastAPI(title="Transactions", docs_url=None, redoc_url=None, openapi_url=None)
 app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
@@ -260,7 +260,7 @@ def pipeline_api(pipeline: PipelineName, reading: ReadingDep) -> dict[str, Any]:
 
 @app.get("/api/health")
 def health_api(reading: ReadingDep, stall_after: StallAfter = STALL_AFTER) -> JSONResponse:
-    """Every pipeline the user may read, judged by :mod:`airflow_txn_provider.health`: 200 when
+    """Every pipeline the user may read, judged by :mod:`airflow_txn_provider.log.health`: 200 when
     none is stalled, 503 when one is (what a load balancer or a monitor checks)."""
     names = [] if reading.reads_no_dag else reading.access.visible(reading.log.pipelines())
     found = [read_health(reading.log, name, _now(), stall_after) for name in names]

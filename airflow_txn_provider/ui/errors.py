@@ -1,6 +1,6 @@
 """Errors of the Transactions page, each mapped to one HTTP status by the app.
 
-The log's own errors keep their meaning: :class:`~airflow_txn_provider.exceptions.
+The log's own errors keep their meaning: :class:`~airflow_txn_provider.rules.exceptions.
 UnknownPipelineError` is a 404 naming the pipeline. These two are the page's own: the log cannot
 be opened (503: the page says :data:`LOG_UNAVAILABLE`, the server log says why) and the user may
 not read a pipeline's DAG (403). The DAG run tab is keyed by a DAG id, not a pipeline: its errors
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from airflow_txn_provider.exceptions import TxnConfigError, TxnError
+from airflow_txn_provider.rules.exceptions import TxnConfigError, TxnError
 
 LOG_UNAVAILABLE = "the transaction log is unavailable"
 """What a 503 says, whatever the cause: the cause may name the database's host and role."""

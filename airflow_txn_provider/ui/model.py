@@ -19,15 +19,15 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from airflow_txn_provider.health import newest_processed
-from airflow_txn_provider.records import PipelineView, TxRecord
-from airflow_txn_provider.redaction import redact_optional
+from airflow_txn_provider.log.health import newest_processed
+from airflow_txn_provider.rules.records import PipelineView, TxRecord
+from airflow_txn_provider.rules.vocabulary import TxStatus
 from airflow_txn_provider.sinks.base import OUTPUT_PREFIX
 from airflow_txn_provider.timetables import txid_run_id
-from airflow_txn_provider.vocabulary import TxStatus
+from airflow_txn_provider.utils.redaction import redact_optional
 
 if TYPE_CHECKING:
-    from airflow_txn_provider.log_reads import AttemptInfo, TransactionInfo
+    from airflow_txn_provider.log.reads import AttemptInfo, TransactionInfo
 
 STATUSES: tuple[str, ...] = tuple(s.value for s in TxStatus)
 """Statuses in the order the page lists them."""
@@ -458,7 +458,7 @@ def with_completeness(
     states: Iterable[Mapping[str, Any]], outputs: Iterable[Mapping[str, Any]]
 ) -> list[dict[str, Any]]:
     """Each state's summary with the sentence saying from which txid it is complete (its
-    output's, :func:`airflow_txn_provider.outputs.completeness`), beside its figures: a state
+    output's, :func:`airflow_txn_provider.log.outputs.completeness`), beside its figures: a state
     added to the running pipeline is short of every earlier txid, and must not look whole."""
     said = {o["name"]: o for o in outputs}
     return [

@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import text
 from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
 
-from airflow_txn_provider.exceptions import (
+from airflow_txn_provider.log.outputs import read_completeness
+from airflow_txn_provider.rules.exceptions import (
     SchemaTooNewError,
     SchemaTooOldError,
     TxnError,
     UnknownPipelineError,
 )
-from airflow_txn_provider.outputs import read_completeness
 from airflow_txn_provider.timetables import txid_run_id
 from airflow_txn_provider.ui import model, rewind_options
 from airflow_txn_provider.ui.errors import LogUnavailableError
@@ -35,9 +35,9 @@ from airflow_txn_provider.ui.errors import LogUnavailableError
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
-    from airflow_txn_provider.retention import RetentionInfo
     from airflow_txn_provider.state import MapState
-    from airflow_txn_provider.transaction_log import TransactionLog
+    from airflow_txn_provider.transactions.retention import RetentionInfo
+    from airflow_txn_provider.transactions.transaction_log import TransactionLog
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,10 @@ class LogProvider:
     @staticmethod
     def _open(conn_id: str) -> TransactionLog:
         from airflow_txn_provider.hooks.txn_log import TxnLogHook
-        from airflow_txn_provider.transaction_log import TransactionLog, engine_from_url
+        from airflow_txn_provider.transactions.transaction_log import (
+            TransactionLog,
+            engine_from_url,
+        )
 
         hook = TxnLogHook(conn_id)
         try:

@@ -1,15 +1,15 @@
 """What the Transactions page says about a rewind: on which txids it offers "Rewind to here",
 what its confirmation says will be recomputed, how far back a rewind reaches, and whether the
 user may do it. Pure (no I/O); the rule itself is the coordinator's
-(:func:`~airflow_txn_provider.history.plan_rewind`)."""
+(:func:`~airflow_txn_provider.rules.history.plan_rewind`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from airflow_txn_provider.exceptions import RewindError
-from airflow_txn_provider.history import plan_rewind
-from airflow_txn_provider.records import PipelineView
+from airflow_txn_provider.rules.exceptions import RewindError
+from airflow_txn_provider.rules.history import plan_rewind
+from airflow_txn_provider.rules.records import PipelineView
 
 
 def txid_span(first: int, last: int) -> str:
@@ -19,8 +19,8 @@ def txid_span(first: int, last: int) -> str:
 
 def rewind_option(view: PipelineView, floor: int, txid: int) -> dict[str, Any] | None:
     """What "Rewind to here" on ``txid`` recomputes, in the words its confirmation shows; ``None``
-    where the coordinator's rule (:func:`~airflow_txn_provider.history.plan_rewind`, with
-    ``floor`` from :func:`~airflow_txn_provider.history.rewind_floor`) refuses a rewind to it,
+    where the coordinator's rule (:func:`~airflow_txn_provider.rules.history.plan_rewind`, with
+    ``floor`` from :func:`~airflow_txn_provider.rules.history.rewind_floor`) refuses a rewind to it,
     or nothing from it on has begun. The page offers the action on those txids only; the endpoint
     plans again when it is confirmed (the pipeline moves on meanwhile)."""
     try:

@@ -40,7 +40,7 @@ from typing import Any
 
 import pytest
 
-from airflow_txn_provider.lineage import PRODUCER, RUN_FACET, SCHEMAS
+from airflow_txn_provider.utils.lineage import PRODUCER, RUN_FACET, SCHEMAS
 from tests.conftest import new_database
 from tests.spark_data import parquet_dataset, random_lines
 from txn_testing.airflow import AirflowStack, txn_log_connection_env

@@ -26,7 +26,7 @@ import pytest
 
 from airflow_txn_provider.state import MapState
 from airflow_txn_provider.timetables import txid_logical_date, txid_run_id
-from airflow_txn_provider.transaction_log import TransactionLog
+from airflow_txn_provider.transactions.transaction_log import TransactionLog
 from tests.conftest import new_database, wait_until
 from tests.spark_data import parquet_dataset, random_lines, word_counts
 from txn_testing.airflow import AirflowStack, txn_log_connection_env

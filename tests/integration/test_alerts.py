@@ -1,4 +1,4 @@
-"""Alerts (airflow_txn_provider/alerts.py) on a real Postgres, through the SMTP provider's
+"""Alerts (airflow_txn_provider/log/alerts.py) on a real Postgres, through the SMTP provider's
 ``SmtpNotifier`` to a real SMTP server on 127.0.0.1 (aiosmtpd): one mail per alert, whoever sends
 it how often; a send that fails is sent again; a stall is noticed by the health rule, alerted
 once, and a commit ends it. On a real Airflow: test_credentials.py (a poison batch, then the
@@ -11,14 +11,14 @@ import time
 import pytest
 from airflow.providers.smtp.notifications.smtp import SmtpNotifier
 
-from airflow_txn_provider.alerts import (
+from airflow_txn_provider.log.alerts import (
     AlertKind,
     due_alerts,
     poisoned_alert,
     send_once,
     was_sent,
 )
-from airflow_txn_provider.vocabulary import FailureResponse
+from airflow_txn_provider.rules.vocabulary import FailureResponse
 from tests.conftest import wait_until
 from tests.integration.test_transaction_log import Counter
 from txn_testing.smtp import SmtpServer

@@ -15,16 +15,16 @@ import pyarrow as pa
 import pytest
 from sqlalchemy import create_engine, text
 
-from airflow_txn_provider.commit import commit_states, record_processed
-from airflow_txn_provider.exceptions import (
+from airflow_txn_provider.rules.exceptions import (
     MalformedOutputError,
     StagedOutputMismatchError,
 )
-from airflow_txn_provider.sources import TransactionalSource
+from airflow_txn_provider.rules.sources import TransactionalSource
+from airflow_txn_provider.rules.vocabulary import TxStatus
 from airflow_txn_provider.state import GlobalState, MapState
-from airflow_txn_provider.transaction_log import TransactionLog
+from airflow_txn_provider.transactions.commit import commit_states, record_processed
+from airflow_txn_provider.transactions.transaction_log import TransactionLog
 from airflow_txn_provider.ui import reader
-from airflow_txn_provider.vocabulary import TxStatus
 from tests.spark_data import lines_in_ranges, parquet_dataset, random_lines, word_counts
 from txn_testing.postgres import EmbeddedPostgres, postgres_bindir
 
@@ -297,7 +297,7 @@ def test_reserved_words_as_key_columns_work_end_to_end(txlog, kind):
 
 
 def _word_count():
-    from airflow_txn_provider.spark.submit import load_job_module
+    from airflow_txn_provider.operators.spark_runner import load_job_module
 
     return load_job_module(JOBS / "word_count.py")
 
@@ -305,9 +305,9 @@ def _word_count():
 def test_zero_padded_partition_directories_are_read_whole(txlog, tmp_path, spark):
     """Spark read ``p=01`` as 1, the filter on "01" matched nothing and the txid committed an
     empty batch (also ``p=1.50`` and ``p=+5``)."""
-    from airflow_txn_provider.commit import commit_registered
     from airflow_txn_provider.spark.job import BatchJob, process_batch
     from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
+    from airflow_txn_provider.transactions.commit import commit_registered
 
     data = {"01": random_lines(1, 30), "1.50": random_lines(2, 20), "+5": random_lines(3, 10)}
     source = PartitionedParquetSource(str(parquet_dataset(tmp_path / "ds", data)), 100)
@@ -408,7 +408,7 @@ def any_session(request):
         return
     from pyspark.sql import SparkSession
 
-    from airflow_txn_provider.spark.submit import keep_classic_mode
+    from airflow_txn_provider.operators.spark_runner import keep_classic_mode
 
     with keep_classic_mode():
         session = SparkSession.builder.remote(
@@ -427,7 +427,7 @@ def _ignores_its_batch(batch):
 def test_a_batch_that_reads_fewer_records_than_its_metadata_fails_the_txid(
     txlog, tmp_path, any_session, transform
 ):
-    from airflow_txn_provider.exceptions import IncompleteBatchError
+    from airflow_txn_provider.rules.exceptions import IncompleteBatchError
     from airflow_txn_provider.spark.job import BatchJob, process_batch
     from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
 
@@ -460,9 +460,9 @@ def test_two_spark_jobs_staging_one_state_are_both_committed(txlog, tmp_path, sp
     """The second job's rows replaced the first's and the count check passed."""
     from pyspark.sql import functions as F
 
-    from airflow_txn_provider.commit import commit_registered
     from airflow_txn_provider.spark.job import BatchJob, process_batch
     from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
+    from airflow_txn_provider.transactions.commit import commit_registered
 
     data = {"0": random_lines(6, 40), "1": random_lines(7, 25)}
     source = PartitionedParquetSource(str(parquet_dataset(tmp_path / "ds", data)), 100)
@@ -496,7 +496,7 @@ def test_a_partition_renumbered_from_zero_stops_begin_visibly(txlog, tmp_path):
     records in between were never read."""
     import shutil
 
-    from airflow_txn_provider.exceptions import OffsetsWentBackError
+    from airflow_txn_provider.rules.exceptions import OffsetsWentBackError
     from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
 
     root = parquet_dataset(tmp_path / "ds", {"0": random_lines(8, 30), "1": random_lines(9, 5)})

@@ -22,12 +22,12 @@ import sqlalchemy as sa
 from playwright.sync_api import Error as PlaywrightError
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-from airflow_txn_provider.exceptions import UnknownPipelineError
-from airflow_txn_provider.models import REWINDS
+from airflow_txn_provider.log.models import REWINDS
+from airflow_txn_provider.rules.exceptions import UnknownPipelineError
+from airflow_txn_provider.rules.vocabulary import TxStatus
 from airflow_txn_provider.state import MapState
-from airflow_txn_provider.transaction_log import TransactionLog
+from airflow_txn_provider.transactions.transaction_log import TransactionLog
 from airflow_txn_provider.ui.actions import NOT_AN_EDITOR
-from airflow_txn_provider.vocabulary import TxStatus
 from tests.browser import chromium_page, login, screenshot, screenshot_on_failure
 from tests.conftest import wait_until
 from tests.integration.conftest import VIEWER_PASSWORD, VIEWER_USER

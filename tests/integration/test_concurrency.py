@@ -14,12 +14,12 @@ import traceback
 import pytest
 from sqlalchemy import create_engine, text
 
-from airflow_txn_provider.commit import commit_states
-from airflow_txn_provider.exceptions import StaleAttemptError, UnknownPipelineError
-from airflow_txn_provider.log_rows import lock_pipeline
-from airflow_txn_provider.sources import TransactionalSource
+from airflow_txn_provider.log.rows import lock_pipeline
+from airflow_txn_provider.rules.exceptions import StaleAttemptError, UnknownPipelineError
+from airflow_txn_provider.rules.sources import TransactionalSource
 from airflow_txn_provider.state import MapState
-from airflow_txn_provider.transaction_log import TransactionLog
+from airflow_txn_provider.transactions.commit import commit_states
+from airflow_txn_provider.transactions.transaction_log import TransactionLog
 
 ctx = mp.get_context("fork")
 

@@ -25,10 +25,10 @@ import httpx
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from airflow_txn_provider.alerts import ALERT_CHECK_EVERY
-from airflow_txn_provider.lineage import BATCH_FACET, RUN_FACET
+from airflow_txn_provider.log.alerts import ALERT_CHECK_EVERY
 from airflow_txn_provider.sinks import IcebergSink
-from airflow_txn_provider.transaction_log import TransactionLog
+from airflow_txn_provider.transactions.transaction_log import TransactionLog
+from airflow_txn_provider.utils.lineage import BATCH_FACET, RUN_FACET
 from tests.conftest import wait_until
 from tests.integration.conftest import SECRET_CATALOG_CONN, SECRET_PIPELINE
 

@@ -38,7 +38,7 @@ def test_dag_test_commits_each_txid_in_order(
         assert states["watch_failures"] == "skipped"
         assert states["commit"] == "success"
 
-    from airflow_txn_provider.transaction_log import TransactionLog
+    from airflow_txn_provider.transactions.transaction_log import TransactionLog
 
     log = TransactionLog.from_url(db_url)
     assert log.last_committed("dagtest_words") == 3

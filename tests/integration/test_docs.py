@@ -7,10 +7,10 @@ import sys
 import types
 from pathlib import Path
 
-from airflow_txn_provider.commit import commit_registered
+from airflow_txn_provider.operators.spark_runner import load_job_module
 from airflow_txn_provider.spark.job import BatchJob, process_batch
-from airflow_txn_provider.spark.submit import load_job_module
 from airflow_txn_provider.state import MapState
+from airflow_txn_provider.transactions.commit import commit_registered
 from tests.spark_data import word_counts
 
 ROOT = Path(__file__).resolve().parents[2]

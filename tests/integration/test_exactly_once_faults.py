@@ -20,14 +20,18 @@ import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import create_engine, text
 
-from airflow_txn_provider.commit import commit_registered, commit_states, record_processed
-from airflow_txn_provider.exceptions import LakeSchemaMismatchError, StagedOutputMismatchError
+from airflow_txn_provider.rules.exceptions import LakeSchemaMismatchError, StagedOutputMismatchError
+from airflow_txn_provider.rules.sources import OpaqueSource, TransactionalSource
+from airflow_txn_provider.rules.vocabulary import TxStatus
 from airflow_txn_provider.sinks import DeltaSink, IcebergSink
 from airflow_txn_provider.sinks.base import list_staged
-from airflow_txn_provider.sources import OpaqueSource, TransactionalSource
 from airflow_txn_provider.state import GlobalState, MapState
-from airflow_txn_provider.transaction_log import TransactionLog
-from airflow_txn_provider.vocabulary import TxStatus
+from airflow_txn_provider.transactions.commit import (
+    commit_registered,
+    commit_states,
+    record_processed,
+)
+from airflow_txn_provider.transactions.transaction_log import TransactionLog
 from txn_testing.postgres import EmbeddedPostgres
 
 
@@ -224,7 +228,7 @@ def test_a_commit_failing_after_one_table_replays_into_both_tables_alike(
 
 @pytest.mark.parametrize("kind", ["delta", "iceberg"])
 def test_a_rewind_refuses_to_undo_another_writers_commit(kind, txlog, db_url, tmp_path):
-    from airflow_txn_provider.exceptions import LakeTableOutOfSyncError
+    from airflow_txn_provider.rules.exceptions import LakeTableOutOfSyncError
 
     sink = _sink(kind, tmp_path, "shared")
     table = sink.open(db_url)

@@ -16,7 +16,7 @@ from sqlalchemy import create_engine
 
 from airflow_txn_provider.state import load_states
 from airflow_txn_provider.timetables import txid_logical_date
-from airflow_txn_provider.transaction_log import TransactionLog
+from airflow_txn_provider.transactions.transaction_log import TransactionLog
 from tests.conftest import load_dag_file, set_txn_log_connection
 from txn_examples import landing_lines, set_partition_online
 

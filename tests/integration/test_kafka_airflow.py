@@ -35,13 +35,13 @@ from typing import Any
 
 from openlineage.client.serde import Serde
 
-from airflow_txn_provider.exceptions import UnknownPipelineError
-from airflow_txn_provider.lineage import BATCH_FACET, RUN_FACET
+from airflow_txn_provider.rules.exceptions import UnknownPipelineError
+from airflow_txn_provider.rules.vocabulary import TxStatus
 from airflow_txn_provider.spark.kafka_source import offset_ranges
 from airflow_txn_provider.state import MapState
 from airflow_txn_provider.timetables import txid_run_id
-from airflow_txn_provider.transaction_log import TransactionLog
-from airflow_txn_provider.vocabulary import TxStatus
+from airflow_txn_provider.transactions.transaction_log import TransactionLog
+from airflow_txn_provider.utils.lineage import BATCH_FACET, RUN_FACET
 from tests.conftest import wait_until
 from tests.integration.conftest import KAFKA_TOPIC
 from tests.spark_data import random_lines, word_counts

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from airflow_txn_provider.lease import LeaseKeeper, holder_name
-from airflow_txn_provider.sources import TransactionalSource
-from airflow_txn_provider.transaction_log import TransactionLog
-from airflow_txn_provider.vocabulary import BeginAction, TxStatus
+from airflow_txn_provider.rules.sources import TransactionalSource
+from airflow_txn_provider.rules.vocabulary import BeginAction, TxStatus
+from airflow_txn_provider.transactions.lease import LeaseKeeper, holder_name
+from airflow_txn_provider.transactions.transaction_log import TransactionLog
 from txn_testing.postgres import EmbeddedPostgres
 
 

@@ -17,17 +17,17 @@ import pyarrow.parquet as pq
 import pytest
 from sqlalchemy import create_engine, text
 
-from airflow_txn_provider import schema
-from airflow_txn_provider.commit import commit_registered
-from airflow_txn_provider.exceptions import (
+from airflow_txn_provider.log import schema
+from airflow_txn_provider.log.outputs import read_outputs
+from airflow_txn_provider.rules.exceptions import (
     OutputDeclarationError,
     OutputRemovedError,
     OutputStartRequiredError,
 )
-from airflow_txn_provider.outputs import read_outputs
+from airflow_txn_provider.rules.sources import TransactionalSource
 from airflow_txn_provider.sinks import DeltaSink, list_staged
-from airflow_txn_provider.sources import TransactionalSource
 from airflow_txn_provider.state import BucketCountState, MapState, load_states, stage_states
+from airflow_txn_provider.transactions.commit import commit_registered
 from airflow_txn_provider.ui import access as ui_access
 from airflow_txn_provider.ui import app as ui_app
 from tests.conftest import new_database

@@ -11,8 +11,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
-from airflow_txn_provider.sources import TransactionalSource
-from airflow_txn_provider.vocabulary import TxStatus
+from airflow_txn_provider.rules.sources import TransactionalSource
+from airflow_txn_provider.rules.vocabulary import TxStatus
 
 
 class Batches(TransactionalSource):

@@ -16,11 +16,11 @@ from datetime import UTC, datetime
 import pytest
 from sqlalchemy import text
 
-from airflow_txn_provider.commit import commit_states
-from airflow_txn_provider.config import PRUNE_EVERY
-from airflow_txn_provider.sources import OpaqueSource
+from airflow_txn_provider.rules.config import PRUNE_EVERY
+from airflow_txn_provider.rules.sources import OpaqueSource
 from airflow_txn_provider.state import MapState
-from airflow_txn_provider.transaction_log import TransactionLog
+from airflow_txn_provider.transactions.commit import commit_states
+from airflow_txn_provider.transactions.transaction_log import TransactionLog
 from airflow_txn_provider.ui import model, reader
 
 pytestmark = pytest.mark.integration
@@ -180,7 +180,7 @@ def test_pruning_never_touches_txids_in_flight_and_replay_works_after_it(engine)
 def test_a_late_report_of_a_pruned_txid_is_ignored_as_stale(engine):
     """A processing task's report that arrives after its txid committed and was pruned (found by
     the log's state machine): ignored as stale, stages nothing, not 'never begun'."""
-    from airflow_txn_provider.vocabulary import ProcessedAction
+    from airflow_txn_provider.rules.vocabulary import ProcessedAction
 
     txlog = TransactionLog(engine)
     txlog.register_pipeline("late", source_kind="opaque", max_pending=1, keep_txids=1)

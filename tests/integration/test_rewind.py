@@ -15,14 +15,14 @@ from collections import Counter
 import pytest
 from sqlalchemy import text
 
-from airflow_txn_provider.commit import commit_registered
-from airflow_txn_provider.exceptions import (
+from airflow_txn_provider.rules.exceptions import (
     RewindAheadError,
     RewindTooFarError,
     StaleAttemptError,
 )
-from airflow_txn_provider.history import REWOUND_BY
-from airflow_txn_provider.sources import OpaqueSource, TransactionalSource
+from airflow_txn_provider.rules.history import REWOUND_BY
+from airflow_txn_provider.rules.sources import OpaqueSource, TransactionalSource
+from airflow_txn_provider.rules.vocabulary import ProcessedAction, TxStatus
 from airflow_txn_provider.state import (
     BucketCountState,
     GlobalState,
@@ -31,7 +31,7 @@ from airflow_txn_provider.state import (
     stage_states,
 )
 from airflow_txn_provider.state.summary import read_summary
-from airflow_txn_provider.vocabulary import ProcessedAction, TxStatus
+from airflow_txn_provider.transactions.commit import commit_registered
 
 pytestmark = pytest.mark.integration
 

@@ -7,8 +7,8 @@ import time
 import pytest
 from sqlalchemy import create_engine, event, text
 
-from airflow_txn_provider import schema
-from airflow_txn_provider.exceptions import (
+from airflow_txn_provider.log import schema
+from airflow_txn_provider.rules.exceptions import (
     CorruptLogError,
     NotProcessedError,
     OutOfOrderCommitError,
@@ -20,9 +20,14 @@ from airflow_txn_provider.exceptions import (
     UnknownPipelineError,
     UnreadableMetadataError,
 )
-from airflow_txn_provider.sources import OpaqueSource, TransactionalSource
-from airflow_txn_provider.transaction_log import TransactionLog, engine_from_url
-from airflow_txn_provider.vocabulary import BeginAction, LeaseRenewal, ProcessedAction, TxStatus
+from airflow_txn_provider.rules.sources import OpaqueSource, TransactionalSource
+from airflow_txn_provider.rules.vocabulary import (
+    BeginAction,
+    LeaseRenewal,
+    ProcessedAction,
+    TxStatus,
+)
+from airflow_txn_provider.transactions.transaction_log import TransactionLog, engine_from_url
 from tests.conftest import new_database
 
 
@@ -380,7 +385,7 @@ class TestErrors:
         with pytest.raises(SchemaTooOldError) as err:
             schema.check(engine)
         assert f"revision {found!r}, this library needs {schema.HEAD_REVISION!r}" in str(err.value)
-        assert "run airflow_txn_provider.schema.upgrade(engine)" in str(err.value)
+        assert "run airflow_txn_provider.log.schema.upgrade(engine)" in str(err.value)
         engine.dispose()
 
     def test_a_schema_newer_than_the_library_is_too_new_with_the_advice_to_upgrade_the_library(

@@ -34,10 +34,10 @@ from hypothesis.stateful import (
 )
 from sqlalchemy import create_engine, text
 
-from airflow_txn_provider.exceptions import TxnError
-from airflow_txn_provider.sources import OpaqueSource, TransactionalSource, next_offset_ranges
-from airflow_txn_provider.transaction_log import TransactionLog
-from airflow_txn_provider.vocabulary import LeaseRenewal, ProcessedAction, TxStatus
+from airflow_txn_provider.rules.exceptions import TxnError
+from airflow_txn_provider.rules.sources import OpaqueSource, TransactionalSource, next_offset_ranges
+from airflow_txn_provider.rules.vocabulary import LeaseRenewal, ProcessedAction, TxStatus
+from airflow_txn_provider.transactions.transaction_log import TransactionLog
 from tests.conftest import new_database
 
 pytestmark = pytest.mark.integration

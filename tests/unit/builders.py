@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from airflow_txn_provider.records import PipelineView, TxRecord
-from airflow_txn_provider.vocabulary import SourceKind, TxStatus
+from airflow_txn_provider.rules.records import PipelineView, TxRecord
+from airflow_txn_provider.rules.vocabulary import SourceKind, TxStatus
 
 PROC, DONE, FAIL = TxStatus.PROCESSING, TxStatus.PROCESSED, TxStatus.FAILED
 

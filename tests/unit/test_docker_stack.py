@@ -611,7 +611,7 @@ def _listeners(value: str) -> dict[str, tuple[str, int]]:
 def test_kafka_is_one_kraft_node_that_the_tasks_reach_inside_the_stack(services, monkeypatch):
     """The cluster's settings agree with each other and with ``kafka_default``, read by the
     project's own reader as a task would; plaintext, so published by no service."""
-    from airflow_txn_provider.credentials import kafka_config
+    from airflow_txn_provider.utils.credentials import kafka_config
 
     kafka = services[KAFKA]
     env = kafka["environment"]
@@ -930,7 +930,7 @@ def _api_hook_calls(services, monkeypatch) -> list[tuple[str, str]]:
         "set_run_note": lambda: hook.set_run_note("d", "r", "n"),
         "finished_runs_through": lambda: hook.finished_runs_through("d", day, limit=5),
         "delete_dag_run": lambda: hook.delete_dag_run("d", "r"),
-        # a rewind's restart of the runs (airflow_txn_provider.rewind_runs.restart_runs)
+        # a rewind's restart of the runs (airflow_txn_provider.rewind.restart_runs)
         "task_ids": lambda: hook.task_ids("d"),
         "unfinished_runs_from": lambda: hook.unfinished_runs_from("d", day),
         "set_run_state": lambda: hook.set_run_state("d", "r", "failed"),

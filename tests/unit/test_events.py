@@ -11,12 +11,12 @@ import pickle
 import pytest
 
 from airflow_txn_provider.dag_builder import build_dag
-from airflow_txn_provider.exceptions import MalformedEventError
 from airflow_txn_provider.pipeline import TxnPipeline
+from airflow_txn_provider.rules.exceptions import MalformedEventError
+from airflow_txn_provider.rules.vocabulary import EventState
+from airflow_txn_provider.rules.waiting import ATTEMPT_NEEDED, TxnEvent
 from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
 from airflow_txn_provider.state import MapState
-from airflow_txn_provider.vocabulary import EventState
-from airflow_txn_provider.waiting import ATTEMPT_NEEDED, TxnEvent
 
 
 @pytest.mark.parametrize("state", list(EventState))

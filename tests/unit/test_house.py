@@ -1,7 +1,7 @@
 """The house stays readable: no module of the provider grows past 500 lines (issue 28 split the
-ones that had; a module that needs more has two jobs), and no import circle, not even through an
+ones that had; a module that needs more has two jobs); no import circle, not even through an
 import inside a function (issue 43): a circle means two modules that cannot be read, tested or
-moved apart."""
+moved apart; and the folders are layers whose imports only go down (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -124,3 +124,89 @@ def test_the_graph_sees_imports_inside_functions():
 def test_no_import_circle():
     found = circles(import_graph())
     assert not found, f"import circles: {found}"
+
+
+LAYERS = {
+    "rules": 0,
+    "utils": 1,
+    "log": 2,
+    "state": 3,
+    "sinks": 3,
+    "transactions": 4,
+    "spark": 5,
+}
+"""Each internal folder's height (docs/architecture.md, "Layers"): a module imports its own folder
+or a lower one. ``state`` and ``sinks`` stand side by side: neither imports the other."""
+FACE = {"hooks", "operators", "sensors", "triggers", "ui"}
+"""The Airflow face, with the package's top-level modules: above every layer, imported by none."""
+FACE_HEIGHT = max(LAYERS.values()) + 1
+
+
+def layer_of(module: str) -> tuple[str, int]:
+    """The folder (layer) of ``module`` and its height; a top-level module is the face's."""
+    parts = module.split(".")
+    if len(parts) == 2 and (PACKAGE / f"{parts[1]}.py").exists():
+        return "face", FACE_HEIGHT
+    folder = parts[1]
+    if folder in FACE:
+        return "face", FACE_HEIGHT
+    if folder not in LAYERS:
+        raise AssertionError(f"{module}: its folder {folder}/ is in no layer: add it to LAYERS")
+    return folder, LAYERS[folder]
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import of a module from a layer at its own height but another folder, or higher."""
+    found = []
+    for module, imported in sorted(graph.items()):
+        if module == NAME:
+            continue
+        folder, height = layer_of(module)
+        for target in sorted(imported - {NAME}):
+            other, other_height = layer_of(target)
+            if other != folder and other_height >= height:
+                found.append(f"{module} ({folder}) imports {target} ({other})")
+    return found
+
+
+def test_the_package_top_imports_nothing_at_run_time():
+    """The public API is imported on first use (PEP 562): a layer that reads ``__version__`` from
+    the top imports no module of the face with it."""
+    assert import_graph()[NAME] == set()
+
+
+def test_every_module_is_in_a_layer():
+    layers = {layer_of(m)[0] for m in import_graph() if m != NAME}
+    assert layers == {*LAYERS, "face"}, layers
+
+
+def test_imports_only_go_down():
+    found = upward_imports(import_graph())
+    assert not found, "imports against the layers:\n" + "\n".join(found)
+
+
+def test_the_rules_import_nothing_but_themselves():
+    graph = import_graph()
+    rules = {m: graph[m] for m in graph if m.startswith(f"{NAME}.rules")}
+    assert len(rules) >= 10, sorted(rules)
+    outside = {
+        m: sorted(t for t in ts if not t.startswith(f"{NAME}.rules")) for m, ts in rules.items()
+    }
+    assert not {m: ts for m, ts in outside.items() if ts}
+
+
+def test_the_layer_check_finds_an_upward_import():
+    graph = {
+        f"{NAME}.rules.coordinator": {f"{NAME}.log.models"},
+        f"{NAME}.log.models": {f"{NAME}.rules.vocabulary"},
+        f"{NAME}.rules.vocabulary": set(),
+        f"{NAME}.state.maps": {f"{NAME}.sinks.base"},
+        f"{NAME}.sinks.base": set(),
+        f"{NAME}.spark.job": {f"{NAME}.hooks.txn_log"},
+        f"{NAME}.hooks.txn_log": {f"{NAME}.spark.job"},
+    }
+    assert upward_imports(graph) == [
+        f"{NAME}.rules.coordinator (rules) imports {NAME}.log.models (log)",
+        f"{NAME}.spark.job (spark) imports {NAME}.hooks.txn_log (face)",
+        f"{NAME}.state.maps (state) imports {NAME}.sinks.base (sinks)",
+    ]

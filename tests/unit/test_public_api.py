@@ -60,9 +60,9 @@ def test_type_checkers_see_exactly_the_public_names():
 def test_an_unknown_name_is_an_attribute_error():
     with pytest.raises(AttributeError, match="NoSuchThing"):
         airflow_txn_provider.NoSuchThing  # noqa: B018
-    from airflow_txn_provider import schema  # a submodule is still importable from the top
+    from airflow_txn_provider.log import schema  # a submodule is still importable from the top
 
-    assert schema.__name__ == "airflow_txn_provider.schema"
+    assert schema.__name__ == "airflow_txn_provider.log.schema"
 
 
 def test_importing_the_package_imports_no_public_module():

@@ -31,7 +31,7 @@ def _package_modules() -> set[str]:
     found = set()
     for path in PACKAGE.rglob("*.py"):
         rel = path.relative_to(PACKAGE).as_posix()
-        if path.name == "__init__.py" or rel.startswith("migrations/"):
+        if path.name == "__init__.py" or "/migrations/" in f"/{rel}":
             continue
         found.add(rel)
     return found

@@ -9,11 +9,11 @@ import hypothesis
 import hypothesis.strategies as st
 import pytest
 
-from airflow_txn_provider.coordinator import plan_begin
+from airflow_txn_provider.rules.coordinator import plan_begin
+from airflow_txn_provider.rules.vocabulary import BeginAction
+from airflow_txn_provider.rules.waiting import new_txid_due, txid_ahead
 from airflow_txn_provider.triggers import waker as waker_module
 from airflow_txn_provider.triggers.waker import TxnWakerTrigger, source_has_data
-from airflow_txn_provider.vocabulary import BeginAction
-from airflow_txn_provider.waiting import new_txid_due, txid_ahead
 from tests.unit.builders import DONE, FAIL, PROC, view
 
 

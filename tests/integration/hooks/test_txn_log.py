@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from airflow_txn_provider.hooks.txn_log import TxnLogHook
-from airflow_txn_provider.sources import TransactionalSource
+from airflow_txn_provider.rules.sources import TransactionalSource
 from tests.conftest import set_txn_log_connection
 
 
@@ -83,7 +83,7 @@ def test_connection_types_and_plugin_are_registered(tmp_path: Path):
 
 
 def test_broken_connection_is_a_clear_error_not_a_broken_airflow(tmp_path: Path, monkeypatch):
-    from airflow_txn_provider.exceptions import TxnConfigError
+    from airflow_txn_provider.rules.exceptions import TxnConfigError
 
     broken = "{not json"
     env = {**os.environ, "AIRFLOW_HOME": str(tmp_path), "AIRFLOW_CONN_TXN_LOG_DEFAULT": broken}

@@ -13,10 +13,10 @@ from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException, T
 from airflow_txn_provider.dag_builder import build_dag
 from airflow_txn_provider.operators import txn as txn_operators
 from airflow_txn_provider.pipeline import TxnPipeline
+from airflow_txn_provider.rules.vocabulary import FailureResponse
 from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
 from airflow_txn_provider.state import MapState
 from airflow_txn_provider.triggers.txn_log import TxnLogTrigger, WaitFor
-from airflow_txn_provider.vocabulary import FailureResponse
 from tests.conftest import set_txn_log_connection
 from tests.spark_data import parquet_dataset, random_lines
 

@@ -22,10 +22,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_txn_provider.commit import commit_registered
-from airflow_txn_provider.rewind import LogRewind
 from airflow_txn_provider.sinks import DeltaSink, IcebergSink, list_staged
 from airflow_txn_provider.state import MapState, load_states, stage_states
+from airflow_txn_provider.transactions.commit import commit_registered
+from airflow_txn_provider.transactions.rewind import LogRewind
 from tests.integration.test_rewind import Ranges, new_transform, old_transform, records
 
 pytestmark = pytest.mark.integration

@@ -11,18 +11,18 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 
-from airflow_txn_provider.commit import commit_registered
-from airflow_txn_provider.exceptions import (
+from airflow_txn_provider.operators.spark_runner import SparkConnectRunner
+from airflow_txn_provider.rules.exceptions import (
     LakeSchemaMismatchError,
     LakeSinkError,
     LakeTableOutOfSyncError,
     ProcessingError,
     TxidNotReadableError,
 )
+from airflow_txn_provider.rules.vocabulary import TxStatus
 from airflow_txn_provider.sinks import DeltaSink, IcebergSink, StagedFiles
 from airflow_txn_provider.spark.job import BatchJob
-from airflow_txn_provider.spark.submit import SparkConnectRunner
-from airflow_txn_provider.vocabulary import TxStatus
+from airflow_txn_provider.transactions.commit import commit_registered
 from tests.spark_data import lines_in_ranges, parquet_dataset, random_lines, word_counts
 
 WORD_COUNT = Path(__file__).resolve().parents[3] / "spark_jobs" / "word_count.py"
@@ -227,7 +227,7 @@ def test_a_replay_after_a_crashed_commit_replaces_the_failed_attempts_rows(
 
 @pytest.mark.scenario  # make test-scenarios; CI stages for the sinks on Spark Connect
 def test_spark_submit_jobs_stage_for_the_sink_too(txlog, db_url, tmp_path, monkeypatch):
-    from airflow_txn_provider.spark.submit import SparkSubmitRunner
+    from airflow_txn_provider.operators.spark_runner import SparkSubmitRunner
 
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_LOCAL2", "spark://local%5B2%5D?deploy-mode=client")
     data, source = _source(tmp_path, seed=31)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
-from airflow_txn_provider.commit import commit_registered
-from airflow_txn_provider.exceptions import ProcessingError
+from airflow_txn_provider.operators.spark_runner import SparkConnectRunner
+from airflow_txn_provider.rules.exceptions import ProcessingError
 from airflow_txn_provider.spark.connect_sessions import (
     _SLOT_LOCK_CLASS,
     SLOTS,
@@ -17,8 +17,8 @@ from airflow_txn_provider.spark.connect_sessions import (
 )
 from airflow_txn_provider.spark.job import BatchJob
 from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
-from airflow_txn_provider.spark.submit import SparkConnectRunner
 from airflow_txn_provider.state import MapState
+from airflow_txn_provider.transactions.commit import commit_registered
 from tests.conftest import wait_until
 from tests.spark_data import lines_in_ranges, parquet_dataset, random_lines, word_counts
 

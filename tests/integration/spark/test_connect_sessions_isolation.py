@@ -24,13 +24,13 @@ from pathlib import Path
 
 import pytest
 
-from airflow_txn_provider.commit import commit_registered
-from airflow_txn_provider.lease import LeaseKeeper
+from airflow_txn_provider.operators.spark_runner import SparkConnectRunner, load_job_module
+from airflow_txn_provider.rules.vocabulary import TxStatus
 from airflow_txn_provider.spark.job import LOG_URL_ENV, BatchJob
 from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
-from airflow_txn_provider.spark.submit import SparkConnectRunner, load_job_module
 from airflow_txn_provider.state import MapState
-from airflow_txn_provider.vocabulary import TxStatus
+from airflow_txn_provider.transactions.commit import commit_registered
+from airflow_txn_provider.transactions.lease import LeaseKeeper
 from tests.spark_data import lines_in_ranges, parquet_dataset, random_lines, word_counts
 
 ROOT = Path(__file__).resolve().parents[3]

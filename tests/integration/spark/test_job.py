@@ -15,19 +15,19 @@ from pathlib import Path
 import pytest
 from sqlalchemy import text
 
-from airflow_txn_provider.commit import commit_registered
-from airflow_txn_provider.exceptions import MalformedRecordError, ProcessingError
 from airflow_txn_provider.hooks.spark_submit import group_alive
-from airflow_txn_provider.spark.job import BatchJob, process_batch
-from airflow_txn_provider.spark.landing_source import LandingDirectorySource
-from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
-from airflow_txn_provider.spark.submit import (
+from airflow_txn_provider.operators.spark_runner import (
     SparkConnectRunner,
     SparkSubmitRunner,
     load_job_module,
 )
+from airflow_txn_provider.rules.exceptions import MalformedRecordError, ProcessingError
+from airflow_txn_provider.rules.vocabulary import TxStatus
+from airflow_txn_provider.spark.job import BatchJob, process_batch
+from airflow_txn_provider.spark.landing_source import LandingDirectorySource
+from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
 from airflow_txn_provider.state import MapState
-from airflow_txn_provider.vocabulary import TxStatus
+from airflow_txn_provider.transactions.commit import commit_registered
 from tests.spark_data import (
     lines_in_ranges,
     parquet_dataset,
@@ -347,8 +347,8 @@ def test_process_batch_refuses_unknown_state(txlog, tmp_path, spark):
 def test_two_jobs_share_a_txid_then_record_processed(txlog, tmp_path, spark):
     """Several processing jobs per txid: each stages its state with finish=False, the last step
     records the processed output (staged counts), and one commit applies both states."""
-    from airflow_txn_provider.commit import record_processed
     from airflow_txn_provider.state import GlobalState
+    from airflow_txn_provider.transactions.commit import record_processed
 
     data, source = _parquet(tmp_path, seed=90, per_partition=(30, 20))
     words = _words_pipeline(txlog, "two_jobs")

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from airflow_txn_provider.commit import commit_registered
-from airflow_txn_provider.exceptions import SourceError, SourceLogChangedError
+from airflow_txn_provider.operators.spark_runner import SparkConnectRunner, keep_classic_mode
+from airflow_txn_provider.rules.exceptions import SourceError, SourceLogChangedError
+from airflow_txn_provider.rules.vocabulary import TxStatus
 from airflow_txn_provider.spark.job import BatchJob
 from airflow_txn_provider.spark.kafka_source import KafkaSource, OpaqueKafkaSource, offset_ranges
-from airflow_txn_provider.spark.submit import SparkConnectRunner, keep_classic_mode
 from airflow_txn_provider.state import MapState
-from airflow_txn_provider.vocabulary import TxStatus
+from airflow_txn_provider.transactions.commit import commit_registered
 from tests.spark_data import random_lines, word_counts
 from txn_testing.kafka import PARTITIONS, MockKafkaCluster
 
@@ -276,7 +276,7 @@ def test_a_spark_submit_driver_reads_the_connection_its_task_handed_it(
     """The ``spark-submit`` path: the task hands the Kafka connection's settings to the driver
     in its environment (``TXN_CONN_KAFKA__KAFKA_DEFAULT``), never its arguments; the driver,
     which has no Airflow connection to look up, reads them and the batch."""
-    from airflow_txn_provider.spark.submit import SparkSubmitRunner
+    from airflow_txn_provider.operators.spark_runner import SparkSubmitRunner
 
     lines = random_lines(SEED + 3, 24)
     kafka.produce("submitted", lines)

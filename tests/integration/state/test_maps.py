@@ -5,13 +5,12 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import text
 
-from airflow_txn_provider.commit import commit_states
-from airflow_txn_provider.exceptions import (
+from airflow_txn_provider.rules.exceptions import (
     StagedOutputMismatchError,
     StateAheadOfLogError,
     StateDefinitionError,
 )
-from airflow_txn_provider.sources import TransactionalSource
+from airflow_txn_provider.rules.sources import TransactionalSource
 from airflow_txn_provider.state import (
     BucketCountState,
     GlobalState,
@@ -19,6 +18,7 @@ from airflow_txn_provider.state import (
     load_states,
     stage_states,
 )
+from airflow_txn_provider.transactions.commit import commit_states
 
 
 def seed(conn, state, rows):

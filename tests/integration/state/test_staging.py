@@ -14,12 +14,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from airflow_txn_provider.commit import commit_states
-from airflow_txn_provider.exceptions import MalformedOutputError, StateValueOutOfRangeError
-from airflow_txn_provider.sources import TransactionalSource
+from airflow_txn_provider.rules.exceptions import MalformedOutputError, StateValueOutOfRangeError
+from airflow_txn_provider.rules.sources import TransactionalSource
+from airflow_txn_provider.rules.vocabulary import TxStatus
 from airflow_txn_provider.state import MapState
 from airflow_txn_provider.state.staging import KEY_BYTES_LIMIT
-from airflow_txn_provider.vocabulary import TxStatus
+from airflow_txn_provider.transactions.commit import commit_states
 
 BIG = 2**63 - 1
 _names = itertools.count()

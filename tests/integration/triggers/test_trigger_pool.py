@@ -8,7 +8,7 @@ import asyncio
 
 from sqlalchemy import create_engine, text
 
-from airflow_txn_provider.sources import TransactionalSource
+from airflow_txn_provider.rules.sources import TransactionalSource
 from airflow_txn_provider.triggers.txn_log import TxnLogTrigger, WaitFor
 from tests.conftest import set_txn_log_connection
 
@@ -92,7 +92,7 @@ def test_the_triggers_of_a_pipeline_share_one_look_at_the_log_per_interval(
     """Twelve waits of one pipeline (a failure watch per txid in flight) read its view about once
     per poll_interval between them, not twelve times: what an idle or busy pipeline costs the
     log does not grow with the tasks that wait on it."""
-    from airflow_txn_provider import log_rows
+    from airflow_txn_provider.log import rows as log_rows
 
     set_txn_log_connection(monkeypatch, "txn_share", db_url)
     txlog.register_pipeline("share", source_kind="transactional", max_pending=TRIGGERS)

@@ -9,7 +9,7 @@ from airflow_txn_provider.triggers.txn_log import TxnLogTrigger, WaitFor
 
 def test_trigger_wakes_when_previous_txid_commits(txlog, db_url, monkeypatch):
     """A real poll through the async driver: the gate of txid 2 opens once txid 1 commits."""
-    from airflow_txn_provider.sources import TransactionalSource
+    from airflow_txn_provider.rules.sources import TransactionalSource
     from tests.conftest import set_txn_log_connection
 
     class Numbers(TransactionalSource):

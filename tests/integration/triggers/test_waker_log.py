@@ -8,11 +8,11 @@ import asyncio
 
 from sqlalchemy import create_engine, inspect
 
-from airflow_txn_provider.schema import HEAD_REVISION, VERSION_TABLE
-from airflow_txn_provider.sources import TransactionalSource
-from airflow_txn_provider.transaction_log import TransactionLog
+from airflow_txn_provider.log.schema import HEAD_REVISION, VERSION_TABLE
+from airflow_txn_provider.rules.sources import TransactionalSource
+from airflow_txn_provider.rules.waiting import new_txid_due
+from airflow_txn_provider.transactions.transaction_log import TransactionLog
 from airflow_txn_provider.triggers.waker import TxnWakerTrigger
-from airflow_txn_provider.waiting import new_txid_due
 from tests.conftest import new_database, set_txn_log_connection
 
 

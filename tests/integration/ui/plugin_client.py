@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from airflow_txn_provider.plugins import TxnProviderPlugin
-from airflow_txn_provider.transaction_log import TransactionLog
+from airflow_txn_provider.transactions.transaction_log import TransactionLog
 from airflow_txn_provider.ui import access as ui_access
 from airflow_txn_provider.ui import app as ui_app
 

@@ -25,16 +25,16 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
-from airflow_txn_provider import schema
-from airflow_txn_provider.commit import commit_states
 from airflow_txn_provider.dag_builder import build_dag
+from airflow_txn_provider.log import schema
 from airflow_txn_provider.pipeline import TxnPipeline
 from airflow_txn_provider.plugins import TxnProviderPlugin
-from airflow_txn_provider.sources import TransactionalSource
+from airflow_txn_provider.rules.sources import TransactionalSource
 from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
 from airflow_txn_provider.state import GlobalState, MapState, stage_states
 from airflow_txn_provider.timetables import txid_run_id
-from airflow_txn_provider.transaction_log import TransactionLog
+from airflow_txn_provider.transactions.commit import commit_states
+from airflow_txn_provider.transactions.transaction_log import TransactionLog
 from airflow_txn_provider.ui import access as ui_access
 from airflow_txn_provider.ui import app as ui_app
 from airflow_txn_provider.ui import reader
@@ -662,9 +662,9 @@ def test_a_database_lost_while_a_state_is_read_is_a_503_naming_nothing(admin, mo
             "9999",
             "upgrade airflow-txn-provider on this machine (every worker, scheduler and "
             "api-server) to the version that wrote it; do not downgrade the database",
-            "run airflow_txn_provider.schema.upgrade",
+            "run airflow_txn_provider.log.schema.upgrade",
         ),
-        ("0007", "run airflow_txn_provider.schema.upgrade(engine)", "newer than this library"),
+        ("0007", "run airflow_txn_provider.log.schema.upgrade(engine)", "newer than this library"),
     ],
 )
 def test_a_log_of_another_schema_version_is_a_503_with_the_right_advice(

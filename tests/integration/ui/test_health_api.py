@@ -9,9 +9,9 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from airflow_txn_provider.commit import commit_registered
-from airflow_txn_provider.sources import TransactionalSource
+from airflow_txn_provider.rules.sources import TransactionalSource
 from airflow_txn_provider.state import MapState, stage_states
+from airflow_txn_provider.transactions.commit import commit_registered
 from tests.integration.ui.plugin_client import plugin_client
 
 pytestmark = pytest.mark.integration

@@ -12,13 +12,13 @@ import re
 import pytest
 from fastapi.testclient import TestClient
 
-from airflow_txn_provider.commit import commit_registered
-from airflow_txn_provider.sources import TransactionalSource
+from airflow_txn_provider.rules.sources import TransactionalSource
+from airflow_txn_provider.rules.vocabulary import TxStatus
 from airflow_txn_provider.state import MapState, load_states, stage_states
+from airflow_txn_provider.transactions.commit import commit_registered
 from airflow_txn_provider.ui import actions
 from airflow_txn_provider.ui import app as ui_app
 from airflow_txn_provider.ui.actions import NOT_AN_EDITOR
-from airflow_txn_provider.vocabulary import TxStatus
 from tests.integration.ui.plugin_client import plugin_client
 
 PIPELINE, DAG = "rw_api", "rw_api_dag"

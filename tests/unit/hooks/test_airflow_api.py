@@ -12,8 +12,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from airflow_txn_provider.exceptions import RequeueError
 from airflow_txn_provider.hooks.airflow_api import AirflowApiHook
+from airflow_txn_provider.rules.exceptions import RequeueError
 from txn_testing.postgres import free_port
 
 

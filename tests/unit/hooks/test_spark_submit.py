@@ -85,7 +85,7 @@ def _has_child(pgid: int) -> bool:
 
 def test_importing_the_runners_does_not_import_airflow():
     code = (
-        "import sys, airflow_txn_provider.spark.submit as s; "
+        "import sys, airflow_txn_provider.operators.spark_runner as s; "
         "assert 'airflow' not in sys.modules, [m for m in sys.modules if 'airflow.' in m]; "
         "assert not hasattr(s, 'TxnSparkSubmitHook')"
     )

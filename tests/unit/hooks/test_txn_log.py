@@ -13,9 +13,9 @@ import pytest
 from airflow.providers.postgres.hooks.postgres import PostgresHook
 from sqlalchemy.engine import make_url
 
-from airflow_txn_provider.exceptions import TxnConfigError
 from airflow_txn_provider.get_provider_info import get_provider_info
 from airflow_txn_provider.hooks.txn_log import TxnLogHook
+from airflow_txn_provider.rules.exceptions import TxnConfigError
 
 
 def _connection(monkeypatch, conn_id: str, **fields) -> TxnLogHook:

@@ -17,9 +17,9 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 
-from airflow_txn_provider import commit
-from airflow_txn_provider.config import PRUNE_EVERY
 from airflow_txn_provider.hooks.airflow_api import AirflowApiHook
+from airflow_txn_provider.operators import run_retention
+from airflow_txn_provider.rules.config import PRUNE_EVERY
 from airflow_txn_provider.timetables import txid_logical_date, txid_run_id
 
 
@@ -137,14 +137,16 @@ def test_the_commit_path_prunes_every_few_txids_and_never_raises(airflow, monkey
         "airflow_txn_provider.hooks.airflow_api.AirflowApiHook", lambda *a, **k: hook
     )
     logger = logging.getLogger("test")
-    assert commit.prune_airflow_runs(Pipeline(), "words", [PRUNE_EVERY + 1], logger) == []
+    assert run_retention.prune_airflow_runs(Pipeline(), "words", [PRUNE_EVERY + 1], logger) == []
     assert server.requests == []  # not a pruning txid: no request at all
-    deleted = commit.prune_airflow_runs(
+    deleted = run_retention.prune_airflow_runs(
         Pipeline(), "words", [2 * PRUNE_EVERY - 1, 2 * PRUNE_EVERY], logger
     )
     assert deleted == [txid_run_id(t) for t in range(1, 2 * PRUNE_EVERY - 10 + 1)]
 
     server.fail = 500  # the api-server is failing: a warning, the commit goes on
     with caplog.at_level(logging.WARNING):
-        assert commit.prune_airflow_runs(Pipeline(), "words", [3 * PRUNE_EVERY], logger) == []
+        assert (
+            run_retention.prune_airflow_runs(Pipeline(), "words", [3 * PRUNE_EVERY], logger) == []
+        )
     assert "could not delete DAG runs" in caplog.text

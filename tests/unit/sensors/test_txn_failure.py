@@ -9,22 +9,22 @@ from dataclasses import replace
 import pytest
 from airflow.triggers.base import TaskSuccessEvent, TriggerEvent
 
-from airflow_txn_provider.coordinator import plan_failure
 from airflow_txn_provider.failure_injection import InjectedFailureRule as Rule
 from airflow_txn_provider.failure_injection import (
     injected_failure,
     parse_failure_injection,
 )
-from airflow_txn_provider.records import PipelineView, TxRecord
-from airflow_txn_provider.triggers.txn_log import TxnLogTrigger, WaitFor
-from airflow_txn_provider.vocabulary import FailureResponse
-from airflow_txn_provider.waiting import (
+from airflow_txn_provider.rules.coordinator import plan_failure
+from airflow_txn_provider.rules.records import PipelineView, TxRecord
+from airflow_txn_provider.rules.vocabulary import FailureResponse
+from airflow_txn_provider.rules.waiting import (
     first_watched_attempt,
     known_failed_attempt,
     own_failures,
     requeue_set,
     respond_to_failure,
 )
+from airflow_txn_provider.triggers.txn_log import TxnLogTrigger, WaitFor
 from tests.unit.builders import DONE, FAIL, PROC, view
 
 
@@ -241,7 +241,7 @@ def test_without_end_task_on_commit_the_task_resumes(monkeypatch):
 
 
 def test_blocked_by_names_the_oldest_failed_txid_before():
-    from airflow_txn_provider.waiting import blocked_by
+    from airflow_txn_provider.rules.waiting import blocked_by
 
     v = failed(view((3, 1, DONE), (4, 1, PROC), (5, 1, PROC), (6, 1, PROC), last=2), 4)
     assert blocked_by(v, 6).txid == 4 and blocked_by(v, 4) is None
@@ -309,8 +309,8 @@ def test_a_started_commit_ends_in_the_triggerer_or_wakes_its_task(
 
 
 def test_a_started_commit_wakes_its_task_only_when_nobody_else_commits():
+    from airflow_txn_provider.rules.waiting import awaits_commit
     from airflow_txn_provider.triggers.txn_log import READY_POLLS, evaluate
-    from airflow_txn_provider.waiting import awaits_commit
 
     ready = view((3, 1, DONE), last=2)
     waiting = view((2, 1, PROC), (3, 1, DONE), last=1)
@@ -326,7 +326,7 @@ def test_a_started_commit_wakes_its_task_only_when_nobody_else_commits():
 
 
 def test_a_started_watch_waits_for_the_pipelines_first_claim(monkeypatch):
-    from airflow_txn_provider.exceptions import UnknownPipelineError
+    from airflow_txn_provider.rules.exceptions import UnknownPipelineError
     from airflow_txn_provider.triggers.txn_log import FIRST_WATCHED
 
     unknown = UnknownPipelineError("pipeline is not registered", pipeline="p")
@@ -363,7 +363,7 @@ def _stall_watch(txid: int, stall_alert_after: float | None = 10.0) -> TxnLogTri
 
 
 def test_the_oldest_txids_watch_wakes_its_sensor_when_an_alert_is_due(monkeypatch):
-    from airflow_txn_provider.alerts import Alert, AlertKind
+    from airflow_txn_provider.log.alerts import Alert, AlertKind
 
     due = [Alert("p", AlertKind.STALLED, "after txid 2", 3, None, "pipeline=p stalled")]
     # a poll: the view, then (the oldest txid's watch) the alerts that are due
@@ -375,7 +375,7 @@ def test_the_oldest_txids_watch_wakes_its_sensor_when_an_alert_is_due(monkeypatc
 def test_only_the_oldest_txids_watch_looks_for_due_alerts_every_few_seconds():
     import time
 
-    from airflow_txn_provider.alerts import ALERT_CHECK_EVERY
+    from airflow_txn_provider.log.alerts import ALERT_CHECK_EVERY
 
     v = view((3, 1, PROC), (4, 1, PROC), last=2)
     assert _stall_watch(3)._may_alert(v, 3, 0.0)

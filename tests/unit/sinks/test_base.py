@@ -5,16 +5,16 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from airflow_txn_provider.coordinator import plan_sink_commit
-from airflow_txn_provider.exceptions import LakeSchemaMismatchError, LakeTableOutOfSyncError
 from airflow_txn_provider.pipeline import TxnPipeline
+from airflow_txn_provider.rules.coordinator import plan_sink_commit
+from airflow_txn_provider.rules.exceptions import LakeSchemaMismatchError, LakeTableOutOfSyncError
+from airflow_txn_provider.rules.vocabulary import SinkAction
 from airflow_txn_provider.sinks import DeltaSink, IcebergSink, StagedFiles, sink_from_spec
 from airflow_txn_provider.sinks.base import schema_to_hex
 from airflow_txn_provider.sinks.rewind import first_undone_commit, held_versions
 from airflow_txn_provider.sinks.schema import check_schema, schema_problems
 from airflow_txn_provider.spark.generated_source import GeneratedTextSource
 from airflow_txn_provider.spark.job import BatchJob
-from airflow_txn_provider.vocabulary import SinkAction
 
 WHERE = {"pipeline": "p", "attempt": 2, "sink": "s"}
 
@@ -217,7 +217,7 @@ class TestPipelineWithSinks:
 def test_a_missing_format_library_says_which_extra_to_install(monkeypatch):
     import sys
 
-    from airflow_txn_provider.exceptions import LakeSinkError
+    from airflow_txn_provider.rules.exceptions import LakeSinkError
 
     monkeypatch.setitem(sys.modules, "deltalake", None)  # as if not installed
     with pytest.raises(LakeSinkError, match=r"airflow-txn-provider\[delta\]"):

@@ -11,13 +11,13 @@ from types import SimpleNamespace
 import pytest
 
 from airflow_txn_provider.dag_builder import build_dag
+from airflow_txn_provider.operators.spark_runner import SparkConnectRunner, operation_tag
 from airflow_txn_provider.operators.txn import fail_attempt_on_task_failure
 from airflow_txn_provider.pipeline import TxnPipeline
 from airflow_txn_provider.spark import job as job_module
 from airflow_txn_provider.spark.generated_source import GeneratedTextSource
 from airflow_txn_provider.spark.job import BatchJob, ProcessOutcome
 from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
-from airflow_txn_provider.spark.submit import SparkConnectRunner, operation_tag
 from airflow_txn_provider.state import MapState
 
 

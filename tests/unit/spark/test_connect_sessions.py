@@ -62,7 +62,7 @@ def test_a_bad_url_fails_at_once_instead_of_waiting_for_a_server():
 
     from pyspark.sql import SparkSession
 
-    from airflow_txn_provider.spark.submit import SparkConnectRunner, keep_classic_mode
+    from airflow_txn_provider.operators.spark_runner import SparkConnectRunner, keep_classic_mode
 
     runner = SparkConnectRunner(
         lambda batch: batch, url="sc://127.0.0.1:1//bad", connect_timeout=60

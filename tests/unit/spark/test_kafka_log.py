@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_txn_provider.exceptions import SourceLogChangedError
+from airflow_txn_provider.rules.exceptions import SourceLogChangedError
 from airflow_txn_provider.spark.kafka_log import (
     LOG,
     RESET,

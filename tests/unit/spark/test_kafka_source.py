@@ -9,12 +9,12 @@ import logging
 
 import pytest
 
-from airflow_txn_provider import credentials, redaction
-from airflow_txn_provider.exceptions import (
+from airflow_txn_provider.rules.exceptions import (
     OffsetsDeletedError,
     OffsetsWentBackError,
     TxnConfigError,
 )
+from airflow_txn_provider.rules.vocabulary import SourceKind
 from airflow_txn_provider.spark.kafka_read import consumer_settings
 from airflow_txn_provider.spark.kafka_source import (
     SKIPPED,
@@ -24,7 +24,7 @@ from airflow_txn_provider.spark.kafka_source import (
     split_key,
 )
 from airflow_txn_provider.spark.sources import source_from_spec
-from airflow_txn_provider.vocabulary import SourceKind
+from airflow_txn_provider.utils import credentials, redaction
 from tests.unit.spark.kafka_given import given_topic
 
 SECRET = "k4fka-S3cret"

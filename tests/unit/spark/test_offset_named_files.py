@@ -16,8 +16,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_txn_provider.exceptions import OffsetGapError
-from airflow_txn_provider.sources import next_offset_ranges
+from airflow_txn_provider.rules.exceptions import OffsetGapError
+from airflow_txn_provider.rules.sources import next_offset_ranges
 from airflow_txn_provider.spark import file_index, parquet_index
 from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
 

@@ -17,8 +17,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_txn_provider.exceptions import OffsetsWentBackError
-from airflow_txn_provider.sources import next_offset_ranges
+from airflow_txn_provider.rules.exceptions import OffsetsWentBackError
+from airflow_txn_provider.rules.sources import next_offset_ranges
 from airflow_txn_provider.spark import file_index, parquet_index
 from airflow_txn_provider.spark.landing_source import LandingDirectorySource
 from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
@@ -575,8 +575,8 @@ def test_a_declared_schema_is_the_files_columns_only(tmp_path, schema):
 
 
 def test_a_declared_schema_travels_in_the_spec(tmp_path):
+    from airflow_txn_provider.rules.specs import from_spec, to_spec
     from airflow_txn_provider.spark.sources import SparkSource
-    from airflow_txn_provider.specs import from_spec, to_spec
 
     source = PartitionedParquetSource(str(tmp_path), schema="offset BIGINT, pid STRING")
     again = from_spec(json.dumps(to_spec(source)), SparkSource, what="source")

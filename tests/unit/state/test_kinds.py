@@ -2,6 +2,7 @@
 
 import pytest
 
+from airflow_txn_provider.rules.vocabulary import StateKind
 from airflow_txn_provider.state.kinds import (
     RULES,
     NonTransactionalRule,
@@ -9,7 +10,6 @@ from airflow_txn_provider.state.kinds import (
     TransactionalRule,
     rule_for,
 )
-from airflow_txn_provider.vocabulary import StateKind
 
 
 def plus(a: str, b: str) -> str:

@@ -7,10 +7,10 @@ from decimal import Decimal
 
 import pytest
 
-from airflow_txn_provider.log_reads import AttemptInfo, TransactionInfo
-from airflow_txn_provider.records import PipelineView, TxRecord
+from airflow_txn_provider.log.reads import AttemptInfo, TransactionInfo
+from airflow_txn_provider.rules.records import PipelineView, TxRecord
+from airflow_txn_provider.rules.vocabulary import SourceKind, TxStatus
 from airflow_txn_provider.ui import model, rewind_options
-from airflow_txn_provider.vocabulary import SourceKind, TxStatus
 
 PROC, DONE, COMMIT, FAIL = (
     TxStatus.PROCESSING,

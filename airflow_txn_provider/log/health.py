@@ -1,0 +1,161 @@
+"""Whether a pipeline is healthy: the rule behind the plugin's health endpoint
+(``GET /transactions/api/health``, :mod:`airflow_txn_provider.ui.app`), for load balancers and
+monitors. Pure: it judges what the log says, read by :func:`read_health`.
+
+Beside its status, each pipeline's outputs say from which txid each is complete (an output
+added to the running pipeline holds only the txids after it: a monitor can look for
+``"partial": true``).
+
+A pipeline is **stalled** when it has txids waiting to commit and nothing has moved for
+``stall_after`` seconds: no commit since then, and its oldest uncommitted txid began (its first
+attempt) before then. A poison batch the failure sensor stopped at, a dead scheduler, a lost
+worker whose lease nobody expires all end up here. A pipeline with nothing uncommitted is
+**idle** (healthy: a source with no new data); otherwise it is **ok**.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from airflow_txn_provider.rules.vocabulary import TxStatus
+
+if TYPE_CHECKING:
+    from sqlalchemy import Connection
+
+    from airflow_txn_provider.rules.records import PipelineView, TxRecord
+    from airflow_txn_provider.transactions.transaction_log import TransactionLog
+
+STALL_AFTER = 600.0
+"""Seconds without progress after which a pipeline with uncommitted txids is stalled (the
+endpoint's default; ``?stall_after=`` changes it per request)."""
+
+
+class Health(enum.StrEnum):
+    OK = "ok"
+    IDLE = "idle"
+    STALLED = "stalled"
+
+
+@dataclass(frozen=True)
+class PipelineHealth:
+    pipeline: str
+    status: Health
+    last_committed: int
+    newest_txid: int
+    """The newest txid begun."""
+    lag_processed: int
+    """Processed txids waiting to commit: the newest processed minus the last committed."""
+    lag_begun: int
+    """Txids begun and not committed: the newest begun minus the last committed."""
+    last_commit_age: float | None
+    """Seconds since the last commit (``None``: none yet, or its row was pruned)."""
+    stalled_for: float | None
+    """Seconds without progress while txids wait (``None``: nothing waits)."""
+    oldest_failed: int | None
+    """The oldest txid whose current attempt failed (waiting for a replay), if any."""
+    outputs: tuple[dict[str, Any], ...] = ()
+    """Each output (state, lake sink) and from which txid it is complete
+    (:func:`airflow_txn_provider.log.outputs.completeness`)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "status": self.status.value}
+
+
+def newest_processed(last_committed: int, in_flight: Iterable[TxRecord]) -> int:
+    """The newest txid whose processing finished (processed or committed)."""
+    processed = [r.txid for r in in_flight if r.status is TxStatus.PROCESSED]
+    return max([last_committed, *processed])
+
+
+def judge(
+    view: PipelineView,
+    *,
+    last_commit_at: datetime | None,
+    pending_since: datetime | None,
+    now: datetime,
+    stall_after: float = STALL_AFTER,
+) -> PipelineHealth:
+    """The health of ``view``'s pipeline at ``now`` (the log's clock). ``last_commit_at``: when
+    the last committed txid committed; ``pending_since``: when the oldest uncommitted txid's
+    first attempt began."""
+    waiting = view.in_flight
+    failed = [r.txid for r in waiting if r.status is TxStatus.FAILED]
+    age = None if last_commit_at is None else (now - last_commit_at).total_seconds()
+    stalled_for = None
+    status = Health.IDLE
+    if waiting:
+        moved = [t for t in (last_commit_at, pending_since) if t is not None]
+        stalled_for = (now - max(moved)).total_seconds() if moved else 0.0
+        status = Health.STALLED if stalled_for > stall_after else Health.OK
+    return PipelineHealth(
+        pipeline=view.pipeline,
+        status=status,
+        last_committed=view.last_committed,
+        newest_txid=waiting[-1].txid if waiting else view.last_committed,
+        lag_processed=newest_processed(view.last_committed, waiting) - view.last_committed,
+        lag_begun=len(waiting),
+        last_commit_age=age,
+        stalled_for=stalled_for,
+        oldest_failed=failed[0] if failed else None,
+    )
+
+
+def progress_times(conn: Connection, view: PipelineView) -> tuple[datetime | None, datetime | None]:
+    """What :func:`judge` reads besides the view: when the last committed txid committed (``None``:
+    none yet, or pruned), and when the oldest uncommitted txid's first attempt began."""
+    from sqlalchemy import func, select
+
+    from airflow_txn_provider.log.models import ATTEMPTS, TRANSACTIONS
+
+    last_commit_at = None
+    if view.last_committed:
+        last_commit_at = conn.execute(
+            select(TRANSACTIONS.c.committed_at).where(
+                (TRANSACTIONS.c.pipeline == view.pipeline)
+                & (TRANSACTIONS.c.txid == view.last_committed)
+            )
+        ).scalar_one_or_none()
+    pending_since = None
+    if view.in_flight:
+        pending_since = conn.execute(
+            select(func.min(ATTEMPTS.c.started_at)).where(
+                (ATTEMPTS.c.pipeline == view.pipeline)
+                & (ATTEMPTS.c.txid == view.oldest_uncommitted)
+            )
+        ).scalar_one_or_none()
+    return last_commit_at, pending_since
+
+
+def read_health(
+    txn_log: TransactionLog, pipeline: str, now: datetime, stall_after: float = STALL_AFTER
+) -> PipelineHealth:
+    """:func:`judge` the pipeline as the log has it now (its clock where it gives one)."""
+    from airflow_txn_provider.log.outputs import read_completeness
+
+    view = txn_log.view(pipeline)
+    with txn_log.engine.connect() as conn:
+        last_commit_at, pending_since = progress_times(conn, view)
+        outputs = tuple(read_completeness(conn, pipeline))
+    judged = judge(
+        view,
+        last_commit_at=last_commit_at,
+        pending_since=pending_since,
+        now=view.now or now,
+        stall_after=stall_after,
+    )
+    return replace(judged, outputs=outputs)
+
+
+__all__ = [
+    "STALL_AFTER",
+    "Health",
+    "PipelineHealth",
+    "judge",
+    "newest_processed",
+    "progress_times",
+    "read_health",
+]

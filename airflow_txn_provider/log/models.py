@@ -1,0 +1,344 @@
+"""SQLAlchemy 2 models of the transaction log.
+
+The schema is created and upgraded by the Alembic migrations in ``migrations/``; these models
+describe it for queries. The tables:
+
+* ``txn_pipeline``: one row per pipeline. Its row lock serialises every transition of the pipeline
+  (begin, fail, commit), which is what makes "one commit at a time" hold in Postgres, not only in
+  Airflow.
+* ``txn_transaction``: one row per txid, holding its *current* attempt, status and batch metadata.
+* ``txn_attempt``: one row per attempt of a txid, the history a user reads to see every replay.
+* ``txn_state_registry``: which pipeline owns which state table, and how it was declared.
+* ``txn_pipeline_dag``: which Airflow DAGs run which pipeline.
+* ``txn_rewind``: one row per rewind (who, when, to which txid; migration 0009).
+* ``txn_alert``: one row per alert sent to the pipeline's notifiers (migration 0010).
+* ``txn_output``: one row per output (state or lake sink) of a pipeline: from which txid it is
+  complete, and its retirement (migration 0011).
+* ``txn_map_summary``: per map state, its key count and value sum, kept by each commit (the
+  Transactions page reads them instead of scanning the state).
+
+Retention (migration 0007): ``txn_pipeline.keep_txids`` of the newest committed txids keep their
+rows in ``txn_transaction`` and ``txn_attempt``; the commit deletes older ones, a bounded batch at a
+time, and adds them to the pipeline's ``pruned_*`` totals.
+"""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime
+from typing import Any, cast
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    Dialect,
+    ForeignKeyConstraint,
+    Identity,
+    Integer,
+    MetaData,
+    Numeric,
+    String,
+    Table,
+    Text,
+    TypeDecorator,
+    func,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from airflow_txn_provider.rules.config import DEFAULT_KEEP_TXIDS
+from airflow_txn_provider.rules.exceptions import CorruptLogError
+from airflow_txn_provider.rules.vocabulary import (
+    FailureResponse,
+    OutputKind,
+    OutputRetirement,
+    OutputStart,
+    SourceKind,
+    StateKind,
+    TxStatus,
+)
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+class StrEnumText(TypeDecorator[enum.StrEnum]):
+    """A ``str`` enum of the vocabulary stored as its value in a ``VARCHAR(20)``: queries bind and
+    read the enum, never a retyped literal.
+
+    Not SQLAlchemy's ``Enum``: a value the enum does not know (a CHECK constraint keeps them out,
+    so only a damaged log holds one) must be a :class:`CorruptLogError`, not a ``LookupError``.
+    """
+
+    impl = String(20)
+    cache_ok = True
+
+    def __init__(self, enum_class: type[enum.StrEnum], what: str) -> None:
+        super().__init__()
+        self.enum_class = enum_class
+        self.what = what
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> str | None:
+        return None if value is None else self.enum_class(value).value
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> enum.StrEnum | None:
+        if value is None:
+            return None
+        try:
+            return self.enum_class(value)
+        except ValueError:
+            raise CorruptLogError(f"unknown {self.what} {value!r}") from None
+
+
+def one_of(column: str, enum_class: type[enum.StrEnum]) -> str:
+    """A CHECK constraint's text allowing exactly the enum's values."""
+    return f"{column} IN ({', '.join(repr(m.value) for m in enum_class)})"
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+class PipelineRow(Base):
+    __tablename__ = "txn_pipeline"
+
+    name: Mapped[str] = mapped_column(String(250), primary_key=True)
+    source_kind: Mapped[SourceKind] = mapped_column(StrEnumText(SourceKind, "source kind"))
+    max_pending: Mapped[int] = mapped_column(Integer)
+    last_committed_txid: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    declaration: Mapped[str | None] = mapped_column(Text, nullable=True)
+    """Fingerprint of the declaration last registered (see ``TransactionLog.ensure_pipeline``)."""
+    keep_txids: Mapped[int] = mapped_column(
+        Integer, default=DEFAULT_KEEP_TXIDS, server_default=str(DEFAULT_KEEP_TXIDS)
+    )
+    """Retention: how many of the newest committed txids keep their rows (see migration 0007)."""
+    pruned_txids: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    """Txids whose rows retention deleted (all committed), and their attempts, failed ones too."""
+    pruned_attempts: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    pruned_failed_attempts: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    pruned_through_txid: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    """Every txid up to this one was pruned."""
+    undo_from_txid: Mapped[int] = mapped_column(BigInteger, default=1, server_default="1")
+    """The first txid whose commit wrote undo records: a rewind reaches no further back (see
+    migration 0009)."""
+
+    __table_args__ = (
+        CheckConstraint(one_of("source_kind", SourceKind), name="source_kind"),
+        CheckConstraint("max_pending >= 1", name="max_pending"),
+        CheckConstraint("last_committed_txid >= 0", name="last_committed_txid"),
+        CheckConstraint("keep_txids >= 1", name="keep_txids"),
+    )
+
+
+class PipelineDagRow(Base):
+    """Which Airflow DAG runs a pipeline (recorded by its begin task): what the Transactions page
+    authorises a pipeline by."""
+
+    __tablename__ = "txn_pipeline_dag"
+
+    pipeline: Mapped[str] = mapped_column(String(250), primary_key=True)
+    dag_id: Mapped[str] = mapped_column(String(250), primary_key=True)
+    recorded_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
+
+    __table_args__ = (
+        ForeignKeyConstraint(["pipeline"], ["txn_pipeline.name"], ondelete="CASCADE"),
+    )
+
+
+class TransactionRow(Base):
+    __tablename__ = "txn_transaction"
+
+    pipeline: Mapped[str] = mapped_column(String(250), primary_key=True)
+    txid: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer)
+    status: Mapped[TxStatus] = mapped_column(StrEnumText(TxStatus, "status"))
+    batch_metadata: Mapped[Any] = mapped_column("metadata", JSONB, nullable=True)
+    output: Mapped[Any] = mapped_column(JSONB, nullable=True)
+    """Reference to the current attempt's processed output (e.g. staged row counts per state)."""
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    failed_by: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    """While the current attempt is failed: the txid whose failure failed it (itself if its own)."""
+    lease_expires_at: Mapped[datetime | None] = mapped_column(
+        DateTime(timezone=True), nullable=True
+    )
+    """While processing: the attempt's process renews this while alive (see migration 0003)."""
+    lease_holder: Mapped[str | None] = mapped_column(Text, nullable=True)
+    begun_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    processed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    committed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+    __table_args__ = (
+        ForeignKeyConstraint(["pipeline"], ["txn_pipeline.name"], ondelete="CASCADE"),
+        CheckConstraint("txid >= 1", name="txid"),
+        CheckConstraint("attempt >= 1", name="attempt"),
+        CheckConstraint(one_of("status", TxStatus), name="status"),
+    )
+
+
+class AttemptRow(Base):
+    __tablename__ = "txn_attempt"
+
+    pipeline: Mapped[str] = mapped_column(String(250), primary_key=True)
+    txid: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    attempt: Mapped[int] = mapped_column(Integer, primary_key=True)
+    status: Mapped[TxStatus] = mapped_column(StrEnumText(TxStatus, "status"))
+    batch_metadata: Mapped[Any] = mapped_column("metadata", JSONB, nullable=True)
+    output: Mapped[Any] = mapped_column(JSONB, nullable=True)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    failed_by: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    processed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    timings: Mapped[Any] = mapped_column(JSONB, nullable=True)
+    """Seconds spent per phase (``spark``, ``staging``, ``commit``, ...), as reported."""
+    staged: Mapped[Any] = mapped_column(JSONB, nullable=True)
+    """``{job: {output key: rows}}``: what each job of the attempt staged, recorded in the same
+    database transaction as its COPY (see migration 0008)."""
+    response: Mapped[FailureResponse | None] = mapped_column(
+        StrEnumText(FailureResponse, "failure response"), nullable=True
+    )
+    """Once failed: what the failure sensor did about it (see migration 0006)."""
+
+    __table_args__ = (
+        ForeignKeyConstraint(
+            ["pipeline", "txid"],
+            ["txn_transaction.pipeline", "txn_transaction.txid"],
+            ondelete="CASCADE",
+        ),
+        CheckConstraint(one_of("status", TxStatus), name="status"),
+        CheckConstraint(one_of("response", FailureResponse), name="response"),
+    )
+
+
+class StateRegistryRow(Base):
+    __tablename__ = "txn_state_registry"
+
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    pipeline: Mapped[str] = mapped_column(String(250))
+    kind: Mapped[StateKind] = mapped_column(StrEnumText(StateKind, "state kind"))
+    definition: Mapped[Any] = mapped_column(JSONB)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+    __table_args__ = (CheckConstraint(one_of("kind", StateKind), name="kind"),)
+
+
+class OutputRow(Base):
+    """One output of a pipeline, a state or a lake sink (:mod:`airflow_txn_provider.log.outputs`):
+    from which txid it is complete, and whether it was retired (migration 0011)."""
+
+    __tablename__ = "txn_output"
+
+    pipeline: Mapped[str] = mapped_column(String(250), primary_key=True)
+    name: Mapped[str] = mapped_column(String(250), primary_key=True)
+    kind: Mapped[OutputKind] = mapped_column(StrEnumText(OutputKind, "output kind"))
+    start: Mapped[OutputStart | None] = mapped_column(
+        StrEnumText(OutputStart, "output start"), nullable=True
+    )
+    """The declaration's choice; ``None``: declared before the pipeline began any txid."""
+    complete_from_txid: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    """It holds every committed txid from this one on and none before (``None``: not recorded,
+    an output declared by an earlier version once the pipeline had begun txids)."""
+    declared_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
+    retired_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    retired_after_txid: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    """Once retired: the last committed txid then, the newest it holds."""
+    retirement: Mapped[OutputRetirement | None] = mapped_column(
+        StrEnumText(OutputRetirement, "output retirement"), nullable=True
+    )
+
+    __table_args__ = (
+        CheckConstraint(one_of("kind", OutputKind), name="kind"),
+        CheckConstraint(one_of("start", OutputStart), name="start"),
+        CheckConstraint(one_of("retirement", OutputRetirement), name="retirement"),
+        CheckConstraint("complete_from_txid >= 1", name="complete_from_txid"),
+    )
+
+
+class RewindRow(Base):
+    """One rewind of a pipeline (:mod:`airflow_txn_provider.transactions.rewind`): its txids from
+    ``to_txid``
+    on were rolled back and re-queued."""
+
+    __tablename__ = "txn_rewind"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    pipeline: Mapped[str] = mapped_column(String(250))
+    to_txid: Mapped[int] = mapped_column(BigInteger)
+    last_committed_txid: Mapped[int] = mapped_column(BigInteger)
+    """The last committed txid before the rewind."""
+    rewound_txids: Mapped[int] = mapped_column(BigInteger)
+    """How many txids became pending again (committed ones and those in flight)."""
+    by: Mapped[str] = mapped_column(Text)
+    """Who rewound: a user of the UI or the API, or ``cli:<os user>``."""
+    job_version: Mapped[str | None] = mapped_column(Text, nullable=True)
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    states: Mapped[Any] = mapped_column(JSONB, nullable=True)
+    """Per state: ``{"restored": keys, "removed": keys}``."""
+    rewound_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+    __table_args__ = (
+        ForeignKeyConstraint(["pipeline"], ["txn_pipeline.name"], ondelete="CASCADE"),
+        CheckConstraint("to_txid >= 1", name="to_txid"),
+    )
+
+
+class AlertRow(Base):
+    """An alert the pipeline's notifiers were sent (:mod:`airflow_txn_provider.log.alerts`): once
+    per
+    ``(pipeline, kind, key)``."""
+
+    __tablename__ = "txn_alert"
+
+    pipeline: Mapped[str] = mapped_column(String(250), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(32), primary_key=True)
+    key: Mapped[str] = mapped_column(Text, primary_key=True)
+    message: Mapped[str] = mapped_column(Text)
+    sent_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+    __table_args__ = (
+        ForeignKeyConstraint(["pipeline"], ["txn_pipeline.name"], ondelete="CASCADE"),
+    )
+
+
+class MapSummaryRow(Base):
+    """A map state's key count and value sum, updated by each commit with the deltas it applied
+    (:meth:`~airflow_txn_provider.state.MapState.apply`), in the commit's transaction."""
+
+    __tablename__ = "txn_map_summary"
+
+    name: Mapped[str] = mapped_column(String(63), primary_key=True)
+    keys: Mapped[int] = mapped_column(BigInteger)
+    total: Mapped[Any] = mapped_column(Numeric)
+    txid: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    """The txid whose commit updated it last."""
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+    __table_args__ = (
+        ForeignKeyConstraint(["name"], ["txn_state_registry.name"], ondelete="CASCADE"),
+    )
+
+
+# The tables, for SQLAlchemy Core statements (the log and the states write with Core: explicit
+# locking and RETURNING, no unit of work between a rule's answer and the rows).
+PIPELINES = cast(Table, PipelineRow.__table__)
+PIPELINE_DAGS = cast(Table, PipelineDagRow.__table__)
+TRANSACTIONS = cast(Table, TransactionRow.__table__)
+ATTEMPTS = cast(Table, AttemptRow.__table__)
+STATE_REGISTRY = cast(Table, StateRegistryRow.__table__)
+MAP_SUMMARY = cast(Table, MapSummaryRow.__table__)
+REWINDS = cast(Table, RewindRow.__table__)
+ALERTS = cast(Table, AlertRow.__table__)
+OUTPUTS = cast(Table, OutputRow.__table__)

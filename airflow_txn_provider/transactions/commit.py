@@ -1,0 +1,285 @@
+"""The commit protocol of a txid, in one place: from its processed output to its committed state.
+
+A txid's processing job stages its output fenced by its attempt (state rows in Postgres staging
+tables, :mod:`airflow_txn_provider.state`; lake files beside their table,
+:mod:`airflow_txn_provider.sinks`) and records it: the log's
+:meth:`~airflow_txn_provider.transactions.transaction_log.TransactionLog.stage_output`, or
+:func:`record_processed` after several jobs. Then its commit (:func:`commit_registered`), strictly
+in txid order, is ONE Postgres transaction holding the pipeline's row lock
+(:meth:`~airflow_txn_provider.transactions.transaction_log.TransactionLog.commit`, which refuses a
+stale
+attempt, an unprocessed txid or a commit out of order: the rule is
+:func:`~airflow_txn_provider.rules.coordinator.plan_commit`):
+
+0. an output complete from a later txid (added to the running pipeline,
+   :mod:`airflow_txn_provider.log.outputs`) is left out, and one never declared is refused
+   (complete from txid 1 when this is txid 1);
+1. derived states compute their batch from the committed values before this txid
+   (:meth:`~airflow_txn_provider.state.BucketCountState.derive`);
+2. every state applies the attempt's staged rows by its kind's rule, and its staged row count
+   must equal the recorded one (an UNLOGGED staging table lost in a crash fails the commit instead
+   of committing part of a batch);
+3. every lake sink commits the attempt's recorded files into its table, recording the txid and
+   attempt in the table's own commit
+   (:func:`~airflow_txn_provider.rules.coordinator.plan_sink_commit`:
+   a table that holds this attempt of the txid already is not written twice; one that holds
+   another attempt's, from a commit that failed after its table commit, or txids a rewind
+   undid, is rewound to the txid before and then written, so every table holds the committed
+   attempts' rows only);
+4. the log marks the txid committed and moves the pipeline's last committed txid (and prunes old
+   txids' rows, by the retention rule).
+
+Any error in 1-3 rolls all of it back and fails the txid with the cascade: it replays whole. After
+the Postgres transaction, each sink deletes the txid's staging leftovers (best effort).
+
+After a commit, a task of the txid's DAG run commits what else may commit now, in order
+(:func:`commit_ready`): the commit-time steps the operators share. (Deleting old DAG runs after a
+commit is Airflow's side: :mod:`airflow_txn_provider.operators.run_retention`.)
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from airflow_txn_provider.log.health import judge
+from airflow_txn_provider.log.outputs import (
+    DeclaredOutput,
+    read_outputs,
+    record_first,
+    skipped_at_commit,
+)
+from airflow_txn_provider.log.rows import TxidRows
+from airflow_txn_provider.rules.coordinator import committable
+from airflow_txn_provider.rules.exceptions import StagedOutputMismatchError, StateDefinitionError
+from airflow_txn_provider.rules.vocabulary import OutputKind
+from airflow_txn_provider.sinks.base import OUTPUT_PREFIX, SINK_SPEC, StagedFiles
+from airflow_txn_provider.state import BucketCountState, MapState, counted_states, load_states
+from airflow_txn_provider.transactions.rewind import read_rewound_through
+from airflow_txn_provider.utils import metrics
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection
+
+    from airflow_txn_provider.pipeline import TxnPipeline
+    from airflow_txn_provider.rules.records import TxRecord
+    from airflow_txn_provider.sinks.base import LakeSink
+    from airflow_txn_provider.transactions.pipeline_transitions import CommitResult
+    from airflow_txn_provider.transactions.transaction_log import TransactionLog
+
+log = logging.getLogger(__name__)
+
+
+def commit_states(
+    txlog: TransactionLog,
+    pipeline: str,
+    txid: int,
+    attempt: int,
+    states: Sequence[MapState],
+    sinks: Sequence[LakeSink] = (),
+) -> CommitResult:
+    """Commit ``(txid, attempt)``: apply every state and mark the txid committed in ONE database
+    transaction (the log's commit), checking each state's staged count against the recorded output.
+
+    Lake sinks (:mod:`airflow_txn_provider.sinks`) commit last, inside that transaction: after
+    their table commits only the log's own updates remain, and a commit retried after a crash
+    there finds its txid in the table and adds nothing twice. Their staging leftovers are
+    cleaned up once the log has committed.
+    """
+    for state in states:
+        if state.pipeline != pipeline:
+            raise StateDefinitionError(
+                f"state {state.name!r} belongs to pipeline {state.pipeline!r}",
+                pipeline=pipeline,
+                txid=txid,
+                attempt=attempt,
+            )
+
+    by_name = {state.name: state for state in states}
+    for state in states:
+        if state.derived_from is not None and state.derived_from not in by_name:
+            raise StateDefinitionError(
+                f"state {state.name!r} is derived from {state.derived_from!r}, which this commit "
+                f"does not apply (states: {sorted(by_name)})",
+                pipeline=pipeline,
+                txid=txid,
+                attempt=attempt,
+            )
+    outputs = [DeclaredOutput(s.name, OutputKind.STATE, s.derived_from) for s in states]
+    outputs += [DeclaredOutput(s.name, OutputKind.LAKE_SINK) for s in sinks]
+    log_url = txlog.engine.url.render_as_string(hide_password=False)
+    tables = {sink: sink.open(log_url) for sink in sinks}
+    staged: dict[LakeSink, StagedFiles | None] = {}
+
+    def apply(conn: Connection, record: TxRecord) -> dict[str, Any]:
+        recorded = dict(record.output or {})
+        given = {sink.output_key for sink in sinks}
+        unknown = sorted(k for k in recorded if k.startswith(OUTPUT_PREFIX) and k not in given)
+        if unknown:  # committing without them would mark the txid committed, its files lost
+            raise StateDefinitionError(
+                f"the txid staged output for lake sink(s) {unknown} that this commit was not "
+                "given (pass the pipeline's sinks)",
+                pipeline=pipeline,
+                txid=txid,
+                attempt=attempt,
+            )
+        result: dict[str, Any] = {}
+        # An output added to the running pipeline holds the txids from its first on, exactly:
+        # an older txid committing now (in flight then, replayed, rewound) is not applied to it.
+        skipped, first = skipped_at_commit(
+            pipeline, txid, attempt, outputs, read_outputs(conn, pipeline)
+        )
+        record_first(conn, pipeline, first)
+        for name, since in skipped.items():
+            result[name] = {"skipped": f"complete from txid {since}"}
+        # Which lake commits a rewind undid (a table still holding them follows the log now).
+        rewound = read_rewound_through(conn, pipeline) if sinks else 0
+        # Derived states read the committed values as they are before this txid: first.
+        for state in states:
+            if isinstance(state, BucketCountState) and state.name not in skipped:
+                state.derive(conn, txid, attempt, by_name[state.of])
+        for state in states:
+            if state.name in skipped:
+                continue
+            expected = recorded.get(state.output_key)
+            applied = state.apply(conn, txid, attempt, expected_rows=expected)
+            result[state.name] = {"staged_rows": applied.staged_rows, "keys": applied.keys}
+        patch = {}
+        for sink in sinks:
+            if sink.name in skipped:
+                staged[sink] = None  # its staged files are garbage: cleaned up below
+                continue
+            files = recorded.get(sink.output_key)
+            staged[sink] = StagedFiles.from_json(files) if files else None
+            done = sink.commit(
+                tables[sink], pipeline, txid, attempt, staged[sink], rewound_through=rewound
+            )
+            result[sink.output_key] = done.to_json()
+            # The sink's spec, for a rewind over this txid to open the table (the rewind runs
+            # where the DAG's sinks are not known: a command, the api-server).
+            patch[sink.output_key] = {
+                **(files or {}),
+                "commit": done.to_json(),
+                SINK_SPEC: sink.to_spec(),
+            }
+        if patch:
+            TxidRows(conn, pipeline, txid).patch_output(attempt, patch)
+        return result
+
+    started = time.monotonic()
+    result = txlog.commit(pipeline, txid, attempt, apply)
+    if result.applied:
+        metrics.timing(metrics.COMMIT_DURATION, pipeline, time.monotonic() - started)
+        metrics.gauge(metrics.LAST_COMMITTED, pipeline, txid)
+        staged_rows = sum(
+            int(d.get("staged_rows", 0))
+            for d in (result.details or {}).values()
+            if isinstance(d, dict) and "keys" in d
+        )
+        metrics.incr(metrics.STAGED_ROWS, pipeline, staged_rows)
+        for sink, files in staged.items():
+            # The table holds this attempt's files, whatever its action was (a table that held
+            # another attempt's was rewound first): every other directory of the txid goes.
+            try:
+                sink.cleanup(pipeline, txid, files)
+            except Exception as err:  # garbage left behind is not data lost: never fail a commit
+                log.warning(
+                    "pipeline=%s txid=%s sink=%s cleanup: %s", pipeline, txid, sink.name, err
+                )
+    return result
+
+
+def commit_registered(
+    txlog: TransactionLog,
+    pipeline: str,
+    txid: int,
+    attempt: int,
+    sinks: Sequence[LakeSink] = (),
+) -> CommitResult:
+    """Commit ``(txid, attempt)`` applying every state registered for ``pipeline`` and committing
+    into its lake ``sinks``."""
+    states = list(load_states(txlog.engine, pipeline).values())
+    return commit_states(txlog, pipeline, txid, attempt, states, sinks)
+
+
+def record_processed(txlog: TransactionLog, pipeline: str, txid: int, attempt: int) -> str:
+    """Mark ``(txid, attempt)`` processed with its staged row counts, under the txid's lock.
+
+    The last step of a txid processed by several jobs (each staged with ``finish=False``, which
+    records its counts in the attempt's logged row, :meth:`TransactionLog.stage`). The output
+    recorded is the sum of the jobs' counts, and every state staged by jobs gets one, zero
+    included, so the commit checks each. Staging tables are UNLOGGED: a Postgres crash recovery
+    (a backend killed by the OOM killer) or a promoted standby empties them, with no clock to
+    tell. So the rows present are compared with the counts the jobs recorded: if any are gone,
+    the attempt is failed (and replays) with :class:`StagedOutputMismatchError` instead of
+    recording what is left. Returns the
+    :class:`~airflow_txn_provider.rules.vocabulary.ProcessedAction` value.
+    """
+    states = counted_states(txlog.engine, pipeline)
+
+    def count(conn: Connection) -> dict[str, int]:
+        recorded = dict.fromkeys(states, 0)
+        for counts in TxidRows(conn, pipeline, txid).staged_by_job(attempt).values():
+            for key, rows in counts.items():
+                recorded[key] = recorded.get(key, 0) + int(rows)
+        lost = {
+            state.name: (recorded[state.output_key], present)
+            for state in states.values()
+            if (present := state.staged_count(conn, txid, attempt)) != recorded[state.output_key]
+        }
+        if lost:
+            raise StagedOutputMismatchError(
+                "staged rows (recorded by the jobs, found) differ: "
+                + ", ".join(f"{name} {want} != {got}" for name, (want, got) in lost.items())
+                + "; the staging tables are UNLOGGED and a Postgres crash recovery empties them: "
+                "replay the txid",
+                pipeline=pipeline,
+                txid=txid,
+                attempt=attempt,
+            )
+        return recorded
+
+    try:
+        return txlog.stage_output(pipeline, txid, attempt, count).value
+    except StagedOutputMismatchError as err:
+        txlog.fail(pipeline, txid, attempt, error=str(err))
+        raise
+
+
+# -- after a commit, on Airflow's side ------------------------------------------------------------
+
+
+def commit_ready(log: TransactionLog, pipeline: TxnPipeline, logger: Any) -> list[int]:
+    """Commit, in order, the txids that may commit now (the oldest uncommitted, while it is
+    processed): the gap between two commits is then a database round trip, not a trigger poll
+    plus a task start. Never raises: each txid's own commit task commits it otherwise."""
+    done: list[int] = []
+    view = None
+    for _ in range(pipeline.max_pending):
+        try:
+            view = log.view(pipeline.name)
+            rec = committable(view)
+            if rec is None:
+                break
+            commit_registered(log, pipeline.name, rec.txid, rec.attempt, pipeline.sinks)
+        except Exception as err:  # its own run commits it (or reports why it cannot)
+            logger.warning("committing what is ready stopped: %s", err)
+            break
+        logger.info("txid %s attempt %s committed", rec.txid, rec.attempt)
+        done.append(rec.txid)
+    if view is not None:  # the lags as the last look at the pipeline saw them
+        judged = judge(view, last_commit_at=None, pending_since=None, now=datetime.now(UTC))
+        metrics.gauge(metrics.LAG_PROCESSED, pipeline.name, judged.lag_processed)
+        metrics.gauge(metrics.LAG_BEGUN, pipeline.name, judged.lag_begun)
+    return done
+
+
+__all__ = [
+    "commit_ready",
+    "commit_registered",
+    "commit_states",
+    "record_processed",
+]
