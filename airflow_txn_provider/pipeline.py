@@ -77,8 +77,8 @@ class TxnPipeline:
         holds the txids from the next one on, and the log, the Transactions page and the health
         endpoint say from which. Without it such a declaration is refused
         (:class:`~airflow_txn_provider.rules.exceptions.OutputStartRequiredError`); an output
-        declared
-        with the pipeline needs none. See "Adding and removing outputs" in ``docs/airflow.md``.
+        declared with the pipeline needs none. See "Adding and removing outputs" in
+        ``docs/airflow.md``.
     :param retired: outputs no longer declared, by name: ``"keep"`` (their tables stay, no
         longer updated) or ``"drop"`` (a state's tables are dropped; a lake table never is).
         Removing an output that holds committed txids without it is refused

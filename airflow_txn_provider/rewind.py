@@ -1,9 +1,8 @@
 """A rewind on Airflow: its runs restarted through the REST API, and the rewind's command line.
 
 The rewind itself is the log's (:mod:`airflow_txn_provider.transactions.rewind`: states, lake
-tables and txids
-put back in one database transaction); this module is the Airflow side of it, above the log, so
-the log never imports Airflow's hooks. ``python -m airflow_txn_provider.rewind`` runs
+tables and txids put back in one database transaction); this module is the Airflow side of it, above
+the log, so the log never imports Airflow's hooks. ``python -m airflow_txn_provider.rewind`` runs
 :func:`main`.
 """
 

@@ -4,11 +4,10 @@ the log's, to be SIGKILLed there (the ``kill_committer`` fault).
 ``python -m chaos.committer --pipeline P --txid T --attempt A --sink JSON`` (the log's URL in
 ``$TXN_LOG_URL``) commits ``(txid, attempt)`` as the driver does
 (:func:`~airflow_txn_provider.transactions.commit.commit_registered` with the pipeline's lake
-sink), except
-that once the sink's table commit has returned, inside the log's still open transaction, it
-prints one JSON line ``{"table_committed": {...}}`` and sleeps: the driver SIGKILLs it then. The
-log's transaction dies with the process (Postgres rolls it back): the table holds the txid, the
-log does not. The next commit of the txid must find it in the table and add nothing twice.
+sink), except that once the sink's table commit has returned, inside the log's still open
+transaction, it prints one JSON line ``{"table_committed": {...}}`` and sleeps: the driver SIGKILLs
+it then. The log's transaction dies with the process (Postgres rolls it back): the table holds the
+txid, the log does not. The next commit of the txid must find it in the table and add nothing twice.
 
 If the driver does not kill it within ``--hang`` seconds it goes on and commits (prints
 ``{"committed": ...}``). Exit codes: 0 committed, 1 the commit failed, 2 bad arguments.

@@ -3,11 +3,9 @@
 ``python -m chaos.worker --pipeline P --txid T --attempt A --source JSON --spark-url sc://…
 [--sink JSON --state NAME]`` (the log's URL in ``$TXN_LOG_URL``) processes one attempt on Spark
 Connect under a :class:`~airflow_txn_provider.transactions.lease.LeaseKeeper`, exactly as the Spark
-Connect
-path of the processing operator does, with its runner
+Connect path of the processing operator does, with its runner
 (:class:`~airflow_txn_provider.operators.spark_runner.SparkConnectRunner`: the pipeline's slot
-session,
-:func:`~airflow_txn_provider.spark.job.process_batch` (read, transform, stage fenced by the
+session, :func:`~airflow_txn_provider.spark.job.process_batch` (read, transform, stage fenced by the
 attempt, mark processed), the session released if the attempt failed). If the attempt is
 failed meanwhile, the keeper interrupts the run's Spark work. SIGTERM does what Airflow's task
 runner does with it: the operator's ``on_kill`` (the lease abandoned, the run's own Spark work

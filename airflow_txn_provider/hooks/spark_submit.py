@@ -1,8 +1,7 @@
 """Airflow hook: ``spark-submit`` of a transaction job, on the Spark provider's ``SparkSubmitHook``.
 
 Used by :class:`~airflow_txn_provider.operators.spark_runner.SparkSubmitRunner`; the connection is
-the
-Spark provider's own ``spark`` type (this provider registers no connection type for it).
+the Spark provider's own ``spark`` type (this provider registers no connection type for it).
 """
 
 from __future__ import annotations

@@ -10,8 +10,7 @@ for two events:
   alert). Sent by that sensor as it stops.
 * **stalled**: txids wait and nothing has moved for ``stall_alert_after`` seconds (the health
   endpoint's rule, :func:`~airflow_txn_provider.log.health.judge`); once per stall: a commit ends
-  it,
-  and a later stall is a new alert.
+  it, and a later stall is a new alert.
 
 Whatever is due and unsent (a stall, or a poison alert whose send failed) is found by the failure
 sensor's trigger of the oldest uncommitted txid, which polls the log anyway and looks every

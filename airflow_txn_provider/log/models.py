@@ -269,8 +269,7 @@ class OutputRow(Base):
 
 class RewindRow(Base):
     """One rewind of a pipeline (:mod:`airflow_txn_provider.transactions.rewind`): its txids from
-    ``to_txid``
-    on were rolled back and re-queued."""
+    ``to_txid`` on were rolled back and re-queued."""
 
     __tablename__ = "txn_rewind"
 
@@ -297,8 +296,7 @@ class RewindRow(Base):
 
 class AlertRow(Base):
     """An alert the pipeline's notifiers were sent (:mod:`airflow_txn_provider.log.alerts`): once
-    per
-    ``(pipeline, kind, key)``."""
+    per ``(pipeline, kind, key)``."""
 
     __tablename__ = "txn_alert"
 

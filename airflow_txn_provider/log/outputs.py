@@ -13,8 +13,7 @@ Transactions page and the health endpoint show it for every output (:func:`compl
 
 An output the declaration no longer names is retired by the choice ``retired={name: "keep" |
 "drop"}`` (:class:`~airflow_txn_provider.rules.vocabulary.OutputRetirement`); without one, removing
-an
-output that holds committed txids is refused (:class:`OutputRemovedError`), and one that holds
+an output that holds committed txids is refused (:class:`OutputRemovedError`), and one that holds
 none is let go without asking (a state's empty tables dropped, a lake table never touched).
 
 The rules (:func:`plan_outputs`, :func:`skipped_at_commit`, :func:`completeness`) are pure; the

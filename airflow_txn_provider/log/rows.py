@@ -2,8 +2,7 @@
 
 A txid has two rows: its current attempt in ``txn_transaction`` and one row per attempt in
 ``txn_attempt`` (:mod:`airflow_txn_provider.log.models`). :class:`TxidRows` is their one writer
-(every
-insert, update and retention's delete), so the two never disagree about an attempt's status,
+(every insert, update and retention's delete), so the two never disagree about an attempt's status,
 output or error. :func:`load_view` reads a pipeline as the pure coordinator sees it
 (:class:`~airflow_txn_provider.rules.records.PipelineView`). Every function runs in the caller's
 database transaction; the locking is the caller's (the transitions of

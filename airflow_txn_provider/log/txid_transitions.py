@@ -3,8 +3,7 @@
 A txid's processing stages its output, records it and keeps its lease alive while other txids do
 the same in parallel, so these transitions lock the txid's own row, never the pipeline's. They
 apply the attempt fence (:mod:`airflow_txn_provider.rules.fencing`): a stale attempt stages and
-records
-nothing. A commit or failure of the txid waits for the row and sees the result. The failure
+records nothing. A commit or failure of the txid waits for the row and sees the result. The failure
 sensor's answer to a failed attempt is recorded here too, on that attempt's row.
 :class:`TxidTransitions` is a part of
 :class:`~airflow_txn_provider.transactions.transaction_log.TransactionLog`.
@@ -73,10 +72,9 @@ class TxidTransitions:
         For a txid with several processing jobs: each stages its part fenced by the attempt, and
         the last step records the processed output
         (:func:`~airflow_txn_provider.transactions.commit.record_processed`). ``stage`` returns
-        what it staged,
-        ``{output key: rows}``; it is recorded as ``job``'s in the attempt's logged row, in the
-        same database transaction as the COPY, so staging lost later (the tables are UNLOGGED) is
-        found by its content. Returns False (and stages nothing) for a stale attempt.
+        what it staged, ``{output key: rows}``; it is recorded as ``job``'s in the attempt's logged
+        row, in the same database transaction as the COPY, so staging lost later (the tables are
+        UNLOGGED) is found by its content. Returns False (and stages nothing) for a stale attempt.
         """
         with self.engine.begin() as conn:
             found = TxidRows(conn, pipeline, txid)

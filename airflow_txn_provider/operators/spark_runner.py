@@ -284,8 +284,8 @@ class SparkConnectRunner:
     ) -> tuple[SparkSession, bool]:
         """A session, and whether it is the slot's, waiting (with backoff, 0.5 s doubling to
         4 s, up to ``connect_timeout`` seconds: a
-        :class:`~airflow_txn_provider.utils.retries.Backoff`)
-        for a Spark Connect server that is restarting: a replay then runs once it is back,
+        :class:`~airflow_txn_provider.utils.retries.Backoff`) for a Spark Connect server that is
+        restarting: a replay then runs once it is back,
         instead of failing again at once and counting toward the poison-batch limit."""
         from tenacity import retry_if_exception
 

@@ -2,12 +2,10 @@
 
 This module is pure: no I/O, no clock, no Airflow, no SQL. The Postgres transaction log
 (:mod:`airflow_txn_provider.transactions.transaction_log`) loads a :class:`PipelineView` under a
-lock, asks
-one of the ``plan_*`` functions below, and writes the answer. Keeping the rules here means each
-one lives in exactly one place and is tested with plain values. Their one sibling is the attempt
-fence (:mod:`airflow_txn_provider.rules.fencing`): the rules that need only one txid's record (is
-this
-attempt still current?), so the log applies them under that txid's row lock alone.
+lock, asks one of the ``plan_*`` functions below, and writes the answer. Keeping the rules here
+means each one lives in exactly one place and is tested with plain values. Their one sibling is the
+attempt fence (:mod:`airflow_txn_provider.rules.fencing`): the rules that need only one txid's
+record (is this attempt still current?), so the log applies them under that txid's row lock alone.
 
 The model is Storm's transactional topology (``TransactionalSpoutCoordinator``):
 
@@ -187,8 +185,7 @@ def plan_sink_commit(
     Commits are ordered by the log, so a table ahead of the txid being committed holds commits
     the log undid: a rewind's (``rewound_through``, the newest txid a rewind of this pipeline
     failed: :func:`~airflow_txn_provider.rules.history.rewound_through`), which the table follows
-    now
-    if the rewind could not, or something else's (another log, a restored table): adding would
+    now if the rewind could not, or something else's (another log, a restored table): adding would
     break exactly-once, so that is refused."""
     if table_txid == txid:
         if table_attempt == attempt:

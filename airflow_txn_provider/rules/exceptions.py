@@ -259,8 +259,7 @@ class OffsetGapError(SourceError):
 
 class RewindError(TxnError):
     """A rewind (:meth:`~airflow_txn_provider.transactions.transaction_log.TransactionLog.rewind`)
-    cannot be
-    done as asked; nothing was changed."""
+    cannot be done as asked; nothing was changed."""
 
 
 class RewindTooFarError(RewindError):

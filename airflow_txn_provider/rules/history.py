@@ -2,8 +2,8 @@
 keeps (:func:`retention_horizon`, :func:`prune_range`) and how far back a rewind reaches and what
 it undoes (:func:`rewind_floor`, :func:`plan_rewind`, :func:`rewound_through`). The retention
 job (:mod:`airflow_txn_provider.transactions.retention`) and the rewind
-(:mod:`airflow_txn_provider.transactions.rewind`)
-ask them under the pipeline's lock and write their answers.
+(:mod:`airflow_txn_provider.transactions.rewind`) ask them under the pipeline's lock and write their
+answers.
 """
 
 from __future__ import annotations

@@ -2,9 +2,8 @@
 
 The log builds them from its rows (:mod:`airflow_txn_provider.log.rows`), the rules
 (:mod:`airflow_txn_provider.rules.coordinator`, :mod:`airflow_txn_provider.rules.fencing`) decide
-from them,
-and the Airflow side and the Transactions page show them. A snapshot checks the log's invariants
-when it is built, so no rule ever reads a log that breaks them.
+from them, and the Airflow side and the Transactions page show them. A snapshot checks the log's
+invariants when it is built, so no rule ever reads a log that breaks them.
 """
 
 from __future__ import annotations

@@ -149,8 +149,7 @@ def next_offset_ranges(
 
     A partition whose latest offset is *below* where the previous batch ended was rewritten or
     renumbered: that raises :class:`~airflow_txn_provider.rules.exceptions.OffsetsWentBackError`
-    rather
-    than waiting (clamping said "no new data" until the partition grew past its old end, then
+    rather than waiting (clamping said "no new data" until the partition grew past its old end, then
     skipped the records in between).
 
     :param prev_metadata: the previous txid's ranges, ``None`` for txid 1.

@@ -11,10 +11,10 @@ The protocol, for one txid (docs/lake.md has the picture):
 2. **Commit** (:meth:`LakeSink.commit`, the last step of the log's commit, under its pipeline
    lock): the table's own record says which txid of this pipeline it holds. The coordinator's
    :func:`~airflow_txn_provider.rules.coordinator.plan_sink_commit` decides: add exactly the
-   recorded
-   files (or merge them by key) in ONE table commit that records ``(pipeline, txid)`` (a Delta app
-   transaction, an Iceberg snapshot property), or, if the table holds the txid already (a commit
-   that crashed between the table commit and the log's), add nothing and let the log complete.
+   recorded files (or merge them by key) in ONE table commit that records ``(pipeline, txid)`` (a
+   Delta app transaction, an Iceberg snapshot property), or, if the table holds the txid already (a
+   commit that crashed between the table commit and the log's), add nothing and let the log
+   complete.
 3. **Clean up** (:meth:`LakeSink.cleanup`, after the log's commit): every other directory of
    the txid (failed attempts, duplicate runs, merged-away files) is deleted.
 

@@ -39,8 +39,8 @@ class IcebergSink(LakeSink):
         table lives in ``<warehouse>/<namespace>.db/<name>``.
     :param catalog_conn_id: the Airflow connection of the catalog's Postgres database (looked
         up where the catalog is opened:
-        :func:`airflow_txn_provider.utils.credentials.connection_url`).
-        ``None`` with no ``catalog_uri`` (the default): the transaction log's database.
+        :func:`airflow_txn_provider.utils.credentials.connection_url`). ``None`` with no
+        ``catalog_uri`` (the default): the transaction log's database.
     :param catalog_uri: the catalog's SQLAlchemy URL, without a password (``~/.pgpass``, a
         trusted socket): the sink's spec travels in ``spark-submit``'s arguments, so a URL with
         a password is refused; put it in a connection and pass ``catalog_conn_id``.

@@ -1,11 +1,10 @@
 """The interface of a source that Spark reads, and how one is rebuilt in a Spark job.
 
 A :class:`SparkSource` is a :class:`~airflow_txn_provider.rules.sources.Source` (it decides each
-txid's
-metadata, on the Airflow side, without Spark) that can also *read* the batch its metadata describes
-(on the Spark side, in the processing job): the two halves of Storm's transactional spout. To write
-your own, subclass one of the two kinds and implement three methods; ``docs/sources.md`` walks
-through one. The built-in sources live one to a module:
+txid's metadata, on the Airflow side, without Spark) that can also *read* the batch its metadata
+describes (on the Spark side, in the processing job): the two halves of Storm's transactional spout.
+To write your own, subclass one of the two kinds and implement three methods; ``docs/sources.md``
+walks through one. The built-in sources live one to a module:
 
 * :class:`~airflow_txn_provider.spark.parquet_source.PartitionedParquetSource` (transactional): a
   Parquet dataset partitioned by ``p`` with an increasing ``offset`` column.

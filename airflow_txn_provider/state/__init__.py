@@ -11,8 +11,7 @@ A batch update happens in two steps:
    key or a null/NaN delta is refused (:class:`MalformedOutputError`) before anything is staged.
 2. **apply** (commit phase, in the commit's database transaction, see
    :mod:`airflow_txn_provider.transactions.commit`): one ``INSERT … SELECT … GROUP BY … ON CONFLICT
-   DO UPDATE``
-   folds the attempt's staged rows into the state table, by the rule of the state's kind
+   DO UPDATE`` folds the attempt's staged rows into the state table, by the rule of the state's kind
    (:mod:`~airflow_txn_provider.state.kinds`: non-transactional, transactional, opaque). For both
    kinds that store a txid, a stored txid *greater* than the current one is an error
    (:class:`StateAheadOfLogError`), as in Trident's OpaqueMap: state and log disagree.

@@ -7,8 +7,7 @@ tables, :mod:`airflow_txn_provider.state`; lake files beside their table,
 :func:`record_processed` after several jobs. Then its commit (:func:`commit_registered`), strictly
 in txid order, is ONE Postgres transaction holding the pipeline's row lock
 (:meth:`~airflow_txn_provider.transactions.transaction_log.TransactionLog.commit`, which refuses a
-stale
-attempt, an unprocessed txid or a commit out of order: the rule is
+stale attempt, an unprocessed txid or a commit out of order: the rule is
 :func:`~airflow_txn_provider.rules.coordinator.plan_commit`):
 
 0. an output complete from a later txid (added to the running pipeline,
@@ -21,11 +20,10 @@ attempt, an unprocessed txid or a commit out of order: the rule is
    of committing part of a batch);
 3. every lake sink commits the attempt's recorded files into its table, recording the txid and
    attempt in the table's own commit
-   (:func:`~airflow_txn_provider.rules.coordinator.plan_sink_commit`:
-   a table that holds this attempt of the txid already is not written twice; one that holds
-   another attempt's, from a commit that failed after its table commit, or txids a rewind
-   undid, is rewound to the txid before and then written, so every table holds the committed
-   attempts' rows only);
+   (:func:`~airflow_txn_provider.rules.coordinator.plan_sink_commit`: a table that holds this
+   attempt of the txid already is not written twice; one that holds another attempt's, from a
+   commit that failed after its table commit, or txids a rewind undid, is rewound to the txid
+   before and then written, so every table holds the committed attempts' rows only);
 4. the log marks the txid committed and moves the pipeline's last committed txid (and prunes old
    txids' rows, by the retention rule).
 

@@ -4,8 +4,7 @@ Each is one explicit database transaction: it locks the pipeline's row
 (:func:`~airflow_txn_provider.log.rows.lock_pipeline`, the lock retention and the declaration take
 too), reads a :class:`~airflow_txn_provider.rules.records.PipelineView`, asks the pure coordinator
 (:mod:`airflow_txn_provider.rules.coordinator`), and writes its answer through the txid rows' one
-writer
-(:class:`~airflow_txn_provider.log.rows.TxidRows`). The lock makes "one commit at a time per
+writer (:class:`~airflow_txn_provider.log.rows.TxidRows`). The lock makes "one commit at a time per
 pipeline" and "metadata initialised in txid order" hold in Postgres, whoever calls (Airflow may run
 the same task twice, #23520). :class:`PipelineTransitions` is a part of
 :class:`~airflow_txn_provider.transactions.transaction_log.TransactionLog`.

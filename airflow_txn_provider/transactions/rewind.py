@@ -18,8 +18,8 @@ leaves either the old log and states or the rewound ones):
 
 Then the txids recompute through the normal path, possibly with a changed job: on Airflow,
 :func:`~airflow_txn_provider.rewind.restart_runs` puts their runs back in the queue, every
-task cleared, through the REST API.
-From a shell where Airflow's connections are configured (a scheduler's or a worker's)::
+task cleared, through the REST API. From a shell where Airflow's connections are configured (a
+scheduler's or a worker's)::
 
     python -m airflow_txn_provider.rewind PIPELINE --to N [--by WHO] [--job-version V]
         [--reason WHY] [--txn-log-conn-id ID] [--airflow-api-conn-id ID] [--no-restart]
@@ -93,8 +93,7 @@ class LogRewind:
         """Rewind ``pipeline`` to ``to_txid`` (see the module's docstring): the log and every
         Postgres state in one database transaction, then the lake tables. Raises
         :class:`~airflow_txn_provider.rules.exceptions.RewindTooFarError` below the oldest txid it
-        can
-        restore exactly (the error says which),
+        can restore exactly (the error says which),
         :class:`~airflow_txn_provider.rules.exceptions.RewindAheadError` past the oldest uncommitted
         txid; nothing changes then."""
         if not by:

@@ -4,30 +4,26 @@ It is made of rooms, each owning one kind of call; every transition is one expli
 transaction:
 
 * :mod:`~airflow_txn_provider.transactions.pipeline_transitions`: ``begin``, ``commit``, ``fail``,
-``recover``
-  and ``expire_lease`` lock the pipeline's row (``rows.lock_pipeline``), read a
+  ``recover`` and ``expire_lease`` lock the pipeline's row (``rows.lock_pipeline``), read a
   :class:`~airflow_txn_provider.rules.records.PipelineView`, ask the pure coordinator, and write its
   answer. The lock makes "one commit at a time per pipeline" and "metadata initialised in txid
   order" hold in Postgres, whoever calls (Airflow may run the same task twice, #23520).
   ``commit`` runs the caller's ``apply`` (the states' and lake sinks' steps of the commit
   protocol, :mod:`airflow_txn_provider.transactions.commit`) on the same connection, so the state
-  change and
-  the "committed" mark are one database transaction: both happen or neither.
+  change and the "committed" mark are one database transaction: both happen or neither.
 * :mod:`~airflow_txn_provider.log.txid_transitions`: ``mark_processed``, ``stage_output``, ``stage``
   and ``renew_lease`` lock only the txid's own row, so many txids record their processed output
   in parallel; a commit or failure of that txid waits for the row and sees the result.
 * :mod:`~airflow_txn_provider.transactions.retention`: a commit also deletes the rows of txids
-older than the
-  newest ``keep_txids`` committed ones (a bounded batch, under the pipeline's lock it holds anyway)
-  and adds them to the pipeline's ``pruned_*`` totals (:meth:`TransactionLog.retention`). Nothing
-  a rule reads is pruned (:func:`~airflow_txn_provider.rules.history.retention_horizon`).
+  older than the newest ``keep_txids`` committed ones (a bounded batch, under the pipeline's lock it
+  holds anyway) and adds them to the pipeline's ``pruned_*`` totals
+  (:meth:`TransactionLog.retention`). Nothing a rule reads is pruned
+  (:func:`~airflow_txn_provider.rules.history.retention_horizon`).
 * :mod:`~airflow_txn_provider.transactions.rewind`: ``rewind`` undoes the commits of txid N and
-later
-  (every Postgres state restored from the undo records each commit writes) and re-queues every
+  later (every Postgres state restored from the undo records each commit writes) and re-queues every
   txid from N, in one database transaction under the pipeline's lock.
 * :mod:`~airflow_txn_provider.transactions.declaration`: ``register_pipeline``, ``ensure_pipeline``
-and the
-  DAGs recorded as running a pipeline.
+  and the DAGs recorded as running a pipeline.
 * :mod:`~airflow_txn_provider.log.reads`: ``view``, ``transactions``, ``attempts``, ``history``
   and the other reads, without a lock.
 

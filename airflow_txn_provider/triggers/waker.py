@@ -10,8 +10,7 @@ that exists answers 409), as a trigger's work must be (triggers may run twice).
 
 Every ``poll_interval`` it asks the coordinator's rule which new txid is due
 (:func:`~airflow_txn_provider.rules.waiting.new_txid_due`: the next txid, if the window has room)
-and,
-if there is one, whether the source has data for it: the same question a begin asks, asked
+and, if there is one, whether the source has data for it: the same question a begin asks, asked
 without recording anything. The log is read on every poll while txids are in flight, and every
 ``QUIET_LOG_EVERY`` seconds when none is (nothing but a person's rewind or rerun changes it then,
 and those restart their runs themselves); the source, which is where new data appears, on every

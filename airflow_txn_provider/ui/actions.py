@@ -3,8 +3,7 @@
 ``POST /transactions/api/pipelines/{pipeline}/rewind`` with ``{"to_txid": N}`` (and optionally
 ``job_version``, ``reason``, ``restart_runs``) rewinds the pipeline to txid N
 (:mod:`airflow_txn_provider.transactions.rewind`): every Postgres state back to after N - 1, every
-txid from
-N re-queued, then their runs restarted through the REST API as the failure sensor does.
+txid from N re-queued, then their runs restarted through the REST API as the failure sensor does.
 
 Who may: a user who may **edit** every DAG that runs the pipeline (the auth manager's
 ``is_authorized_dag`` with ``PUT``, the right Airflow asks to clear a DAG's runs); a pipeline

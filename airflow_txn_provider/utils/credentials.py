@@ -5,9 +5,8 @@ its spec travels in ``spark-submit``'s arguments, which ``ps`` and the task log'
 cmd" line show. :func:`connection_url` looks the connection up where it is used (Airflow's
 lookup: ``AIRFLOW_CONN_<ID>`` in the environment, then the deployment's secrets backend) and
 registers its password with :mod:`~airflow_txn_provider.utils.redaction`; :func:`connection_env`
-hands
-its URL to a ``spark-submit`` driver through that process's environment, readable by its own user
-alone.
+hands its URL to a ``spark-submit`` driver through that process's environment, readable by its own
+user alone.
 
 Airflow is imported lazily here: the Iceberg sink imports this module in a Spark driver too.
 """

@@ -16,10 +16,9 @@ Every retry loop of the provider takes its backoff from :class:`Backoff`, here: 
 (:mod:`airflow_txn_provider.triggers.txn_log`), the REST hook
 (:mod:`airflow_txn_provider.hooks.airflow_api`) and the Spark Connect runner's first session
 (:mod:`airflow_txn_provider.operators.spark_runner`). Each loop keeps its own numbers, what it
-retries and
-its log lines. The two with rules of their own between tries (the trigger yields its event and
-waits out an unregistered pipeline; the REST hook returns its last answer when out of time and
-never resends a POST that may have been processed) call :meth:`Backoff.wait` and
+retries and its log lines. The two with rules of their own between tries (the trigger yields its
+event and waits out an unregistered pipeline; the REST hook returns its last answer when out of time
+and never resends a POST that may have been processed) call :meth:`Backoff.wait` and
 :meth:`Backoff.out_of_time` themselves; the others run tenacity through :meth:`Backoff.retrying`.
 Not ours: PySpark's client retries within a Spark Connect call (bounded by
 :func:`~airflow_txn_provider.spark.connect_sessions.bound_client_retries`) and Airflow's task

@@ -1,9 +1,8 @@
 """Alembic environment of the transaction log.
 
 Run programmatically by :func:`airflow_txn_provider.log.schema.upgrade`, which passes an open
-connection
-in ``config.attributes["connection"]``. The version table is ``txn_alembic_version`` so the log can
-share a database with Airflow's own metadata (which uses ``alembic_version``).
+connection in ``config.attributes["connection"]``. The version table is ``txn_alembic_version`` so
+the log can share a database with Airflow's own metadata (which uses ``alembic_version``).
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
 """OpenLineage answers of a txid's tasks (airflow_txn_provider/utils/lineage.py), built and
-serialized
-with the real OpenLineage client and validated against the spec's JSON schemas and the
+serialized with the real OpenLineage client and validated against the spec's JSON schemas and the
 provider's own; the log is a fake (the real one: test_kafka_airflow.py, test_credentials.py)."""
 
 from __future__ import annotations
