@@ -17,6 +17,12 @@ from airflow_txn_provider.rules.exceptions import RequeueError
 from txn_testing.postgres import free_port
 
 
+TIMEOUT = 2.0
+"""The hook's read timeout: long enough that a loaded machine's server answers within it."""
+SLOW = TIMEOUT + 1.5
+"""How long a ``"slow"`` answer takes: past the timeout."""
+
+
 class Scripted(ThreadingHTTPServer):
     """Answers the n-th request with ``answers[n]`` (the last one repeated): a status, or
     ``"slow"`` to answer 200 after the client gave up. Records each request's method."""
@@ -37,7 +43,7 @@ class Handler(BaseHTTPRequestHandler):
         answers = self.server.answers
         answer = answers[min(len(self.server.seen), len(answers)) - 1]
         if answer == "slow":
-            time.sleep(1.0)
+            time.sleep(SLOW)
             answer = 200
         body = json.dumps({"task_instances": []}).encode()
         self.send_response(int(answer))
@@ -69,7 +75,7 @@ def serve():
 
 
 def hook_for(url: str) -> AirflowApiHook:
-    hook = AirflowApiHook(timeout=0.3, outage_timeout=3.0)
+    hook = AirflowApiHook(timeout=TIMEOUT, outage_timeout=3.0)
     hook.base_url = lambda: url  # type: ignore[method-assign]
     hook._token = "token"  # no /auth/token round trip
     return hook
@@ -103,7 +109,7 @@ def test_a_clear_whose_answer_timed_out_is_not_sent_again(serve):
     server, hook = serve(["slow", 200])
     with pytest.raises(RequeueError, match="may or may not have been processed"):
         clear(hook)
-    time.sleep(1.0)  # the server finished the slow answer: still one request
+    time.sleep(SLOW)  # the server finished the slow answer: still one request
     assert server.seen == ["POST"]
 
 
