@@ -16,7 +16,6 @@ from airflow_txn_provider.hooks.airflow_api import AirflowApiHook
 from airflow_txn_provider.rules.exceptions import RequeueError
 from txn_testing.postgres import free_port
 
-
 TIMEOUT = 2.0
 """The hook's read timeout: long enough that a loaded machine's server answers within it."""
 SLOW = TIMEOUT + 1.5
