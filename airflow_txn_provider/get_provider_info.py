@@ -98,6 +98,21 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "4",
                         "default": "4",
                     },
+                    "run_ahead_waits": {
+                        "description": (
+                            "How many run aheads (the claim of the txid just past a full window) "
+                            "may wait in a worker at once for their window to move, all "
+                            "pipelines of one transaction log together; the others defer to the "
+                            "triggerer. A waiting claim begins the moment the oldest txid "
+                            "commits, but holds a worker slot meanwhile: with many backlogged "
+                            "pipelines, unbounded waits would take the slots of the processing "
+                            "tasks they wait for. 0: every run ahead defers."
+                        ),
+                        "version_added": "0.2.0",
+                        "type": "integer",
+                        "example": "2",
+                        "default": "2",
+                    },
                 },
             }
         },

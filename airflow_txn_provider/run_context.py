@@ -8,6 +8,7 @@ helpers live here, apart from either: the sensor does not import the operators.
 from __future__ import annotations
 
 import time
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk.exceptions import AirflowFailException
@@ -17,6 +18,7 @@ from airflow_txn_provider.timetables import txid_from_run_id
 if TYPE_CHECKING:
     from airflow.sdk import BaseOperator, Context
 
+    from airflow_txn_provider.log.advisory import HeldSlot
     from airflow_txn_provider.pipeline import TxnPipeline
     from airflow_txn_provider.transactions.transaction_log import TransactionLog
     from airflow_txn_provider.triggers.txn_log import TxnLogTrigger
@@ -122,22 +124,53 @@ move, before it defers (see :func:`~airflow_txn_provider.rules.waiting.txid_ahea
 that is about one txid's processing away."""
 AHEAD_POLL = 0.1
 """Seconds between two looks at the log while it waits (one indexed read each)."""
+AHEAD_WAITS_OPTION = "run_ahead_waits"
+DEFAULT_AHEAD_WAITS = 2
+_AHEAD_LOCK_CLASS = 0x7478_6E41  # "txnA": the advisory locks of the run ahead's wait slots
+
+
+def ahead_waits() -> int:
+    """``[txn_provider] run_ahead_waits``: how many run aheads of one log may wait in workers at
+    once, all pipelines together (0: none waits, each defers at once)."""
+    from airflow.configuration import conf
+
+    n = conf.getint("txn_provider", AHEAD_WAITS_OPTION, fallback=DEFAULT_AHEAD_WAITS)
+    if n < 0:
+        raise ValueError(f"[txn_provider] {AHEAD_WAITS_OPTION} must be >= 0, got {n}")
+    return n
+
+
+def ahead_wait_slot(log: TransactionLog) -> AbstractContextManager[HeldSlot | None]:
+    """One of the log's :func:`ahead_waits` wait slots, held for the block; ``None`` if all are
+    taken."""
+    from airflow_txn_provider.log.advisory import held_slot
+
+    return held_slot(log.engine, _AHEAD_LOCK_CLASS, range(ahead_waits()))
 
 
 def window_moved(log: TransactionLog, pipeline: str, txid: int, deadline: float) -> bool:
     """Wait until ``txid`` may begin (the oldest txid committed), if it is the txid just past the
-    full window; ``False`` at once for any other (a rewind's later txids: they defer) and once
-    ``deadline`` (``time.monotonic``) passes."""
+    full window and one of the log's :func:`ahead_waits` wait slots is free; ``False`` at once for
+    any other txid (a rewind's later txids: they defer) or with every slot taken, and once
+    ``deadline`` (``time.monotonic``) passes.
+
+    The slots bound the worker slots that waits hold: with many pipelines backlogged, a run ahead
+    per pipeline waiting in a worker would take the slots of the processing tasks whose commits it
+    waits for (``make bench-pipelines``, N = 100).
+    """
     from airflow_txn_provider.rules.waiting import may_begin_now, txid_ahead
 
     view = log.view(pipeline)
     if txid_ahead(view) != txid:
         return False
-    while time.monotonic() < deadline:
-        time.sleep(AHEAD_POLL)
-        view = log.view(pipeline)
-        if may_begin_now(view, txid):
-            return True
-        if txid_ahead(view) != txid:
+    with ahead_wait_slot(log) as slot:
+        if slot is None:
             return False
+        while time.monotonic() < deadline:
+            time.sleep(AHEAD_POLL)
+            view = log.view(pipeline)
+            if may_begin_now(view, txid):
+                return True
+            if txid_ahead(view) != txid:
+                return False
     return False

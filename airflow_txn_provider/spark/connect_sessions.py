@@ -38,10 +38,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import text
+from airflow_txn_provider.log.advisory import HeldSlot, held_slot
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import Connection, Engine
+    from sqlalchemy.engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -109,9 +109,9 @@ def is_session_closed(err: BaseException) -> bool:
 class SessionSlot:
     """A leased slot: ``session_ids()`` are the ids to try, in order."""
 
-    def __init__(self, pipeline: str, url: str, slot: int, conn: Connection) -> None:
-        self.pipeline, self.url, self.slot = pipeline, url, slot
-        self._conn: Connection | None = conn
+    def __init__(self, pipeline: str, url: str, held: HeldSlot) -> None:
+        self.pipeline, self.url, self.slot = pipeline, url, held.index
+        self._held = held
 
     def session_ids(self) -> Iterator[str]:
         # The server's address, not its parameters (a token): sc://host:port
@@ -120,19 +120,7 @@ class SessionSlot:
             yield slot_session_id(self.pipeline, server, self.slot, generation, now)
 
     def release(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is None:
-            return
-        try:
-            unlocked = conn.execute(
-                text("SELECT pg_advisory_unlock(:c, :s)"),
-                {"c": _SLOT_LOCK_CLASS, "s": _slot_key(self.pipeline, self.slot)},
-            ).scalar()
-        except Exception:  # the connection is gone, and its lock with it
-            unlocked = False
-        if not unlocked:
-            conn.invalidate()  # never back to the pool still holding the lock
-        conn.close()
+        self._held.release()
 
 
 def _slot_key(pipeline: str, slot: int) -> int:
@@ -145,32 +133,10 @@ def _slot_key(pipeline: str, slot: int) -> int:
 def leased_slot(engine: Engine, pipeline: str, url: str) -> Iterator[SessionSlot | None]:
     """The first free session slot of ``pipeline``, held until the block ends; ``None`` when all
     are taken or the lock cannot be had (the caller then uses a session of its own)."""
-    slot: SessionSlot | None = None
-    try:
-        slot = _lease(engine, pipeline, url)
-    except Exception as err:  # the log is restarting: reuse is an optimisation, not a must
-        log.warning("no Spark session slot for %s: %s", pipeline, err)
-    try:
-        yield slot
-    finally:
-        if slot is not None:
-            slot.release()
-
-
-def _lease(engine: Engine, pipeline: str, url: str) -> SessionSlot | None:
-    conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
-    try:
-        for n in range(SLOTS):
-            got = conn.execute(
-                text("SELECT pg_try_advisory_lock(:c, :s)"),
-                {"c": _SLOT_LOCK_CLASS, "s": _slot_key(pipeline, n)},
-            ).scalar()
-            if got:
-                return SessionSlot(pipeline, url, n, conn)
-    except BaseException:
-        conn.invalidate()  # whatever it holds goes with it
-        conn.close()
-        raise
-    conn.close()
-    log.info("all %d Spark session slots of %s are taken: a session of its own", SLOTS, pipeline)
-    return None
+    keys = [_slot_key(pipeline, n) for n in range(SLOTS)]
+    with held_slot(engine, _SLOT_LOCK_CLASS, keys) as held:
+        if held is None:
+            log.info("no free Spark session slot of %s (%d): a session of its own", pipeline, SLOTS)
+            yield None
+        else:
+            yield SessionSlot(pipeline, url, held)

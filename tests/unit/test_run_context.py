@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 
 import pytest
 
@@ -30,6 +31,7 @@ FAILED = view((4, 2, FAIL), (5, 1, FAIL), last=3, max_pending=2)  # the cascade:
 @pytest.fixture
 def fast(monkeypatch):
     monkeypatch.setattr(run_context, "AHEAD_POLL", 0.001)
+    monkeypatch.setattr(run_context, "ahead_wait_slot", lambda log: nullcontext("a slot"))
 
 
 def test_the_run_ahead_begins_once_the_oldest_txid_commits(fast):
@@ -55,3 +57,24 @@ def test_the_run_ahead_waits_no_longer_than_its_deadline(fast):
     started = time.monotonic()
     assert not run_context.window_moved(log, "p", 6, started + 0.05)
     assert 0.05 <= time.monotonic() - started < 2 and log.looks > 2
+
+
+def test_with_every_wait_slot_taken_the_run_ahead_defers_at_once(fast, monkeypatch):
+    monkeypatch.setattr(run_context, "ahead_wait_slot", lambda log: nullcontext(None))
+    log = Log(FULL, MOVED)
+    started = time.monotonic()
+    assert not run_context.window_moved(log, "p", 6, started + 5)
+    assert log.looks == 1 and time.monotonic() - started < 1
+
+
+@pytest.mark.parametrize(("configured", "expected"), [(None, 2), ("0", 0), ("5", 5)])
+def test_the_wait_slots_come_from_the_provider_config(monkeypatch, configured, expected):
+    if configured is not None:
+        monkeypatch.setenv("AIRFLOW__TXN_PROVIDER__RUN_AHEAD_WAITS", configured)
+    assert run_context.ahead_waits() == expected
+
+
+def test_a_negative_wait_slot_count_is_refused(monkeypatch):
+    monkeypatch.setenv("AIRFLOW__TXN_PROVIDER__RUN_AHEAD_WAITS", "-1")
+    with pytest.raises(ValueError, match="run_ahead_waits must be >= 0"):
+        run_context.ahead_waits()

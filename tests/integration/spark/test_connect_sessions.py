@@ -102,7 +102,7 @@ def test_processes_at_once_lease_different_slots_and_a_dead_holder_frees_its_own
         assert next(first.session_ids()) != next(second.session_ids())
         with leased_slot(engine, "other", url) as other:
             assert other.slot == 0  # another pipeline's slots are its own
-        pid = first._conn.execute(text("SELECT pg_backend_pid()")).scalar()
+        pid = first._held._conn.execute(text("SELECT pg_backend_pid()")).scalar()
         with engine.connect() as admin:
             admin.execute(text("SELECT pg_terminate_backend(:p)"), {"p": pid})
             admin.commit()

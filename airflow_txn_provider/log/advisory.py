@@ -1,0 +1,79 @@
+"""Slots held with Postgres advisory locks: at most so many processes do a thing at once.
+
+A slot is a session-level advisory lock on a connection of the slot's own, held until released:
+a process that dies drops it with its connection, so no slot outlives its holder and none needs
+cleaning up. The locks live in the log's database; ``lock_class`` (the first of the two int4
+keys) keeps each use's slots apart.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+from sqlalchemy import text
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection, Engine
+
+log = logging.getLogger(__name__)
+
+
+class HeldSlot:
+    """An advisory lock held on a connection of its own; ``index`` is its place in the keys."""
+
+    def __init__(self, conn: Connection, lock_class: int, key: int, index: int) -> None:
+        self.lock_class, self.key, self.index = lock_class, key, index
+        self._conn: Connection | None = conn
+
+    def release(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        try:
+            unlocked = conn.execute(
+                text("SELECT pg_advisory_unlock(:c, :k)"), {"c": self.lock_class, "k": self.key}
+            ).scalar()
+        except Exception:  # the connection is gone, and its lock with it
+            unlocked = False
+        if not unlocked:
+            conn.invalidate()  # never back to the pool still holding the lock
+        conn.close()
+
+
+def try_hold(engine: Engine, lock_class: int, keys: Iterable[int]) -> HeldSlot | None:
+    """The first of ``keys`` whose lock is free, now held; ``None`` when every one is taken."""
+    conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+    try:
+        for index, key in enumerate(keys):
+            got = conn.execute(
+                text("SELECT pg_try_advisory_lock(:c, :k)"), {"c": lock_class, "k": key}
+            ).scalar()
+            if got:
+                return HeldSlot(conn, lock_class, key, index)
+    except BaseException:
+        conn.invalidate()  # whatever it holds goes with it
+        conn.close()
+        raise
+    conn.close()
+    return None
+
+
+@contextmanager
+def held_slot(engine: Engine, lock_class: int, keys: Iterable[int]) -> Iterator[HeldSlot | None]:
+    """:func:`try_hold` for the block; ``None`` when every slot is taken or the log cannot be
+    reached (callers treat a slot as an optimisation: without one, they do the slower thing)."""
+    slot: HeldSlot | None = None
+    try:
+        slot = try_hold(engine, lock_class, keys)
+    except Exception as err:  # the log is restarting
+        log.warning(
+            "no advisory slot (lock class %#x): %s: %s", lock_class, type(err).__name__, err
+        )
+    try:
+        yield slot
+    finally:
+        if slot is not None:
+            slot.release()
