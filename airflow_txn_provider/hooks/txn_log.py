@@ -21,8 +21,8 @@ if TYPE_CHECKING:
     from airflow.sdk import Connection
     from sqlalchemy.engine import URL, Engine
 
-ASYNC_DRIVER = "postgresql+psycopg"
-"""psycopg 3, for the triggers' async engines."""
+ASYNC_DRIVER = SYNC_DRIVER
+"""psycopg 3 serves the triggers' async engines too (SQLAlchemy picks its async mode)."""
 
 _ENGINES: dict[str, Engine] = {}
 """One engine (and connection pool) per log URL and process: a task opens the log several times
@@ -91,10 +91,6 @@ class TxnLogHook(PostgresHook):
         except Exception as err:
             raise _connection_error(self.txn_log_conn_id, err) from None
 
-    def _override_url(self) -> str | None:
-        extra = self._log_connection().extra_dejson or {}
-        return str(extra["sqlalchemy_url"]) if "sqlalchemy_url" in extra else None
-
     @property
     def sqlalchemy_url(self) -> URL:
         """``extra.sqlalchemy_url`` if set, else PostgresHook's URL of the connection with this
@@ -105,9 +101,8 @@ class TxnLogHook(PostgresHook):
         )
 
     def get_uri(self) -> str:
-        """The URL as text, password included (``extra.sqlalchemy_url`` exactly as given)."""
-        override = self._override_url()
-        return override if override is not None else super().get_uri()
+        """:attr:`sqlalchemy_url` as text, password included."""
+        return self.sqlalchemy_url.render_as_string(hide_password=False)
 
     async def async_sqlalchemy_url(self) -> URL:
         """The URL with psycopg 3's async driver, for triggers (connection looked up async)."""

@@ -52,14 +52,13 @@ from airflow_txn_provider.transactions.declaration import PipelineDeclarations
 from airflow_txn_provider.transactions.pipeline_transitions import PipelineTransitions
 from airflow_txn_provider.transactions.retention import LogRetention
 from airflow_txn_provider.transactions.rewind import LogRewind
+from airflow_txn_provider.utils.credentials import LOG_DRIVER
 from airflow_txn_provider.utils.retries import DEFAULT_OUTAGE_TIMEOUT, retrying
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
-DRIVER = "psycopg"
-"""The log's driver: psycopg 3, whose binary ``COPY`` stages partial results (no text round trip:
-every key is stored as it is, a carriage return included)."""
+DRIVER = LOG_DRIVER
 
 
 def engine_from_url(url: str, **kwargs: Any) -> Engine:

@@ -25,8 +25,10 @@ if TYPE_CHECKING:
     from airflow.sdk import Connection
     from sqlalchemy.engine import URL
 
-SYNC_DRIVER = "postgresql+psycopg"
-"""The log's driver: psycopg 3 (it stages with binary ``COPY``), PostgresHook's default too."""
+LOG_DRIVER = "psycopg"
+"""The log's driver: psycopg 3, whose binary ``COPY`` stages partial results (no text round trip:
+every key is stored as it is, a carriage return included); PostgresHook's default too."""
+SYNC_DRIVER = f"postgresql+{LOG_DRIVER}"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 5432
 DEFAULT_DATABASE = "postgres"
@@ -57,9 +59,10 @@ def _looked_up_url(conn_id: str, what: str) -> str:
 
     try:
         return postgres_url(conn_id).render_as_string(hide_password=False)
-    except Exception:
+    except Exception as err:  # its text may quote the URL: the type alone says which way it failed
         raise TxnConfigError(
-            f"the Airflow connection {conn_id!r} ({what}) is missing or unreadable: create it "
+            f"the Airflow connection {conn_id!r} ({what}) is missing or unreadable "
+            f"({type(err).__name__}): create it "
             f"(a Postgres database) in Admin > Connections or a secrets backend, or set "
             f"AIRFLOW_CONN_{conn_id.upper()}=postgresql://user:password@host:5432/database"
         ) from None

@@ -114,6 +114,17 @@ def test_a_missing_connection_says_what_to_set(tmp_path, monkeypatch):
         credentials.connection_url("no_such_cat", what="the catalog")
 
 
+def test_an_unreadable_connection_names_the_failure_but_never_its_text(monkeypatch):
+    """A connection URI Airflow cannot parse: the error says which way the lookup failed (the
+    exception's type), and not its text, which may quote the password."""
+    monkeypatch.setenv("AIRFLOW_CONN_BAD_CAT", f"postgresql://ice:{SECRET}@127.0.0.1:notaport/cat")
+    with pytest.raises(
+        TxnConfigError, match=r"'bad_cat' \(the catalog\) is missing or unreadable \(\w+\)"
+    ) as err:
+        credentials.connection_url("bad_cat", what="the catalog")
+    assert SECRET not in str(err.value)
+
+
 def test_a_task_hands_its_driver_the_url_in_the_environment(monkeypatch, tmp_path):
     """A task looks the connection up with Airflow and hands the URL over; the driver, which
     cannot import Airflow (a task's children inherit a metadata-database URL it refuses), reads
