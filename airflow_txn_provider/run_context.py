@@ -148,6 +148,18 @@ def ahead_wait_slot(log: TransactionLog) -> AbstractContextManager[HeldSlot | No
     return held_slot(log.engine, _AHEAD_LOCK_CLASS, range(ahead_waits()))
 
 
+def ahead_wait_slot_free(log: TransactionLog) -> bool:
+    """Whether one of the log's wait slots is free now: a claim creates the run ahead only then
+    (:func:`~airflow_txn_provider.triggers.waker.create_next_run`). ``False`` when the log cannot
+    say: the waker creates the run once the window has room."""
+    from airflow_txn_provider.log.advisory import held_count
+
+    try:
+        return held_count(log.engine, _AHEAD_LOCK_CLASS) < ahead_waits()
+    except Exception:  # an optimisation: without it, the waker's way
+        return False
+
+
 def window_moved(log: TransactionLog, pipeline: str, txid: int, deadline: float) -> bool:
     """Wait until ``txid`` may begin (the oldest txid committed), if it is the txid just past the
     full window and one of the log's :func:`ahead_waits` wait slots is free; ``False`` at once for

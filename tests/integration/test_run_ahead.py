@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy import text
 
 from airflow_txn_provider import run_context
+from airflow_txn_provider.log.advisory import held_count
 from airflow_txn_provider.rules.sources import TransactionalSource
 from airflow_txn_provider.rules.vocabulary import BeginAction
 from tests.conftest import wait_until
@@ -30,16 +31,7 @@ def _full_window(txlog, pipeline: str) -> None:
 
 
 def _wait_slots_held(engine) -> int:
-    with engine.connect() as conn:
-        return int(
-            conn.execute(
-                text(
-                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted "
-                    "AND classid = :c"
-                ),
-                {"c": run_context._AHEAD_LOCK_CLASS},
-            ).scalar()
-        )
+    return held_count(engine, run_context._AHEAD_LOCK_CLASS)
 
 
 @pytest.fixture
@@ -51,6 +43,7 @@ def one_wait_slot(monkeypatch):
 def test_a_run_ahead_waits_for_the_commit_and_a_second_finds_no_slot(txlog, one_wait_slot):
     for pipeline in ("p", "q"):
         _full_window(txlog, pipeline)
+    assert run_context.ahead_wait_slot_free(txlog)
     moved: list[bool] = []
     waiter = threading.Thread(
         target=lambda: moved.append(run_context.window_moved(txlog, "p", 3, time.monotonic() + 30))
@@ -58,7 +51,9 @@ def test_a_run_ahead_waits_for_the_commit_and_a_second_finds_no_slot(txlog, one_
     waiter.start()
     wait_until(lambda: _wait_slots_held(txlog.engine) == 1, 10, "p's run ahead to hold a slot")
 
-    # Another pipeline's run ahead: the log's one slot is taken, so it defers at once.
+    # A claim now creates no run ahead (it would defer), and another pipeline's run ahead (one
+    # created before) finds the log's one slot taken, so it defers at once.
+    assert not run_context.ahead_wait_slot_free(txlog)
     started = time.monotonic()
     assert not run_context.window_moved(txlog, "q", 3, started + 30)
     assert time.monotonic() - started < 2
@@ -69,6 +64,7 @@ def test_a_run_ahead_waits_for_the_commit_and_a_second_finds_no_slot(txlog, one_
     assert moved == [True]
     assert txlog.begin("p", 3, Tens()).emitted
     assert _wait_slots_held(txlog.engine) == 0  # released once the wait ended
+    assert run_context.ahead_wait_slot_free(txlog)
 
 
 def test_no_wait_slots_configured_means_every_run_ahead_defers(txlog, monkeypatch):

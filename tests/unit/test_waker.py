@@ -237,6 +237,21 @@ def test_a_claim_creates_the_run_just_past_a_full_window_and_no_further():
     assert source.asked == []
 
 
+def test_no_run_is_created_ahead_without_a_free_wait_slot_but_a_due_one_is():
+    from airflow_txn_provider.triggers.waker import create_next_run
+
+    full = view((4, 1, PROC), (5, 1, PROC), last=3, max_pending=2)
+    source = Batches(100)
+    assert not create_next_run(full, source, 5, {"end": 50}, lambda n: True, may_wait_ahead=False)
+    assert source.asked == []  # the waker creates txid 6's run once the window has room
+    made: list[int] = []
+    room = view((4, 1, PROC), last=3, max_pending=2)
+    assert create_next_run(
+        room, Batches(100), 4, {"end": 40}, lambda n: made.append(n) or True, may_wait_ahead=False
+    )
+    assert made == [5]
+
+
 def test_no_run_is_created_ahead_while_a_failed_txid_waits_to_replay():
     from airflow_txn_provider.triggers.waker import create_next_run
 
