@@ -44,8 +44,10 @@ $(STAMP): requirements.lock pyproject.toml scripts/system-deps.sh
 	$(UV) pip install -q --python $(PY) -r requirements.lock
 	@# apache-airflow-providers-apache-spark pulls pyspark-client, whose Python files overwrite
 	@# pyspark's: reinstall pyspark last so its Python and its jars are the same version
-	@# (tests/test_install.py asserts it).
-	$(UV) pip install -q --python $(PY) --no-deps --reinstall pyspark==$(PYSPARK_VERSION)
+	@# (tests/test_install.py asserts it). Uninstall, then install: `--reinstall` implies
+	@# `--refresh`, which builds pyspark's sdist a second time instead of taking the wheel built above.
+	$(UV) pip uninstall -q --python $(PY) pyspark
+	$(UV) pip install -q --python $(PY) --no-deps pyspark==$(PYSPARK_VERSION)
 	$(UV) pip install -q --python $(PY) --no-deps -e .
 	touch $(STAMP)
 
