@@ -34,9 +34,11 @@ Usage: python benchmarks/bench_peer.py [--sizes 100000:20,1000000:10] [--max-pen
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -424,6 +426,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--spark-floor-of", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--spark-floor-batches", type=int, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the work folder (data, logs) after the run"
+    )
     args = parser.parse_args(argv)
     if args.spark_floor_of:  # the child process of run_spark_floor
         spark_floor_batches(args.spark_floor_of, args.spark_floor_batches)
@@ -437,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     workdir = Path(tempfile.mkdtemp(prefix="bench-peer-"))
     workdir.chmod(0o755)
+    if not args.keep:  # its Postgres servers and data: hundreds of MB a run
+        atexit.register(shutil.rmtree, workdir, True)
     datasets = {}
     for rows, batches in sizes:
         name = f"peer_{rows}"

@@ -30,9 +30,11 @@ Usage: python benchmarks/bench_pipelines.py [--pipelines 20] [--max-pending 4] [
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -377,6 +379,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--one-file", action="store_true", help="all N pipelines in one DAG file (dynamic DAGs)"
     )
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the work folder (data, logs) after the run"
+    )
     args = parser.parse_args(argv)
     print(
         f"bench-pipelines: seed {args.seed}, N = {args.pipelines}, max_pending "
@@ -385,6 +390,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     workdir = Path(tempfile.mkdtemp(prefix="bench-pipelines-"))
     workdir.chmod(0o755)
+    if not args.keep:  # its Postgres servers and data: hundreds of MB a run
+        atexit.register(shutil.rmtree, workdir, True)
     result = run(args, workdir)
     return 0 if report(args, result) else 1
 
