@@ -64,16 +64,15 @@ def try_hold(engine: Engine, lock_class: int, keys: Iterable[int]) -> HeldSlot |
 def held_count(engine: Engine, lock_class: int) -> int:
     """How many of ``lock_class``'s slots are held now, by anyone, in the log's database."""
     with engine.connect() as conn:
-        return int(
-            conn.execute(
-                text(
-                    "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
-                    "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 "
-                    "AND l.classid = :c AND d.datname = current_database()"
-                ),
-                {"c": lock_class},
-            ).scalar()
-        )
+        held = conn.execute(
+            text(
+                "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database "
+                "WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 "
+                "AND l.classid = :c AND d.datname = current_database()"
+            ),
+            {"c": lock_class},
+        ).scalar_one()
+    return int(held)
 
 
 @contextmanager
