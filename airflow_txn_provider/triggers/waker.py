@@ -70,21 +70,20 @@ def create_next_run(
     metadata: Any,
     create: Callable[[int], bool],
     *,
-    may_wait_ahead: bool = True,
+    may_wait_ahead: Callable[[], bool] = lambda: True,
 ) -> bool:
     """Right after ``txid`` began with ``metadata`` (``view`` read since): create the run of
     ``txid + 1`` if it is due, or just past the full window (:func:`~airflow_txn_provider.
-    waiting.txid_ahead`: its claim waits in its worker for the window to move) while
-    ``may_wait_ahead`` (a wait slot is free), and the source has data after ``metadata``. The
+    waiting.txid_ahead`: its claim waits in its worker for the window to move) if
+    ``may_wait_ahead()`` (a wait slot is free: asked only then), and the source has data after
+    ``metadata``. The
     waker's question, asked by the claim at once rather than at the waker's next poll, so that a
     backlog fills the window, and keeps it full, without a poll and a scheduling round per txid.
     Returns whether a run was created (``create`` answers False for a run that exists).
 
     A run ahead with no wait slot would defer, then start a second time once the window moves:
     a task start more per txid than the run the waker creates when the window has room."""
-    due = new_txid_due(view)
-    ahead = txid_ahead(view) if may_wait_ahead else None
-    if txid + 1 not in (due, ahead):
+    if txid + 1 != new_txid_due(view) and not (txid + 1 == txid_ahead(view) and may_wait_ahead()):
         return False
     if not source_has_data(source, txid + 1, metadata):
         return False
@@ -111,14 +110,13 @@ def start_next_run(
             api = AirflowApiHook(pipeline.airflow_api_conn_id, outage_timeout=10.0)
             source = source_from_spec(pipeline.source.to_spec())  # its own: no cache shared
             view = log.view(pipeline.name)
-            free = txid_ahead(view) == txid + 1 and ahead_wait_slot_free(log)
             if create_next_run(
                 view,
                 source,
                 txid,
                 metadata,
                 lambda n: api.create_txid_run(dag_id, n),
-                may_wait_ahead=free,
+                may_wait_ahead=lambda: ahead_wait_slot_free(log),
             ):
                 msg = "pipeline=%s txid=%s: more data waits: txid %s's run is created"
                 logger.info(msg, pipeline.name, txid, txid + 1)

@@ -242,12 +242,19 @@ def test_no_run_is_created_ahead_without_a_free_wait_slot_but_a_due_one_is():
 
     full = view((4, 1, PROC), (5, 1, PROC), last=3, max_pending=2)
     source = Batches(100)
-    assert not create_next_run(full, source, 5, {"end": 50}, lambda n: True, may_wait_ahead=False)
+    assert not create_next_run(
+        full, source, 5, {"end": 50}, lambda n: True, may_wait_ahead=lambda: False
+    )
     assert source.asked == []  # the waker creates txid 6's run once the window has room
     made: list[int] = []
     room = view((4, 1, PROC), last=3, max_pending=2)
     assert create_next_run(
-        room, Batches(100), 4, {"end": 40}, lambda n: made.append(n) or True, may_wait_ahead=False
+        room,
+        Batches(100),
+        4,
+        {"end": 40},
+        lambda n: made.append(n) or True,
+        may_wait_ahead=lambda: False,
     )
     assert made == [5]
 
