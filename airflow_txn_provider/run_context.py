@@ -11,8 +11,7 @@ import time
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
-from airflow.sdk.exceptions import AirflowFailException
-
+from airflow_txn_provider.compat.airflow import AirflowFailException
 from airflow_txn_provider.timetables import txid_from_run_id
 
 if TYPE_CHECKING:
@@ -83,10 +82,13 @@ def start_in_triggerer(
     process unless the trigger wakes ``next_method``. Most txids then need one worker-task start
     in all, their processing: a task start costs more CPU than the commit's SQL (issue 27).
     ``dag.test()`` and a worker that runs such a task anyway call ``execute``, which waits the
-    classic way (deferring from the worker)."""
+    classic way (deferring from the worker), as every task does on Airflow 3.1 and 3.2, whose
+    scheduler ignores ``start_from_trigger`` (``compat.airflow.STARTS_FROM_TRIGGER``)."""
     from airflow.triggers.base import StartTriggerArgs
 
-    if not enabled:
+    from airflow_txn_provider.compat.airflow import STARTS_FROM_TRIGGER
+
+    if not (enabled and STARTS_FROM_TRIGGER):
         return
     path, kwargs = trigger.serialize()
     task.start_from_trigger = True

@@ -153,14 +153,15 @@ class SparkConnectServer:
 
         deadline = time.monotonic() + timeout
         last: Exception | None = None
-        assert self._proc is not None
+        assert self._proc is not None and self.port is not None
+        port = self.port
         while time.monotonic() < deadline:
             if not self._proc.alive():
                 raise RuntimeError(f"Spark Connect server exited:\n{self._proc.tail()}")
             try:
                 # The port first: a gRPC channel that failed to connect backs off (up to
                 # minutes) before it tries again, so a session is opened only once it listens.
-                socket.create_connection((LOOPBACK, self.port), timeout=1).close()
+                socket.create_connection((LOOPBACK, port), timeout=1).close()
                 with keep_classic_mode():
                     session = SparkSession.builder.remote(self.url).create()
                     bound_client_retries(session)

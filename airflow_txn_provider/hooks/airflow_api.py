@@ -13,13 +13,15 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 from airflow.sdk import BaseHook
 
+from airflow_txn_provider.compat.airflow import CLEAR_TAKES_NOTE
+from airflow_txn_provider.compat.python import UTC
 from airflow_txn_provider.rules.exceptions import RequeueError
 from airflow_txn_provider.utils.retries import Backoff
 
@@ -121,12 +123,14 @@ class AirflowApiHook(BaseHook):
         else:
             assert logical_dates is not None
             body["start_date"], body["end_date"] = (d.isoformat() for d in logical_dates)
-        if note:
+        if note and CLEAR_TAKES_NOTE:
             body["note"] = note[:1000]
         found = self.request("POST", f"/api/v2/dags/{quote(dag_id)}/clearTaskInstances", json=body)
-        return sorted(
-            {f"{ti['dag_run_id']}: {ti['task_id']}" for ti in found.get("task_instances", [])}
-        )
+        cleared = found.get("task_instances", [])
+        if note and not CLEAR_TAKES_NOTE:  # Airflow 3.1, 3.2: the note on each cleared run
+            for cleared_run in sorted({ti["dag_run_id"] for ti in cleared}):
+                self.set_run_note(dag_id, cleared_run, note)
+        return sorted({f"{ti['dag_run_id']}: {ti['task_id']}" for ti in cleared})
 
     def create_txid_run(self, dag_id: str, txid: int) -> bool:
         """Create the DAG run of ``txid`` (run id ``txid-00000N``, its logical date on the txid

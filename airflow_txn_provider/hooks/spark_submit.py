@@ -17,8 +17,8 @@ from typing import Any, cast
 
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.sdk import Connection
-from airflow.sdk.exceptions import AirflowNotFoundException
 
+from airflow_txn_provider.compat.airflow import AirflowNotFoundException
 from airflow_txn_provider.spark.job import LOG_URL_ENV
 
 log = logging.getLogger(__name__)

@@ -25,7 +25,6 @@ a send and its commit sends it again: at least once, never lost.
 from __future__ import annotations
 
 import copy
-import enum
 import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import exists, select, tuple_
 from sqlalchemy.dialects.postgresql import insert
 
+from airflow_txn_provider.compat.python import StrEnum
 from airflow_txn_provider.log.health import Health, PipelineHealth, judge, progress_times
 from airflow_txn_provider.log.models import ALERTS, ATTEMPTS
 from airflow_txn_provider.rules.vocabulary import FailureResponse, TxStatus
@@ -51,7 +51,7 @@ ALERT_CHECK_EVERY = 10.0
 """Seconds between two looks of the oldest txid's watch for a due alert (one extra query)."""
 
 
-class AlertKind(enum.StrEnum):
+class AlertKind(StrEnum):
     POISONED = "poisoned"
     STALLED = "stalled"
 

@@ -15,12 +15,12 @@ worker whose lease nobody expires all end up here. A pipeline with nothing uncom
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from airflow_txn_provider.compat.python import StrEnum
 from airflow_txn_provider.rules.vocabulary import TxStatus
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ STALL_AFTER = 600.0
 endpoint's default; ``?stall_after=`` changes it per request)."""
 
 
-class Health(enum.StrEnum):
+class Health(StrEnum):
     OK = "ok"
     IDLE = "idle"
     STALLED = "stalled"

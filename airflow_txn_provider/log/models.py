@@ -24,7 +24,6 @@ time, and adds them to the pipeline's ``pruned_*`` totals.
 
 from __future__ import annotations
 
-import enum
 from datetime import datetime
 from typing import Any, cast
 
@@ -47,6 +46,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from airflow_txn_provider.compat.python import StrEnum
 from airflow_txn_provider.rules.config import DEFAULT_KEEP_TXIDS
 from airflow_txn_provider.rules.exceptions import CorruptLogError
 from airflow_txn_provider.rules.vocabulary import (
@@ -68,7 +68,7 @@ NAMING_CONVENTION = {
 }
 
 
-class StrEnumText(TypeDecorator[enum.StrEnum]):
+class StrEnumText(TypeDecorator[StrEnum]):
     """A ``str`` enum of the vocabulary stored as its value in a ``VARCHAR(20)``: queries bind and
     read the enum, never a retyped literal.
 
@@ -79,7 +79,7 @@ class StrEnumText(TypeDecorator[enum.StrEnum]):
     impl = String(20)
     cache_ok = True
 
-    def __init__(self, enum_class: type[enum.StrEnum], what: str) -> None:
+    def __init__(self, enum_class: type[StrEnum], what: str) -> None:
         super().__init__()
         self.enum_class = enum_class
         self.what = what
@@ -87,7 +87,7 @@ class StrEnumText(TypeDecorator[enum.StrEnum]):
     def process_bind_param(self, value: Any, dialect: Dialect) -> str | None:
         return None if value is None else self.enum_class(value).value
 
-    def process_result_value(self, value: Any, dialect: Dialect) -> enum.StrEnum | None:
+    def process_result_value(self, value: Any, dialect: Dialect) -> StrEnum | None:
         if value is None:
             return None
         try:
@@ -96,7 +96,7 @@ class StrEnumText(TypeDecorator[enum.StrEnum]):
             raise CorruptLogError(f"unknown {self.what} {value!r}") from None
 
 
-def one_of(column: str, enum_class: type[enum.StrEnum]) -> str:
+def one_of(column: str, enum_class: type[StrEnum]) -> str:
     """A CHECK constraint's text allowing exactly the enum's values."""
     return f"{column} IN ({', '.join(repr(m.value) for m in enum_class)})"
 

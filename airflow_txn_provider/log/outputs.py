@@ -25,12 +25,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
+from airflow_txn_provider.compat.python import UTC
 from airflow_txn_provider.log.models import OUTPUTS, PIPELINES, STATE_REGISTRY, TRANSACTIONS
 from airflow_txn_provider.rules.exceptions import (
     OutputDeclarationError,

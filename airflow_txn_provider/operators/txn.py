@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
+from airflow_txn_provider.compat.airflow import AirflowFailException, AirflowSkipException
 from airflow_txn_provider.operators.run_retention import prune_airflow_runs
 from airflow_txn_provider.rules.config import CLAIM_TIMEOUT
 from airflow_txn_provider.rules.vocabulary import BeginAction

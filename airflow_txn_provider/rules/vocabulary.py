@@ -9,12 +9,12 @@ without importing any rule. Each is a ``str`` enum: stored and shown as its valu
 
 from __future__ import annotations
 
-import enum
+from airflow_txn_provider.compat.python import StrEnum
 
 # -- what the log records ----------------------------------------------------------------------
 
 
-class TxStatus(enum.StrEnum):
+class TxStatus(StrEnum):
     """Status of a txid's *current* attempt."""
 
     PROCESSING = "processing"
@@ -27,7 +27,7 @@ class TxStatus(enum.StrEnum):
     """The current attempt is dead; the txid waits to be re-emitted with a new attempt."""
 
 
-class SourceKind(enum.StrEnum):
+class SourceKind(StrEnum):
     """How a source replays a txid (Storm's transactional vs opaque spouts)."""
 
     TRANSACTIONAL = "transactional"
@@ -36,7 +36,7 @@ class SourceKind(enum.StrEnum):
     """A replay may differ: its metadata is recomputed from where the previous txid ended."""
 
 
-class StateKind(enum.StrEnum):
+class StateKind(StrEnum):
     """How a state applies a replayed txid (Trident's map states; the rules are in
     :mod:`airflow_txn_provider.state.kinds`)."""
 
@@ -48,7 +48,7 @@ class StateKind(enum.StrEnum):
     """Stores the value before the txid too, and re-applies a replay over it: for any source."""
 
 
-class OutputKind(enum.StrEnum):
+class OutputKind(StrEnum):
     """What a pipeline's output is (``txn_output``, :mod:`airflow_txn_provider.log.outputs`)."""
 
     STATE = "state"
@@ -57,7 +57,7 @@ class OutputKind(enum.StrEnum):
     """A lake table (:mod:`airflow_txn_provider.sinks`)."""
 
 
-class OutputStart(enum.StrEnum):
+class OutputStart(StrEnum):
     """How an output added to a pipeline that has begun txids starts: the declaration's choice
     (``TxnPipeline(start={name: …})``). Without one such a declaration is refused: the output
     would silently hold only the txids after it. The log records from which txid it is
@@ -70,7 +70,7 @@ class OutputStart(enum.StrEnum):
     # CHECK constraint of txn_output.start (migration 0011) then needs a migration too.
 
 
-class OutputRetirement(enum.StrEnum):
+class OutputRetirement(StrEnum):
     """What becomes of an output's tables when the declaration drops it (``retired={name: …}``).
     Without a choice, removing an output that holds committed txids is refused."""
 
@@ -86,7 +86,7 @@ LAKE_OUTPUT_PREFIX = "lake:"
 and the files it staged), read by the commit and by the rewind."""
 
 
-class FailureResponse(enum.StrEnum):
+class FailureResponse(StrEnum):
     """What the failure sensor of a txid's run did about a failed attempt (the log records it)."""
 
     REQUEUE = "requeue"
@@ -100,7 +100,7 @@ class FailureResponse(enum.StrEnum):
     says why, and every later txid waits for it (no silent skip) until a person reruns it."""
 
 
-class EventState(enum.StrEnum):
+class EventState(StrEnum):
     """What a trigger's event tells the task it wakes (its payload's ``state``; the event:
     :class:`~airflow_txn_provider.rules.waiting.TxnEvent`)."""
 
@@ -130,7 +130,7 @@ class EventState(enum.StrEnum):
 # -- what the rules answer ---------------------------------------------------------------------
 
 
-class BeginAction(enum.StrEnum):
+class BeginAction(StrEnum):
     """What :func:`~airflow_txn_provider.rules.coordinator.plan_begin` answers."""
 
     NEW = "new"
@@ -156,7 +156,7 @@ class BeginAction(enum.StrEnum):
     An Airflow retry of a claim that already failed must not add an attempt behind its back."""
 
 
-class ProcessedAction(enum.StrEnum):
+class ProcessedAction(StrEnum):
     """What :func:`~airflow_txn_provider.rules.fencing.plan_processed` answers."""
 
     ACCEPT = "accept"
@@ -167,7 +167,7 @@ class ProcessedAction(enum.StrEnum):
     """A late report from an attempt that is no longer current: ignored, as in Storm."""
 
 
-class CommitAction(enum.StrEnum):
+class CommitAction(StrEnum):
     """What :func:`~airflow_txn_provider.rules.coordinator.plan_commit` answers."""
 
     APPLY = "apply"
@@ -176,7 +176,7 @@ class CommitAction(enum.StrEnum):
     """Idempotent commit: the txid committed already; nothing is applied twice."""
 
 
-class SinkAction(enum.StrEnum):
+class SinkAction(StrEnum):
     """What :func:`~airflow_txn_provider.rules.coordinator.plan_sink_commit` answers."""
 
     ADD = "add"
@@ -191,7 +191,7 @@ class SinkAction(enum.StrEnum):
     txid, the rows of exactly one attempt: the one the log commits."""
 
 
-class LeaseRenewal(enum.StrEnum):
+class LeaseRenewal(StrEnum):
     """What renewing an attempt's lease finds."""
 
     RENEWED = "renewed"

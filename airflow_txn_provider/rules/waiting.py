@@ -6,11 +6,11 @@ every transition; this module only says when a task may stop waiting and what it
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_txn_provider.compat.python import StrEnum
 from airflow_txn_provider.rules.coordinator import (
     committable,
     next_to_begin,
@@ -36,7 +36,7 @@ from airflow_txn_provider.rules.vocabulary import (
 # -- waiting (what the Airflow triggers watch for) ---------------------------------------------
 
 
-class GateState(enum.StrEnum):
+class GateState(StrEnum):
     OPEN = "open"
     """``txid - 1`` has committed: ``(txid, attempt)`` may commit now (if processed)."""
     WAIT = "wait"

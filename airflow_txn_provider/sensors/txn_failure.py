@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from airflow.sdk.bases.sensor import BaseSensorOperator
-from airflow.sdk.exceptions import AirflowSkipException
 
+from airflow_txn_provider.compat.airflow import AirflowSkipException
 from airflow_txn_provider.log.alerts import due_alerts, poisoned_alert, send_once
 from airflow_txn_provider.rules.vocabulary import EventState, TxStatus
 from airflow_txn_provider.rules.waiting import TxnEvent, first_watched_attempt

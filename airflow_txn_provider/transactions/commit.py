@@ -40,9 +40,10 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from airflow_txn_provider.compat.python import UTC
 from airflow_txn_provider.log.health import judge
 from airflow_txn_provider.log.outputs import (
     DeclaredOutput,

@@ -21,7 +21,6 @@ per txid in flight, a claim waiting for its turn, the pipeline's waker).
 from __future__ import annotations
 
 import asyncio
-import enum
 import functools
 import time
 import weakref
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseTrigger, TaskSkippedEvent, TaskSuccessEvent, TriggerEvent
 
+from airflow_txn_provider.compat.python import StrEnum
 from airflow_txn_provider.log.alerts import ALERT_CHECK_EVERY, due_alerts
 from airflow_txn_provider.rules.exceptions import UnknownPipelineError
 from airflow_txn_provider.rules.fencing import lease_expired
@@ -145,7 +145,7 @@ async def shared_view(engine: AsyncEngine, pipeline: str, *, max_age: float) -> 
         return shared.view
 
 
-class WaitFor(enum.StrEnum):
+class WaitFor(StrEnum):
     CAN_BEGIN = "can_begin"
     """``txid`` may begin: ``txid - 1`` is (re-)initialised and the window has room."""
     COMMIT_GATE = "commit_gate"

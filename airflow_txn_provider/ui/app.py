@@ -22,7 +22,7 @@ that reading failed; what went wrong (host, role, the driver's words) goes to th
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote
@@ -38,6 +38,7 @@ from fastapi.staticfiles import StaticFiles
 from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from airflow_txn_provider.compat.python import UTC
 from airflow_txn_provider.log.health import STALL_AFTER, Health, read_health
 from airflow_txn_provider.rules.exceptions import TxnError, UnknownPipelineError
 from airflow_txn_provider.timetables import txid_from_run_id

@@ -15,10 +15,11 @@ import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
+from airflow_txn_provider.compat.python import UTC
 from airflow_txn_provider.log.health import newest_processed
 from airflow_txn_provider.rules.records import PipelineView, TxRecord
 from airflow_txn_provider.rules.vocabulary import TxStatus

@@ -57,24 +57,25 @@ ALL = (
 
 _initialized_in: int | None = None
 """The process that set Stats up from the ``[metrics]`` configuration (a fork sets it up again)."""
+_client: Any = None
 
 
 def _stats() -> Any:
-    """The task SDK's ``Stats``, set up once per process from ``[metrics]`` as Airflow's own
+    """Airflow's ``Stats``, set up once per process from ``[metrics]`` as Airflow's own
     processes do: a commit runs in the triggerer, whose trigger runner has not set it up."""
-    global _initialized_in
-    from airflow.sdk.observability import stats
-
+    global _initialized_in, _client
     if _initialized_in != os.getpid():
-        from airflow.sdk.observability.metrics import stats_utils
+        from airflow_txn_provider.compat.airflow import stats
 
-        stats.initialize(factory=stats_utils.get_stats_factory(), export_legacy_names=False)
+        _client = stats()
         _initialized_in = os.getpid()
-    return stats
+    return _client
 
 
 def _send(kind: str, name: str, pipeline: str, value: float, extra: Mapping[str, str]) -> None:
     try:
+        from airflow_txn_provider.compat.airflow import legacy_stat_name
+
         stats = _stats()
     except ImportError:  # no Airflow here (the core used on its own)
         return
@@ -85,7 +86,7 @@ def _send(kind: str, name: str, pipeline: str, value: float, extra: Mapping[str,
         send = getattr(stats, kind)
         send(f"{PREFIX}.{name}", value, tags={"pipeline": pipeline, **extra})
         legacy = ".".join([PREFIX, name, pipeline, *extra.values()])
-        send(stats.normalize_name_for_stats(legacy, log_warning=False), value)
+        send(legacy_stat_name(stats, legacy), value)
     except Exception as err:  # a metric never fails what it measures
         log.debug("metric %s of pipeline %s not sent: %s", name, pipeline, err)
 

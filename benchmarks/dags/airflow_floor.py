@@ -10,12 +10,13 @@ pipelines' figures). Two shapes, paused until the benchmark unpauses them:
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from airflow.sdk import DAG, BaseOperator, task
 from airflow.triggers.base import StartTriggerArgs
 
+from airflow_txn_provider.compat.python import UTC
 from airflow_txn_provider.timetables import TXID_EPOCH, TxidTimetable
 
 PAST = datetime(2000, 1, 1, tzinfo=UTC)

@@ -30,11 +30,12 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from openlineage.client.serde import Serde
 
+from airflow_txn_provider.compat.python import UTC
 from airflow_txn_provider.rules.exceptions import UnknownPipelineError
 from airflow_txn_provider.rules.vocabulary import TxStatus
 from airflow_txn_provider.spark.kafka_source import offset_ranges

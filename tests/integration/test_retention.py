@@ -11,11 +11,12 @@ import itertools
 import random
 import threading
 from collections import Counter as Tally
-from datetime import UTC, datetime
+from datetime import datetime
 
 import pytest
 from sqlalchemy import text
 
+from airflow_txn_provider.compat.python import UTC
 from airflow_txn_provider.rules.config import PRUNE_EVERY
 from airflow_txn_provider.rules.sources import OpaqueSource
 from airflow_txn_provider.state import MapState

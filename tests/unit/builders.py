@@ -3,8 +3,9 @@ policy (not a test module: tests import from here, never from each other)."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
+from airflow_txn_provider.compat.python import UTC
 from airflow_txn_provider.rules.records import PipelineView, TxRecord
 from airflow_txn_provider.rules.vocabulary import SourceKind, TxStatus
 

@@ -176,8 +176,10 @@ def test_a_dag_still_on_the_minute_grid_gets_no_new_run_until_migrated(caplog):
 def test_the_commit_and_the_watch_start_in_the_triggerer_unless_told_not_to(triggerer_start):
     from airflow.serialization.serialized_objects import BaseSerialization, DagSerialization
 
+    from airflow_txn_provider.compat.airflow import STARTS_FROM_TRIGGER
     from airflow_txn_provider.triggers.txn_log import FIRST_WATCHED, RUN_TXID
 
+    triggerer_start = triggerer_start and STARTS_FROM_TRIGGER  # Airflow 3.1, 3.2: on workers
     built = build_dag(_pipeline(), triggerer_start=triggerer_start)
     # as the scheduler and the triggerer see it: from the serialized DAG
     dag = DagSerialization.from_dict(DagSerialization.to_dict(built))

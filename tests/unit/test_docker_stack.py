@@ -33,7 +33,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path, PurePosixPath
 from threading import Thread
@@ -47,6 +47,7 @@ import yaml
 from packaging.specifiers import SpecifierSet
 from sqlalchemy.engine import make_url
 
+from airflow_txn_provider.compat.python import UTC
 from txn_testing.airflow import CELERY_WORKER, AirflowStack
 from txn_testing.postgres import free_port
 

@@ -8,8 +8,12 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException, TaskDeferred
 
+from airflow_txn_provider.compat.airflow import (
+    AirflowFailException,
+    AirflowSkipException,
+    TaskDeferred,
+)
 from airflow_txn_provider.dag_builder import build_dag
 from airflow_txn_provider.operators import txn as txn_operators
 from airflow_txn_provider.pipeline import TxnPipeline
@@ -143,7 +147,7 @@ def test_an_airflow_retry_of_a_claim_never_replays_a_failed_attempt(dag):
 
 def test_commit_waits_for_previous_then_is_idempotent(dag):
     begin, commit = dag.get_task(CLAIMER), dag.get_task("commit")
-    from airflow.sdk.exceptions import AirflowFailException
+    from airflow_txn_provider.compat.airflow import AirflowFailException
 
     one = begin.claim(_context(1))
     two = begin.claim(_context(2))
@@ -173,7 +177,7 @@ def test_commit_waits_for_previous_then_is_idempotent(dag):
 
 
 def test_commit_fails_a_stale_attempt(dag):
-    from airflow.sdk.exceptions import AirflowFailException
+    from airflow_txn_provider.compat.airflow import AirflowFailException
 
     begin, commit = dag.get_task(CLAIMER), dag.get_task("commit")
     one = begin.claim(_context(1))
@@ -183,7 +187,7 @@ def test_commit_fails_a_stale_attempt(dag):
 
 
 def test_manual_run_is_refused_clearly(dag):
-    from airflow.sdk.exceptions import AirflowFailException
+    from airflow_txn_provider.compat.airflow import AirflowFailException
 
     ctx = {"dag_run": SimpleNamespace(run_id="manual__2026-11-21"), "ti": FakeTI()}
     with pytest.raises(AirflowFailException, match="not a transaction"):

@@ -5,10 +5,11 @@ say of each. The declaration's choices on ``TxnPipeline`` and in its fingerprint
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 
 import pytest
 
+from airflow_txn_provider.compat.python import UTC
 from airflow_txn_provider.log.outputs import (
     DeclaredOutput,
     OutputRecord,

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta, timezone
+from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 
 import pytest
 
+from airflow_txn_provider.compat.python import UTC
 from airflow_txn_provider.log.reads import AttemptInfo, TransactionInfo
 from airflow_txn_provider.rules.records import PipelineView, TxRecord
 from airflow_txn_provider.rules.vocabulary import SourceKind, TxStatus

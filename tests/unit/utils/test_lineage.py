@@ -5,17 +5,16 @@ provider's own; the log is a fake (the real one: test_kafka_airflow.py, test_cre
 from __future__ import annotations
 
 import json
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from airflow.sdk.exceptions import TaskDeferred
 from openlineage.client.event_v2 import Job, Run, RunEvent, RunState
 from openlineage.client.serde import Serde
 
 from airflow_txn_provider import __version__
+from airflow_txn_provider.compat.airflow import TaskDeferred
 from airflow_txn_provider.dag_builder import build_dag
 from airflow_txn_provider.pipeline import TxnPipeline
 from airflow_txn_provider.rules.vocabulary import TxStatus
@@ -286,6 +285,7 @@ def test_a_woken_failure_sensor_ends_on_a_worker_only_when_lineage_is_on(monkeyp
 def test_an_unwoken_failure_sensor_still_starts_and_ends_in_the_triggerer(monkeypatch, lineage_on):
     """No worker start per txid, lineage on or off: a sensor no failure woke sent no START."""
     monkeypatch.setattr("airflow_txn_provider.utils.lineage.lineage_enabled", lambda: lineage_on)
+    monkeypatch.setattr("airflow_txn_provider.compat.airflow.STARTS_FROM_TRIGGER", True)
     sensor = build_dag(_pipeline()).get_task("watch_failures")
     assert sensor.start_from_trigger
     assert sensor.start_trigger_args.trigger_kwargs["end_task_on_commit"] is True
@@ -293,6 +293,10 @@ def test_an_unwoken_failure_sensor_still_starts_and_ends_in_the_triggerer(monkey
 
 def test_the_facet_schemas_ship_as_package_data():
     root = Path(__file__).resolve().parents[3]
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: pytest's own dependency
+        import tomli as tomllib
     config = tomllib.loads((root / "pyproject.toml").read_text())
     globs = config["tool"]["setuptools"]["package-data"]["airflow_txn_provider"]
     files = sorted(SCHEMAS.glob("*.json"))

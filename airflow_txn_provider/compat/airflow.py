@@ -1,0 +1,80 @@
+"""What moved between the Airflow minors the provider supports (3.1.1 to 3.3): one place.
+
+- 3.2 moved the task exceptions to ``airflow.sdk.exceptions`` and ``Stats`` to
+  ``airflow.sdk.observability`` (set up by the caller); 3.1 has them in ``airflow.exceptions`` and
+  ``airflow.stats`` (set up by itself on first use).
+- 3.3 starts a task with ``start_from_trigger`` in the triggerer; 3.1 and 3.2 accept the flag and
+  run the task on a worker, whose ``execute`` then defers: so the flag is set on 3.3 only, and a
+  txid costs two more worker-task starts below it (docs/deployment.md, "Supported versions").
+- 3.3's ``clearTaskInstances`` takes a ``note``; 3.1 and 3.2 refuse the field (422), so the note
+  goes on each cleared run instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import airflow
+from packaging.version import Version
+
+__all__ = [
+    "AIRFLOW_V_3_2_PLUS",
+    "AIRFLOW_V_3_3_PLUS",
+    "CLEAR_TAKES_NOTE",
+    "STARTS_FROM_TRIGGER",
+    "AirflowFailException",
+    "AirflowNotFoundException",
+    "AirflowSkipException",
+    "TaskDeferred",
+    "legacy_stat_name",
+    "stats",
+]
+
+AIRFLOW_VERSION = Version(Version(airflow.__version__).base_version)
+AIRFLOW_V_3_2_PLUS = AIRFLOW_VERSION >= Version("3.2")
+AIRFLOW_V_3_3_PLUS = AIRFLOW_VERSION >= Version("3.3")
+
+STARTS_FROM_TRIGGER = AIRFLOW_V_3_3_PLUS
+"""The scheduler hands a ``start_from_trigger`` task to the triggerer (apache/airflow#55068)."""
+CLEAR_TAKES_NOTE = AIRFLOW_V_3_3_PLUS
+"""``POST …/clearTaskInstances`` accepts ``note``."""
+
+if AIRFLOW_V_3_2_PLUS:
+    from airflow.sdk.exceptions import (
+        AirflowFailException,
+        AirflowNotFoundException,
+        AirflowSkipException,
+        TaskDeferred,
+    )
+else:
+    from airflow.exceptions import (  # type: ignore[assignment,no-redef]
+        AirflowFailException,
+        AirflowNotFoundException,
+        AirflowSkipException,
+        TaskDeferred,
+    )
+
+
+def stats() -> Any:
+    """Airflow's ``Stats`` for this process, set up from the ``[metrics]`` section (call it again
+    after a fork)."""
+    try:
+        from airflow.sdk.observability import stats as sdk_stats
+    except ImportError:  # 3.1: the core's Stats, which sets itself up per process on first use
+        from airflow.stats import Stats
+
+        return Stats
+    from airflow.sdk.observability.metrics import stats_utils
+
+    factory = stats_utils.get_stats_factory()
+    try:
+        sdk_stats.initialize(factory=factory, export_legacy_names=False)
+    except TypeError:  # 3.2: no legacy-name switch yet
+        sdk_stats.initialize(factory=factory)  # type: ignore[call-arg]
+    return sdk_stats
+
+
+def legacy_stat_name(stats_client: Any, name: str) -> str:
+    """``name`` made a valid plain-StatsD name (3.3's Stats normalizes it; 3.1's takes it as is)."""
+    normalize = getattr(stats_client, "normalize_name_for_stats", None)
+    return normalize(name, log_warning=False) if normalize else name
