@@ -23,6 +23,7 @@ from typing import Any
 
 from airflow.sdk import DAG, Asset, AssetWatcher
 
+from airflow_txn_provider.compat.airflow import DOUBLING_RETRY_BACKOFF
 from airflow_txn_provider.operators.txn import (
     TxnBeginOperator,
     TxnCommitOperator,
@@ -88,7 +89,7 @@ def build_dag(
     ) as dag:
         coordination: dict[str, Any] = {
             "retries": COORDINATION_RETRIES,
-            "retry_exponential_backoff": 2.0,
+            "retry_exponential_backoff": DOUBLING_RETRY_BACKOFF,
             "max_retry_delay": COORDINATION_MAX_RETRY_DELAY,
         }
         single = len(pipeline.jobs) == 1

@@ -6,6 +6,7 @@
 - 3.3 starts a task with ``start_from_trigger`` in the triggerer; 3.1 and 3.2 accept the flag and
   run the task on a worker, whose ``execute`` then defers: so the flag is set on 3.3 only, and a
   txid costs two more worker-task starts below it (docs/deployment.md, "Supported versions").
+- 3.3's ``retry_exponential_backoff`` is a multiplier; 3.1's a switch (True: doubling).
 - 3.3's ``clearTaskInstances`` takes a ``note``; 3.1 and 3.2 refuse the field (422), so the note
   goes on each cleared run instead.
 """
@@ -21,6 +22,7 @@ __all__ = [
     "AIRFLOW_V_3_2_PLUS",
     "AIRFLOW_V_3_3_PLUS",
     "CLEAR_TAKES_NOTE",
+    "DOUBLING_RETRY_BACKOFF",
     "STARTS_FROM_TRIGGER",
     "AirflowFailException",
     "AirflowNotFoundException",
@@ -38,6 +40,16 @@ STARTS_FROM_TRIGGER = AIRFLOW_V_3_3_PLUS
 """The scheduler hands a ``start_from_trigger`` task to the triggerer (apache/airflow#55068)."""
 CLEAR_TAKES_NOTE = AIRFLOW_V_3_3_PLUS
 """``POST …/clearTaskInstances`` accepts ``note``."""
+
+
+def _backoff_is_a_multiplier() -> bool:
+    from airflow.sdk.bases.operator import BASEOPERATOR_ARGS_EXPECTED_TYPES
+
+    return BASEOPERATOR_ARGS_EXPECTED_TYPES["retry_exponential_backoff"] is not bool
+
+
+DOUBLING_RETRY_BACKOFF: float | bool = 2.0 if _backoff_is_a_multiplier() else True
+"""A task's ``retry_exponential_backoff`` that doubles its retry delay."""
 
 if AIRFLOW_V_3_2_PLUS:
     from airflow.sdk.exceptions import (

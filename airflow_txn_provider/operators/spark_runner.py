@@ -35,6 +35,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, cast
 
+from airflow_txn_provider.rules.exceptions import TxnConfigError
 from airflow_txn_provider.spark.job import (
     CONNECT_MODE_ENV,
     LOG_URL_ENV,
@@ -192,6 +193,14 @@ class SparkConnectRunner:
         connect_timeout: float = 180.0,
         reuse_sessions: bool = True,
     ) -> None:
+        from airflow_txn_provider.compat.spark import PYSPARK_VERSION, SUPPORTS_CONNECT
+
+        if not SUPPORTS_CONNECT:
+            raise TxnConfigError(
+                f"Spark Connect (connection {conn_id!r}) needs PySpark 4.0 or later, this is "
+                f"{PYSPARK_VERSION}: run the jobs with spark-submit on Spark 3.5 "
+                "(docs/deployment.md, Supported versions)"
+            )
         if isinstance(transform, (str, os.PathLike)):
             transform = cast(Transform, load_job_module(transform).transform)
         self.transform: Transform = transform

@@ -318,10 +318,12 @@ def _compute(
         _refuse_mismatch(job, job.source.batch_mismatch(batch, metadata))
     results = transform(job.source.records(observed))
     by_state, by_sink = _results_by_output(results, states, job)
+    from airflow_txn_provider.compat.spark import to_arrow
+
     tables = {}
     for state, frame in by_state.items():
         check()
-        tables[state] = frame.toArrow()
+        tables[state] = to_arrow(frame)
     staged = {}
     if by_sink:
         from airflow_txn_provider.sinks.staging import stage_frame

@@ -8,6 +8,13 @@ import pendulum
 import pytest
 from airflow.timetables.base import TimeRestriction
 
+from airflow_txn_provider.compat.airflow import DOUBLING_RETRY_BACKOFF
+
+try:  # the serializer as the scheduler uses it (Airflow 3.1 names it SerializedDAG)
+    from airflow.serialization.serialized_objects import DagSerialization
+except ImportError:
+    from airflow.serialization.serialized_objects import SerializedDAG as DagSerialization
+
 from airflow_txn_provider.dag_builder import (
     COORDINATION_MAX_RETRY_DELAY,
     COORDINATION_RETRIES,
@@ -60,7 +67,7 @@ def test_one_job_dag_shape():
     coordination = [dag.get_task(t) for t in ("process_word_count", "commit", "watch_failures")]
     # enough tries, backing off, to outlast an api-server or database restart
     assert {t.retries for t in coordination} == {COORDINATION_RETRIES}
-    assert all(t.retry_exponential_backoff == 2.0 for t in coordination)
+    assert all(t.retry_exponential_backoff == DOUBLING_RETRY_BACKOFF for t in coordination)
     assert all(t.max_retry_delay == COORDINATION_MAX_RETRY_DELAY for t in coordination)
 
 
@@ -174,7 +181,7 @@ def test_a_dag_still_on_the_minute_grid_gets_no_new_run_until_migrated(caplog):
 
 @pytest.mark.parametrize("triggerer_start", [True, False])
 def test_the_commit_and_the_watch_start_in_the_triggerer_unless_told_not_to(triggerer_start):
-    from airflow.serialization.serialized_objects import BaseSerialization, DagSerialization
+    from airflow.serialization.serialized_objects import BaseSerialization
 
     from airflow_txn_provider.compat.airflow import STARTS_FROM_TRIGGER
     from airflow_txn_provider.triggers.txn_log import FIRST_WATCHED, RUN_TXID
@@ -197,8 +204,6 @@ def test_the_commit_and_the_watch_start_in_the_triggerer_unless_told_not_to(trig
 
 def test_the_schedule_is_an_asset_whose_only_watcher_is_the_pipelines_waker():
     """Airflow runs the waker while the DAG is unpaused; it creates the txids' runs itself."""
-    from airflow.serialization.serialized_objects import DagSerialization
-
     from airflow_txn_provider.triggers.waker import TxnWakerTrigger
 
     pipeline = _pipeline(poll_interval=0.5, airflow_api_conn_id="api")

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from airflow_txn_provider.compat.spark import SUPPORTS_CONNECT
 from airflow_txn_provider.dag_builder import build_dag
 from airflow_txn_provider.operators.spark_runner import SparkConnectRunner, operation_tag
 from airflow_txn_provider.operators.txn import fail_attempt_on_task_failure
@@ -19,6 +20,8 @@ from airflow_txn_provider.spark.generated_source import GeneratedTextSource
 from airflow_txn_provider.spark.job import BatchJob, ProcessOutcome
 from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
 from airflow_txn_provider.state import MapState
+
+pytestmark = pytest.mark.skipif(not SUPPORTS_CONNECT, reason="Spark Connect: PySpark 4.0 and later")
 
 
 class FakeSession:

@@ -57,12 +57,26 @@ def test_a_closed_session_is_recognised_by_its_condition():
     assert not is_session_closed(ConnectionError("connection refused"))
 
 
+def test_the_connect_runner_refuses_pyspark_3_5_with_a_typed_error(monkeypatch):
+    from airflow_txn_provider.operators.spark_runner import SparkConnectRunner
+    from airflow_txn_provider.rules.exceptions import TxnConfigError
+
+    monkeypatch.setattr("airflow_txn_provider.compat.spark.SUPPORTS_CONNECT", False)
+    monkeypatch.setattr("airflow_txn_provider.compat.spark.PYSPARK_VERSION", "3.5.9")
+    with pytest.raises(TxnConfigError, match=r"'spark_connect_default'.*PySpark 4.0 .*3\.5\.9"):
+        SparkConnectRunner(lambda batch: batch)
+
+
 def test_a_bad_url_fails_at_once_instead_of_waiting_for_a_server():
     import time
 
     from pyspark.sql import SparkSession
 
+    from airflow_txn_provider.compat.spark import SUPPORTS_CONNECT
     from airflow_txn_provider.operators.spark_runner import SparkConnectRunner, keep_classic_mode
+
+    if not SUPPORTS_CONNECT:
+        pytest.skip("Spark Connect: PySpark 4.0 and later")
 
     runner = SparkConnectRunner(
         lambda batch: batch, url="sc://127.0.0.1:1//bad", connect_timeout=60
