@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import pyspark
 from packaging.version import Version
@@ -33,4 +33,5 @@ def to_arrow(frame: DataFrame) -> pa.Table:
     from pyspark.sql.pandas.types import to_arrow_schema
 
     schema = to_arrow_schema(frame.schema)
-    return pa.Table.from_batches(frame._collect_as_arrow(), schema=schema)
+    batches = cast(Any, frame)._collect_as_arrow()  # 3.5's classic DataFrame has it
+    return pa.Table.from_batches(batches, schema=schema)
