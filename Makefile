@@ -20,6 +20,9 @@
 #               (CPU-s per second by process group), latency, a burst; N = 20, then N = 100
 # make chaos : the seeded chaos suite (faults caused for real; both tiers print their tables)
 # make chaos-lake: both chaos tiers on lake-sink pipelines (a Delta table, then an Iceberg table)
+# make test-matrix: the supported versions' corners (Python x Airflow x PySpark), an environment
+#               each built by uv in var/matrix/; prints a table of cells x checks (MATRIX_ARGS:
+#               --cells, --checks, --quick)
 # make test-stack: docker/compose.yaml run for real in podman containers (images built here), every
 #               example committing across hosts, a UI rerun, faults healed (tests/stack/run.py)
 
@@ -32,7 +35,7 @@ UV_VERSION := 0.13.9
 UV     := $(VENV)/bin/uv
 PYTEST_ARGS ?=
 
-.PHONY: demo demo-stop demo-core install system-deps test test-suite test-scenarios test-all screenshots test-unit test-integration lint chaos chaos-fast chaos-rewind chaos-airflow chaos-lake bench-core bench-undo bench-stage bench-spark bench-airflow bench-peer bench-read bench-preload bench-begin bench-retention bench-lake bench-sessions bench-pipelines test-stack stack-deps clean
+.PHONY: demo demo-stop demo-core install system-deps test test-suite test-scenarios test-all screenshots test-unit test-integration lint chaos chaos-fast chaos-rewind chaos-airflow chaos-lake bench-core bench-undo bench-stage bench-spark bench-airflow bench-peer bench-read bench-preload bench-begin bench-retention bench-lake bench-sessions bench-pipelines test-stack stack-deps test-matrix clean
 
 install: $(STAMP)
 
@@ -180,6 +183,10 @@ stack-deps: install
 
 test-stack: stack-deps
 	$(PY) -m tests.stack.run --seed $(SEED) $(STACK_ARGS)
+
+MATRIX_ARGS ?=
+test-matrix: install
+	$(PY) scripts/test_matrix.py $(MATRIX_ARGS)
 
 bench-pipelines: install
 	$(PY) benchmarks/bench_pipelines.py --pipelines 20 --max-pending 4; \
