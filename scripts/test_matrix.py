@@ -12,8 +12,8 @@ run on 3.13, the 3.5 cells on 3.10). docs/deployment.md, "Supported versions", l
 
     python scripts/test_matrix.py                  # every cell, every check
     python scripts/test_matrix.py --cells oldest --checks unit,spark-submit
-    python scripts/test_matrix.py --quick          # CI's slice: the oldest cell's unit suite and
-                                                   # one spark-submit txid
+    python scripts/test_matrix.py --quick          # CI's slice: the oldest cell's unit tests of
+                                                   # what differs, one spark-submit txid
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
@@ -84,7 +85,7 @@ CHECKS: dict[str, tuple[list[str], str]] = {
     ),
     "log": (["tests/integration/test_transaction_log.py"], "the log on a real Postgres"),
     "spark-submit": (
-        ["-m", "", "tests/integration/test_versions.py", "-k", "submit or versions"],
+        ["-m", "", "tests/integration/test_versions.py", "-k", "submit or cell_runs"],
         "a transactional and an opaque txid, and the failure cascade, by the cell's spark-submit "
         "on local[2] and on a standalone master and worker of the cell's Spark",
     ),
@@ -114,8 +115,28 @@ CHECKS["spark-submit-one"] = (
     ],
     "one transactional txid by the cell's spark-submit on local[2] (--quick)",
 )
-DEFAULT_CHECKS = ["unit", "log", "spark-submit", "connect", "lake", "airflow"]
-QUICK = ("oldest", ["unit", "spark-submit-one"])
+CHECKS["wheel"] = (
+    [],  # not pytest: wheel_check
+    "the built wheel installed into a fresh environment holding only the cell's Airflow, PySpark "
+    "and Spark provider, replacing none of them",
+)
+DEFAULT_CHECKS = ["wheel", "unit", "log", "spark-submit", "connect", "lake", "airflow"]
+CHECKS["unit-compat"] = (
+    [
+        "-n",
+        "2",
+        "tests/test_install.py",
+        "tests/unit/test_house.py",  # imports every module of the package
+        "tests/unit/test_supported_versions.py",
+        "tests/unit/test_dag_builder.py",
+        "tests/unit/sensors",
+        "tests/unit/spark/test_connect_sessions.py",
+        "tests/unit/utils",
+    ],
+    "the unit tests of what differs between versions (--quick): every module imported, the DAG "
+    "built and serialized, the sensor, Connect's refusal, metrics, credentials, lineage",
+)
+QUICK = ("oldest", ["unit-compat", "spark-submit-one"])
 
 
 def say(message: str) -> None:
@@ -218,8 +239,66 @@ def versions(python: Path) -> dict[str, str]:
     return json.loads(out.strip().splitlines()[-1])
 
 
+def wheel_check(cell: Cell, python: Path) -> dict[str, int]:
+    """A user's environment: their Airflow, PySpark and Spark provider first (the cell's
+    versions), then the provider's wheel; it must replace none of the three, and import."""
+    folder = WORK / cell.name
+    started = time.monotonic()
+    users = ("apache-airflow", "pyspark", "apache-airflow-providers-apache-spark")
+    theirs = subprocess.run(
+        [uv(), "pip", "freeze", "--python", str(python)], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    pins = [line for line in theirs if line.split("==")[0] in users]
+    assert len(pins) == len(users), pins
+    log = folder / "wheel.log"
+    with tempfile.TemporaryDirectory(prefix="txn-wheel-") as tmp:
+        source, dist, venv = Path(tmp) / "source", Path(tmp) / "dist", Path(tmp) / "venv"
+        skip = shutil.ignore_patterns(
+            ".git", ".venv", "var", "test-artifacts", "__pycache__", "*.egg-info", "build"
+        )
+        shutil.copytree(ROOT, source, ignore=skip)
+        steps = [
+            [uv(), "build", "-q", "--wheel", "-o", str(dist), str(source)],
+            [uv(), "venv", "-q", "--python", find_python(cell.python), str(venv)],
+            [uv(), "pip", "install", "-q", "--python", str(venv / "bin" / "python"), *pins],
+        ]
+        code = 0
+        for step in steps:
+            code = code or run(step, log=log.with_suffix(f".{len(step)}.log"))
+        if not code:
+            wheel = next(dist.glob("*.whl"))
+            code = run(
+                [uv(), "pip", "install", "--python", str(venv / "bin" / "python"), str(wheel)],
+                log=log,
+            )
+        after = subprocess.run(
+            [uv(), "pip", "freeze", "--python", str(venv / "bin" / "python")],
+            capture_output=True,
+            text=True,
+        ).stdout.splitlines()
+        kept = [line for line in after if line.split("==")[0] in users]
+        imports = run(
+            [
+                str(venv / "bin" / "python"),
+                "-c",
+                "import airflow_txn_provider.operators.txn, airflow_txn_provider.plugins",
+            ],
+            log=log.with_suffix(".import.log"),
+        )
+    ok = not code and sorted(kept) == sorted(pins) and not imports
+    say(f"{cell.name}: wheel: theirs {pins}, after the wheel {kept}")
+    return {
+        "passed": int(ok),
+        "failed": int(not ok),
+        "skipped": 0,
+        "seconds": round(time.monotonic() - started),
+    }
+
+
 def check(cell: Cell, python: Path, name: str) -> dict[str, int]:
     """Run one check in the cell; its pytest counts (``error``: pytest itself failed)."""
+    if name == "wheel":
+        return wheel_check(cell, python)
     args, _ = CHECKS[name]
     folder = WORK / cell.name
     folder.mkdir(parents=True, exist_ok=True)
@@ -266,11 +345,49 @@ def cell_text(counts: dict[str, int] | None) -> str:
     return f"ok {counts['passed']}" + (f" +{counts['skipped']}s" if counts["skipped"] else "")
 
 
+DOCS = ROOT / "docs" / "deployment.md"
+MARKS = ("<!-- matrix results -->", "<!-- /matrix results -->")
+
+
+def write_docs(results: dict[str, dict]) -> None:
+    """The last run of each cell, as a table between the marks of docs/deployment.md."""
+    rows = [
+        "| cell | Python | Airflow | PySpark | SQLAlchemy | "
+        + " | ".join(DEFAULT_CHECKS)
+        + " | run |",
+        "|---" * (6 + len(DEFAULT_CHECKS)) + "|",
+    ]
+    for cell in CELLS:
+        got = results.get(cell.name)
+        if got is None:
+            rows.append(
+                f"| `{cell.name}` | {cell.python} | {cell.airflow} | {cell.pyspark} | "
+                + "not run | " * (1 + len(DEFAULT_CHECKS))
+                + " |"
+            )
+            continue
+        v = got["versions"]
+        marks = [cell_text(got["checks"].get(c)) for c in DEFAULT_CHECKS]
+        rows.append(
+            f"| `{cell.name}` | {v['python']} | {v['airflow']} | {v['pyspark']} | "
+            f"{v['sqlalchemy']} | " + " | ".join(marks) + f" | {got.get('date', '?')} |"
+        )
+    table = "\n".join(rows)
+    text = DOCS.read_text()
+    head, rest = text.split(MARKS[0], 1)
+    _, tail = rest.split(MARKS[1], 1)
+    DOCS.write_text(f"{head}{MARKS[0]}\n{table}\n{MARKS[1]}{tail}")
+    say(f"wrote the table to {DOCS.relative_to(ROOT)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cells", help="comma-separated cell names (default: all)")
     parser.add_argument("--checks", help="comma-separated checks (default: all)")
     parser.add_argument("--quick", action="store_true", help="CI's slice of the oldest cell")
+    parser.add_argument(
+        "--write-docs", action="store_true", help="put the results in docs/deployment.md"
+    )
     args = parser.parse_args(argv)
     if args.quick:
         cells, checks = [c for c in CELLS if c.name == QUICK[0]], list(QUICK[1])
@@ -302,7 +419,16 @@ def main(argv: list[str] | None = None) -> int:
                 f"(log: var/matrix/{cell.name}/{name}.log)"
             )
     WORK.mkdir(parents=True, exist_ok=True)
-    (WORK / "results.json").write_text(json.dumps(results, indent=2))
+    saved = WORK / "results.json"
+    merged = json.loads(saved.read_text()) if saved.exists() else {}
+    for name, got in results.items():  # a cell's checks run now replace its earlier ones
+        merged.setdefault(name, {"checks": {}})
+        merged[name]["versions"] = got["versions"]
+        merged[name]["checks"].update(got["checks"])
+        merged[name]["date"] = time.strftime("%Y-%m-%d")
+    saved.write_text(json.dumps(merged, indent=2))
+    if args.write_docs:
+        write_docs(merged)
     width = max(len(c) for c in checks) + 2
     print()
     print(
