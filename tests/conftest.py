@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -156,6 +157,8 @@ def spark() -> Iterator[SparkSession]:
     """A classic local SparkSession (one JVM for the whole test session)."""
     from pyspark.sql import SparkSession
 
+    # its Python workers on this Python, not the PATH's (make test-matrix's cells run others)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     session = (
         SparkSession.builder.master("local[2]")
         .appName("txn-tests")

@@ -6,6 +6,10 @@
 - 3.3 starts a task with ``start_from_trigger`` in the triggerer; 3.1 and 3.2 accept the flag and
   run the task on a worker, whose ``execute`` then defers: so the flag is set on 3.3 only, and a
   txid costs two more worker-task starts below it (docs/deployment.md, "Supported versions").
+- 3.1's triggerer answers a request to its supervisor (a connection, a secret to mask) made from
+  a thread on the event loop's channel, out of order, and its trigger runner dies ("Response read
+  out of order"); the same request made on the loop is bridged (greenback). So a trigger's
+  blocking calls run in a thread from 3.3 (tested) and on the loop below it.
 - 3.3's ``retry_exponential_backoff`` is a multiplier; 3.1's a switch (True: doubling).
 - 3.3's ``clearTaskInstances`` takes a ``note``; 3.1 and 3.2 refuse the field (422), so the note
   goes on each cleared run instead.
@@ -13,7 +17,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import airflow
 from packaging.version import Version
@@ -29,6 +35,7 @@ __all__ = [
     "AirflowSkipException",
     "TaskDeferred",
     "legacy_stat_name",
+    "run_blocking",
     "stats",
 ]
 
@@ -65,6 +72,20 @@ else:
         AirflowSkipException,
         TaskDeferred,
     )
+
+
+_T = TypeVar("_T")
+
+TRIGGER_THREADS_MAY_ASK_SUPERVISOR = AIRFLOW_V_3_3_PLUS
+"""A thread of the triggerer may look up a connection or mask a secret (see the module's doc)."""
+
+
+async def run_blocking(fn: Callable[..., _T], *args: Any) -> _T:
+    """``fn(*args)`` from a trigger: in a thread where Airflow allows it, else on the event loop
+    (which it blocks meanwhile: a REST call, a look at the source)."""
+    if TRIGGER_THREADS_MAY_ASK_SUPERVISOR:
+        return await asyncio.to_thread(fn, *args)
+    return fn(*args)
 
 
 def stats() -> Any:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
+from airflow_txn_provider.compat.airflow import run_blocking
 from airflow_txn_provider.rules.exceptions import UnknownPipelineError
 from airflow_txn_provider.rules.records import PipelineView
 from airflow_txn_provider.rules.waiting import new_txid_due, txid_ahead
@@ -195,14 +196,14 @@ class TxnWakerTrigger(BaseEventTrigger):
 
         read_view = await self.log_reader()
         api = AirflowApiHook(self.airflow_api_conn_id, outage_timeout=30.0)
-        source = await asyncio.to_thread(source_from_spec, self.source)
+        source = await run_blocking(source_from_spec, self.source)
         pipeline = self.pipeline
 
         async def has_data(txid: int, prev: Any) -> bool:
-            return await asyncio.to_thread(source_has_data, source, txid, prev)
+            return await run_blocking(source_has_data, source, txid, prev)
 
         async def create_run(txid: int) -> bool:
-            return await asyncio.to_thread(api.create_txid_run, self.dag_id, txid)
+            return await run_blocking(api.create_txid_run, self.dag_id, txid)
 
         self.log.info("pipeline=%s: waker of DAG %s started", pipeline, self.dag_id)
         await self.wake(read_view, has_data, create_run, asyncio.sleep)
@@ -222,7 +223,7 @@ class TxnWakerTrigger(BaseEventTrigger):
         async def read_view() -> PipelineView | None:
             nonlocal migrated
             if not migrated:
-                await asyncio.to_thread(_migrate, hook)
+                await run_blocking(_migrate, hook)
                 migrated = True
             try:
                 return await shared_view(engine, self.pipeline, max_age=self.poll_interval)

@@ -1,0 +1,62 @@
+"""compat/: the version differences behave alike on every version (`make test-matrix` runs this
+on each cell: Python 3.10 and 3.13, Airflow 3.1 and 3.3, PySpark 3.5 and 4.3)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from datetime import datetime, timedelta
+
+import pytest
+
+from airflow_txn_provider.compat import airflow as compat_airflow
+from airflow_txn_provider.compat.python import UTC, StrEnum
+
+
+class Color(StrEnum):
+    RED = "red"
+
+
+def test_a_str_enum_member_is_its_value_as_a_string():
+    assert Color.RED == "red" and isinstance(Color.RED, str)
+    assert str(Color.RED) == f"{Color.RED}" == "red"
+    assert Color("red") is Color.RED
+
+
+def test_utc_is_the_zero_offset():
+    assert datetime(2026, 1, 1, tzinfo=UTC).utcoffset() == timedelta(0)
+
+
+@pytest.mark.parametrize("threads", [True, False])
+def test_a_triggers_blocking_call_runs_in_a_thread_only_where_airflow_allows_it(
+    monkeypatch, threads
+):
+    monkeypatch.setattr(compat_airflow, "TRIGGER_THREADS_MAY_ASK_SUPERVISOR", threads)
+
+    async def main() -> tuple[int, int]:
+        return threading.get_ident(), await compat_airflow.run_blocking(threading.get_ident)
+
+    loop_thread, ran_in = asyncio.run(main())
+    assert (ran_in != loop_thread) is threads
+
+
+def test_the_version_flags_follow_the_installed_airflow():
+    import airflow
+
+    minor = tuple(int(x) for x in airflow.__version__.split(".")[:2])
+    assert compat_airflow.AIRFLOW_V_3_3_PLUS is (minor >= (3, 3))
+    assert compat_airflow.STARTS_FROM_TRIGGER is compat_airflow.AIRFLOW_V_3_3_PLUS
+    assert compat_airflow.CLEAR_TAKES_NOTE is compat_airflow.AIRFLOW_V_3_3_PLUS
+    # the task exceptions are the ones Airflow's task runner catches
+    from airflow.exceptions import AirflowFailException
+
+    assert issubclass(compat_airflow.AirflowFailException, AirflowFailException) or issubclass(
+        AirflowFailException, compat_airflow.AirflowFailException
+    )
+
+
+def test_the_stats_client_sends_and_a_legacy_name_is_valid():
+    stats = compat_airflow.stats()
+    assert callable(stats.incr) and callable(stats.gauge) and callable(stats.timing)
+    name = compat_airflow.legacy_stat_name(stats, "txn.lag.begun.orders")
+    assert name == "txn.lag.begun.orders"
