@@ -11,8 +11,8 @@
   out of order"); the same request made on the loop is bridged (greenback). So a trigger's
   blocking calls run in a thread from 3.3 (tested) and on the loop below it.
 - 3.3's ``retry_exponential_backoff`` is a multiplier; 3.1's a switch (True: doubling).
-- 3.3's ``clearTaskInstances`` takes a ``note``; 3.1 and 3.2 refuse the field (422), so the note
-  goes on each cleared run instead.
+- 3.3's ``clearTaskInstances`` takes a ``note`` (put on each task instance cleared); 3.1 and 3.2
+  refuse the field (422), so a re-queue's clear says nothing there (its task's log says why).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ AIRFLOW_V_3_3_PLUS = AIRFLOW_VERSION >= Version("3.3")
 STARTS_FROM_TRIGGER = AIRFLOW_V_3_3_PLUS
 """The scheduler hands a ``start_from_trigger`` task to the triggerer (apache/airflow#55068)."""
 CLEAR_TAKES_NOTE = AIRFLOW_V_3_3_PLUS
-"""``POST …/clearTaskInstances`` accepts ``note``."""
+"""``POST …/clearTaskInstances`` accepts ``note`` (and puts it on the cleared task instances)."""
 
 
 def _backoff_is_a_multiplier() -> bool:

@@ -108,8 +108,9 @@ class AirflowApiHook(BaseHook):
         date lies in ``logical_dates`` (both ends included), in one request: the scheduler runs
         them again and kills those still running. The runs stay running, so they keep their
         ``max_active_runs`` slots; ``reset_dag_runs`` also puts finished runs back in the queue
-        (a rewind's committed txids). Returns ``run_id: task_id`` of each task instance
-        cleared."""
+        (a rewind's committed txids). ``note`` goes on each task instance cleared, from Airflow
+        3.3 (before it the call takes none: the caller's own log says why it cleared). Returns
+        ``run_id: task_id`` of each task instance cleared."""
         if (run_id is None) == (logical_dates is None):
             raise ValueError("give exactly one of run_id and logical_dates")
         body: dict[str, Any] = {
@@ -127,9 +128,6 @@ class AirflowApiHook(BaseHook):
             body["note"] = note[:1000]
         found = self.request("POST", f"/api/v2/dags/{quote(dag_id)}/clearTaskInstances", json=body)
         cleared = found.get("task_instances", [])
-        if note and not CLEAR_TAKES_NOTE:  # Airflow 3.1, 3.2: the note on each cleared run
-            for cleared_run in sorted({ti["dag_run_id"] for ti in cleared}):
-                self.set_run_note(dag_id, cleared_run, note)
         return sorted({f"{ti['dag_run_id']}: {ti['task_id']}" for ti in cleared})
 
     def create_txid_run(self, dag_id: str, txid: int) -> bool:

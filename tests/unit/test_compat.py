@@ -60,3 +60,21 @@ def test_the_stats_client_sends_and_a_legacy_name_is_valid():
     assert callable(stats.incr) and callable(stats.gauge) and callable(stats.timing)
     name = compat_airflow.legacy_stat_name(stats, "txn.lag.begun.orders")
     assert name == "txn.lag.begun.orders"
+
+
+@pytest.mark.parametrize("takes_note", [True, False])
+def test_a_clear_sends_its_note_only_to_an_airflow_that_takes_one(monkeypatch, takes_note):
+    from airflow_txn_provider.hooks import airflow_api
+
+    monkeypatch.setattr(airflow_api, "CLEAR_TAKES_NOTE", takes_note)
+    sent: list[dict] = []
+
+    def request(method, path, **kwargs):
+        sent.append(kwargs["json"])
+        return {"task_instances": [{"dag_run_id": "txid-000003", "task_id": "commit"}]}
+
+    hook = airflow_api.AirflowApiHook()
+    monkeypatch.setattr(hook, "request", request)
+    cleared = hook.clear_task_instances("d", ["commit"], run_id="txid-000003", note="re-queued")
+    assert cleared == ["txid-000003: commit"]
+    assert ("note" in sent[0]) is takes_note  # 3.1 and 3.2 answer 422 to an unknown field
