@@ -52,6 +52,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from sqlalchemy import create_engine, text
 
+from airflow_txn_provider.compat.python import fromisoformat
 from airflow_txn_provider.state import MapState
 from airflow_txn_provider.transactions.transaction_log import TransactionLog
 
@@ -354,7 +355,7 @@ def run_floor(stack: AirflowStack, dag_id: str, runs: int) -> dict[str, Any]:
 
 
 def when(value: str | None) -> datetime | None:
-    return datetime.fromisoformat(value) if value else None
+    return fromisoformat(value) if value else None
 
 
 def breakdown(result: dict[str, Any]) -> dict[str, list[float]]:

@@ -102,8 +102,8 @@ CHECKS: dict[str, tuple[list[str], str]] = {
         "an Iceberg sink staged by spark-submit jobs, read as of each txid",
     ),
     "airflow": (
-        # spark-submit (PySpark 3.5) takes longer than pytest's 10 minutes
-        ["-m", "", "--timeout=1800", "tests/integration/test_airflow_e2e.py"],
+        # spark-submit (PySpark 3.5, a JVM per attempt) may take most of an hour on a loaded machine
+        ["-m", "", "--timeout=3600", "tests/integration/test_airflow_e2e.py"],
         "a pipeline on a real Airflow of the cell's version: failures re-queued by the failure "
         "sensors, a poison txid cleared by the UI's REST call, every txid committed in order",
     ),

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -21,6 +20,8 @@ from urllib.parse import urlsplit
 import jsonschema
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
+
+from airflow_txn_provider.compat.python import fromisoformat
 
 SPEC_VERSION = "2-0-2"
 SPEC = Path(__file__).resolve().parents[1] / "tests" / "data" / "openlineage" / SPEC_VERSION
@@ -69,7 +70,7 @@ def _formats() -> jsonschema.FormatChecker:
 
     @checker.checks("date-time", raises=ValueError)
     def is_date_time(value: object) -> bool:
-        return datetime.fromisoformat(str(value)).tzinfo is not None  # RFC 3339: an offset
+        return fromisoformat(str(value)).tzinfo is not None  # RFC 3339: an offset
 
     return checker
 
@@ -158,7 +159,7 @@ def lifecycle_problems(
         runs[str(event.get("run", {}).get("runId"))].append(event)
     found = []
     for run_id, run in runs.items():
-        run.sort(key=lambda e: datetime.fromisoformat(str(e.get("eventTime"))))
+        run.sort(key=lambda e: fromisoformat(str(e.get("eventTime"))))
         own = [e for e in run if not outside(e)]
         if not own:  # ended from outside before it ever ran: none of its own events
             continue

@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import text
 
+from airflow_txn_provider.compat.python import fromisoformat
+
 if TYPE_CHECKING:
     import pyarrow as pa
     from sqlalchemy.engine import Connection
@@ -102,7 +104,7 @@ def key_value(column: str, sql_type: str, value: Any) -> Any:
         return value
     if sql_type == "timestamptz":
         if isinstance(value, str):
-            value = _parsed(column, value, datetime.fromisoformat)
+            value = _parsed(column, value, fromisoformat)
         if not isinstance(value, datetime):
             raise Refused(f"key {column} is a {type(value).__name__}, not a timestamp")
         if value.tzinfo is None:

@@ -19,7 +19,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from airflow_txn_provider.compat.python import UTC
+from airflow_txn_provider.compat.python import UTC, fromisoformat
 from airflow_txn_provider.log.health import newest_processed
 from airflow_txn_provider.rules.records import PipelineView, TxRecord
 from airflow_txn_provider.rules.vocabulary import TxStatus
@@ -109,9 +109,9 @@ def clock(value: str | None, now: str | None = None) -> str:
     """
     if not value:
         return "—"
-    when = datetime.fromisoformat(value)
+    when = fromisoformat(value)
     when = when.astimezone(UTC) if when.tzinfo is not None else when
-    today = datetime.fromisoformat(now).astimezone(UTC).date() if now else None
+    today = fromisoformat(now).astimezone(UTC).date() if now else None
     return when.strftime("%H:%M:%S" if when.date() == today else "%Y-%m-%d %H:%M:%S")
 
 

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import re
 import time
-from datetime import datetime
 from pathlib import Path
 
 import pytest
 
+from airflow_txn_provider.compat.python import fromisoformat
 from airflow_txn_provider.state import MapState
 from airflow_txn_provider.timetables import txid_logical_date, txid_run_id
 from airflow_txn_provider.transactions.transaction_log import TransactionLog
@@ -47,10 +47,11 @@ def stack(postgres, db_url, request, tmp_path):
     from airflow_txn_provider.compat.spark import SUPPORTS_CONNECT
 
     # Spark Connect where the PySpark supports it; spark-submit (local) on 3.5 (make test-matrix)
+    # (a JVM per txid: two at a time on two cores, not four)
     spark = (
         {"AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": request.getfixturevalue("connect_server").url}
         if SUPPORTS_CONNECT
-        else {"TXN_TEST_SPARK": "submit"}
+        else {"TXN_TEST_SPARK": "submit", "TXN_TEST_MAX_PENDING": "2"}
     )
     meta = new_database(postgres, migrated=False)  # Airflow's metadata database
     data = {"0": random_lines(2026, TXIDS * BATCH)}
@@ -74,7 +75,10 @@ def stack(postgres, db_url, request, tmp_path):
 
 
 def test_failures_requeue_and_a_ui_clear_replays_in_order(stack, db_url):
+    from airflow_txn_provider.compat.spark import SUPPORTS_CONNECT
+
     airflow, lines = stack
+    slow = 1 if SUPPORTS_CONNECT else 3  # spark-submit starts a JVM per attempt (PySpark 3.5)
     api = airflow.client()
     api.wait_for_dag(PIPELINE)
     # txid 3 fails once, late (the later txids are in flight by then); txid 6 on every attempt
@@ -90,12 +94,16 @@ def test_failures_requeue_and_a_ui_clear_replays_in_order(stack, db_url):
         return run_of(run_id).get("state")
 
     # txid 6 is a poison batch: txids 1..5 committed, its run says why, the later ones wait
+    # (an attempt of txid 6 in flight when txid 3 fails is failed with it: that one does not
+    # count toward the two, and the poison batch has three attempts)
     def poisoned():
         six = log.attempts(PIPELINE, 6)
-        return len(six) == 2 and all(a.status.value == "failed" for a in six) and six
+        own = [a for a in six if a.failed_by == 6]
+        return len(own) == 2 and all(a.status.value == "failed" for a in six) and six
 
-    six = wait_until(poisoned, 600, "txid 6 to fail twice", airflow)
-    assert all(a.failed_by == 6 and "injected failure" in (a.error or "") for a in six)
+    six = wait_until(poisoned, 600 * slow, "txid 6 to fail twice", airflow)
+    assert all("injected failure" in (a.error or "") for a in six if a.failed_by == 6)
+    assert all(a.failed_by in (3, 6) for a in six) and len(six) in (2, 3)
     note = wait_until(lambda: run_of("txid-000006")["note"], 60, "the poison note", airflow)
     assert "POISON BATCH" in note and "txid=6" in note and "injected failure" in note
 
@@ -110,15 +118,19 @@ def test_failures_requeue_and_a_ui_clear_replays_in_order(stack, db_url):
     )
     # txid 6 may be poisoned before txid 3's replay (its run restarted by its sensor) commits:
     # wait for 1..5, then check that nothing after the poison batch follows them
-    wait_until(lambda: log.last_committed(PIPELINE) >= 5, 300, "txids 1..5 to commit", airflow)
+    wait_until(
+        lambda: log.last_committed(PIPELINE) >= 5, 300 * slow, "txids 1..5 to commit", airflow
+    )
     time.sleep(5)
     assert log.last_committed(PIPELINE) == 5, "a txid after the poison batch committed"
-    assert len(log.attempts(PIPELINE, 6)) == 2, "the poison batch was retried"
+    assert len(log.attempts(PIPELINE, 6)) == len(six), "the poison batch was retried"
 
     # fix the cause, then press Clear on txid 6's run (the UI's REST call)
     api.delete_variable(VARIABLE)
     api.clear_run(PIPELINE, "txid-000006")
-    wait_until(lambda: log.last_committed(PIPELINE) >= TXIDS, 600, "every txid to commit", airflow)
+    wait_until(
+        lambda: log.last_committed(PIPELINE) >= TXIDS, 600 * slow, "every txid to commit", airflow
+    )
 
     # -- what the log says happened --------------------------------------------------------------
     infos = log.transactions(PIPELINE)[:TXIDS]
@@ -147,7 +159,7 @@ def test_failures_requeue_and_a_ui_clear_replays_in_order(stack, db_url):
                     assert (a.status.value, a.failed_by) == ("failed", failure.txid), a
                     cascaded += 1
     assert cascaded, "no later txid was in flight when a txid failed: the cascade went untested"
-    assert len(log.attempts(PIPELINE, 6)) == 3  # two poisoned, one after the rerun
+    assert len(log.attempts(PIPELINE, 6)) == len(six) + 1  # the poisoned, one after the rerun
 
     # -- the result equals ground truth ------------------------------------------------------------
     state = MapState(PIPELINE, f"{PIPELINE}_counts", keys={"word": "text"})
@@ -164,9 +176,7 @@ def test_failures_requeue_and_a_ui_clear_replays_in_order(stack, db_url):
         airflow,
     )
     # each txid on its own millisecond, in order (compared as dates: the API drops ".000000")
-    logical = [
-        datetime.fromisoformat(runs[txid_run_id(t)]["logical_date"]) for t in range(1, TXIDS + 1)
-    ]
+    logical = [fromisoformat(runs[txid_run_id(t)]["logical_date"]) for t in range(1, TXIDS + 1)]
     assert logical == [txid_logical_date(t) for t in range(1, TXIDS + 1)]
     log.engine.dispose()
 
@@ -186,7 +196,8 @@ def test_failures_requeue_and_a_ui_clear_replays_in_order(stack, db_url):
     not_warm = [
         f for f in last if "warm: the Spark Connect client was preloaded" not in f.read_text()
     ]
-    assert not not_warm, {str(f): f.read_text()[-2000:] for f in not_warm}
+    # (spark-submit, on PySpark 3.5, has no client to preload: its tasks say nothing of it)
+    assert not not_warm or not SUPPORTS_CONNECT, {str(f): f.read_text()[-2000:] for f in not_warm}
 
     # -- a txid that commits without failing starts one worker task: commit and watch_failures
     # start and end in the triggerer (their logs are the triggerer's only) --------------------

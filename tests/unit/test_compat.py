@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 import pytest
 
 from airflow_txn_provider.compat import airflow as compat_airflow
-from airflow_txn_provider.compat.python import UTC, StrEnum
+from airflow_txn_provider.compat.python import UTC, StrEnum, fromisoformat
 
 
 class Color(StrEnum):
@@ -25,6 +25,22 @@ def test_a_str_enum_member_is_its_value_as_a_string():
 
 def test_utc_is_the_zero_offset():
     assert datetime(2026, 1, 1, tzinfo=UTC).utcoffset() == timedelta(0)
+
+
+@pytest.mark.parametrize(
+    "text", ["2000-01-01T00:00:00Z", "2000-01-01T00:00:00.123456Z", "2000-01-01T00:00:00+00:00"]
+)
+def test_an_iso_time_with_a_z_reads_as_utc_on_every_python(text):
+    # Airflow's REST API writes "Z"; Python 3.10's datetime.fromisoformat refuses it
+    when = fromisoformat(text)
+    assert when.utcoffset() == timedelta(0) and when.replace(microsecond=0) == datetime(
+        2000, 1, 1, tzinfo=UTC
+    )
+
+
+def test_a_bad_iso_time_is_still_refused():
+    with pytest.raises(ValueError):
+        fromisoformat("2000-13-01T00:00:00Z")
 
 
 @pytest.mark.parametrize("threads", [True, False])
