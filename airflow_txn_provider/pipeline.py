@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from airflow_txn_provider.compat.spark import DEFAULT_SPARK_MODE
 from airflow_txn_provider.log.health import STALL_AFTER
 from airflow_txn_provider.rules.config import (
     DEFAULT_KEEP_TXIDS,
@@ -48,7 +49,9 @@ class TxnPipeline:
     :param max_pending: txids in flight at most (processing in parallel).
     :param max_attempts: poison-batch policy: a txid that failed this many times stops the
         pipeline (visibly: its run fails and later txids wait) instead of retrying forever.
-    :param spark: ``connect`` (Spark Connect server, no JVM start per txid) or ``submit``.
+    :param spark: ``connect`` (Spark Connect server, no JVM start per txid) or ``submit``; by
+        default ``connect`` where the PySpark beside Airflow has Spark Connect (4.0 on), else
+        ``submit``.
     :param reuse_spark_sessions: with ``spark="connect"``, a txid attaches to one of the
         pipeline's server sessions, kept from txid to txid (a temporary view or setting a
         transform makes may still be there later; ``docs/deployment.md``); ``False``: a new
@@ -91,7 +94,7 @@ class TxnPipeline:
     states: Sequence[MapState]
     max_pending: int = 4
     max_attempts: int = 3
-    spark: str = "connect"
+    spark: str = DEFAULT_SPARK_MODE
     txn_log_conn_id: str = "txn_log_default"
     spark_conn_id: str = "spark_default"
     spark_connect_conn_id: str = "spark_connect_default"

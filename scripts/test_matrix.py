@@ -119,7 +119,8 @@ CHECKS["spark-submit-one"] = (
 CHECKS["wheel"] = (
     [],  # not pytest: wheel_check
     "the built wheel installed into a fresh environment holding only the cell's Airflow, PySpark "
-    "and Spark provider, replacing none of them",
+    "and Spark provider, replacing none of them; example_txn_words commits two txids there "
+    "(dag.test)",
 )
 DEFAULT_CHECKS = ["wheel", "unit", "log", "spark-submit", "connect", "lake", "airflow"]
 CHECKS["unit-compat"] = (
@@ -169,11 +170,12 @@ def uv() -> str:
 
 def run(cmd: list[str], log: Path | None = None, **kw) -> int:
     env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never", **kw.pop("env", {})}
+    cwd = kw.pop("cwd", ROOT)
     if log is None:
-        return subprocess.run(cmd, cwd=ROOT, env=env, check=True, **kw).returncode
+        return subprocess.run(cmd, cwd=cwd, env=env, check=True, **kw).returncode
     with log.open("w") as out:
         return subprocess.run(
-            cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, **kw
+            cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, **kw
         ).returncode
 
 
@@ -242,7 +244,8 @@ def versions(python: Path) -> dict[str, str]:
 
 def wheel_check(cell: Cell, python: Path) -> dict[str, int]:
     """A user's environment: their Airflow, PySpark and Spark provider first (the cell's
-    versions), then the provider's wheel; it must replace none of the three, and import."""
+    versions), then the provider's wheel; it must replace none of the three, import, and commit
+    txids of an example DAG there (``scripts/example_dag_check.py``)."""
     folder = WORK / cell.name
     started = time.monotonic()
     users = ("apache-airflow", "pyspark", "apache-airflow-providers-apache-spark")
@@ -258,14 +261,22 @@ def wheel_check(cell: Cell, python: Path) -> dict[str, int]:
             ".git", ".venv", "var", "test-artifacts", "__pycache__", "*.egg-info", "build"
         )
         shutil.copytree(ROOT, source, ignore=skip)
-        steps = [
-            [uv(), "build", "-q", "--wheel", "-o", str(dist), str(source)],
-            [uv(), "venv", "-q", "--python", find_python(cell.python), str(venv)],
-            [uv(), "pip", "install", "-q", "--python", str(venv / "bin" / "python"), *pins],
-        ]
+        steps = {
+            "build": [uv(), "build", "-q", "--wheel", "-o", str(dist), str(source)],
+            "venv": [uv(), "venv", "-q", "--python", find_python(cell.python), str(venv)],
+            "theirs": [
+                uv(),
+                "pip",
+                "install",
+                "-q",
+                "--python",
+                str(venv / "bin" / "python"),
+                *pins,
+            ],
+        }
         code = 0
-        for step in steps:
-            code = code or run(step, log=log.with_suffix(f".{len(step)}.log"))
+        for name, step in steps.items():
+            code = code or run(step, log=log.with_suffix(f".{name}.log"))
         if not code:
             wheel = next(dist.glob("*.whl"))
             code = run(
@@ -285,8 +296,10 @@ def wheel_check(cell: Cell, python: Path) -> dict[str, int]:
                 "import airflow_txn_provider.operators.txn, airflow_txn_provider.plugins",
             ],
             log=log.with_suffix(".import.log"),
+            cwd=tmp,  # not this checkout, whose folder `python -c` would import first
         )
-    ok = not code and sorted(kept) == sorted(pins) and not imports
+        example = not imports and example_dag_commits(venv / "bin" / "python", Path(tmp), log)
+    ok = not code and sorted(kept) == sorted(pins) and not imports and example
     say(f"{cell.name}: wheel: theirs {pins}, after the wheel {kept}")
     return {
         "passed": int(ok),
@@ -294,6 +307,57 @@ def wheel_check(cell: Cell, python: Path) -> dict[str, int]:
         "skipped": 0,
         "seconds": round(time.monotonic() - started),
     }
+
+
+def example_dag_commits(python: Path, tmp: Path, log: Path) -> bool:
+    """``scripts/example_dag_check.py`` in the wheel's environment, on a throwaway Postgres
+    (Airflow's metadata and the log) and the environment's own Spark."""
+    sys.path.insert(0, str(ROOT))
+    from sqlalchemy import create_engine, text
+
+    from txn_testing.airflow import txn_log_connection_env
+    from txn_testing.postgres import EmbeddedPostgres
+
+    with EmbeddedPostgres(durable=False) as pg:
+        admin = create_engine(pg.url, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            for name in ("airflow_meta", "txn_log"):
+                conn.execute(text(f"CREATE DATABASE {name}"))
+        admin.dispose()
+        log_url = pg.url.rsplit("/", 1)[0] + "/txn_log"
+        home = tmp / "airflow-home"
+        env = {
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": (
+                f"postgresql+psycopg2://postgres@127.0.0.1:{pg.port}/airflow_meta"
+            ),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            **txn_log_connection_env("txn_log_default", log_url),
+        }
+        code = run(
+            [
+                str(python),
+                str(ROOT / "scripts" / "example_dag_check.py"),
+                "--dags",
+                str(ROOT / "dags"),
+                "--log-url",
+                log_url,
+                "--txids",
+                "2",
+            ],
+            log=log.with_suffix(".example.log"),
+            env=env,
+            cwd=tmp,  # not this checkout: the provider comes from the wheel
+        )
+    last = log.with_suffix(".example.log").read_text().strip().splitlines()[-1:]
+    say(f"example DAG in the wheel's environment: {last[0] if last else 'no result'}")
+    try:
+        result = json.loads(last[0])
+    except (IndexError, ValueError):
+        return False
+    # the provider the DAG ran is the wheel's, in the environment, not this checkout
+    return code == 0 and result["ok"] and str(tmp) in result["provider"]
 
 
 def check(cell: Cell, python: Path, name: str) -> dict[str, int]:

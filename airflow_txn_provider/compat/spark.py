@@ -19,10 +19,12 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame
 
-__all__ = ["PYSPARK_VERSION", "SUPPORTS_CONNECT", "to_arrow"]
+__all__ = ["DEFAULT_SPARK_MODE", "PYSPARK_VERSION", "SUPPORTS_CONNECT", "to_arrow"]
 
 PYSPARK_VERSION = Version(Version(pyspark.__version__).base_version)
 SUPPORTS_CONNECT = PYSPARK_VERSION >= Version("4.0")
+DEFAULT_SPARK_MODE = "connect" if SUPPORTS_CONNECT else "submit"
+"""A pipeline's ``spark`` unless it says: the example DAGs run on PySpark 3.5 too."""
 
 
 def to_arrow(frame: DataFrame) -> pa.Table:

@@ -121,12 +121,22 @@ class SharedAirflow:
                         self.ended_by_tests.add((dag_id, run_id, ti["task_id"], ti["try_number"]))
                 api.call("PATCH", f"/dags/{dag_id}/dagRuns/{run_id}", json={"state": "failed"})
 
+    def _events(self) -> tuple[list[dict[str, Any]], list[str]]:
+        """Every OpenLineage event the file transport wrote, oldest first, and the files that do
+        not parse (yet: the transport creates a file, then writes it)."""
+        events, unreadable = [], []
+        for path in sorted(self.lineage.parent.glob(f"{self.lineage.name}-*.json")):
+            try:
+                events.append(json.loads(path.read_text()))
+            except ValueError:
+                unreadable.append(path.name)
+        return events, unreadable
+
     def lineage_events(self, dag_id: str) -> list[dict[str, Any]]:
         """The OpenLineage run events of ``dag_id``'s tasks that say which txid they worked for
         (the provider's run facet), oldest first."""
         events = []
-        for path in sorted(self.lineage.parent.glob(f"{self.lineage.name}-*.json")):
-            event = json.loads(path.read_text())
+        for event in self._events()[0]:
             if event.get("job", {}).get("name", "").startswith(f"{dag_id}.") and RUN_FACET in (
                 event.get("run", {}).get("facets", {})
             ):
@@ -136,8 +146,7 @@ class SharedAirflow:
     def dag_lineage(self, dag_id: str) -> list[dict[str, Any]]:
         """Every OpenLineage event of ``dag_id``'s runs and their tasks'."""
         events = []
-        for path in sorted(self.lineage.parent.glob(f"{self.lineage.name}-*.json")):
-            event = json.loads(path.read_text())
+        for event in self._events()[0]:
             job = event.get("job", {}).get("name", "")
             if job == dag_id or job.startswith(f"{dag_id}."):
                 events.append(event)
@@ -154,6 +163,7 @@ class SharedAirflow:
         def problems() -> list[str]:
             events = self.dag_lineage(dag_id)
             found = [f"{e['job']['name']} {p}" for e in events for p in schemas.problems(e)]
+            found += [f"{name} is not JSON" for name in self._events()[1]]
             for event in events:
                 for where, key, facet in facets_of(event):
                     url = str(facet.get("_schemaURL")).split("#")[0]

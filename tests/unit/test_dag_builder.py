@@ -45,6 +45,14 @@ def _pipeline(jobs=("spark_jobs/word_count.py",), **kw):
     )
 
 
+def test_a_pipeline_runs_its_jobs_the_way_its_pyspark_can_by_default():
+    from airflow_txn_provider.compat.spark import DEFAULT_SPARK_MODE, SUPPORTS_CONNECT
+
+    # Spark Connect needs PySpark 4: with 3.5 beside Airflow the example DAGs spark-submit
+    assert _pipeline().spark == DEFAULT_SPARK_MODE == ("connect" if SUPPORTS_CONNECT else "submit")
+    assert _pipeline(spark="submit").spark == "submit"
+
+
 def _upstream(dag, task_id):
     return set(dag.get_task(task_id).upstream_task_ids)
 
