@@ -247,6 +247,7 @@ def wheel_check(cell: Cell, python: Path) -> dict[str, int]:
     versions), then the provider's wheel; it must replace none of the three, import, and commit
     txids of an example DAG there (``scripts/example_dag_check.py``)."""
     folder = WORK / cell.name
+    folder.mkdir(parents=True, exist_ok=True)  # the lock's cell has no environment here
     started = time.monotonic()
     users = ("apache-airflow", "pyspark", "apache-airflow-providers-apache-spark")
     theirs = subprocess.run(

@@ -348,13 +348,54 @@ class AirflowStack:
                 raise RuntimeError(f"airflow {name} exited {proc.returncode}\n{self.tail(name)}")
 
     def tail(self, *names: str, lines: int = 40) -> str:
+        """The components' log tails (all of them unless ``names``), then the log database's
+        sessions: what a stalled run's report needs."""
         out = []
         for name in names or tuple(self.procs):
             path = self.home / "logs" / f"{name}.log"
             if path.exists():
                 text = path.read_text(errors="replace").splitlines()[-lines:]
                 out.append(f"--- {name} ---\n" + "\n".join(text))
+        if not names:
+            out.append(self.log_sessions())
         return "\n".join(out)
+
+    def log_sessions(self) -> str:
+        """The transaction log's Postgres sessions (``txn_log_default``): each one's state, what
+        it waits for and who blocks it, so a stall that waits on a lock says whose."""
+        raw = self.extra_env.get("AIRFLOW_CONN_TXN_LOG_DEFAULT")
+        if not raw:
+            return ""
+        try:
+            from sqlalchemy import URL, create_engine, text
+
+            c = json.loads(raw)
+            url = URL.create(
+                "postgresql+psycopg",
+                c.get("login"),
+                c.get("password"),
+                c.get("host"),
+                c.get("port"),
+                c.get("schema"),
+            )
+            engine = create_engine(url)
+            try:
+                with engine.connect() as conn:
+                    rows = conn.execute(
+                        text(
+                            "SELECT pid, application_name, state, wait_event_type, wait_event, "
+                            "pg_blocking_pids(pid) AS blocked_by, now() - xact_start AS in_xact, "
+                            "left(query, 160) AS query FROM pg_stat_activity "
+                            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                        )
+                    ).all()
+            finally:
+                engine.dispose()
+        except Exception as err:  # a report: never the reason a test fails
+            return f"--- log sessions ---\n(not read: {err!r})"
+        head = "--- log sessions (pid | app | state | wait | blocked by | in xact | query) ---"
+        lines = [" | ".join(str(v) for v in row) for row in rows] or ["(none)"]
+        return "\n".join([head, *lines])
 
     def client(self) -> AirflowClient:
         return AirflowClient(self.url, ADMIN_USER, self.password)
