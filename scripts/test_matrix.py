@@ -299,7 +299,7 @@ def wheel_check(cell: Cell, python: Path) -> dict[str, int]:
             log=log.with_suffix(".import.log"),
             cwd=tmp,  # not this checkout, whose folder `python -c` would import first
         )
-        example = not imports and example_dag_commits(venv / "bin" / "python", Path(tmp), log)
+        example = not imports and example_dag_commits(cell, venv / "bin" / "python", Path(tmp), log)
     ok = not code and sorted(kept) == sorted(pins) and not imports and example
     say(f"{cell.name}: wheel: theirs {pins}, after the wheel {kept}")
     return {
@@ -310,16 +310,26 @@ def wheel_check(cell: Cell, python: Path) -> dict[str, int]:
     }
 
 
-def example_dag_commits(python: Path, tmp: Path, log: Path) -> bool:
+def example_dag_commits(cell: Cell, python: Path, tmp: Path, log: Path) -> bool:
     """``scripts/example_dag_check.py`` in the wheel's environment, on a throwaway Postgres
-    (Airflow's metadata and the log) and the environment's own Spark."""
+    (Airflow's metadata and the log) and the Spark the example's default mode asks for: the
+    environment's own spark-submit on PySpark 3.5, a Spark Connect server (this checkout's
+    PySpark 4.3, which every 4.x cell's client may talk to) from 4.0 on."""
     sys.path.insert(0, str(ROOT))
+    from contextlib import ExitStack
+
     from sqlalchemy import create_engine, text
 
     from txn_testing.airflow import txn_log_connection_env
     from txn_testing.postgres import EmbeddedPostgres
+    from txn_testing.spark import SparkConnectServer
 
-    with EmbeddedPostgres(durable=False) as pg:
+    with ExitStack() as started:
+        pg = started.enter_context(EmbeddedPostgres(durable=False))
+        spark = {}
+        if int(cell.pyspark.split(".")[0]) >= 4:
+            server = started.enter_context(SparkConnectServer(workdir=tmp / "connect"))
+            spark = {"AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": server.url}
         admin = create_engine(pg.url, isolation_level="AUTOCOMMIT")
         with admin.connect() as conn:
             for name in ("airflow_meta", "txn_log"):
@@ -335,6 +345,7 @@ def example_dag_commits(python: Path, tmp: Path, log: Path) -> bool:
             "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             **txn_log_connection_env("txn_log_default", log_url),
+            **spark,
         }
         code = run(
             [

@@ -10,9 +10,9 @@
 
 from __future__ import annotations
 
+from importlib.metadata import version
 from typing import TYPE_CHECKING, Any, cast
 
-import pyspark
 from packaging.version import Version
 
 if TYPE_CHECKING:
@@ -21,7 +21,9 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_SPARK_MODE", "PYSPARK_VERSION", "SUPPORTS_CONNECT", "to_arrow"]
 
-PYSPARK_VERSION = Version(Version(pyspark.__version__).base_version)
+# The installed distribution's version, read without importing pyspark (over a second): a DAG
+# file's parse builds a pipeline, whose default Spark mode depends on it, and imports no Spark.
+PYSPARK_VERSION = Version(Version(version("pyspark")).base_version)
 SUPPORTS_CONNECT = PYSPARK_VERSION >= Version("4.0")
 DEFAULT_SPARK_MODE = "connect" if SUPPORTS_CONNECT else "submit"
 """A pipeline's ``spark`` unless it says: the example DAGs run on PySpark 3.5 too."""
