@@ -6,10 +6,14 @@
 - 3.3 starts a task with ``start_from_trigger`` in the triggerer; 3.1 and 3.2 accept the flag and
   run the task on a worker, whose ``execute`` then defers: so the flag is set on 3.3 only, and a
   txid costs two more worker-task starts below it (docs/deployment.md, "Supported versions").
-- 3.1's triggerer answers a request to its supervisor (a connection, a secret to mask) made from
-  a thread on the event loop's channel, out of order, and its trigger runner dies ("Response read
-  out of order"); the same request made on the loop is bridged (greenback). So a trigger's
-  blocking calls run in a thread from 3.3 (tested) and on the loop below it.
+- A process's requests to its Airflow supervisor (a connection, a Variable, a secret to mask) are
+  thread-safe from 3.3 on (its channel serializes them with a lock), not below: in 3.1's triggerer
+  a thread's request is answered out of order and the trigger runner dies ("Response read out of
+  order"; the same request made on the loop is bridged by greenback), and in a 3.1 task process
+  two threads asking at once each wait forever for an answer the other read. So a trigger's
+  blocking calls run in a thread from 3.3 on (tested) and on the loop below it, and a processing
+  task creates the next txid's run beside its own work from 3.3 on and before it below
+  (``triggers.waker.start_next_run``).
 - 3.3's ``retry_exponential_backoff`` is a multiplier; 3.1's a switch (True: doubling).
 - 3.3's ``clearTaskInstances`` takes a ``note`` (put on each task instance cleared); 3.1 and 3.2
   refuse the field (422), so a re-queue's clear says nothing there (its task's log says why).
@@ -30,6 +34,7 @@ __all__ = [
     "CLEAR_TAKES_NOTE",
     "DOUBLING_RETRY_BACKOFF",
     "STARTS_FROM_TRIGGER",
+    "SUPERVISOR_COMMS_THREAD_SAFE",
     "AirflowFailException",
     "AirflowNotFoundException",
     "AirflowSkipException",
@@ -76,14 +81,15 @@ else:
 
 _T = TypeVar("_T")
 
-TRIGGER_THREADS_MAY_ASK_SUPERVISOR = AIRFLOW_V_3_3_PLUS
-"""A thread of the triggerer may look up a connection or mask a secret (see the module's doc)."""
+SUPERVISOR_COMMS_THREAD_SAFE = AIRFLOW_V_3_3_PLUS
+"""A thread of a task or triggerer process may ask its supervisor (a connection, a Variable, a
+secret to mask) while another does (see the module's doc)."""
 
 
 async def run_blocking(fn: Callable[..., _T], *args: Any) -> _T:
     """``fn(*args)`` from a trigger: in a thread where Airflow allows it, else on the event loop
     (which it blocks meanwhile: a REST call, a look at the source)."""
-    if TRIGGER_THREADS_MAY_ASK_SUPERVISOR:
+    if SUPERVISOR_COMMS_THREAD_SAFE:
         return await asyncio.to_thread(fn, *args)
     return fn(*args)
 

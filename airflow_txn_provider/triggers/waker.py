@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
-from airflow_txn_provider.compat.airflow import run_blocking
+from airflow_txn_provider.compat.airflow import SUPERVISOR_COMMS_THREAD_SAFE, run_blocking
 from airflow_txn_provider.rules.exceptions import UnknownPipelineError
 from airflow_txn_provider.rules.records import PipelineView
 from airflow_txn_provider.rules.waiting import new_txid_due, txid_ahead
@@ -98,9 +98,11 @@ def start_next_run(
     metadata: Any,
     log: TransactionLog,
     logger: Any,
-) -> threading.Thread:
+) -> threading.Thread | None:
     """:func:`create_next_run` in a thread, beside ``txid``'s own work (a claim calls it): best
-    effort, the waker's next poll does the same. Returns the thread, for the task to join."""
+    effort, the waker's next poll does the same. Returns the thread, for the task to join (none
+    below Airflow 3.3, where it runs first, in the caller's thread:
+    ``compat.airflow.SUPERVISOR_COMMS_THREAD_SAFE``)."""
 
     def chain() -> None:
         from airflow_txn_provider.hooks.airflow_api import AirflowApiHook
@@ -125,6 +127,11 @@ def start_next_run(
             msg = "pipeline=%s txid=%s: the next txid's run is left to the waker (%s: %s)"
             logger.warning(msg, pipeline.name, txid, type(err).__name__, str(err)[:300])
 
+    if not SUPERVISOR_COMMS_THREAD_SAFE:
+        # below Airflow 3.3 the chain's look-ups (the REST API's connection, a source's, the
+        # secrets they hold) would ask the supervisor beside the task's own requests: both hang
+        chain()
+        return None
     thread = threading.Thread(target=chain, name=f"txn-next-run-{txid}", daemon=True)
     thread.start()
     return thread

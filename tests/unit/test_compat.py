@@ -47,7 +47,7 @@ def test_a_bad_iso_time_is_still_refused():
 def test_a_triggers_blocking_call_runs_in_a_thread_only_where_airflow_allows_it(
     monkeypatch, threads
 ):
-    monkeypatch.setattr(compat_airflow, "TRIGGER_THREADS_MAY_ASK_SUPERVISOR", threads)
+    monkeypatch.setattr(compat_airflow, "SUPERVISOR_COMMS_THREAD_SAFE", threads)
 
     async def main() -> tuple[int, int]:
         return threading.get_ident(), await compat_airflow.run_blocking(threading.get_ident)

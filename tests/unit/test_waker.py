@@ -4,6 +4,8 @@ REST API (the real ones are the integration tier's: every test on a real Airflow
 from __future__ import annotations
 
 import asyncio
+import logging
+import threading
 
 import hypothesis
 import hypothesis.strategies as st
@@ -296,3 +298,33 @@ def test_an_existing_run_is_not_created_again():
 
     v = view((4, 1, PROC), last=3)
     assert create_next_run(v, Batches(100), 4, {"end": 40}, lambda n: False) is False
+
+
+@pytest.mark.parametrize("thread_safe", [True, False])
+def test_the_next_run_is_created_beside_the_claim_only_where_its_supervisor_takes_threads(
+    monkeypatch, thread_safe
+):
+    # below Airflow 3.3 a task process's requests to its supervisor are not thread-safe: the
+    # chain's connection look-ups beside the task's own (a Variable) hung both (matrix, 3.1)
+    from types import SimpleNamespace
+
+    from airflow_txn_provider.triggers import waker
+
+    ran_in = []
+
+    def create_next_run(*args, **kwargs):
+        ran_in.append(threading.current_thread())
+        return True
+
+    monkeypatch.setattr(waker, "SUPERVISOR_COMMS_THREAD_SAFE", thread_safe)
+    monkeypatch.setattr(waker, "create_next_run", create_next_run)
+    monkeypatch.setattr("airflow_txn_provider.spark.sources.source_from_spec", lambda spec: spec)
+    pipeline = SimpleNamespace(
+        name="p", airflow_api_conn_id="api", source=SimpleNamespace(to_spec=lambda: {})
+    )
+    log = SimpleNamespace(view=lambda name: None)
+    thread = waker.start_next_run(pipeline, "p", 1, {}, log, logging.getLogger(__name__))
+    if thread is not None:
+        thread.join(10)
+    assert len(ran_in) == 1
+    assert (thread is None) is (ran_in[0] is threading.current_thread()) is (not thread_safe)
