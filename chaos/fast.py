@@ -3,7 +3,8 @@
 No Airflow: a driver loop in this process plays its role for one pipeline per run. It registers
 the pipeline (a transactional Parquet source whose batches are known in plain Python, word count
 into a transactional map state), begins txids in the ``max_pending`` window, starts one real
-worker process (:mod:`chaos.worker`, its own process group) per begun attempt, which processes it
+worker process (:mod:`chaos.worker`, its own process group, forked from a warmed fork server as
+Airflow forks a task process: :mod:`chaos.forked`) per begun attempt, which processes it
 on Spark Connect under a lease, calls ``expire_leases`` every tick (what the failure sensor does),
 re-begins failed txids in order and commits processed txids in order (``commit_registered``).
 
@@ -76,7 +77,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: chaos/ and tests/ are packages of the repository
@@ -95,6 +96,7 @@ from airflow_txn_provider.state import MapState  # noqa: E402
 from airflow_txn_provider.transactions.commit import commit_registered  # noqa: E402
 from airflow_txn_provider.transactions.transaction_log import TransactionLog  # noqa: E402
 from chaos.committer import TABLE_COMMITTED  # noqa: E402
+from chaos.forked import ForkedProcess  # noqa: E402
 from chaos.report import NO_FAULT, FaultResult, print_table, reemissions  # noqa: E402
 from tests.spark_data import (  # noqa: E402
     lines_in_ranges,
@@ -137,11 +139,12 @@ LEASE = 5.0
 """Seconds a worker's lease lasts after each renewal (renewed every LEASE / 5 s): a starved
 worker that misses renewals for this long is taken for dead."""
 CLAIM = 20.0
-"""Seconds a begun attempt's lease lasts before its worker takes it over: a worker process needs
-~2 s to start here, and over 8 s beside an Airflow deployment on the same two cores (CI), where a
-shorter claim expired every attempt before its worker started (a replay storm, nothing
-committed). A replay whose claim ran out unstarted gets twice as long (the log's own backoff,
-``fencing.claim_timeout_for``): one CI run saw four such expiries of one txid in a row."""
+"""Seconds a begun attempt's lease lasts before its worker takes it over: a worker started as
+``python -m chaos.worker`` needed ~2 s to start here, and over 8 s beside an Airflow deployment
+on the same two cores (CI), where a shorter claim expired every attempt before its worker
+started (a replay storm, nothing committed). A replay whose claim ran out unstarted gets twice
+as long (the log's own backoff, ``fencing.claim_timeout_for``): one CI run saw four such
+expiries of one txid in a row."""
 TICK = 0.25
 """Seconds between two rounds of the driver (expire leases, commit, begin)."""
 BOUND = 180.0
@@ -296,9 +299,8 @@ class Worker:
     spawn: int
     txid: int
     attempt: int
-    popen: subprocess.Popen[bytes]
+    popen: ForkedProcess
     started: float
-    out: IO[bytes]
 
     def alive(self) -> bool:
         return self.popen.poll() is None
@@ -543,10 +545,11 @@ class ChaosRun:
 
     def _child_argv(self, module: str, txid: int, attempt: int, *options: str) -> list[str]:
         """The command line of a child (a worker or a committer) of ``(txid, attempt)``."""
+        return [sys.executable, "-m", module, *self._child_options(txid, attempt, *options)]
+
+    def _child_options(self, txid: int, attempt: int, *options: str) -> list[str]:
+        """The options a child (a worker or a committer) of ``(txid, attempt)`` is given."""
         return [
-            sys.executable,
-            "-m",
-            module,
             "--pipeline",
             self.pipeline,
             "--txid",
@@ -561,10 +564,8 @@ class ChaosRun:
     def _spawn(self, txid: int, attempt: int) -> None:
         assert self.source is not None
         self.spawned += 1
-        out = open(self.dir / f"worker-{self.spawned:02d}-txid{txid}-a{attempt}.log", "wb")
-        env = self._child_env()
-        argv = self._child_argv(
-            "chaos.worker",
+        out = self.dir / f"worker-{self.spawned:02d}-txid{txid}-a{attempt}.log"
+        argv = self._child_options(
             txid,
             attempt,
             "--source",
@@ -581,22 +582,16 @@ class ChaosRun:
         if self.plan.jobs > 1:
             argv += ["--jobs", str(self.plan.jobs)]
         argv += self._pause_options(self.spawned)
-        popen = subprocess.Popen(
-            argv,
-            cwd=ROOT,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group: a kill takes all of it
-        )
+        # forked from a warmed server, in a process group of its own (a kill takes all of it)
+        popen = ForkedProcess("chaos.worker", argv, env=self._child_env(), cwd=ROOT, out=out)
         self.spawn_times[self.spawned] = time.monotonic()
-        self.workers.append(Worker(self.spawned, txid, attempt, popen, time.monotonic(), out))
+        self.workers.append(Worker(self.spawned, txid, attempt, popen, time.monotonic()))
 
     def _reap(self) -> None:
         for worker in [w for w in self.workers if not w.alive()]:
-            self.exits[int(worker.popen.returncode)] += 1
-            worker.out.close()
+            code = worker.popen.poll()
+            assert code is not None
+            self.exits[code] += 1
             self.workers.remove(worker)
 
     def _stop_workers(self, grace: float = 5.0) -> None:
