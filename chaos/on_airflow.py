@@ -104,6 +104,8 @@ FAULTS = (
 """Every fault the suite knows, in the order the table lists them."""
 SINKS = ("none", "delta", "iceberg")
 """``--sink``: the lake table every run's pipeline also writes (``none``: only the map state)."""
+OWN_POSTGRES = ("restart_log_postgres", "restart_metadata_postgres", "kill_log_backend")
+"""The faults that crash a Postgres server of the deployment, or one of its backends."""
 RUN_PREFIX = {"none": "chaos", "delta": "delta", "iceberg": "ice"}
 """A run's pipeline is ``<prefix>_<fault>_<round>``, by its sink."""
 
@@ -112,10 +114,14 @@ _PID = re.compile(r"pid (\d+)\)")
 
 @dataclass
 class Deployment:
-    """What the runs share: two Postgres servers, Spark Connect and Airflow."""
+    """What the runs share: two Postgres servers, Spark Connect and Airflow.
 
-    log_pg: Any
-    meta_pg: Any
+    ``log_pg`` and ``meta_pg`` are the servers the faults crash (:data:`OWN_POSTGRES`): ``None``
+    on a deployment that lends its Postgres to no fault (the test suite's shared one, on which CI
+    makes its run)."""
+
+    log_pg: Any | None
+    meta_pg: Any | None
     connect: Any
     stack: Any
     log_url: str
@@ -213,12 +219,27 @@ def transform(batch):
     return path
 
 
+def prepare_runs(plans: Sequence[Plan], workdir: Path) -> list[dict[str, Any]]:
+    """Write each run's data (and, with a lake sink, its job file) under ``workdir``; return what
+    ``chaos/dags/chaos_words.py`` reads from ``$TXN_CHAOS_RUNS`` to build one DAG per run."""
+    from tests.spark_data import parquet_dataset
+
+    runs = []
+    for plan in plans:
+        data = parquet_dataset(workdir / "data" / plan.name, plan.data)
+        run: dict[str, Any] = {"name": plan.name, "data": str(data), "batch": BATCH}
+        table = lake_sink(workdir, plan)
+        if table is not None:
+            run.update(sink=table.to_spec(), job=str(lake_job(workdir, plan, table)))
+        runs.append(run)
+    return runs
+
+
 def start(plans: Sequence[Plan], workdir: Path) -> Deployment:
     """Start the deployment with one DAG per planned run (all paused); a run with a lake sink
     writes its own table."""
     from sqlalchemy import create_engine, text
 
-    from tests.spark_data import parquet_dataset
     from txn_testing.airflow import AirflowStack, txn_log_connection_env
     from txn_testing.postgres import EmbeddedPostgres
     from txn_testing.spark import SparkConnectServer
@@ -237,16 +258,8 @@ def start(plans: Sequence[Plan], workdir: Path) -> Deployment:
         meta_url = meta_pg.url.rsplit("/", 1)[0] + "/airflow"
         connect = SparkConnectServer(workdir=workdir / "connect").start()
         started.append(connect)
-        runs = []
-        for plan in plans:
-            data = parquet_dataset(workdir / "data" / plan.name, plan.data)
-            run: dict[str, Any] = {"name": plan.name, "data": str(data), "batch": BATCH}
-            table = lake_sink(workdir, plan)
-            if table is not None:
-                run.update(sink=table.to_spec(), job=str(lake_job(workdir, plan, table)))
-            runs.append(run)
         env = {
-            "TXN_CHAOS_RUNS": json.dumps(runs),
+            "TXN_CHAOS_RUNS": json.dumps(prepare_runs(plans, workdir)),
             **txn_log_connection_env("txn_log_default", log_pg.url),
             "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": connect.url,
         }
@@ -270,8 +283,9 @@ def start(plans: Sequence[Plan], workdir: Path) -> Deployment:
 def stop(deployment: Deployment) -> None:
     deployment.stack.stop()
     deployment.connect.stop()
-    deployment.meta_pg.stop()
-    deployment.log_pg.stop()
+    for pg in (deployment.meta_pg, deployment.log_pg):
+        if pg is not None:
+            pg.stop()
 
 
 # -- faults ------------------------------------------------------------------------------------
@@ -349,10 +363,12 @@ def inject(
         )
     if plan.fault == "restart_log_postgres":
         down = rng.uniform(15, 25)
+        assert d.log_pg is not None  # run_one checked
         d.log_pg.restart(down)
         return (f"the log's Postgres crashed (immediate stop) for {down:.0f} s", began)
     if plan.fault == "restart_metadata_postgres":
         down = rng.uniform(10, 20)
+        assert d.meta_pg is not None  # run_one checked
         d.meta_pg.restart(down)
         return (f"Airflow's metadata Postgres crashed (immediate stop) for {down:.0f} s", began)
     if plan.fault == "stop_api_server":
@@ -417,6 +433,7 @@ def _kill_log_backend(
             f"txid {TXIDS} left"
         )
     began = datetime.now(UTC)
+    assert d.log_pg is not None  # run_one checked
     at_stake = seen if phase == "processed" else _staged_txids(log, name)
     for _ in range(5):  # a backend may close between the listing and the kill: list again
         backends = d.log_pg.client_backends()
@@ -461,6 +478,8 @@ def run_one(deployment: Deployment, plan: Plan) -> FaultResult:
     from chaos.fast import check_lake_table
     from tests.spark_data import word_counts
 
+    if plan.fault in OWN_POSTGRES and (deployment.log_pg is None or deployment.meta_pg is None):
+        raise ValueError(f"{plan.label}: this deployment lends no Postgres server to a fault")
     rng = random.Random(plan.seed)
     log = TransactionLog.from_url(deployment.log_url)
     restarts_before = dict(deployment.stack.restarts)

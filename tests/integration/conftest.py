@@ -1,8 +1,8 @@
-"""One Airflow deployment shared by the browser test, the credentials test and the Kafka test.
+"""One Airflow deployment shared by the browser, credentials, Kafka and Airflow chaos tests.
 
 Starting a deployment (``airflow db migrate``, scheduler, dag-processor, triggerer, api-server)
-takes ~40 s on an idle machine of this kind and 80-105 s inside ``make test``: the two tests
-share one, with a DAG each, on one transaction log.
+takes ~40 s on an idle machine of this kind and 80-105 s inside ``make test``: the tests share
+one, with DAGs of their own, on one transaction log.
 
 - ``example_txn_words``, the example as a user drops it in (``dags/``, with its helper), on the
   session's Spark Connect server: the browser test's.
@@ -14,6 +14,9 @@ share one, with a DAG each, on one transaction log.
   ``words`` of a Kafka wire-protocol cluster on 127.0.0.1 (librdkafka's mock cluster in a
   process of its own, :class:`~txn_testing.kafka.MockKafkaCluster`) through the Airflow
   connection ``kafka_default``: the Kafka test's (``test_kafka_airflow.py``).
+- one pipeline per run of the Airflow chaos suite that CI makes (``chaos/dags/chaos_words.py``,
+  its runs in ``CHAOS_IN_CI``): ``test_chaos_airflow.py`` causes its fault on this deployment, not
+  on one of its own (a second deployment's start took over three minutes inside ``make test``).
 
 Every Airflow process sends OpenLineage events through the OpenLineage provider's file transport
 into ``lineage/`` (one file per event): the Kafka and credentials tests read what the pipelines'
@@ -23,9 +26,9 @@ Two users sign in: the admin, and ``viewer`` (the simple auth manager's role ``v
 every DAG, edits none), whom the browser test's rewind is refused.
 
 The DAGs start paused; each test unpauses its own, and pauses it and ends its runs when done, so
-the other test runs beside an idle pipeline. The deployment stops after the last test that uses
-it (not at the session's end: the Airflow chaos tier runs on the same xdist worker after them;
-``tests/conftest.py`` runs these two first).
+the other tests run beside idle pipelines. The deployment stops after the last test that uses
+it (not at the session's end: the other tests that start an Airflow run on the same xdist worker
+after them; ``tests/conftest.py`` runs these first).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from typing import Any
 import pytest
 
 from airflow_txn_provider.utils.lineage import PRODUCER, RUN_FACET, SCHEMAS
+from chaos.on_airflow import Deployment, Plan, plan_runs, prepare_runs
 from tests.conftest import new_database
 from tests.spark_data import parquet_dataset, random_lines
 from txn_testing.airflow import AirflowStack, txn_log_connection_env
@@ -55,6 +59,7 @@ KAFKA_EXAMPLE = ROOT / "dags" / "example_txn_kafka_words.py"
 KAFKA_TOPIC = "words"  # the example's default topic
 EXAMPLE_HELPER = "txn_examples.py"  # the examples' data generators, beside them in dags/
 TEST_DAG = ROOT / "tests" / "dags" / "txn_words.py"
+CHAOS_DAG = ROOT / "chaos" / "dags" / "chaos_words.py"
 
 # The credentials test's pipeline (see tests/integration/test_credentials.py)
 SECRET_PIPELINE = "secret_words"
@@ -67,6 +72,23 @@ STALL_ALERT_AFTER = 10
 
 LEGACY_FACETS = ("txn", "txnBatch")
 """The keys the provider's facets had before they were prefixed (issue 46)."""
+
+# The Airflow chaos suite (chaos/on_airflow.py): its fixed-seed list of runs, and the one CI makes
+# here (each keeps the seed it draws in the whole list). The others run in make test-scenarios,
+# on a deployment of their own whose Postgres servers they crash (test_chaos_airflow.py).
+CHAOS_SEED = 2026
+CHAOS_FAULTS = (
+    "kill_processing",
+    "cascade_herd",
+    "restart_log_postgres",
+    "kill_scheduler",
+    "kill_processing@delta",  # appended: the four runs above keep their seeds
+    "kill_log_backend",  # appended too; its seed draws the "processed" moment (staged rows lost)
+)
+CHAOS_IN_CI = ("kill_processing",)
+"""The run ``make test`` makes: a task process killed (its txid fails, the later ones in flight
+with it, and the failure sensors re-queue them: a cascade). The log's Postgres restarted and the
+backend kills have CI runs without Airflow (``test_chaos_fast.py``)."""
 
 # A second user of the deployment, who may read every DAG but edit none (the simple auth
 # manager's role ``viewer``): the browser test's user whom a rewind is refused.
@@ -89,6 +111,10 @@ class SharedAirflow:
     smtp: SmtpServer
     """Where ``secret_words``' alerts are mailed."""
     """The OpenLineage file transport writes ``<lineage>-<timestamp>.json``, one per event."""
+    chaos: Deployment
+    """The deployment as the Airflow chaos suite sees it (no Postgres of its own to crash)."""
+    chaos_plans: list[Plan]
+    """The runs of ``CHAOS_IN_CI``, a DAG each (paused)."""
     users: int = 0
     """Tests of this session that use it and have not finished."""
     stopped: bool = field(default=False)
@@ -229,8 +255,9 @@ def _shared_airflow_deployment(
     db_url = new_database(postgres)
     dags = folder / "dags"
     dags.mkdir()
-    for source in (EXAMPLE, EXAMPLE.with_name(EXAMPLE_HELPER), TEST_DAG, KAFKA_EXAMPLE):
+    for source in (EXAMPLE, EXAMPLE.with_name(EXAMPLE_HELPER), TEST_DAG, KAFKA_EXAMPLE, CHAOS_DAG):
         (dags / source.name).symlink_to(source)
+    chaos_plans = [p for p in plan_runs(CHAOS_FAULTS, CHAOS_SEED) if p.label in CHAOS_IN_CI]
     kafka = MockKafkaCluster().start()
     statsd = StatsdListener().start()
     smtp = SmtpServer().start()
@@ -261,6 +288,8 @@ def _shared_airflow_deployment(
         # example_txn_kafka_words: the Kafka provider's connection type, its Config Dict in extra
         "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps({"conn_type": "kafka", "extra": kafka.config}),
         "TXN_EXAMPLES_KAFKA_TOPIC": KAFKA_TOPIC,
+        # the Airflow chaos suite's CI run (chaos/dags/chaos_words.py)
+        "TXN_CHAOS_RUNS": json.dumps(prepare_runs(chaos_plans, folder / "chaos")),
         # metrics, Airflow's and the provider's, to a StatsD server the tests own on 127.0.0.1
         "AIRFLOW__METRICS__STATSD_ON": "True",
         "AIRFLOW__METRICS__STATSD_HOST": statsd.host,
@@ -275,7 +304,10 @@ def _shared_airflow_deployment(
     stack = AirflowStack(
         folder / "airflow", meta, dags, env=env, users={VIEWER_USER: ("viewer", VIEWER_PASSWORD)}
     )
-    deployment = SharedAirflow(stack, db_url, folder, kafka, statsd, lineage, smtp)
+    chaos = Deployment(None, None, connect_server, stack, db_url, folder / "chaos")
+    deployment = SharedAirflow(
+        stack, db_url, folder, kafka, statsd, lineage, smtp, chaos, chaos_plans
+    )
     deployment.users = sum("shared_airflow" in item.fixturenames for item in request.session.items)
     try:
         deployment.stack.start()
