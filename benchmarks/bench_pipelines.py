@@ -226,7 +226,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         admin.dispose()
         log = TransactionLog.from_url(log_pg.url)
         env = {
-            # Airflow's default (the test stack parses every 10 s): the floor users have
+            # Airflow's default, named: the floor users have
             "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "30",
             "BENCH_PIPELINES_MAX_PENDING": str(args.max_pending),
             "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": connect.url,

@@ -109,8 +109,6 @@ LEFT_TO_DEFAULTS = {
     "AIRFLOW__API__PORT": "the api-server's command line (--port)",
     "AIRFLOW__API__WORKERS": "Airflow's default (1)",
     "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "shortened for test speed",
-    "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "shortened for test speed",
-    "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "shortened for test speed",
     "AIRFLOW__TRIGGERER__JOB_HEARTBEAT_SEC": "shortened for test speed",
     "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO is Airflow's default",
     "AIRFLOW__CORE__HOSTNAME_CALLABLE": "a test device: the tests' Celery workers share one "
