@@ -58,7 +58,7 @@ def _run(main: str, argv: Sequence[str], env: Mapping[str, str], cwd: str, out: 
 
 class ForkedProcess:
     """A worker forked from the fork server: the part of :class:`subprocess.Popen` the fast tier
-    uses (``pid``, ``poll``, ``wait``, ``returncode``)."""
+    uses (``pid``, ``poll``, ``wait``, ``returncode``, ``send_signal``)."""
 
     def __init__(
         self, main: str, argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, out: Path
@@ -76,6 +76,9 @@ class ForkedProcess:
 
     def poll(self) -> int | None:
         return self._process.exitcode
+
+    def send_signal(self, signum: int) -> None:
+        os.kill(self.pid, signum)
 
     def wait(self, timeout: float | None = None) -> int | None:
         self._process.join(timeout)

@@ -1,5 +1,6 @@
 """No cross-txid interference on shared Spark Connect server sessions (issue 46), on a real Spark
-Connect server, a real Postgres and real worker processes (:mod:`chaos.worker`: the processing
+Connect server, a real Postgres and real worker processes (:mod:`chaos.worker`, forked from a warmed
+fork server as Airflow forks a task process, :mod:`chaos.forked`: the processing
 operator's runner under its lease, SIGTERM handled as Airflow's task runner does: ``on_kill``).
 
 The spurious failures of a fault-free Airflow run came from Airflow's stale-success race
@@ -16,8 +17,6 @@ import json
 import os
 import random
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
 from airflow_txn_provider.state import MapState
 from airflow_txn_provider.transactions.commit import commit_registered
 from airflow_txn_provider.transactions.lease import LeaseKeeper
+from chaos.forked import ForkedProcess
 from tests.spark_data import lines_in_ranges, parquet_dataset, random_lines, word_counts
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -61,7 +61,7 @@ def transform(batch):
 """
 
 
-STARTED: list[subprocess.Popen[bytes]] = []
+STARTED: list[ForkedProcess] = []
 
 
 @pytest.fixture(autouse=True)
@@ -86,16 +86,14 @@ class Worker:
         self.log = folder / f"{name}.log"
         if not held:
             self.release()
-        with open(self.log, "wb") as out:
-            self.popen = subprocess.Popen(
-                [*argv, "--txid", str(txid), "--attempt", str(attempt)],
-                cwd=ROOT,
-                env={**env, "ISO_MARKER": str(self.marker)},
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        # forked from the warmed fork server (chaos/forked.py): a process group of its own
+        self.popen = ForkedProcess(
+            "chaos.worker",
+            [*argv, "--txid", str(txid), "--attempt", str(attempt)],
+            env={**env, "ISO_MARKER": str(self.marker)},
+            cwd=ROOT,
+            out=self.log,
+        )
         STARTED.append(self.popen)
 
     def wait_running(self, timeout: float = 120) -> None:
@@ -126,7 +124,7 @@ def _setup(txlog, tmp_path, name, txids):
     state = MapState(name, f"{name}_words", keys={"word": "text"}).create(txlog.engine)
     job = tmp_path / "slow_words.py"
     job.write_text(SLOW_WORDS)
-    argv = [sys.executable, "-m", "chaos.worker", "--pipeline", name, "--job", str(job)]
+    argv = ["--pipeline", name, "--job", str(job)]
     argv += ["--source", json.dumps(source.to_spec()), "--lease", "10"]
     env = {
         **os.environ,
