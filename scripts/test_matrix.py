@@ -14,6 +14,7 @@ run on 3.13, the 3.5 cells on 3.10). docs/deployment.md, "Supported versions", l
     python scripts/test_matrix.py --cells oldest --checks unit,spark-submit
     python scripts/test_matrix.py --quick          # CI's slice: the oldest cell's unit tests of
                                                    # what differs, one spark-submit txid
+    python scripts/test_matrix.py --quick --build-only  # its environment only (CI: beside tests)
 """
 
 from __future__ import annotations
@@ -465,6 +466,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--write-docs", action="store_true", help="put the results in docs/deployment.md"
     )
+    parser.add_argument(
+        "--build-only",
+        action="store_true",
+        help="build the cells' environments, run no check (CI builds beside the suite)",
+    )
     args = parser.parse_args(argv)
     if args.quick:
         cells, checks = [c for c in CELLS if c.name == QUICK[0]], list(QUICK[1])
@@ -487,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
             f"PySpark {found['pyspark']}, SQLAlchemy {found['sqlalchemy']}"
         )
         results[cell.name] = {"versions": found, "checks": {}}
-        for name in checks:
+        for name in [] if args.build_only else checks:
             say(f"{cell.name}: {name} ...")
             counts = check(cell, python, name)
             results[cell.name]["checks"][name] = counts
@@ -495,6 +501,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"{cell.name}: {name}: {cell_text(counts)} in {counts['seconds']} s "
                 f"(log: var/matrix/{cell.name}/{name}.log)"
             )
+    if args.build_only:
+        return 0
     WORK.mkdir(parents=True, exist_ok=True)
     saved = WORK / "results.json"
     merged = json.loads(saved.read_text()) if saved.exists() else {}
