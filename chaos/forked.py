@@ -6,7 +6,7 @@ A worker started with ``python -m chaos.worker`` spends ~9 s of CPU importing th
 at once on two cores took 15 s to reach Spark, most of a run's time); forked, it reaches Spark in
 well under a second. Each worker is still a process of its own: its own session and process group
 (a fault's ``killpg`` takes all of it), its own environment, output into its own log file, and an
-exit code (``-9`` when SIGKILLed) read as :class:`subprocess.Popen`'s is.
+exit code (``-9`` when SIGKILLed) read as :class:`subprocess.Popen`'s is (``poll``).
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def _run(main: str, argv: Sequence[str], env: Mapping[str, str], cwd: str, out: 
 
 class ForkedProcess:
     """A worker forked from the fork server: the part of :class:`subprocess.Popen` the fast tier
-    uses (``pid``, ``poll``, ``wait``, ``returncode``, ``send_signal``)."""
+    uses (``pid``, ``poll``, ``wait``, ``send_signal``)."""
 
     def __init__(
         self, main: str, argv: Sequence[str], *, env: Mapping[str, str], cwd: Path, out: Path
@@ -69,10 +69,6 @@ class ForkedProcess:
         self._process.start()
         assert self._process.pid is not None
         self.pid: int = self._process.pid
-
-    @property
-    def returncode(self) -> int | None:
-        return self._process.exitcode
 
     def poll(self) -> int | None:
         return self._process.exitcode

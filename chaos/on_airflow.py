@@ -611,6 +611,29 @@ def _first_failure(log: Any, pipeline: str) -> datetime | None:
     return min(ends) if ends else None
 
 
+def run_plans(deployment: Deployment, plans: Sequence[Plan]) -> list[FaultResult]:
+    """Run each plan on ``deployment`` in order (:func:`run_one`), a line each; a run that did not
+    recover also prints the tail of the deployment's logs."""
+    from chaos.fast import lake_summary
+
+    results = []
+    for plan in plans:
+        started = time.monotonic()
+        result = run_one(deployment, plan)
+        results.append(result)
+        took = result.seconds_to_recover
+        print(
+            f"  {plan.label:<26} seed {plan.seed:<10} {'ok ' if result.ok else 'FAIL'} "
+            f"recovered in {'-' if took is None else f'{took:.1f}'} s, "
+            f"re-emitted {result.reemitted}{lake_summary(result)} "
+            f"(run {time.monotonic() - started:.0f} s): {result.detail}",
+            flush=True,
+        )
+        if not result.ok:
+            print(deployment.stack.tail(lines=60), flush=True)
+    return results
+
+
 def run_suite(
     faults: Sequence[str],
     seed: int,
@@ -628,8 +651,6 @@ def run_suite(
     :param only: run only these entries of ``faults``; each keeps the seed it draws in the
         whole list (a subset of a suite replays exactly those of its runs).
     """
-    from chaos.fast import lake_summary
-
     plans = [p for p in plan_runs(faults, seed, repeat, sink) if only is None or p.label in only]
     shown = faults if only is None else [f for f in faults if f in only]
     print(
@@ -641,22 +662,8 @@ def run_suite(
     workdir = Path(workdir or tempfile.mkdtemp(prefix="txn-chaos-airflow-"))
     os.chmod(workdir, 0o755)  # the Postgres servers run as user postgres
     deployment = start(plans, workdir)
-    results = []
     try:
-        for plan in plans:
-            started = time.monotonic()
-            result = run_one(deployment, plan)
-            results.append(result)
-            took = result.seconds_to_recover
-            print(
-                f"  {plan.label:<26} seed {plan.seed:<10} {'ok ' if result.ok else 'FAIL'} "
-                f"recovered in {'-' if took is None else f'{took:.1f}'} s, "
-                f"re-emitted {result.reemitted}{lake_summary(result)} "
-                f"(run {time.monotonic() - started:.0f} s): {result.detail}",
-                flush=True,
-            )
-            if not result.ok:
-                print(deployment.stack.tail(lines=60), flush=True)
+        results = run_plans(deployment, plans)
     finally:
         stop(deployment)
         if owned:
