@@ -59,7 +59,7 @@ class PipelineHealth:
     """The oldest txid whose current attempt failed (waiting for a replay), if any."""
     outputs: tuple[dict[str, Any], ...] = ()
     """Each output (state, lake sink) and from which txid it is complete
-    (:func:`airflow_txn_provider.log.outputs.completeness`)."""
+    (:func:`airflow_txn_provider.rules.outputs.completeness`)."""
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "status": self.status.value}

@@ -42,6 +42,7 @@ from sqlalchemy import (
     Text,
     TypeDecorator,
     func,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -258,6 +259,15 @@ class OutputRow(Base):
     retirement: Mapped[OutputRetirement | None] = mapped_column(
         StrEnumText(OutputRetirement, "output retirement"), nullable=True
     )
+    # Filled from history (migration 0012, :mod:`airflow_txn_provider.filling`)
+    live_from_txid: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    """The first txid begun after the declaration: the live processing stages it from there."""
+    filled_through: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    """The newest txid the fill applied, in txid order (0: none yet)."""
+    fill_attempt: Mapped[int] = mapped_column(Integer, server_default=text("0"))
+    """The fill's fencing token: each fill process that takes over raises it."""
+    joined_after_txid: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    """The last committed txid when the fill joined the live commits (``NULL``: filling)."""
 
     __table_args__ = (
         CheckConstraint(one_of("kind", OutputKind), name="kind"),

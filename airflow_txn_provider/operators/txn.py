@@ -131,6 +131,7 @@ class _TxnOperator(TxidLineage, BaseOperator):
             sinks=p.sinks,
             start=p.start,
             retired=p.retired,
+            replays_exactly=p.source.replays_exactly,
         )
         deadline = time.monotonic() + AHEAD_WAIT
         while True:

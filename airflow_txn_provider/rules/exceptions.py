@@ -76,6 +76,21 @@ class OutputRemovedError(OutputDeclarationError):
     does not say whether its tables are kept or dropped."""
 
 
+class FillRefusedError(OutputDeclarationError):
+    """An output cannot be filled from history (``start={name: "history"}``): the source may read
+    other records on a replay (an opaque source), or retention pruned the txids it would need.
+    The message names why, and how far back history could be filled. Nothing was changed."""
+
+
+class FillError(TxnError):
+    """Filling an output from history (:mod:`airflow_txn_provider.spark.fill`) met what
+    it cannot go past, e.g. a job that does not compute the output. ``output`` names it; the
+    fill resumes from its recorded progress once the cause is gone."""
+
+    fields = ("output",)
+    output: str | None
+
+
 class NotBegunError(TxnError):
     """An operation names a txid that was never begun."""
 

@@ -38,14 +38,19 @@ def prune_range(
     *,
     batch: int = PRUNE_BATCH,
     every: int = 1,
+    keep_from: int | None = None,
 ) -> range:
     """Txids whose rows may be deleted now: those after ``pruned_through`` (pruned already) up to
     :func:`retention_horizon`, at most ``batch`` of them, oldest first; none until at least
     ``every`` are due. Idempotent: once pruned, ``pruned_through`` moves and they are not asked
-    for again."""
+    for again. ``keep_from``: a txid whose row is needed still, with every later one (an output
+    filling from history reads their batches: :func:`~airflow_txn_provider.rules.filling.\
+retention_floor`)."""
     if batch < 1 or every < 1:
         raise ValueError(f"batch and every must be >= 1, got {batch}, {every}")
     horizon = retention_horizon(last_committed, keep_txids)
+    if keep_from is not None:
+        horizon = min(horizon, keep_from - 1)
     if horizon - pruned_through < every:
         return range(0)
     return range(pruned_through + 1, min(horizon, pruned_through + batch) + 1)

@@ -37,6 +37,10 @@ class Source(ABC):
     """Decides the metadata of each txid's batch. Subclass one of the two kinds below."""
 
     kind: ClassVar[SourceKind]
+    replays_exactly: ClassVar[bool] = False
+    """Whether reading a committed txid's recorded metadata again yields exactly the records it
+    committed: what filling an output from history needs
+    (:func:`~airflow_txn_provider.rules.filling.refuse_fill`)."""
 
     @abstractmethod
     def initialize_transaction(self, txid: int, prev_metadata: Metadata | None) -> Metadata | None:
@@ -70,6 +74,7 @@ class TransactionalSource(Source):
     """A source that can re-read exactly the same batch for a txid (Storm's transactional spout)."""
 
     kind = SourceKind.TRANSACTIONAL
+    replays_exactly = True
 
 
 class OpaqueSource(Source):

@@ -66,8 +66,10 @@ class OutputStart(StrEnum):
     NEXT_TXID = "next_txid"
     """Knowingly partial: it holds the txids from the next one to begin on, none before
     (recorded and shown as "complete from txid N")."""
-    # A later issue adds FILL_HISTORY (computed over the committed txids' batches first); the
-    # CHECK constraint of txn_output.start (migration 0011) then needs a migration too.
+    HISTORY = "history"
+    """Filled from history: its own jobs compute it over every committed txid's batch, in txid
+    order, beside the live pipeline, which it joins at a txid boundary; complete from txid 1
+    once joined (:mod:`airflow_txn_provider.rules.filling`). Transactional sources only."""
 
 
 class OutputRetirement(StrEnum):

@@ -89,6 +89,10 @@ class StagedFiles:
             str(value.get("schema", "")),
         )
 
+    def exists(self) -> bool:  # a fill applies a live txid's staged files a while later
+        fs, paths = _filesystem(self.directory)[0], [_filesystem(p)[1] for p in self.paths()]
+        return all(info.type.name == "File" for info in fs.get_file_info(paths))
+
     def discard(self) -> None:
         """Delete the directory (best effort: a leftover is garbage, never data)."""
         try:

@@ -317,7 +317,7 @@ def _compute(
     if observation is None:
         _refuse_mismatch(job, job.source.batch_mismatch(batch, metadata))
     results = transform(job.source.records(observed))
-    by_state, by_sink = _results_by_output(results, states, job)
+    by_state, by_sink = results_by_output(results, states, job)
     from airflow_txn_provider.compat.spark import to_arrow
 
     tables = {}
@@ -381,7 +381,7 @@ def _refuse_mismatch(job: BatchJob, mismatch: str | None) -> None:
         )
 
 
-def _results_by_output(
+def results_by_output(
     results: Any, all_states: Mapping[str, MapState], job: BatchJob
 ) -> tuple[dict[MapState, DataFrame], dict[LakeSink, DataFrame]]:
     """The transform's DataFrames by the state or lake sink they are for."""

@@ -391,7 +391,13 @@ class KafkaSource(_KafkaTopic, TransactionalSource):
 @dataclasses.dataclass(frozen=True)
 class OpaqueKafkaSource(_KafkaTopic, OpaqueSource):
     """A Kafka topic, opaque: a replay re-reads from the previous txid's end and may take more
-    (``KafkaTridentSpoutOpaque``); records deleted before they were read are skipped."""
+    (``KafkaTridentSpoutOpaque``); records deleted before they were read are skipped.
+
+    A committed txid's offset ranges, read again while the topic keeps them, are the records it
+    committed (a log replaced since is refused by its identity, a range retention deleted fails
+    the read): an output may fill from history (``replays_exactly``)."""
+
+    replays_exactly = True
 
     def _deleted(self, txid: int, key: str, start: int, low: int) -> int:
         log.warning(

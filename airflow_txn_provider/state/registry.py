@@ -16,8 +16,9 @@ from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from airflow_txn_provider.log.models import STATE_REGISTRY
-from airflow_txn_provider.log.outputs import DeclaredOutput, declare_outputs
+from airflow_txn_provider.log.outputs import declare_outputs
 from airflow_txn_provider.rules.exceptions import StateDefinitionError
+from airflow_txn_provider.rules.outputs import DeclaredOutput
 from airflow_txn_provider.rules.vocabulary import OutputKind, OutputStart
 
 if TYPE_CHECKING:

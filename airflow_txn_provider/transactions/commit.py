@@ -11,8 +11,9 @@ stale attempt, an unprocessed txid or a commit out of order: the rule is
 :func:`~airflow_txn_provider.rules.coordinator.plan_commit`):
 
 0. an output complete from a later txid (added to the running pipeline,
-   :mod:`airflow_txn_provider.log.outputs`) is left out, and one never declared is refused
-   (complete from txid 1 when this is txid 1);
+   :mod:`airflow_txn_provider.log.outputs`) is left out, so is one filling from history (its
+   staged rows and files wait for its fill, :mod:`airflow_txn_provider.spark.fill`), and
+   one never declared is refused (complete from txid 1 when this is txid 1);
 1. derived states compute their batch from the committed values before this txid
    (:meth:`~airflow_txn_provider.state.BucketCountState.derive`);
 2. every state applies the attempt's staged rows by its kind's rule, and its staged row count
@@ -45,15 +46,11 @@ from typing import TYPE_CHECKING, Any
 
 from airflow_txn_provider.compat.python import UTC
 from airflow_txn_provider.log.health import judge
-from airflow_txn_provider.log.outputs import (
-    DeclaredOutput,
-    read_outputs,
-    record_first,
-    skipped_at_commit,
-)
+from airflow_txn_provider.log.outputs import read_outputs, record_first
 from airflow_txn_provider.log.rows import TxidRows
 from airflow_txn_provider.rules.coordinator import committable
 from airflow_txn_provider.rules.exceptions import StagedOutputMismatchError, StateDefinitionError
+from airflow_txn_provider.rules.outputs import DeclaredOutput, skipped_at_commit
 from airflow_txn_provider.rules.vocabulary import OutputKind
 from airflow_txn_provider.sinks.base import OUTPUT_PREFIX, SINK_SPEC, StagedFiles
 from airflow_txn_provider.state import BucketCountState, MapState, counted_states, load_states
@@ -132,8 +129,8 @@ def commit_states(
             pipeline, txid, attempt, outputs, read_outputs(conn, pipeline)
         )
         record_first(conn, pipeline, first)
-        for name, since in skipped.items():
-            result[name] = {"skipped": f"complete from txid {since}"}
+        for name, why in skipped.items():
+            result[name] = {"skipped": why}
         # Which lake commits a rewind undid (a table still holding them follows the log now).
         rewound = read_rewound_through(conn, pipeline) if sinks else 0
         # Derived states read the committed values as they are before this txid: first.
@@ -149,7 +146,8 @@ def commit_states(
         patch = {}
         for sink in sinks:
             if sink.name in skipped:
-                staged[sink] = None  # its staged files are garbage: cleaned up below
+                if "filling" not in skipped[sink.name]:  # its fill commits the staged files
+                    staged[sink] = None  # its staged files are garbage: cleaned up below
                 continue
             files = recorded.get(sink.output_key)
             staged[sink] = StagedFiles.from_json(files) if files else None

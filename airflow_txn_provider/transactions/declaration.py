@@ -23,7 +23,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from airflow_txn_provider import __version__
 from airflow_txn_provider.log import schema
 from airflow_txn_provider.log.models import PIPELINE_DAGS, PIPELINES
-from airflow_txn_provider.log.outputs import DeclaredOutput, declare_outputs
+from airflow_txn_provider.log.outputs import declare_outputs
 from airflow_txn_provider.log.rows import lock_pipeline
 from airflow_txn_provider.rules.config import (
     DEFAULT_KEEP_TXIDS,
@@ -31,6 +31,7 @@ from airflow_txn_provider.rules.config import (
     validate_max_pending,
 )
 from airflow_txn_provider.rules.exceptions import PipelineConfigError
+from airflow_txn_provider.rules.outputs import DeclaredOutput
 from airflow_txn_provider.rules.vocabulary import (
     OutputKind,
     OutputRetirement,
@@ -197,6 +198,7 @@ class PipelineDeclarations:
         sinks: Sequence[DeclaredSink] = (),
         start: Mapping[str, OutputStart | str] | None = None,
         retired: Mapping[str, OutputRetirement | str] | None = None,
+        replays_exactly: bool | None = None,
     ) -> bool:
         """Register the pipeline and declare its outputs (states and lake sinks), unless the log
         holds this very declaration already: then it is one read, with no lock and no DDL (every
@@ -207,7 +209,9 @@ class PipelineDeclarations:
         "drop"}`` (:mod:`airflow_txn_provider.log.outputs`); otherwise
         :class:`~airflow_txn_provider.rules.exceptions.OutputStartRequiredError` or
         :class:`~airflow_txn_provider.rules.exceptions.OutputRemovedError`, and no output
-        changes."""
+        changes. ``replays_exactly``: whether the source reads a committed txid's batch again
+        exactly (``None``: a transactional source does, an opaque one not), which filling an
+        output from history (``start={name: "history"}``) needs."""
         declaration = declaration_fingerprint(
             source_kind, max_pending, dag_id, states, keep_txids, sinks, start, retired
         )
@@ -220,7 +224,9 @@ class PipelineDeclarations:
             dag_id=dag_id,
             keep_txids=keep_txids,
         )
-        self._declare_outputs(name, states, sinks, *output_choices(start, retired))
+        self._declare_outputs(
+            name, states, sinks, *output_choices(start, retired), replays_exactly=replays_exactly
+        )
         self._set_declaration(name, declaration)
         log.info("pipeline=%s registered (declaration %s)", name, declaration[:12])
         return True
@@ -233,6 +239,8 @@ class PipelineDeclarations:
         sinks: Sequence[DeclaredSink],
         start: Mapping[str, OutputStart],
         retired: Mapping[str, OutputRetirement],
+        *,
+        replays_exactly: bool | None = None,
     ) -> None:
         """Every output in one transaction: the plan checked whole before anything changes, and
         every new output complete from the same txid. The DDL lock first: the order a state's
@@ -241,7 +249,9 @@ class PipelineDeclarations:
         declared += [DeclaredOutput(s.name, OutputKind.LAKE_SINK) for s in sinks]
         with self.engine.begin() as conn:
             lock_ddl(conn)
-            declare_outputs(conn, name, declared, start=start, retired=retired)
+            declare_outputs(
+                conn, name, declared, start=start, retired=retired, replays_exactly=replays_exactly
+            )
             # a derived state after the state it is computed from
             for state in sorted(states, key=lambda s: s.derived_from is not None):
                 state.create(conn, start=start.get(state.name))

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, update
 
+from airflow_txn_provider.log.fill_progress import fill_floor
 from airflow_txn_provider.log.models import PIPELINES
 from airflow_txn_provider.log.rows import TxidRows, load_view
 from airflow_txn_provider.rules.config import CLAIM_TIMEOUT, PRUNE_EVERY
@@ -307,7 +308,11 @@ class PipelineTransitions:
                 ).one()
                 # Retention, under the lock this commit holds: a bounded batch, now and then.
                 due = prune_range(
-                    txid, kept.keep_txids, kept.pruned_through_txid, every=PRUNE_EVERY
+                    txid,
+                    kept.keep_txids,
+                    kept.pruned_through_txid,
+                    every=PRUNE_EVERY,
+                    keep_from=fill_floor(conn, pipeline),
                 )
                 if due:
                     prune_locked(conn, pipeline, due)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from sqlalchemy import select
 
+from airflow_txn_provider.log.fill_progress import fill_floor
 from airflow_txn_provider.log.models import PIPELINES
 from airflow_txn_provider.log.rows import TxidRows, lock_pipeline
 from airflow_txn_provider.rules.config import PRUNE_BATCH
@@ -84,6 +85,7 @@ class LogRetention:
                 int(row.keep_txids),
                 int(row.pruned_through_txid),
                 batch=batch,
+                keep_from=fill_floor(conn, pipeline),
             )
             return prune_locked(conn, pipeline, due) if due else 0
 

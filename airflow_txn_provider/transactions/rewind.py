@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import insert, select, update
 
+from airflow_txn_provider.log.fill_progress import rewind_fills
 from airflow_txn_provider.log.models import PIPELINES, REWINDS, TRANSACTIONS
 from airflow_txn_provider.log.rows import TxidRows, load_view, lock_pipeline
 from airflow_txn_provider.rules.history import plan_rewind, rewind_floor, rewound_through
@@ -156,6 +157,10 @@ class LogRewind:
                 name: state.rewind(conn, to_txid)
                 for name, state in sorted(load_states(conn, pipeline).items())
             }
+            # an output filling from history resumes from there (its values went back above)
+            fills = rewind_fills(conn, pipeline, to_txid)
+            if fills:
+                log.warning("pipeline=%s fills from history resume after %s", pipeline, fills)
             why = f"rewound to txid {to_txid} by {by}" + (f": {reason}" if reason else "")
             failed = TxidRows.rewind(conn, pipeline, to_txid, why)
             conn.execute(

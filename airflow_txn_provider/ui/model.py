@@ -459,7 +459,7 @@ def with_completeness(
     states: Iterable[Mapping[str, Any]], outputs: Iterable[Mapping[str, Any]]
 ) -> list[dict[str, Any]]:
     """Each state's summary with the sentence saying from which txid it is complete (its
-    output's, :func:`airflow_txn_provider.log.outputs.completeness`), beside its figures: a state
+    output's, :func:`airflow_txn_provider.rules.outputs.completeness`), beside its figures: a state
     added to the running pipeline is short of every earlier txid, and must not look whole."""
     said = {o["name"]: o for o in outputs}
     return [

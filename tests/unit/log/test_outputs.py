@@ -10,19 +10,19 @@ from datetime import datetime
 import pytest
 
 from airflow_txn_provider.compat.python import UTC
-from airflow_txn_provider.log.outputs import (
-    DeclaredOutput,
-    OutputRecord,
-    completeness,
-    plan_outputs,
-    skipped_at_commit,
-)
 from airflow_txn_provider.pipeline import TxnPipeline
 from airflow_txn_provider.rules.exceptions import (
     OutputDeclarationError,
     OutputRemovedError,
     OutputStartRequiredError,
     PipelineConfigError,
+)
+from airflow_txn_provider.rules.outputs import (
+    DeclaredOutput,
+    OutputRecord,
+    completeness,
+    plan_outputs,
+    skipped_at_commit,
 )
 from airflow_txn_provider.rules.vocabulary import OutputKind, OutputRetirement, OutputStart
 from airflow_txn_provider.sinks import DeltaSink
@@ -160,7 +160,7 @@ def test_a_state_created_by_itself_removes_nothing():
 def test_a_commit_leaves_out_outputs_complete_from_a_later_txid():
     recorded = {"a": rec("a"), "b": rec("b", 5), "old": rec("old", None)}
     given = [state("a"), state("b"), state("old")]
-    assert skipped_at_commit("p", 4, 1, given, recorded) == ({"b": 5}, [])
+    assert skipped_at_commit("p", 4, 1, given, recorded) == ({"b": "complete from txid 5"}, [])
     assert skipped_at_commit("p", 5, 1, given, recorded) == ({}, [])
 
 
@@ -224,7 +224,9 @@ def test_the_pipeline_checks_its_output_choices():
         pipeline(start={"c": "next_txid"})
     with pytest.raises(ValueError, match=r"\['a'\] both declared and retired"):
         pipeline(retired={"a": "keep"})
-    with pytest.raises(ValueError, match=r"start takes \{output name: one of \['next_txid'\]\}"):
+    with pytest.raises(
+        ValueError, match=r"start takes \{output name: one of \['next_txid', 'history'\]\}"
+    ):
         pipeline(start={"b": "fill_history"})
     with pytest.raises(ValueError, match=r"retired takes .*\['keep', 'drop'\]"):
         pipeline(retired={"old": "archive"})

@@ -1,0 +1,120 @@
+"""The Spark side of a fill from history: one chunk of committed txids, computed for the filling
+outputs only (:mod:`airflow_txn_provider.spark.fill` applies what it returns).
+
+Each txid's batch is read from the metadata the log recorded for it and given to the job's own
+``transform``, exactly as its live processing was: the results of one txid never mix with
+another's. For the states, the chunk's per-txid results are tagged with their txid and collected
+in one Spark job (one plan over the chunk's batches, one Arrow collect), then split by txid;
+the other outputs' DataFrames are never evaluated (Spark is lazy: only what is collected runs).
+Each lake sink's rows are written per txid, as its live processing writes them (a directory of
+the txid, recorded with its commit).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import reduce
+from typing import TYPE_CHECKING, Any
+
+from airflow_txn_provider.rules.exceptions import FillError
+from airflow_txn_provider.sinks.base import LakeSink, StagedFiles
+from airflow_txn_provider.spark.job import BatchJob, Transform, results_by_output
+from airflow_txn_provider.spark.sources import SparkSource
+from airflow_txn_provider.state import MapState
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
+
+FILL_TXID = "__txn_fill_txid"
+"""The column that keeps a chunk's txids apart in its one collect (dropped before staging)."""
+
+
+@dataclass(frozen=True)
+class Committed:
+    """A committed txid the fill computes: its batch's metadata and its committed attempt."""
+
+    txid: int
+    attempt: int
+    metadata: Any
+
+
+@dataclass
+class ChunkResults:
+    """A chunk's results: per txid, each filling state's rows and each filling sink's files."""
+
+    states: dict[int, dict[MapState, pa.Table]]
+    sinks: dict[int, dict[LakeSink, StagedFiles]]
+
+
+def compute_chunk(
+    spark: SparkSession,
+    *,
+    pipeline: str,
+    source: SparkSource,
+    transform: Transform,
+    chunk: Sequence[Committed],
+    all_states: Mapping[str, MapState],
+    all_sinks: Sequence[LakeSink],
+    states: Sequence[MapState],
+    sinks: Sequence[LakeSink],
+    log_url: str,
+) -> ChunkResults:
+    """Compute ``states`` and ``sinks`` (filling outputs) for every txid of ``chunk``;
+    ``all_states`` and ``all_sinks`` are the pipeline's, which the transform's results are
+    named after. Raises :class:`FillError` when the transform returns nothing for one of them."""
+    import pyarrow.compute as pc
+    from pyspark.sql import functions as F
+
+    from airflow_txn_provider.compat.spark import to_arrow
+    from airflow_txn_provider.sinks.staging import stage_frame
+
+    frames: dict[MapState, list[DataFrame]] = {state: [] for state in states}
+    staged: dict[int, dict[LakeSink, StagedFiles]] = {}
+    for one in chunk:
+        job = BatchJob(pipeline, one.txid, one.attempt, source, sinks=tuple(all_sinks))
+        batch = source.read_batch(spark, one.metadata)
+        by_state, by_sink = results_by_output(transform(source.records(batch)), all_states, job)
+        for state in states:
+            if state not in by_state:
+                raise _not_computed(pipeline, one, state.name)
+            keys = [*state.keys, "delta"]
+            frames[state].append(
+                by_state[state].select(*keys).withColumn(FILL_TXID, F.lit(one.txid).cast("long"))
+            )
+        for sink in sinks:
+            if sink not in by_sink:
+                raise _not_computed(pipeline, one, sink.name)
+            staged.setdefault(one.txid, {})[sink] = stage_frame(
+                spark,
+                by_sink[sink],
+                sink,
+                pipeline=pipeline,
+                txid=one.txid,
+                attempt=one.attempt,
+                log_url=log_url,
+            )
+    tables: dict[int, dict[MapState, pa.Table]] = {one.txid: {} for one in chunk}
+    for state, parts in frames.items():
+        if not parts:
+            continue
+        collected = to_arrow(reduce(lambda a, b: a.unionByName(b), parts))
+        for one in chunk:
+            rows = collected.filter(pc.equal(collected[FILL_TXID], one.txid))
+            tables[one.txid][state] = rows.drop_columns([FILL_TXID])
+    return ChunkResults(tables, staged)
+
+
+def _not_computed(pipeline: str, one: Committed, output: str) -> FillError:
+    return FillError(
+        f"the job's transform returned no result for {output!r}, which fills from history: "
+        "return {output name: DataFrame} with every output the pipeline declares",
+        pipeline=pipeline,
+        txid=one.txid,
+        attempt=one.attempt,
+        output=output,
+    )
+
+
+__all__ = ["FILL_TXID", "ChunkResults", "Committed", "compute_chunk"]

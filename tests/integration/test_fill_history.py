@@ -1,0 +1,252 @@
+"""Outputs added to a running pipeline and filled from history (issue 44), on a real Postgres log
+and a real Spark (the session's local JVM).
+
+Pipeline ``fp`` counts words through txids 1..5 (job v1). Txid 6 begins, then the declaration
+adds three outputs with ``start="history"``: an opaque state (line lengths), a non-transactional
+one (first letters) and a Delta table (every word, stamped with its txid). Txid 6, begun before
+the declaration but processed after it by job v2, stages them too, and commits without them;
+txid 7 begins after it (``live_from``), is processed and commits without them (they fill); txid
+8 is processed and waits. The fill computes txids 1..6 with its own jobs, in chunks, applies
+txid 7 from the rows its live processing staged, and joins; txid 8's commit and later ones apply
+the new outputs with the old one. Ground truth: pipeline ``gt``, every output declared with the
+pipeline, job v2 from txid 1 over the same batches. Every table must equal it row for row,
+bookkeeping columns included, and the Delta table as of every txid.
+"""
+
+from __future__ import annotations
+
+import pytest
+from pyspark.sql import functions as F
+from sqlalchemy import text
+
+from airflow_txn_provider.log.outputs import read_completeness, read_outputs
+from airflow_txn_provider.rules.exceptions import FillRefusedError
+from airflow_txn_provider.rules.filling import FillProgress
+from airflow_txn_provider.rules.names import quote_ident
+from airflow_txn_provider.rules.sources import OpaqueSource
+from airflow_txn_provider.sinks import DeltaSink
+from airflow_txn_provider.spark.fill import fill_pipeline
+from airflow_txn_provider.spark.job import BatchJob, process_batch
+from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
+from airflow_txn_provider.state import MapState
+from airflow_txn_provider.transactions.commit import commit_registered
+from tests.spark_data import parquet_dataset, random_lines
+
+pytestmark = pytest.mark.integration
+
+WORD = r"[^\p{L}\p{N}']+"
+
+
+def outputs(p: str, lake_root) -> tuple[list[MapState], list[DeltaSink]]:
+    """``p``'s outputs: the word counts it started with, and the three added later."""
+    states = [
+        MapState(p, f"{p}_counts", "transactional", keys={"word": "text"}),
+        MapState(p, f"{p}_lengths", "opaque", keys={"n": "bigint"}),
+        MapState(p, f"{p}_firsts", "non_transactional", keys={"letter": "text"}),
+    ]
+    return states, [DeltaSink(f"{p}_words", table_uri=str(lake_root / p))]
+
+
+def v1(p: str):
+    def transform(batch):
+        words = batch.select(F.explode(F.split(F.lower("line"), WORD)).alias("word"))
+        return {
+            f"{p}_counts": words.where("word != ''")
+            .groupBy("word")
+            .count()
+            .withColumnRenamed("count", "delta")
+        }
+
+    return transform
+
+
+def v2(p: str):
+    def transform(batch):
+        words = batch.select(F.explode(F.split(F.lower("line"), WORD)).alias("word")).where(
+            "word != ''"
+        )
+        return {
+            f"{p}_counts": words.groupBy("word").agg(F.count("*").alias("delta")),
+            f"{p}_lengths": batch.groupBy(F.length("line").cast("long").alias("n")).agg(
+                F.count("*").alias("delta")
+            ),
+            f"{p}_firsts": words.groupBy(F.substring("word", 1, 1).alias("letter")).agg(
+                F.count("*").alias("delta")
+            ),
+            f"{p}_words": words.select("word"),
+        }
+
+    return transform
+
+
+def begin(txlog, p, source):
+    e = txlog.begin_next(p, source)
+    assert e is not None and e.emitted, e
+    return e
+
+
+def process(spark, txlog, p, source, e, transform, sinks):
+    process_batch(
+        spark, txlog, BatchJob(p, e.txid, e.attempt, source, sinks=tuple(sinks)), transform
+    )
+
+
+def commit(txlog, p, e, sinks):
+    assert commit_registered(txlog, p, e.txid, e.attempt, sinks).applied
+
+
+def table_rows(txlog, state: MapState) -> list[tuple]:
+    """Every row of the state's table, bookkeeping columns included, in key order."""
+    with txlog.engine.connect() as conn:
+        rows = conn.execute(text(f"SELECT * FROM {quote_ident(state.table)} ORDER BY 1")).all()
+    return [tuple(r) for r in rows]
+
+
+def lake_rows(sink: DeltaSink, p: str, txid: int, db_url: str) -> list[tuple]:
+    table = sink.read_as_of(p, txid, log_url=db_url)
+    return sorted(tuple(r.values()) for r in table.to_pylist())
+
+
+@pytest.fixture
+def source(tmp_path):
+    data = {str(i): random_lines(44 + i, 120) for i in range(2)}
+    return PartitionedParquetSource(str(parquet_dataset(tmp_path / "ds", data)), 12)
+
+
+def declare(txlog, p, states, sinks, **kw):
+    txlog.ensure_pipeline(
+        p, source_kind="transactional", max_pending=4, states=states, sinks=sinks, **kw
+    )
+
+
+def test_outputs_added_later_are_filled_exactly_while_the_pipeline_commits(
+    txlog, db_url, spark, source, tmp_path
+):
+    p = "fp"
+    states, sinks = outputs(p, tmp_path / "lake")
+    declare(txlog, p, states[:1], [])
+    for _ in range(5):
+        e = begin(txlog, p, source)
+        process(spark, txlog, p, source, e, v1(p), [])
+        commit(txlog, p, e, [])
+    in_flight = begin(txlog, p, source)  # txid 6: begun before the declaration
+
+    added = {s.name: "history" for s in [*states[1:], *sinks]}
+    declare(txlog, p, states, sinks, start=added)
+    with txlog.engine.connect() as conn:
+        recorded = read_outputs(conn, p)
+        shown = {o["name"]: o for o in read_completeness(conn, p)}
+    assert recorded[f"{p}_lengths"].fill == FillProgress(f"{p}_lengths", 7, 0, 0, None)
+    assert shown[f"{p}_words"]["complete"].startswith("filling: 0 % of history")
+    assert shown[f"{p}_counts"]["complete"] == "complete from txid 1"
+
+    # txid 6 processed after the declaration (its rows for the new outputs staged, never
+    # applied: its fill computes it), txid 7 after it too; both commit without the new outputs
+    process(spark, txlog, p, source, in_flight, v2(p), sinks)
+    commit(txlog, p, in_flight, sinks)
+    seventh = begin(txlog, p, source)
+    assert seventh.txid == 7
+    process(spark, txlog, p, source, seventh, v2(p), sinks)
+    commit(txlog, p, seventh, sinks)
+    assert table_rows(txlog, states[1]) == [] and table_rows(txlog, states[2]) == []
+    eighth = begin(txlog, p, source)
+    process(spark, txlog, p, source, eighth, v2(p), sinks)  # waits, processed
+
+    lines: list[str] = []
+    report = fill_pipeline(
+        txlog,
+        p,
+        spark=spark,
+        source=source,
+        transform=v2(p),
+        sinks=sinks,
+        chunk=4,
+        on_progress=lines.append,
+    )
+    print("\n".join(lines))
+    names = sorted(added)
+    assert report.joined_after == dict.fromkeys(names, 7), report
+    assert report.computed == dict.fromkeys(names, 6), report
+    assert report.applied_staged == dict.fromkeys(names, 1), report
+    commit(txlog, p, eighth, sinks)
+    for _ in range(2):
+        e = begin(txlog, p, source)
+        process(spark, txlog, p, source, e, v2(p), sinks)
+        commit(txlog, p, e, sinks)
+    with txlog.engine.connect() as conn:
+        shown = {o["name"]: o for o in read_completeness(conn, p)}
+    assert shown[f"{p}_lengths"]["complete"] == (
+        "complete from txid 1 (filled from history, joined the live commits after txid 7)"
+    )
+    assert not shown[f"{p}_words"]["partial"]
+
+    # the ground truth: every output from txid 1
+    gt = "gt"
+    truth_states, truth_sinks = outputs(gt, tmp_path / "lake")
+    declare(txlog, gt, truth_states, truth_sinks)
+    for _ in range(10):
+        e = begin(txlog, gt, source)
+        process(spark, txlog, gt, source, e, v2(gt), truth_sinks)
+        commit(txlog, gt, e, truth_sinks)
+    assert txlog.last_committed(p) == txlog.last_committed(gt) == 10
+    for mine, truth in zip(states, truth_states, strict=True):
+        assert table_rows(txlog, mine) == table_rows(txlog, truth), mine.name
+        assert table_rows(txlog, mine), mine.name
+    for txid in range(1, 11):
+        assert lake_rows(sinks[0], p, txid, db_url) == lake_rows(
+            truth_sinks[0], gt, txid, db_url
+        ), txid
+
+
+class Steps(OpaqueSource):
+    def initialize_transaction(self, txid, prev):
+        return {"txid": txid}
+
+
+def _committed(txlog, p, source, txids):
+    """Begin and commit ``txids`` new txids that stage nothing (no outputs yet)."""
+    for _ in range(txids):
+        e = begin(txlog, p, source)
+        txlog.stage_output(p, e.txid, e.attempt, lambda conn: {})
+        assert commit_registered(txlog, p, e.txid, e.attempt).applied
+
+
+def test_a_fill_is_refused_where_history_cannot_be_replayed_exactly(txlog):
+    """An opaque source may read other records on a replay: refused, nothing recorded."""
+    p = "fr"
+    later = MapState(p, f"{p}_later", "transactional", keys={"word": "text"})
+    txlog.ensure_pipeline(p, source_kind="opaque", max_pending=2)
+    _committed(txlog, p, Steps(), 1)
+    with pytest.raises(FillRefusedError, match="its source is opaque") as refused:
+        txlog.ensure_pipeline(
+            p, source_kind="opaque", max_pending=2, states=[later], start={later.name: "history"}
+        )
+    assert refused.value.pipeline == p and refused.value.output == later.name
+    with txlog.engine.connect() as conn:
+        assert later.name not in read_outputs(conn, p)
+    # a source that declares exact replays of committed ranges (OpaqueKafkaSource does) may
+    assert txlog.ensure_pipeline(
+        p,
+        source_kind="opaque",
+        max_pending=2,
+        states=[later],
+        start={later.name: "history"},
+        replays_exactly=True,
+    )
+
+
+def test_a_fill_is_refused_once_retention_pruned_history_and_named_how_far_back(txlog, source):
+    p = "fk"
+    later = MapState(p, f"{p}_later", "transactional", keys={"word": "text"})
+    txlog.ensure_pipeline(p, source_kind="transactional", max_pending=2, keep_txids=2)
+    _committed(txlog, p, source, 5)
+    assert txlog.prune(p) == 3
+    with pytest.raises(FillRefusedError, match=r"pruned txids 1..3 .* back to txid 4 only"):
+        txlog.ensure_pipeline(
+            p,
+            source_kind="transactional",
+            max_pending=2,
+            keep_txids=2,
+            states=[later],
+            start={later.name: "history"},
+        )
