@@ -10,6 +10,11 @@ run's logical date encodes its txid). Per run::
     begin >> [process_<job> ...] >> processed >> commit      (several jobs, in parallel)
     watch_failures                           (the failure sensor, beside the work from the start)
 
+A pipeline that fills an output from history (``start={name: "history"}``) gets a second DAG,
+``<dag_id>__fill`` (:func:`build_fill_dag`): one run at a time, one task
+(:class:`~airflow_txn_provider.operators.fill.TxnFillOperator`) that waits in the triggerer while
+nothing fills and fills on a worker when something does.
+
 Three tasks per txid with one job (docs/airflow.md, "Tasks of a txid", says why), of which only
 the processing starts on a worker when the txid commits without failing: ``commit`` and
 ``watch_failures`` start and end in the triggerer. A worker-task start costs more CPU than the
@@ -24,6 +29,7 @@ from typing import Any
 from airflow.sdk import DAG, Asset, AssetWatcher
 
 from airflow_txn_provider.compat.airflow import DOUBLING_RETRY_BACKOFF
+from airflow_txn_provider.operators.fill import FILL_DAG_SUFFIX, FILL_TASK_ID, TxnFillOperator
 from airflow_txn_provider.operators.txn import (
     TxnBeginOperator,
     TxnCommitOperator,
@@ -33,6 +39,7 @@ from airflow_txn_provider.operators.txn import (
     job_task_id,
 )
 from airflow_txn_provider.pipeline import TxnPipeline
+from airflow_txn_provider.rules.vocabulary import OutputStart
 from airflow_txn_provider.run_context import BEGIN_TASK_ID, WATCH_TASK_ID
 from airflow_txn_provider.sensors.txn_failure import TxnFailureSensor
 from airflow_txn_provider.timetables import TXID_EPOCH
@@ -123,6 +130,39 @@ def build_dag(
             begin >> jobs >> processed >> commit
         TxnFailureSensor(
             task_id=WATCH_TASK_ID, triggerer_start=triggerer_start, **coordination, **common
+        )
+    if OutputStart.HISTORY in pipeline.start.values():
+        build_fill_dag(pipeline, dag_id=dag_id, tags=dag_kwargs.get("tags"))
+    return dag
+
+
+def build_fill_dag(pipeline: TxnPipeline, *, dag_id: str | None = None, tags: Any = None) -> DAG:
+    """The fill DAG of ``pipeline`` (whose txid DAG is ``dag_id``): ``<dag_id>__fill``, run
+    continuously one run at a time, unpaused at creation (the declaration asked for the fill).
+    Its task waits in the triggerer while nothing fills; killed or failed, it is retried with
+    backoff and resumes from the log. :func:`build_dag` builds it whenever the pipeline declares
+    an output with ``start="history"``; Airflow finds it through ``with DAG``'s registration."""
+    dag_id = dag_id or pipeline.name
+    with DAG(
+        dag_id=f"{dag_id}{FILL_DAG_SUFFIX}",
+        schedule="@continuous",
+        start_date=TXID_EPOCH,
+        catchup=False,
+        max_active_runs=1,
+        is_paused_upon_creation=False,
+        dagrun_timeout=None,
+        tags=list(tags or ["transactions"]),
+        doc_md=f"Fills the outputs of pipeline `{pipeline.name}` declared "
+        '`start="history"` from its committed txids, beside its live DAG `' + dag_id + "`.",
+    ) as dag:
+        TxnFillOperator(
+            task_id=FILL_TASK_ID,
+            pipeline=pipeline,
+            pipeline_dag_id=dag_id,
+            retries=COORDINATION_RETRIES,
+            retry_exponential_backoff=DOUBLING_RETRY_BACKOFF,
+            max_retry_delay=COORDINATION_MAX_RETRY_DELAY,
+            retry_delay=timedelta(seconds=2),
         )
     return dag
 

@@ -78,7 +78,9 @@ class TxnPipeline:
     :param start: how an output (state or sink) added once the pipeline has begun txids starts,
         by name: ``"next_txid"`` (:class:`~airflow_txn_provider.rules.vocabulary.OutputStart`): it
         holds the txids from the next one on, and the log, the Transactions page and the health
-        endpoint say from which. Without it such a declaration is refused
+        endpoint say from which; or ``"history"``: the pipeline's fill DAG (``<dag_id>__fill``)
+        computes it over every committed txid beside the live txids, and it joins them, complete
+        from txid 1 (``docs/changing-a-pipeline.md``). Without it such a declaration is refused
         (:class:`~airflow_txn_provider.rules.exceptions.OutputStartRequiredError`); an output
         declared with the pipeline needs none. See "Adding and removing outputs" in
         ``docs/airflow.md``.

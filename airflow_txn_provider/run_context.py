@@ -67,6 +67,23 @@ def pipeline_log(pipeline: TxnPipeline) -> TransactionLog:
     return TxnLogHook(txn_log_conn_id=pipeline.txn_log_conn_id).get_log()
 
 
+def declare_pipeline(log: TransactionLog, pipeline: TxnPipeline, dag_id: str) -> bool:
+    """Register ``pipeline`` and declare its outputs, as its DAG file says now (one read when the
+    log holds this declaration already): what a txid's claim and the fill task do first."""
+    return log.ensure_pipeline(
+        pipeline.name,
+        source_kind=pipeline.source.kind,
+        max_pending=pipeline.max_pending,
+        dag_id=dag_id,
+        states=pipeline.states,
+        keep_txids=pipeline.keep_txids,
+        sinks=pipeline.sinks,
+        start=pipeline.start,
+        retired=pipeline.retired,
+        replays_exactly=pipeline.source.replays_exactly,
+    )
+
+
 def pipeline_log_url(pipeline: TxnPipeline) -> str:
     """The URL of the pipeline's log (its connection's, password included: never logged)."""
     from airflow_txn_provider.hooks.txn_log import TxnLogHook

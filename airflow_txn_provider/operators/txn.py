@@ -29,6 +29,7 @@ from airflow_txn_provider.run_context import (
     BEGIN_TASK_ID,
     CLAIM_XCOM_KEY,
     claimed,
+    declare_pipeline,
     is_scheduled_txid_run,
     pipeline_log,
     pipeline_log_url,
@@ -121,18 +122,7 @@ class _TxnOperator(TxidLineage, BaseOperator):
         txid = run_txid(context, p.name)
         log = self.txn_log()
         # One read when the log holds this declaration already (every no-data poll comes here).
-        log.ensure_pipeline(
-            p.name,
-            source_kind=p.source.kind,
-            max_pending=p.max_pending,
-            dag_id=self.dag_id,
-            states=p.states,
-            keep_txids=p.keep_txids,
-            sinks=p.sinks,
-            start=p.start,
-            retired=p.retired,
-            replays_exactly=p.source.replays_exactly,
-        )
+        declare_pipeline(log, p, self.dag_id)
         deadline = time.monotonic() + AHEAD_WAIT
         while True:
             emission = log.begin(

@@ -102,7 +102,7 @@ def fill_pipeline(
     *,
     spark: SparkSession | Callable[[], SparkSession],
     source: SparkSource,
-    transform: Transform,
+    transforms: Sequence[Transform],
     sinks: Sequence[LakeSink] = (),
     chunk: int = FILL_CHUNK,
     wait: float = 1.0,
@@ -111,7 +111,8 @@ def fill_pipeline(
 ) -> FillReport:
     """Fill every output of ``pipeline`` that fills from history until each has joined the live
     commits (or was taken over by another fill). ``spark``: a session, or a factory called once
-    the first txid needs computing (a fill that applies staged rows only needs none).
+    the first txid needs computing (a fill that applies staged rows only needs none);
+    ``transforms``: the pipeline's jobs' (each computes some of its outputs).
     ``on_progress`` is called with a line per step (the task log's)."""
     started = time.monotonic()
     report = FillReport()
@@ -124,7 +125,7 @@ def fill_pipeline(
         say("nothing to fill: no output of the pipeline fills from history")
         return report
     say(f"filling {sorted(mine)} from history")
-    filler = _Filler(txlog, pipeline, spark, source, transform, list(sinks), report, say)
+    filler = _Filler(txlog, pipeline, spark, source, list(transforms), list(sinks), report, say)
     while mine and not is_stopped():
         last_committed = txlog.last_committed(pipeline)
         steps = {name: next_step(p, last_committed, chunk=chunk) for name, p in mine.items()}
@@ -155,13 +156,13 @@ class _Filler:
         pipeline: str,
         spark: SparkSession | Callable[[], SparkSession],
         source: SparkSource,
-        transform: Transform,
+        transforms: list[Transform],
         sinks: list[LakeSink],
         report: FillReport,
         say: Callable[[str], None],
     ) -> None:
         self.txlog, self.pipeline, self._spark = txlog, pipeline, spark
-        self.source, self.transform, self.sinks = source, transform, sinks
+        self.source, self.transforms, self.sinks = source, transforms, sinks
         self.report, self.say = report, say
         self.log_url = txlog.engine.url.render_as_string(hide_password=False)
         self.states = load_states(txlog.engine, pipeline)
@@ -230,7 +231,7 @@ class _Filler:
             self.spark,
             pipeline=self.pipeline,
             source=self.source,
-            transform=self.transform,
+            transforms=self.transforms,
             chunk=chunk,
             all_states=self.states,
             all_sinks=self.sinks,

@@ -53,7 +53,7 @@ def compute_chunk(
     *,
     pipeline: str,
     source: SparkSource,
-    transform: Transform,
+    transforms: Sequence[Transform],
     chunk: Sequence[Committed],
     all_states: Mapping[str, MapState],
     all_sinks: Sequence[LakeSink],
@@ -61,9 +61,10 @@ def compute_chunk(
     sinks: Sequence[LakeSink],
     log_url: str,
 ) -> ChunkResults:
-    """Compute ``states`` and ``sinks`` (filling outputs) for every txid of ``chunk``;
-    ``all_states`` and ``all_sinks`` are the pipeline's, which the transform's results are
-    named after. Raises :class:`FillError` when the transform returns nothing for one of them."""
+    """Compute ``states`` and ``sinks`` (filling outputs) for every txid of ``chunk`` with the
+    pipeline's jobs' ``transforms`` (each returns some outputs); ``all_states`` and ``all_sinks``
+    are the pipeline's, which the results are named after. Raises :class:`FillError` when no
+    transform returns one of them."""
     import pyarrow.compute as pc
     from pyspark.sql import functions as F
 
@@ -75,7 +76,14 @@ def compute_chunk(
     for one in chunk:
         job = BatchJob(pipeline, one.txid, one.attempt, source, sinks=tuple(all_sinks))
         batch = source.read_batch(spark, one.metadata)
-        by_state, by_sink = results_by_output(transform(source.records(batch)), all_states, job)
+        by_state: dict[MapState, DataFrame] = {}
+        by_sink: dict[LakeSink, DataFrame] = {}
+        for transform in transforms:  # lazy: only the filling outputs' frames are evaluated
+            states_of, sinks_of = results_by_output(
+                transform(source.records(batch)), all_states, job
+            )
+            by_state.update(states_of)
+            by_sink.update(sinks_of)
         for state in states:
             if state not in by_state:
                 raise _not_computed(pipeline, one, state.name)
@@ -108,7 +116,7 @@ def compute_chunk(
 
 def _not_computed(pipeline: str, one: Committed, output: str) -> FillError:
     return FillError(
-        f"the job's transform returned no result for {output!r}, which fills from history: "
+        f"no job's transform returned a result for {output!r}, which fills from history: "
         "return {output name: DataFrame} with every output the pipeline declares",
         pipeline=pipeline,
         txid=one.txid,

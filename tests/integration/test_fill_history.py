@@ -158,7 +158,7 @@ def test_outputs_added_later_are_filled_exactly_while_the_pipeline_commits(
         p,
         spark=spark,
         source=source,
-        transform=v2(p),
+        transforms=[v2(p)],
         sinks=sinks,
         chunk=4,
         on_progress=lines.append,

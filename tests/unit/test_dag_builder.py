@@ -36,12 +36,9 @@ from airflow_txn_provider.timetables import (
 
 
 def _pipeline(jobs=("spark_jobs/word_count.py",), **kw):
+    kw.setdefault("states", [MapState("words", "word_counts", keys={"word": "text"})])
     return TxnPipeline(
-        name="words",
-        source=PartitionedParquetSource("/data/words"),
-        jobs=jobs,
-        states=[MapState("words", "word_counts", keys={"word": "text"})],
-        **kw,
+        name="words", source=PartitionedParquetSource("/data/words"), jobs=jobs, **kw
     )
 
 
@@ -236,3 +233,38 @@ def test_the_schedule_is_an_asset_whose_only_watcher_is_the_pipelines_waker():
     dag = DagSerialization.from_dict(DagSerialization.to_dict(built))
     assert type(dag.timetable).__name__ == "AssetTriggeredTimetable"
     assert dag.timetable.run_ordering == ("logical_date",)
+
+
+def test_a_pipeline_that_fills_from_history_gets_its_fill_dag():
+    """One run at a time, continuous, unpaused at creation, its one task retried with backoff;
+    registered by ``with DAG`` so a DAG file that assigns only the txid DAG still has it."""
+    from airflow.sdk.definitions._internal.contextmanager import DagContext
+
+    from airflow_txn_provider.operators.fill import TxnFillOperator
+
+    later = MapState("words", "lengths", "transactional", keys={"n": "bigint"})
+    pipeline = _pipeline(
+        states=[MapState("words", "words_counts", "transactional", keys={"word": "text"}), later],
+        start={"lengths": "history"},
+    )
+    DagContext.autoregistered_dags.clear()
+    # as a DagBag parses a DAG file: the DAGs a ``with DAG`` block makes in it are registered
+    DagContext.current_autoregister_module_name = __name__
+    try:
+        dag = build_dag(pipeline, dag_id="words_dag")
+        registered = {d.dag_id: d for d, _ in DagContext.autoregistered_dags}
+        DagContext.autoregistered_dags.clear()
+        build_dag(_pipeline(), dag_id="plain")  # without a history start, no fill DAG
+        plain = {d.dag_id for d, _ in DagContext.autoregistered_dags}
+    finally:
+        DagContext.current_autoregister_module_name = None
+        DagContext.autoregistered_dags.clear()
+    assert plain == {"plain"}
+    fill = registered["words_dag__fill"]
+    assert set(registered) == {"words_dag", "words_dag__fill"}
+    assert fill.max_active_runs == 1 and fill.is_paused_upon_creation is False
+    assert type(fill.timetable).__name__ == "ContinuousTimetable"
+    [task] = fill.tasks
+    assert isinstance(task, TxnFillOperator) and task.pipeline_dag_id == "words_dag"
+    assert task.retries == COORDINATION_RETRIES
+    assert {t.dag_id for t in dag.tasks} == {"words_dag"}

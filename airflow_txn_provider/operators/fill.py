@@ -1,0 +1,160 @@
+"""The fill DAG's task: fill a pipeline's outputs from history, beside its live txids.
+
+A pipeline that declares an output with ``start={name: "history"}`` gets a fill DAG
+(:func:`~airflow_txn_provider.dag_builder.build_fill_dag`), one run at a time, each one task:
+this operator. It declares the pipeline as its DAG file says (so a fill starts even while no
+txid begins), then, while no output fills, waits in the triggerer
+(:class:`~airflow_txn_provider.triggers.fill.TxnFillDueTrigger`); once one does, it fills every
+filling output on a worker (:func:`~airflow_txn_provider.spark.fill.fill_pipeline`), each step a
+line in its log, until they joined the live commits. Killed or failed, Airflow retries it with
+backoff, and the retry takes the fill over from its fenced progress in the log.
+
+The fill's Spark: the pipeline's Spark Connect server (``spark="connect"``), or, for
+``spark="submit"``, a driver in this task's process on the master of the pipeline's ``spark``
+connection (``local[*]`` without one).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, cast
+
+from airflow.sdk import BaseOperator
+
+from airflow_txn_provider.log.fill_progress import filling_outputs
+from airflow_txn_provider.operators.txn import PIPELINE_FIELD
+from airflow_txn_provider.rules.filling import FILL_CHUNK
+from airflow_txn_provider.run_context import declare_pipeline, pipeline_log
+from airflow_txn_provider.triggers.fill import FILL_POLL_INTERVAL, TxnFillDueTrigger
+
+if TYPE_CHECKING:
+    from airflow.sdk import Context
+    from pyspark.sql import SparkSession
+
+    from airflow_txn_provider.pipeline import TxnPipeline
+    from airflow_txn_provider.spark.job import Transform
+
+FILL_TASK_ID = "fill_from_history"
+
+
+class TxnFillOperator(BaseOperator):
+    """Fill the outputs of ``pipeline`` declared ``start={name: "history"}``, then end.
+
+    :param pipeline: the pipeline.
+    :param chunk: txids one fill job computes at once.
+    :param poll_interval: seconds between the idle task's looks at the log (in the triggerer).
+    :param pipeline_dag_id: the id of the pipeline's txid DAG (default: the pipeline's name),
+        which the declaration records.
+    """
+
+    ui_color = "#fdf3e1"
+    template_fields: Sequence[str] = (PIPELINE_FIELD,)
+
+    def __init__(
+        self,
+        *,
+        pipeline: TxnPipeline,
+        chunk: int = FILL_CHUNK,
+        poll_interval: float = FILL_POLL_INTERVAL,
+        pipeline_dag_id: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.pipeline = pipeline
+        self.pipeline_dag_id = pipeline_dag_id or pipeline.name
+        self.pipeline_name = pipeline.name  # PIPELINE_FIELD
+        self.chunk = chunk
+        self.poll_interval = poll_interval
+        self._stopped = threading.Event()
+        self._session: SparkSession | None = None
+
+    def execute(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
+        from airflow_txn_provider.spark.fill import fill_pipeline
+
+        p = self.pipeline
+        log = pipeline_log(p)
+        declare_pipeline(log, p, self.pipeline_dag_id)
+        with log.engine.connect() as conn:
+            filling = sorted(filling_outputs(conn, p.name))
+        if not filling:
+            self.log.info("pipeline=%s: no output fills from history; waiting", p.name)
+            self.defer(
+                trigger=TxnFillDueTrigger(
+                    txn_log_conn_id=p.txn_log_conn_id,
+                    pipeline=p.name,
+                    poll_interval=self.poll_interval,
+                ),
+                method_name="execute",
+            )
+        try:
+            report = fill_pipeline(
+                log,
+                p.name,
+                spark=self._open_session,
+                source=p.source,
+                transforms=self._transforms(),
+                sinks=p.sinks,
+                chunk=self.chunk,
+                on_progress=lambda line: self.log.info("pipeline=%s %s", p.name, line),
+                stopped=self._stopped.is_set,
+            )
+        finally:
+            if self._session is not None:
+                self._session.stop()
+                self._session = None
+        return {
+            "joined_after": report.joined_after,
+            "computed": report.computed,
+            "applied_staged": report.applied_staged,
+            "rows": report.rows,
+            "seconds": round(report.seconds, 1),
+        }
+
+    def _transforms(self) -> list[Transform]:
+        from airflow_txn_provider.operators.spark_runner import load_job_module
+
+        return [cast("Transform", load_job_module(job).transform) for job in self.pipeline.jobs]
+
+    def _open_session(self) -> SparkSession:
+        from pyspark.sql import SparkSession
+
+        p = self.pipeline
+        if p.spark == "connect":
+            from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
+
+            url = str(SparkConnectHook(p.spark_connect_conn_id).get_connection_url())
+            self._session = SparkSession.builder.remote(url).getOrCreate()
+        else:
+            from airflow_txn_provider.hooks.spark_submit import TxnSparkSubmitHook
+            from airflow_txn_provider.operators.spark_runner import keep_classic_mode
+
+            master = TxnSparkSubmitHook(conn_id=p.spark_conn_id).master
+            with keep_classic_mode():
+                builder = SparkSession.builder.master(master).appName(f"txn:{p.name}:fill")
+                for key, value in p.spark_conf.items():
+                    builder = builder.config(key, value)
+                self._session = builder.getOrCreate()
+        self.log.info("pipeline=%s: the fill's Spark session is on %s", p.name, p.spark)
+        return self._session
+
+    def on_kill(self) -> None:
+        """Stop at the next step: the Spark work in flight is interrupted, the chunk it was
+        computing is not applied (its transaction never began); the progress stays the log's."""
+        self._stopped.set()
+        session = self._session
+        if session is not None:
+            try:
+                if self.pipeline.spark == "connect":
+                    session.interruptAll()
+                else:
+                    session.sparkContext.cancelAllJobs()
+            except Exception as err:  # the task is going away anyway
+                self.log.warning("could not interrupt the fill's Spark work: %s", err)
+
+
+FILL_DAG_SUFFIX = "__fill"
+"""The fill DAG's id: the pipeline DAG's, with this after it."""
+
+
+__all__ = ["FILL_DAG_SUFFIX", "FILL_TASK_ID", "TxnFillOperator"]
