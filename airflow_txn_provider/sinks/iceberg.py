@@ -14,6 +14,7 @@ twice. Our own retry sees the txid in the table instead.
 from __future__ import annotations
 
 import posixpath
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -148,15 +149,28 @@ def _has_password(uri: str) -> bool:
 
 
 _catalogs: dict[tuple[str, str, str], Any] = {}
+_catalogs_lock = threading.Lock()
 
 
 def _catalog(name: str, uri: str, warehouse: str) -> Any:
-    """One catalog (and so one connection pool) per process and catalog."""
+    """One catalog (and so one connection pool) per process and catalog. Its first opening
+    creates the catalog's tables; two processes (a txid's job and a fill) doing that at the same
+    moment race in Postgres, and the loser finds them there when it tries again."""
     key = (name, uri, warehouse)
-    if key not in _catalogs:
-        from pyiceberg.catalog.sql import SqlCatalog
+    with _catalogs_lock:
+        if key not in _catalogs:
+            from pyiceberg.catalog.sql import SqlCatalog
+            from sqlalchemy.exc import IntegrityError
 
-        _catalogs[key] = SqlCatalog(name, uri=uri, warehouse=warehouse, pool_pre_ping="true")
+            for last_try in (False, False, True):
+                try:
+                    _catalogs[key] = SqlCatalog(
+                        name, uri=uri, warehouse=warehouse, pool_pre_ping="true"
+                    )
+                    break
+                except IntegrityError:
+                    if last_try:
+                        raise
     return _catalogs[key]
 
 

@@ -135,6 +135,7 @@ def fill_pipeline(
         if first.step is Step.WAIT:
             say(f"waiting for the txids begun before the declaration to commit ({group})")
             time.sleep(wait)
+            mine = filler.reread(mine)  # a rewind may have moved the progress back
         else:
             try:
                 mine.update(filler.run(first, {n: mine[n] for n in group}))

@@ -109,7 +109,7 @@ def lake_rows(sink: DeltaSink, p: str, txid: int, db_url: str) -> list[tuple]:
 
 @pytest.fixture
 def source(tmp_path):
-    data = {str(i): random_lines(44 + i, 120) for i in range(2)}
+    data = {str(i): random_lines(44 + i, 144) for i in range(2)}  # 12 txids of 12 lines each
     return PartitionedParquetSource(str(parquet_dataset(tmp_path / "ds", data)), 12)
 
 
@@ -250,3 +250,166 @@ def test_a_fill_is_refused_once_retention_pruned_history_and_named_how_far_back(
             states=[later],
             start={later.name: "history"},
         )
+
+
+def _live(txlog, spark, p, source, sinks, until, stop, errors):
+    """The live pipeline, in a thread: begin (a re-queued txid first), process, commit, one txid
+    at a time, until ``until`` committed; a txid a rewind failed meanwhile just replays."""
+    from airflow_txn_provider.rules.exceptions import TxnError
+
+    try:
+        while not stop.is_set() and txlog.last_committed(p) < until:
+            e = txlog.begin_next(p, source)
+            if e is None or not e.emitted:
+                continue
+            try:
+                process(spark, txlog, p, source, e, v2(p), sinks)
+                commit_registered(txlog, p, e.txid, e.attempt, sinks)
+            except TxnError as err:  # a rewind failed it under us: replayed next
+                print("live:", err)
+    except BaseException as err:  # the test fails on it
+        errors.append(err)
+
+
+def _truth(txlog, spark, source, tmp_path, txids, lake):
+    gt = "gt"
+    truth_states, truth_sinks = outputs(gt, tmp_path / "lake")
+    truth_sinks = [_lake(lake, gt, tmp_path)]
+    declare(txlog, gt, truth_states, truth_sinks)
+    for _ in range(txids):
+        e = begin(txlog, gt, source)
+        process(spark, txlog, gt, source, e, v2(gt), truth_sinks)
+        commit(txlog, gt, e, truth_sinks)
+    return gt, truth_states, truth_sinks
+
+
+def _lake(kind, p, tmp_path):
+    from airflow_txn_provider.sinks import IcebergSink
+
+    if kind == "delta":
+        return DeltaSink(f"{p}_words", table_uri=str(tmp_path / "lake" / p))
+    return IcebergSink(f"{p}_words", table=f"lake.{p}_words", warehouse=str(tmp_path / "wh"))
+
+
+def _same_as_truth(txlog, db_url, p, states, sinks, truth, last):
+    gt, truth_states, truth_sinks = truth
+    for mine, other in zip(states, truth_states, strict=True):
+        assert table_rows(txlog, mine) == table_rows(txlog, other), mine.name
+    for txid in range(1, last + 1):
+        mine_rows = lake_rows(sinks[0], p, txid, db_url)
+        assert mine_rows == lake_rows(truth_sinks[0], gt, txid, db_url), txid
+
+
+@pytest.mark.parametrize("lake", ["delta", "iceberg"])
+def test_a_rewind_during_the_fill_while_the_pipeline_commits_ends_exact(
+    lake, txlog, db_url, spark, source, tmp_path
+):
+    """The live pipeline commits in a thread while the fill runs; after the fill's first chunk
+    the pipeline is rewound to txid 2 (below what the fill applied): the rewind takes the
+    filling outputs back with the others (their undo records, the lake table), the fill resumes
+    from txid 1 on, and everything ends equal to the ground truth."""
+    import threading
+
+    p = "fw"
+    states, _ = outputs(p, tmp_path / "lake")
+    sinks = [_lake(lake, p, tmp_path)]
+    declare(txlog, p, states[:1], [])
+    for _ in range(4):
+        e = begin(txlog, p, source)
+        process(spark, txlog, p, source, e, v1(p), [])
+        commit(txlog, p, e, [])
+    declare(txlog, p, states, sinks, start={s.name: "history" for s in [*states[1:], *sinks]})
+
+    stop, errors = threading.Event(), []
+    live = threading.Thread(
+        target=_live, args=(txlog, spark, p, source, sinks, 10, stop, errors), daemon=True
+    )
+    live.start()
+    rewound = []
+
+    def rewind_once(line):
+        print(line)
+        if "computed" in line and not rewound:
+            rewound.append(txlog.rewind(p, 2, by="test", reason="a rewind during the fill"))
+
+    try:
+        report = fill_pipeline(
+            txlog,
+            p,
+            spark=spark,
+            source=source,
+            transforms=[v2(p)],
+            sinks=sinks,
+            chunk=2,
+            wait=0.2,
+            on_progress=rewind_once,
+        )
+    finally:
+        live.join(timeout=300)
+        stop.set()
+    assert not errors, errors
+    assert rewound and rewound[0].to_txid == 2
+    assert txlog.last_committed(p) >= 10
+    joined = report.joined_after
+    assert set(joined) == {"fw_lengths", "fw_firsts", "fw_words"}, report
+    # txids 1..2, then 2..4 again after the rewind (txid 5 on: staged by the live processing)
+    assert report.computed == dict.fromkeys(joined, 5), report
+    # the live commits after the join apply them with the rest: bring it to 12, then compare
+    for _ in range(12 - txlog.last_committed(p)):
+        e = begin(txlog, p, source)
+        process(spark, txlog, p, source, e, v2(p), sinks)
+        commit(txlog, p, e, sinks)
+    truth = _truth(txlog, spark, source, tmp_path, 12, lake)
+    _same_as_truth(txlog, db_url, p, states, sinks, truth, 12)
+
+
+def test_retention_keeps_what_the_fill_needs_and_prunes_after_the_join(
+    txlog, spark, source, tmp_path
+):
+    p = "fk2"
+    states, _ = outputs(p, tmp_path / "lake")
+    declare(txlog, p, states[:1], [])
+    for _ in range(6):
+        e = begin(txlog, p, source)
+        process(spark, txlog, p, source, e, v1(p), [])
+        commit(txlog, p, e, [])
+    # the history outputs and a short retention in one declaration: nothing is pruned yet
+    txlog.ensure_pipeline(
+        p,
+        source_kind="transactional",
+        max_pending=4,
+        states=states[:2],
+        keep_txids=1,
+        start={states[1].name: "history"},
+    )
+    pruned_while_filling = []
+
+    def prune_now(line):
+        print(line)
+        if "computed" in line:
+            before = txlog.retention(p).pruned_through_txid
+            txlog.prune(p)
+            after = txlog.retention(p).pruned_through_txid
+            with txlog.engine.connect() as conn:
+                through = read_outputs(conn, p)[states[1].name].filled_through
+            pruned_while_filling.append((before, after, through))
+            assert after <= through  # never a txid the fill still needs
+
+    names = {s.name for s in states[:2]}
+
+    def counts_and_lengths(batch):
+        return {k: v for k, v in v2(p)(batch).items() if k in names}
+
+    report = fill_pipeline(
+        txlog,
+        p,
+        spark=spark,
+        source=source,
+        transforms=[counts_and_lengths],
+        chunk=2,
+        on_progress=prune_now,
+    )
+    assert report.joined_after == {states[1].name: 6}
+    assert [t for _, _, t in pruned_while_filling] == [2, 4, 6]
+    assert [a for _, a, _ in pruned_while_filling] == [2, 4, 5]  # keep_txids=1 keeps txid 6
+    assert txlog.prune(p) == 0 and txlog.retention(p).pruned_through_txid == 5
