@@ -16,6 +16,8 @@
 # make bench-retention: log table sizes and the page's state read over 10k txids, with/without retention
 # make bench-lake : rows/s into a Delta / Iceberg table vs Spark writing the same Parquet directly
 # make bench-sessions: a txid on a new Spark Connect server session vs on its pipeline's reused one
+# make bench-fill: a fill of 1 000 txids of history vs the live pipeline's processing (rows/s), and the
+#               live commit latency during the fill (issue 44)
 # make bench-pipelines: N pipelines on one Airflow: paused (Airflow's floor) vs idle vs a trickle
 #               (CPU-s per second by process group), latency, a burst; N = 20, then N = 100
 # make chaos : the seeded chaos suite (faults caused for real; both tiers print their tables)
@@ -35,7 +37,7 @@ UV_VERSION := 0.13.9
 UV     := $(VENV)/bin/uv
 PYTEST_ARGS ?=
 
-.PHONY: demo demo-stop demo-core install system-deps test test-suite test-scenarios test-all screenshots test-unit test-integration lint chaos chaos-fast chaos-rewind chaos-airflow chaos-lake bench-core bench-undo bench-stage bench-spark bench-airflow bench-peer bench-read bench-preload bench-begin bench-retention bench-lake bench-sessions bench-pipelines test-stack stack-deps test-matrix clean
+.PHONY: demo demo-stop demo-core install system-deps test test-suite test-scenarios test-all screenshots test-unit test-integration lint chaos chaos-fast chaos-rewind chaos-fill chaos-airflow chaos-lake bench-core bench-undo bench-stage bench-spark bench-airflow bench-peer bench-read bench-preload bench-begin bench-retention bench-lake bench-sessions bench-fill bench-pipelines test-stack stack-deps test-matrix clean
 
 install: $(STAMP)
 
@@ -112,7 +114,7 @@ lint: install
 # control runs (fault `none`: 10 fast runs, one per Airflow repeat) fail if they have any.
 SEED ?= 2026
 CHAOS_REPEAT ?= 2
-chaos: chaos-fast chaos-rewind chaos-airflow
+chaos: chaos-fast chaos-rewind chaos-fill chaos-airflow
 
 chaos-fast: install
 	$(PY) chaos/fast.py --runs 200 --seed $(SEED)
@@ -125,6 +127,11 @@ chaos-fast: install
 chaos-rewind: install
 	$(PY) chaos/kill_rewind.py --runs 40 --seed $(SEED) --sink delta
 	$(PY) chaos/kill_rewind.py --runs 20 --seed $(SEED) --sink iceberg
+
+# chaos-fill: an output filled from history while the live pipeline commits; the fill's process
+# SIGKILLed and the log's Postgres crashed at seeded steps of the fill (issue 44).
+chaos-fill: install
+	$(PY) chaos/fill.py --runs 12 --seed $(SEED)
 
 chaos-airflow: install
 	$(PY) chaos/on_airflow.py --seed $(SEED) --repeat $(CHAOS_REPEAT)
@@ -170,6 +177,11 @@ bench-lake: install
 
 bench-sessions: install
 	$(PY) benchmarks/bench_sessions.py
+
+# issue 44: a fill of 1 000 txids of history vs the live pipeline's processing, and the live
+# commit latency during the fill; exits non-zero when a goal or the exactness check fails
+bench-fill: install
+	$(PY) benchmarks/bench_fill.py $(BENCH_ARGS)
 
 # N = 100 with max_pending 2 (the issue allows a smaller window there); each run checks every
 # state against ground truth and exits non-zero when a goal is not met (both run regardless).

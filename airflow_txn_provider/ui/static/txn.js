@@ -158,7 +158,9 @@
     const rows = outputs.map((o) => h("tr", {},
       h("td", {}, o.name),
       h("td", {}, o.kind.replace("_", " ")),
-      h("td", { class: o.partial || o.retired ? "complete warn" : "complete" }, o.complete),
+      h("td", { class: o.partial || o.retired ? "complete warn" : "complete" }, o.complete,
+        // an output filling from history: how much of it (rules/filling.py, fill_share)
+        o.filling ? [" ", h("progress", { class: "fill", max: 1, value: o.fill.share })] : null),
       h("td", {}, fmtTime(o.declared_at, now))));
     tbody.replaceChildren(...(rows.length ? rows : [empty(4, "No output is recorded for this pipeline.")]));
   }
