@@ -42,6 +42,7 @@ API: dict[str, str] = {
     "LeaseKeeper": "airflow_txn_provider.transactions.lease",
     "stage_states": "airflow_txn_provider.state",
     "commit_states": "airflow_txn_provider.transactions.commit",
+    "fill_pipeline": "airflow_txn_provider.spark.fill",
     # Airflow
     "TxnLogHook": "airflow_txn_provider.hooks.txn_log",
     "warm_task_processes": "airflow_txn_provider.preload",
@@ -49,6 +50,7 @@ API: dict[str, str] = {
     "TxnError": "airflow_txn_provider.rules.exceptions",
     "PipelineConfigError": "airflow_txn_provider.rules.exceptions",
     "OutputStartRequiredError": "airflow_txn_provider.rules.exceptions",
+    "FillRefusedError": "airflow_txn_provider.rules.exceptions",
     "MalformedRecordError": "airflow_txn_provider.rules.exceptions",
     "MalformedOutputError": "airflow_txn_provider.rules.exceptions",
     "PoisonBatchError": "airflow_txn_provider.rules.exceptions",
@@ -63,6 +65,7 @@ if TYPE_CHECKING:  # what type checkers see (``X as X``: re-exported); a test ke
     from airflow_txn_provider.hooks.txn_log import TxnLogHook as TxnLogHook
     from airflow_txn_provider.pipeline import TxnPipeline as TxnPipeline
     from airflow_txn_provider.preload import warm_task_processes as warm_task_processes
+    from airflow_txn_provider.rules.exceptions import FillRefusedError as FillRefusedError
     from airflow_txn_provider.rules.exceptions import MalformedOutputError as MalformedOutputError
     from airflow_txn_provider.rules.exceptions import MalformedRecordError as MalformedRecordError
     from airflow_txn_provider.rules.exceptions import (
@@ -78,6 +81,7 @@ if TYPE_CHECKING:  # what type checkers see (``X as X``: re-exported); a test ke
     from airflow_txn_provider.rules.sources import next_offset_ranges as next_offset_ranges
     from airflow_txn_provider.sinks import DeltaSink as DeltaSink
     from airflow_txn_provider.sinks import IcebergSink as IcebergSink
+    from airflow_txn_provider.spark.fill import fill_pipeline as fill_pipeline
     from airflow_txn_provider.spark.generated_source import (
         GeneratedTextSource as GeneratedTextSource,
     )

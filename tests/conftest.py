@@ -57,6 +57,7 @@ AIRFLOW_STACKS = frozenset(
         "test_celery_cluster.py",
         "test_chaos_airflow.py",
         "test_credentials.py",
+        "test_fill_airflow.py",
         "test_demo_airflow.py",
         "test_kafka_airflow.py",
         "test_timetables_migrate_runs.py",

@@ -14,6 +14,9 @@ one, with DAGs of their own, on one transaction log.
   ``words`` of a Kafka wire-protocol cluster on 127.0.0.1 (librdkafka's mock cluster in a
   process of its own, :class:`~txn_testing.kafka.MockKafkaCluster`) through the Airflow
   connection ``kafka_default``: the Kafka test's (``test_kafka_airflow.py``).
+- ``fill_words`` (``tests/dags/txn_fill.py``): txids 1..6 committed with the core API before its
+  DAG file is parsed, which adds an output with ``start="history"``: its fill DAG fills it (the
+  fill test's, ``test_fill_airflow.py``).
 - one pipeline per run of the Airflow chaos suite that CI makes (``chaos/dags/chaos_words.py``,
   its runs in ``CHAOS_IN_CI``): ``test_chaos_airflow.py`` causes its fault on this deployment, not
   on one of its own (a second deployment's start took over three minutes inside ``make test``).
@@ -59,6 +62,10 @@ KAFKA_EXAMPLE = ROOT / "dags" / "example_txn_kafka_words.py"
 KAFKA_TOPIC = "words"  # the example's default topic
 EXAMPLE_HELPER = "txn_examples.py"  # the examples' data generators, beside them in dags/
 TEST_DAG = ROOT / "tests" / "dags" / "txn_words.py"
+FILL_DAG = ROOT / "tests" / "dags" / "txn_fill.py"
+FILL_PIPELINE = "fill_words"
+FILL_HISTORY = 6
+"""Txids of ``fill_words`` committed before its DAG file (with the added output) is parsed."""
 CHAOS_DAG = ROOT / "chaos" / "dags" / "chaos_words.py"
 
 # The credentials test's pipeline (see tests/integration/test_credentials.py)
@@ -244,6 +251,49 @@ class SharedAirflow:
                 self.smtp.stop()
 
 
+def fill_lines() -> dict[str, list[str]]:
+    """``fill_words``' data: 2 partitions of 12 txids' lines (single spaces between words)."""
+    return {str(p): random_lines(90 + p, 12 * 10) for p in (0, 1)}
+
+
+def commit_fill_history(db_url: str, folder: Path) -> Path:
+    """``fill_words``' first ``FILL_HISTORY`` txids, committed with the core API before its DAG
+    file is parsed: word counts only (computed in Python, as a job of the version before this
+    one staged them); returns the data's folder."""
+    from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
+    from airflow_txn_provider.state import MapState, stage_states
+    from airflow_txn_provider.transactions.commit import commit_registered
+    from airflow_txn_provider.transactions.transaction_log import TransactionLog
+    from tests.spark_data import lines_in_ranges, word_counts
+
+    data = fill_lines()
+    path = parquet_dataset(folder, data, file_rows=10)
+    source = PartitionedParquetSource(str(path), 10)
+    log = TransactionLog.from_url(db_url, migrate=False)
+    counts = MapState(
+        FILL_PIPELINE, f"{FILL_PIPELINE}_counts", "transactional", keys={"word": "text"}
+    )
+    log.ensure_pipeline(
+        FILL_PIPELINE,
+        source_kind="transactional",
+        max_pending=2,
+        dag_id=FILL_PIPELINE,
+        states=[counts],
+    )
+    for _ in range(FILL_HISTORY):
+        e = log.begin_next(FILL_PIPELINE, source)
+        rows = list(word_counts(lines_in_ranges(data, e.metadata)).items())
+        log.stage_output(
+            FILL_PIPELINE,
+            e.txid,
+            e.attempt,
+            lambda conn, e=e, rows=rows: stage_states(conn, e.txid, e.attempt, {counts: rows}),
+        )
+        assert commit_registered(log, FILL_PIPELINE, e.txid, e.attempt).applied
+    log.engine.dispose()
+    return path
+
+
 @pytest.fixture(scope="session")
 def _shared_airflow_deployment(
     request: pytest.FixtureRequest,
@@ -255,8 +305,10 @@ def _shared_airflow_deployment(
     db_url = new_database(postgres)
     dags = folder / "dags"
     dags.mkdir()
-    for source in (EXAMPLE, EXAMPLE.with_name(EXAMPLE_HELPER), TEST_DAG, KAFKA_EXAMPLE, CHAOS_DAG):
+    sources = (EXAMPLE, EXAMPLE.with_name(EXAMPLE_HELPER), TEST_DAG, KAFKA_EXAMPLE, CHAOS_DAG)
+    for source in (*sources, FILL_DAG):
         (dags / source.name).symlink_to(source)
+    fill_data = commit_fill_history(db_url, folder / "data" / "fill")
     chaos_plans = [p for p in plan_runs(CHAOS_FAULTS, CHAOS_SEED) if p.label in CHAOS_IN_CI]
     kafka = MockKafkaCluster().start()
     statsd = StatsdListener().start()
@@ -285,6 +337,8 @@ def _shared_airflow_deployment(
         "TXN_TEST_ALERT_SMTP_CONN": "alert_smtp",
         "AIRFLOW_CONN_ALERT_SMTP": smtp.connection(),
         "TXN_TEST_STALL_ALERT_AFTER": str(STALL_ALERT_AFTER),
+        # fill_words (tests/dags/txn_fill.py): an output added to it, filled from history
+        "TXN_FILL_DATA": str(fill_data),
         # example_txn_kafka_words: the Kafka provider's connection type, its Config Dict in extra
         "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps({"conn_type": "kafka", "extra": kafka.config}),
         "TXN_EXAMPLES_KAFKA_TOPIC": KAFKA_TOPIC,

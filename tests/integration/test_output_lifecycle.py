@@ -347,3 +347,42 @@ def test_the_migration_records_the_outputs_an_earlier_version_declared(postgres)
         ("late", "late_s"): (None, "state"),
     }
     engine.dispose()
+
+
+def test_a_state_filling_from_history_is_left_out_of_commits_and_shown_with_its_progress(three):
+    """The page (HTML and its JSON) and the health endpoint say how far a fill got; the live
+    commits leave the output out meanwhile, keeping its staged rows for the fill."""
+    from airflow_txn_provider.log.fill_progress import advance, lock_fill, take_over
+
+    txlog = three
+    assert declare(txlog, [a_state(), b_state()], start={"b": "history"})
+    run(txlog, 4)  # b's rows are staged by txid 4's processing, and not applied
+    assert values(txlog) == {"a": {("k",): 4}, "b": {}}
+    with txlog.engine.connect() as conn:
+        assert b_state().staged_count(conn, 4, 1) == 1
+    client = plugin_client(txlog, Everyone(), pipeline_dags=DAGS)
+
+    def said():
+        page = client.get(f"/transactions/api/pipelines/{P}").json()
+        return {o["name"]: o for o in page["outputs"]}["b"]
+
+    b = said()
+    assert b["complete"] == "filling: 0 % of history (txids 1..0 of 4 committed)"
+    assert b["filling"] is True and b["partial"] is True and b["start"] == "history"
+    assert b["fill"] == {
+        "live_from_txid": 4,
+        "filled_through": 0,
+        "share": 0.0,
+        "joined_after_txid": None,
+    }
+    with txlog.engine.begin() as conn:  # a fill applied txids 1..2 (its rows, as the fill does)
+        mine = take_over(conn, P, "b")
+        advance(conn, P, lock_fill(conn, P, mine), 2)
+    b = said()
+    assert b["complete"] == "filling: 50 % of history (txids 1..2 of 4 committed)"
+    html = client.get(f"/transactions/pipelines/{P}").text
+    assert "filling: 50 % of history" in html
+    assert '<progress class="fill" max="1" value="0.5">' in html
+    [mine_health] = client.get("/transactions/api/health").json()["pipelines"]
+    [b_health] = [o for o in mine_health["outputs"] if o["name"] == "b"]
+    assert b_health["filling"] is True and b_health["fill"]["filled_through"] == 2
