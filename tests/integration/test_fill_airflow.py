@@ -48,8 +48,10 @@ def test_the_fill_dag_fills_an_added_output_and_the_live_txids_apply_it(shared_a
         rec = read_outputs(conn, FILL_PIPELINE)[LENGTHS]
     assert rec.fill.live_from == FILL_HISTORY + 1
     # its task's first run did it, and ended; the next run waits (deferred) for another fill
-    done = [r for r in api.runs(FILL_DAG) if r["state"] == "success"]
-    assert done, api.runs(FILL_DAG)
+    def first_run_done():
+        return [r for r in api.runs(FILL_DAG) if r["state"] == "success"]
+
+    done = wait_until(first_run_done, 120, "the fill DAG's first run to succeed", stack)
     [task] = api.task_instances(FILL_DAG, done[0]["dag_run_id"])
     assert task["task_id"] == "fill_from_history" and task["state"] == "success"
 
