@@ -159,6 +159,7 @@ def build_fill_dag(pipeline: TxnPipeline, *, dag_id: str | None = None, tags: An
             task_id=FILL_TASK_ID,
             pipeline=pipeline,
             pipeline_dag_id=dag_id,
+            chunk=pipeline.fill_chunk,
             retries=COORDINATION_RETRIES,
             retry_exponential_backoff=DOUBLING_RETRY_BACKOFF,
             max_retry_delay=COORDINATION_MAX_RETRY_DELAY,

@@ -29,6 +29,7 @@ from airflow_txn_provider.rules.config import (
     validate_keep_txids,
     validate_max_pending,
 )
+from airflow_txn_provider.rules.filling import FILL_CHUNK
 from airflow_txn_provider.rules.names import PIPELINE, check_name
 from airflow_txn_provider.rules.vocabulary import OutputRetirement, OutputStart
 from airflow_txn_provider.sinks.base import LakeSink
@@ -88,6 +89,8 @@ class TxnPipeline:
         longer updated) or ``"drop"`` (a state's tables are dropped; a lake table never is).
         Removing an output that holds committed txids without it is refused
         (:class:`~airflow_txn_provider.rules.exceptions.OutputRemovedError`).
+    :param fill_chunk: committed txids a fill from history computes in one Spark job (and
+        applies in one Postgres transaction): its memory is one chunk's results.
     """
 
     name: str
@@ -111,6 +114,7 @@ class TxnPipeline:
     stall_alert_after: float = STALL_AFTER
     start: Mapping[str, OutputStart | str] = field(default_factory=dict)
     retired: Mapping[str, OutputRetirement | str] = field(default_factory=dict)
+    fill_chunk: int = FILL_CHUNK
 
     def __post_init__(self) -> None:
         check_name(self.name, PIPELINE)
@@ -120,6 +124,8 @@ class TxnPipeline:
             raise ValueError(f"lease_timeout must be > 0 seconds, got {self.lease_timeout!r}")
         if self.max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {self.max_attempts}")
+        if self.fill_chunk < 1:
+            raise ValueError(f"fill_chunk must be >= 1, got {self.fill_chunk}")
         if not (self.poll_interval > 0 and math.isfinite(self.poll_interval)):
             # 0 made the trigger poll the log in a busy loop
             raise ValueError(

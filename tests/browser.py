@@ -28,7 +28,10 @@ README_SCREENSHOTS = (
     "transactions-txid-attempts",
 )
 """The screenshots README.md shows (docs/screenshots/<name>.png)."""
-DOCS_SCREENSHOTS = {"ui.md": ("transactions-rewind-dialog",)}
+DOCS_SCREENSHOTS = {
+    "ui.md": ("transactions-rewind-dialog",),
+    "changing-a-pipeline.md": ("transactions-filling-output",),
+}
 """The screenshots the pages under docs/ show, by page (docs/screenshots/<name>.png too)."""
 RETAKEN = README_SCREENSHOTS + tuple(name for names in DOCS_SCREENSHOTS.values() for name in names)
 """Every screenshot ``make screenshots`` retakes into docs/screenshots/."""

@@ -48,6 +48,9 @@ from airflow_txn_provider.rules.vocabulary import (
     SourceKind,
 )
 
+FILLING = "filling from history: its fill applies this txid"
+"""Why a commit leaves out an output filling from history (its staged rows and files wait)."""
+
 SHOWN_KIND = {OutputKind.STATE: "state", OutputKind.LAKE_SINK: "lake sink"}
 
 
@@ -336,7 +339,7 @@ def skipped_at_commit(
                 output=out.name,
             )
         elif rec.filling:
-            skipped[out.name] = "filling from history: its fill applies this txid"
+            skipped[out.name] = FILLING
         elif rec.complete_from_txid is not None and txid < rec.complete_from_txid:
             skipped[out.name] = f"complete from txid {rec.complete_from_txid}"
     return skipped, first
@@ -389,6 +392,7 @@ def _iso(when: datetime | None) -> str | None:
 
 
 __all__ = [
+    "FILLING",
     "SHOWN_KIND",
     "DeclaredOutput",
     "OutputPlan",

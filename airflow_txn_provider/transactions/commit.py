@@ -50,7 +50,7 @@ from airflow_txn_provider.log.outputs import read_outputs, record_first
 from airflow_txn_provider.log.rows import TxidRows
 from airflow_txn_provider.rules.coordinator import committable
 from airflow_txn_provider.rules.exceptions import StagedOutputMismatchError, StateDefinitionError
-from airflow_txn_provider.rules.outputs import DeclaredOutput, skipped_at_commit
+from airflow_txn_provider.rules.outputs import FILLING, DeclaredOutput, skipped_at_commit
 from airflow_txn_provider.rules.vocabulary import OutputKind
 from airflow_txn_provider.sinks.base import OUTPUT_PREFIX, SINK_SPEC, StagedFiles
 from airflow_txn_provider.state import BucketCountState, MapState, counted_states, load_states
@@ -146,7 +146,7 @@ def commit_states(
         patch = {}
         for sink in sinks:
             if sink.name in skipped:
-                if "filling" not in skipped[sink.name]:  # its fill commits the staged files
+                if skipped[sink.name] != FILLING:  # a filling sink's fill commits its files
                     staged[sink] = None  # its staged files are garbage: cleaned up below
                 continue
             files = recorded.get(sink.output_key)

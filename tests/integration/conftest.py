@@ -14,9 +14,9 @@ one, with DAGs of their own, on one transaction log.
   ``words`` of a Kafka wire-protocol cluster on 127.0.0.1 (librdkafka's mock cluster in a
   process of its own, :class:`~txn_testing.kafka.MockKafkaCluster`) through the Airflow
   connection ``kafka_default``: the Kafka test's (``test_kafka_airflow.py``).
-- ``fill_words`` (``tests/dags/txn_fill.py``): txids 1..6 committed with the core API before its
-  DAG file is parsed, which adds an output with ``start="history"``: its fill DAG fills it (the
-  fill test's, ``test_fill_airflow.py``).
+- ``fill_words`` (``tests/dags/txn_fill.py``): txids 1..30 committed with the core API before the
+  deployment starts; the fill test (``test_fill_airflow.py``) then has its DAG file add an output
+  with ``start="history"``, which its fill DAG fills.
 - one pipeline per run of the Airflow chaos suite that CI makes (``chaos/dags/chaos_words.py``,
   its runs in ``CHAOS_IN_CI``): ``test_chaos_airflow.py`` causes its fault on this deployment, not
   on one of its own (a second deployment's start took over three minutes inside ``make test``).
@@ -64,8 +64,9 @@ EXAMPLE_HELPER = "txn_examples.py"  # the examples' data generators, beside them
 TEST_DAG = ROOT / "tests" / "dags" / "txn_words.py"
 FILL_DAG = ROOT / "tests" / "dags" / "txn_fill.py"
 FILL_PIPELINE = "fill_words"
-FILL_HISTORY = 6
-"""Txids of ``fill_words`` committed before its DAG file (with the added output) is parsed."""
+FILL_HISTORY = 30
+"""Txids of ``fill_words`` committed before the deployment starts; its fill computes them one by
+one (``chunk=1``), long enough for the page to be seen while it fills."""
 CHAOS_DAG = ROOT / "chaos" / "dags" / "chaos_words.py"
 
 # The credentials test's pipeline (see tests/integration/test_credentials.py)
@@ -252,8 +253,8 @@ class SharedAirflow:
 
 
 def fill_lines() -> dict[str, list[str]]:
-    """``fill_words``' data: 2 partitions of 12 txids' lines (single spaces between words)."""
-    return {str(p): random_lines(90 + p, 12 * 10) for p in (0, 1)}
+    """``fill_words``' data: 2 partitions of 36 txids' lines (single spaces between words)."""
+    return {str(p): random_lines(90 + p, 36 * 10) for p in (0, 1)}
 
 
 def commit_fill_history(db_url: str, folder: Path) -> Path:
@@ -339,6 +340,7 @@ def _shared_airflow_deployment(
         "TXN_TEST_STALL_ALERT_AFTER": str(STALL_ALERT_AFTER),
         # fill_words (tests/dags/txn_fill.py): an output added to it, filled from history
         "TXN_FILL_DATA": str(fill_data),
+        "TXN_FILL_ADDED": str(folder / "fill-added"),
         # example_txn_kafka_words: the Kafka provider's connection type, its Config Dict in extra
         "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps({"conn_type": "kafka", "extra": kafka.config}),
         "TXN_EXAMPLES_KAFKA_TOPIC": KAFKA_TOPIC,

@@ -73,8 +73,26 @@ def test_every_run_recovers_with_nothing_lost_or_doubled(connect_server):
     assert all(r.recovered for r in results), report
     assert sum(r.records_lost for r in results) == 0, report
     assert sum(r.records_doubled for r in results) == 0, report
-    events = [r.extra["events"] for r in results]
-    assert not any(n.endswith("not injected") for e in events for n in e), report  # type: ignore[attr-defined]
+    # A fault due after the run's work was done (a fast moment of the machine: every txid of a
+    # three-txid run committed within its delay) was not injected: that run is run again, as
+    # ``--seed <its seed> --runs 1``, until its faults land (its checks count each time).
+    for i, result in enumerate(results):
+        for _ in range(3):
+            if not _missed(result):
+                break
+            [result] = run_suite(
+                1, result.seed, txids=TXIDS, spark_url=connect_server.url, progress=lines.append
+            )
+            report = _report([result], lines, f"seed {result.seed} again: a fault missed")
+            print(report)
+            assert result.recovered and not result.records_lost + result.records_doubled, report
+        results[i] = result
+    assert not any(_missed(r) for r in results), report
+
+
+def _missed(result: FaultResult) -> bool:
+    events: list[str] = result.extra["events"]  # type: ignore[assignment]
+    return any(name.endswith("not injected") for name in events)
 
 
 def test_the_lake_subset_covers_the_lake_faults():
