@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Hashable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -244,7 +244,10 @@ def pipeline_payload(
     floor = retention.rewind_floor
     with txn_log.engine.connect() as conn:
         outputs = read_completeness(conn, pipeline)
-    states = state_summaries(txn_log.engine, pipeline, summary["last_committed"])
+    # A fill from history changes its state between commits: its progress is part of the version
+    filled = tuple((o["name"], o["fill"]["filled_through"]) for o in outputs if o["filling"])
+    version = (summary["last_committed"], filled) if filled else summary["last_committed"]
+    states = state_summaries(txn_log.engine, pipeline, version)
     return {
         "pipeline": summary,
         "limit": limit,
@@ -293,7 +296,7 @@ def txid_payload(
 # -- states ------------------------------------------------------------------------------------
 
 
-_SUMMARY_CACHE: dict[tuple[str, str], tuple[int, list[dict[str, Any]]]] = {}
+_SUMMARY_CACHE: dict[tuple[str, str], tuple[Hashable, list[dict[str, Any]]]] = {}
 TOP_KEYS_EXACT_UP_TO = 100_000
 TOP_KEYS_REFRESH_S = 30.0
 """A map state's top keys are a scan of its table (a value index would slow every commit): up to
@@ -304,7 +307,7 @@ _TOP_CACHE: dict[tuple[str, str], tuple[float, list[tuple[Any, ...]]]] = {}
 
 
 def state_summaries(
-    engine: Engine, pipeline: str, last_committed: int | None = None
+    engine: Engine, pipeline: str, last_committed: Hashable | None = None
 ) -> list[dict[str, Any]]:
     """The committed value of every state of ``pipeline``; a state that cannot be read says why.
 
@@ -312,7 +315,7 @@ def state_summaries(
     sum are those each commit keeps up to date (one row), and its top keys, a scan of the table,
     are read at most every ``TOP_KEYS_REFRESH_S`` seconds once it is large. Only a commit changes
     a state, so with ``last_committed`` given the summaries are read once per commit, not once per
-    request.
+    request (and once per step of a fill from history: the caller passes its progress too).
     """
     key = (engine.url.render_as_string(hide_password=True), pipeline)
     cached = _SUMMARY_CACHE.get(key)

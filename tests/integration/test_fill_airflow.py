@@ -66,10 +66,16 @@ def test_an_output_added_with_history_is_filled_by_its_fill_dag_watched_on_the_p
                 assert fill is None or fill.filling, "joined before the page showed it filling"
                 return None
             share = float(row.locator("progress.fill").get_attribute("value") or "nan")
-            return found, share
+            card = page.locator(".state").filter(has_text=LENGTHS).inner_text()
+            return found, share, card
 
-        found, share = wait_until(seen_filling, 240, "the page to show the fill's progress", stack)
+        found, share, card = wait_until(
+            seen_filling, 240, "the page to show the fill's progress", stack
+        )
         percent, through, of = (int(g) for g in found.groups())
+        # the state's figures move with the fill (not only at commits): what it applied so far
+        keys = re.search(r"(\d+) keys", card)
+        assert keys and int(keys.group(1)) > 0, card
         assert of == FILL_HISTORY and 0 < through < of, found.group(0)
         assert percent == int(100 * through / of) and share == pytest.approx(through / of)
         page.locator("#chart svg").wait_for()

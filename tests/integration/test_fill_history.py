@@ -192,6 +192,9 @@ def test_outputs_added_later_are_filled_exactly_while_the_pipeline_commits(
     for mine, truth in zip(states, truth_states, strict=True):
         assert table_rows(txlog, mine) == table_rows(txlog, truth), mine.name
         assert table_rows(txlog, mine), mine.name
+        with txlog.engine.connect() as conn:  # the page's figures, kept by every apply
+            values = mine.items(conn).values()
+            assert mine.summary(conn) == (len(values), sum(values)), mine.name
     for txid in range(1, 11):
         assert lake_rows(sinks[0], p, txid, db_url) == lake_rows(
             truth_sinks[0], gt, txid, db_url
