@@ -75,6 +75,12 @@ with rows the live processing staged for the same txid."""
 FILL_JOB = "fill"
 
 
+Computed = tuple[
+    Mapping[int, Mapping["MapState", "pa.Table"]], Mapping[int, Mapping["LakeSink", StagedFiles]]
+]
+"""A chunk's results, per txid: each state's rows, each lake sink's files."""
+
+
 class _Replan(Exception):
     """The step's plan no longer holds (taken over, rewound, a txid not committed any more):
     its transaction rolls back and the fill reads its progress again."""
@@ -242,7 +248,7 @@ class _Filler:
         )
         rows = sum(t.num_rows for by in results.states.values() for t in by.values())
         rows += sum(f.rows for by in results.sinks.values() for f in by.values())
-        done = self.apply(step, mine, (chunk, results.states, results.sinks))
+        done = self.apply(step, mine, (results.states, results.sinks))
         self.report.rows += rows
         for name in mine:
             self.report.computed[name] = self.report.computed.get(name, 0) + len(chunk)
@@ -255,48 +261,12 @@ class _Filler:
     # -- apply -----------------------------------------------------------------------------------
 
     def apply(
-        self,
-        step: FillStep,
-        mine: dict[str, FillProgress],
-        computed: tuple[
-            list[Committed],
-            Mapping[int, Mapping[MapState, pa.Table]],
-            Mapping[int, Mapping[LakeSink, StagedFiles]],
-        ]
-        | None,
+        self, step: FillStep, mine: dict[str, FillProgress], computed: Computed | None
     ) -> dict[str, FillProgress]:
-        """Apply ``step``'s txids to the outputs of ``mine``: the ``computed`` results, or the
-        rows the live processing staged (``None``)."""
-        states, sinks = self.outputs(sorted(mine))
-        staged_files: list[tuple[LakeSink, int, StagedFiles | None]] = []
+        """Apply ``step``'s txids to the outputs of ``mine``, in a transaction of their own: the
+        ``computed`` results, or the rows the live processing staged (``None``)."""
         with self.txlog.engine.begin() as conn:
-            locked = self._lock(conn, mine)
-            attempts = self._share_committed(conn, step)
-            rewound = read_rewound_through(conn, self.pipeline) if sinks else 0
-            for txid in step.txids:
-                attempt, output = attempts[txid]
-                if computed is not None:
-                    _, tables, written = computed
-                    for state in states:
-                        table = tables[txid][state]
-                        state.stage_arrow(conn, txid, FILL_ATTEMPT, table, job=FILL_JOB)
-                        state.apply(conn, txid, FILL_ATTEMPT, expected_rows=table.num_rows)
-                    for sink in sinks:
-                        staged_files.append((sink, txid, written[txid][sink]))
-                        self._commit_sink(conn, sink, txid, attempt, written[txid][sink], rewound)
-                else:
-                    for state in states:
-                        state.apply(
-                            conn,
-                            txid,
-                            attempt,
-                            expected_rows=_recorded_count(output, state.output_key),
-                        )
-                    for sink in sinks:
-                        files = _recorded_files(self.pipeline, txid, attempt, output, sink)
-                        staged_files.append((sink, txid, files))
-                        self._commit_sink(conn, sink, txid, attempt, files, rewound)
-            done = {n: advance(conn, self.pipeline, p, step.last) for n, p in locked.items()}
+            done, staged_files = self._apply_txids(conn, step, mine, computed)
         if computed is None:
             for name in mine:
                 self.report.applied_staged[name] = self.report.applied_staged.get(name, 0) + len(
@@ -305,6 +275,40 @@ class _Filler:
             self.say(f"txids {step.first}..{step.last} applied from staged rows to {sorted(mine)}")
         self._cleanup(staged_files)
         return done
+
+    def _apply_txids(
+        self,
+        conn: Connection,
+        step: FillStep,
+        mine: dict[str, FillProgress],
+        computed: Computed | None,
+    ) -> tuple[dict[str, FillProgress], list[tuple[LakeSink, int, StagedFiles | None]]]:
+        """In ``conn``'s transaction: the fence, then each txid of ``step`` in order, then the
+        progress. Returns the new progress and the lake files to clean up once it committed."""
+        states, sinks = self.outputs(sorted(mine))
+        staged_files: list[tuple[LakeSink, int, StagedFiles | None]] = []
+        locked = self._lock(conn, mine)
+        attempts = self._share_committed(conn, step)
+        rewound = read_rewound_through(conn, self.pipeline) if sinks else 0
+        for txid in step.txids:
+            attempt, output = attempts[txid]
+            for state in states:
+                if computed is not None:
+                    table = computed[0][txid][state]
+                    state.stage_arrow(conn, txid, FILL_ATTEMPT, table, job=FILL_JOB)
+                    state.apply(conn, txid, FILL_ATTEMPT, expected_rows=table.num_rows)
+                else:
+                    expected = _recorded_count(output, state.output_key)
+                    state.apply(conn, txid, attempt, expected_rows=expected)
+            for sink in sinks:
+                if computed is not None:
+                    files: StagedFiles | None = computed[1][txid][sink]
+                else:
+                    files = _recorded_files(self.pipeline, txid, attempt, output, sink)
+                staged_files.append((sink, txid, files))
+                self._commit_sink(conn, sink, txid, attempt, files, rewound)
+        done = {n: advance(conn, self.pipeline, p, step.last) for n, p in locked.items()}
+        return done, staged_files
 
     def _lock(self, conn: Connection, mine: Mapping[str, FillProgress]) -> dict[str, FillProgress]:
         locked = {}
@@ -406,22 +410,9 @@ class _Filler:
         self, conn: Connection, step: FillStep, mine: dict[str, FillProgress]
     ) -> dict[str, FillProgress]:
         """:meth:`apply` of staged rows inside the join's transaction (a savepoint)."""
-        states, sinks = self.outputs(sorted(mine))
-        locked = self._lock(conn, mine)
-        attempts = self._share_committed(conn, step)
-        rewound = read_rewound_through(conn, self.pipeline) if sinks else 0
-        staged_files = []
-        for txid in step.txids:
-            attempt, output = attempts[txid]
-            for state in states:
-                expected = _recorded_count(output, state.output_key)
-                state.apply(conn, txid, attempt, expected_rows=expected)
-            for sink in sinks:
-                files = _recorded_files(self.pipeline, txid, attempt, output, sink)
-                staged_files.append((sink, txid, files))
-                self._commit_sink(conn, sink, txid, attempt, files, rewound)
+        done, staged_files = self._apply_txids(conn, step, mine, None)
         self._cleanup(staged_files)
-        return {n: advance(conn, self.pipeline, p, step.last) for n, p in locked.items()}
+        return done
 
 
 def _recorded_count(output: Mapping[str, Any], key: str) -> int:
