@@ -65,8 +65,8 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from airflow_txn_provider.operators.spark_runner import keep_classic_mode
 from airflow_txn_provider.sinks import DeltaSink, IcebergSink, LakeSink
+from airflow_txn_provider.spark.connect_sessions import keep_classic_mode
 from airflow_txn_provider.transactions.transaction_log import TransactionLog
 
 ROOT = Path(__file__).resolve().parents[1]

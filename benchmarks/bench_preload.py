@@ -31,7 +31,7 @@ from txn_testing.spark import SparkConnectServer  # noqa: E402
 
 FIRST_CALL = """
 import time
-from airflow_txn_provider.operators.spark_runner import keep_classic_mode
+from airflow_txn_provider.spark.connect_sessions import keep_classic_mode
 from pyspark.sql import SparkSession
 
 def first_call(url):

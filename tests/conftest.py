@@ -108,6 +108,101 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return AirflowApart(config, log)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A failure is reported whatever its traceback: should pytest's formatting of it fail
+    (CPython 3.11's ``SystemError: AST constructor recursion depth mismatch``, gh-106905, when
+    anything interrupts its parse of a long traceback's sources; a ``RecursionError`` deep in
+    it), the report falls back to Python's own formatting, then to the exception's repr,
+    instead of crashing the xdist worker and losing the failure and every test after it."""
+    try:
+        return (yield)
+    except Exception as err:
+        from _pytest.reports import TestReport
+
+        excinfo = call.excinfo
+        try:
+            import traceback
+
+            shown = "".join(traceback.format_exception(excinfo.value)) if excinfo else ""
+        except Exception:
+            shown = repr(excinfo.value) if excinfo else ""
+        longrepr = f"{shown}\n(pytest could not format this failure: {err!r})"
+        return TestReport(
+            item.nodeid,
+            item.location,
+            dict.fromkeys(item.keywords, 1),
+            "failed",
+            longrepr,
+            call.when,
+            duration=call.duration,
+            start=call.start,
+            stop=call.stop,
+        )
+
+
+class _Unreported:
+    """On the xdist controller: the tests the workers collected that never reported a result
+    (a crashed worker, an aborted session), named at the end and failing the run."""
+
+    def __init__(self) -> None:
+        self.collected: set[str] = set()
+        self.reported: set[str] = set()
+
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        self.collected.update(ids)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when == "call" or report.outcome != "passed":
+            self.reported.add(report.nodeid)
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if terminalreporter.config.option.maxfail:  # -x, --maxfail: stopped on purpose
+            return
+        missing = sorted(self.collected - self.reported)
+        if missing:
+            terminalreporter.section(f"{len(missing)} tests did not run", red=True)
+            for nodeid in missing:
+                terminalreporter.line(nodeid)
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.collected - self.reported and session.exitstatus == 0:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.pluginmanager.hasplugin("xdist") and getattr(config.option, "numprocesses", None):
+        if not hasattr(config, "workerinput"):  # the controller
+            config.pluginmanager.register(_Unreported(), "txn-unreported")
+
+
+@pytest.fixture(autouse=True)
+def _no_spark_connect_mode_left_behind() -> Iterator[None]:
+    """A test leaves no Spark Connect mark in the process (PySpark's ``SPARK_CONNECT_MODE_ENABLED``
+    and kin, set by any remote session, never unset by PySpark): every later classic session of
+    the process would turn into a Connect client and fail (``SESSION_ALREADY_EXIST``), in
+    whichever test ``--dist loadfile`` puts next on this worker. Such a test fails here, by name,
+    and the marks are undone; a remote session is opened with
+    :func:`~airflow_txn_provider.spark.connect_sessions.connect_session`."""
+    from airflow_txn_provider.spark.job import CONNECT_MODE_ENV
+
+    before = {name: os.environ.get(name) for name in CONNECT_MODE_ENV}
+    yield
+    left = {n: os.environ.get(n) for n in CONNECT_MODE_ENV if os.environ.get(n) != before[n]}
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    if left:
+        pytest.fail(
+            f"the test left PySpark's Spark Connect marks {sorted(left)} in the process: open "
+            "remote sessions with airflow_txn_provider.spark.connect_sessions.connect_session",
+            pytrace=False,
+        )
+
+
 @pytest.fixture(scope="session")
 def postgres() -> Iterator[EmbeddedPostgres]:
     with EmbeddedPostgres(durable=False) as pg:

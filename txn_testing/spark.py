@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from airflow_txn_provider.hooks.spark_submit import stop_process_group
-from airflow_txn_provider.operators.spark_runner import keep_classic_mode, spark_env
-from airflow_txn_provider.spark.connect_sessions import bound_client_retries
+from airflow_txn_provider.operators.spark_runner import spark_env
+from airflow_txn_provider.spark.connect_sessions import bound_client_retries, keep_classic_mode
 from txn_testing.postgres import free_port
 
 log = logging.getLogger(__name__)

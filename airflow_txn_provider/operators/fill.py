@@ -16,6 +16,7 @@ connection (``local[*]`` without one).
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, cast
@@ -26,6 +27,7 @@ from airflow_txn_provider.log.fill_progress import filling_outputs
 from airflow_txn_provider.operators.txn import PIPELINE_FIELD
 from airflow_txn_provider.rules.filling import FILL_CHUNK
 from airflow_txn_provider.run_context import declare_pipeline, pipeline_log
+from airflow_txn_provider.spark.connect_sessions import keep_classic_mode
 from airflow_txn_provider.triggers.fill import FILL_POLL_INTERVAL, TxnFillDueTrigger
 
 if TYPE_CHECKING:
@@ -87,22 +89,25 @@ class TxnFillOperator(BaseOperator):
                 ),
                 method_name="execute",
             )
-        try:
-            report = fill_pipeline(
-                log,
-                p.name,
-                spark=self._open_session,
-                source=p.source,
-                transforms=self._transforms(),
-                sinks=p.sinks,
-                chunk=self.chunk,
-                on_progress=lambda line: self.log.info("pipeline=%s %s", p.name, line),
-                stopped=self._stopped.is_set,
-            )
-        finally:
-            if self._session is not None:
-                self._session.stop()
-                self._session = None
+        # The task's process lives on (a warmed, forked worker): it carries no session and no
+        # Spark Connect mark into its next job, whatever this fill opened.
+        with keep_classic_mode():
+            try:
+                report = fill_pipeline(
+                    log,
+                    p.name,
+                    spark=self._open_session,
+                    source=p.source,
+                    transforms=self._transforms(),
+                    sinks=p.sinks,
+                    chunk=self.chunk,
+                    on_progress=lambda line: self.log.info("pipeline=%s %s", p.name, line),
+                    stopped=self._stopped.is_set,
+                )
+            finally:
+                if self._session is not None:
+                    self._session.stop()
+                    self._session = None
         return {
             "joined_after": report.joined_after,
             "computed": report.computed,
@@ -124,17 +129,20 @@ class TxnFillOperator(BaseOperator):
             from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
 
             url = str(SparkConnectHook(p.spark_connect_conn_id).get_connection_url())
-            self._session = SparkSession.builder.remote(url).getOrCreate()
+            # a session of its own (create, not getOrCreate: a classic session the process ran
+            # must not refuse it); execute undoes the process's Connect marks after the fill
+            self._session = SparkSession.builder.remote(url).create()
         else:
             from airflow_txn_provider.hooks.spark_submit import TxnSparkSubmitHook
-            from airflow_txn_provider.operators.spark_runner import keep_classic_mode
+            from airflow_txn_provider.spark.job import CONNECT_MODE_ENV
 
             master = TxnSparkSubmitHook(conn_id=p.spark_conn_id).master
-            with keep_classic_mode():
-                builder = SparkSession.builder.master(master).appName(f"txn:{p.name}:fill")
-                for key, value in p.spark_conf.items():
-                    builder = builder.config(key, value)
-                self._session = builder.getOrCreate()
+            for name in CONNECT_MODE_ENV:  # a classic driver, whatever this process ran before
+                os.environ.pop(name, None)
+            builder = SparkSession.builder.master(master).appName(f"txn:{p.name}:fill")
+            for key, value in p.spark_conf.items():
+                builder = builder.config(key, value)
+            self._session = builder.getOrCreate()
         self.log.info("pipeline=%s: the fill's Spark session is on %s", p.name, p.spark)
         return self._session
 

@@ -36,6 +36,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, cast
 
 from airflow_txn_provider.rules.exceptions import TxnConfigError
+from airflow_txn_provider.spark.connect_sessions import keep_classic_mode
 from airflow_txn_provider.spark.job import (
     CONNECT_MODE_ENV,
     LOG_URL_ENV,
@@ -69,21 +70,6 @@ def spark_env(**extra: str) -> dict[str, str]:
     env["PYSPARK_DRIVER_PYTHON"] = sys.executable
     env.update(extra)
     return env
-
-
-@contextlib.contextmanager
-def keep_classic_mode() -> Iterator[None]:
-    """Undo, on exit, PySpark's process-wide "Spark Connect mode" marks that a remote session sets
-    (later classic sessions of this process, and spark-submits it starts, would become clients)."""
-    saved = {name: os.environ.get(name) for name in CONNECT_MODE_ENV}
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 class SparkSubmitRunner:

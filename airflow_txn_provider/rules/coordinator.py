@@ -180,16 +180,24 @@ def plan_sink_commit(
     rewound_through: int = 0,
 ) -> SinkAction:
     """Whether the commit of ``(txid, attempt)`` adds to a lake table whose newest commit by this
-    pipeline recorded ``table_txid`` (0: none), by ``table_attempt`` (``None``: unknown).
+    pipeline recorded ``table_txid`` (0: none); ``table_attempt``: the attempt whose commit of
+    ``txid`` the table holds (``None``: none, or not asked: it is asked only when the table is at
+    ``txid`` or past it).
 
-    Commits are ordered by the log, so a table ahead of the txid being committed holds commits
-    the log undid: a rewind's (``rewound_through``, the newest txid a rewind of this pipeline
-    failed: :func:`~airflow_txn_provider.rules.history.rewound_through`), which the table follows
-    now if the rewind could not, or something else's (another log, a restored table): adding would
-    break exactly-once, so that is refused."""
+    The table's own record is the truth for what it holds: a table that holds this very attempt
+    of the txid gets nothing twice, even when it holds later txids too. A fill from history
+    commits a chunk's txids to the table one by one inside one log transaction, so a fill killed
+    mid-chunk leaves the table several txids ahead of the log's progress; its retry finds each of
+    them there (the committed attempts, by exact replay) and the next one added after them.
+
+    Otherwise commits are ordered by the log, so a table ahead of the txid being committed holds
+    commits the log undid: a rewind's (``rewound_through``, the newest txid a rewind of this
+    pipeline failed: :func:`~airflow_txn_provider.rules.history.rewound_through`), which the table
+    follows now if the rewind could not, or something else's (another log, a restored table):
+    adding would break exactly-once, so that is refused."""
+    if table_txid >= txid and table_attempt == attempt:
+        return SinkAction.ALREADY_IN_TABLE
     if table_txid == txid:
-        if table_attempt == attempt:
-            return SinkAction.ALREADY_IN_TABLE
         return SinkAction.REPLACE
     if txid < table_txid <= rewound_through:
         return SinkAction.REPLACE

@@ -185,7 +185,8 @@ class SinkAction(StrEnum):
     """The lake table does not hold this txid yet: add the attempt's output in one table commit."""
     ALREADY_IN_TABLE = "already_in_table"
     """The table holds this very attempt of the txid (a commit that crashed after the table
-    commit, before the log's): complete the log's commit without adding anything twice."""
+    commit, before the log's; a fill killed after some of its chunk's table commits): complete
+    the log's commit without adding anything twice."""
     REPLACE = "replace"
     """The table holds the txid from another attempt (a commit that failed after this table's
     commit, e.g. at another sink, and replayed), or later txids a rewind undid in the log:

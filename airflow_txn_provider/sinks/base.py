@@ -245,7 +245,7 @@ class LakeSink(abc.ABC):
             pipeline=pipeline,
             attempt=attempt,
             sink=self.name,
-            table_attempt=table.committed_attempt(pipeline, txid) if table_txid == txid else None,
+            table_attempt=table.committed_attempt(pipeline, txid) if table_txid >= txid else None,
             rewound_through=rewound_through,
         )
         if action is SinkAction.REPLACE:

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_txn_provider.log.advisory import HeldSlot, held_slot
 
 if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
     from sqlalchemy.engine import Engine
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,44 @@ RETRY_MAX_RETRIES = 12
 
 _SLOT_LOCK_CLASS = 0x7478_6E53  # "txnS": the first key of the two-key advisory locks of slots
 _NAMESPACE = uuid.UUID("6f1c54a2-8a57-4a39-9d0e-3c1b2f8a7e11")
+
+
+@contextmanager
+def keep_classic_mode() -> Iterator[None]:
+    """Undo, on exit, PySpark's process-wide "Spark Connect mode" marks that a remote session sets
+    (:data:`~airflow_txn_provider.spark.job.CONNECT_MODE_ENV`). Left behind, they turn every later
+    classic session of the process into a Connect client (a classic read then asks for the active
+    session and fails with ``SESSION_ALREADY_EXIST``), and every spark-submit it starts too. An
+    Airflow worker's process lives on (forked, warmed) and runs job after job: each job cleans up
+    after itself. PySpark's functions dispatch on the marks, so they stay for the block."""
+    import os
+
+    from airflow_txn_provider.spark.job import CONNECT_MODE_ENV
+
+    saved = {name: os.environ.get(name) for name in CONNECT_MODE_ENV}
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@contextmanager
+def connect_session(url: str) -> Iterator[SparkSession]:
+    """A Spark Connect session of its own at ``url`` for the block, stopped after it, the process
+    left as it was (:func:`keep_classic_mode`). ``create()``, not ``getOrCreate()``: a classic
+    session running in the process (a fill's driver, a test's) must not refuse it."""
+    from pyspark.sql import SparkSession
+
+    with keep_classic_mode():
+        session = SparkSession.builder.remote(url).create()
+        try:
+            yield session
+        finally:
+            session.stop()
 
 
 def bound_client_retries(session: Any) -> None:

@@ -50,7 +50,7 @@ from airflow_txn_provider.rules.filling import (
     join_gap,
     next_step,
 )
-from airflow_txn_provider.rules.vocabulary import TxStatus
+from airflow_txn_provider.rules.vocabulary import SinkAction, TxStatus
 from airflow_txn_provider.sinks.base import SINK_SPEC, StagedFiles
 from airflow_txn_provider.spark.fill_job import Committed, compute_chunk
 from airflow_txn_provider.state import load_states
@@ -79,6 +79,12 @@ Computed = tuple[
     Mapping[int, Mapping["MapState", "pa.Table"]], Mapping[int, Mapping["LakeSink", StagedFiles]]
 ]
 """A chunk's results, per txid: each state's rows, each lake sink's files."""
+
+
+_SinkApplied = tuple["LakeSink", int, "StagedFiles | None", bool, bool]
+"""One txid's commit to a lake sink in a step: the sink, the txid, the files it was given,
+whether the step computed them (else the live processing staged them), and whether the table
+held the txid already."""
 
 
 class _Replan(Exception):
@@ -282,11 +288,11 @@ class _Filler:
         step: FillStep,
         mine: dict[str, FillProgress],
         computed: Computed | None,
-    ) -> tuple[dict[str, FillProgress], list[tuple[LakeSink, int, StagedFiles | None]]]:
+    ) -> tuple[dict[str, FillProgress], list[_SinkApplied]]:
         """In ``conn``'s transaction: the fence, then each txid of ``step`` in order, then the
         progress. Returns the new progress and the lake files to clean up once it committed."""
         states, sinks = self.outputs(sorted(mine))
-        staged_files: list[tuple[LakeSink, int, StagedFiles | None]] = []
+        staged_files: list[_SinkApplied] = []
         locked = self._lock(conn, mine)
         attempts = self._share_committed(conn, step)
         rewound = read_rewound_through(conn, self.pipeline) if sinks else 0
@@ -305,8 +311,8 @@ class _Filler:
                     files: StagedFiles | None = computed[1][txid][sink]
                 else:
                     files = _recorded_files(self.pipeline, txid, attempt, output, sink)
-                staged_files.append((sink, txid, files))
-                self._commit_sink(conn, sink, txid, attempt, files, rewound)
+                already = self._commit_sink(conn, sink, txid, attempt, files, rewound)
+                staged_files.append((sink, txid, files, computed is not None, already))
         done = {n: advance(conn, self.pipeline, p, step.last) for n, p in locked.items()}
         return done, staged_files
 
@@ -357,24 +363,30 @@ class _Filler:
         attempt: int,
         files: StagedFiles | None,
         rewound: int,
-    ) -> None:
+    ) -> bool:
+        """Commit ``txid`` to ``sink``'s table and record it; whether the table held it already."""
         done = sink.commit(
             self.tables[sink], self.pipeline, txid, attempt, files, rewound_through=rewound
         )
+        already = done.action == SinkAction.ALREADY_IN_TABLE
+        # A table that held the txid already (a killed fill's commit) keeps the files it was
+        # given then: these are not recorded, and are garbage once this step commits.
+        recorded = files.to_json() if files and not already else {}
         # recorded as a live commit records it: a rewind over this txid follows the table too
-        patch = {
-            sink.output_key: {
-                **(files.to_json() if files else {}),
-                "commit": done.to_json(),
-                SINK_SPEC: sink.to_spec(),
-            }
-        }
+        patch = {sink.output_key: {**recorded, "commit": done.to_json(), SINK_SPEC: sink.to_spec()}}
         TxidRows(conn, self.pipeline, txid).patch_output(attempt, patch)
+        return already
 
-    def _cleanup(self, staged: list[tuple[LakeSink, int, StagedFiles | None]]) -> None:
-        for sink, txid, files in staged:
+    def _cleanup(self, applied: list[_SinkApplied]) -> None:
+        """Delete the staged files no table references, once the step committed. Where the table
+        held the txid already, it references the files a killed fill committed, not these: only
+        the ones this step computed go (the live processing's are left alone)."""
+        for sink, txid, files, computed, already in applied:
             try:
-                sink.cleanup(self.pipeline, txid, files)
+                if not already:
+                    sink.cleanup(self.pipeline, txid, files)
+                elif computed and files is not None:
+                    files.discard()
             except Exception as err:  # garbage left behind is not data lost
                 log.warning("pipeline=%s txid=%s %s cleanup: %s", self.pipeline, txid, sink, err)
 

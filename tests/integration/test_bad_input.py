@@ -408,7 +408,7 @@ def any_session(request):
         return
     from pyspark.sql import SparkSession
 
-    from airflow_txn_provider.operators.spark_runner import keep_classic_mode
+    from airflow_txn_provider.spark.connect_sessions import keep_classic_mode
 
     with keep_classic_mode():
         session = SparkSession.builder.remote(

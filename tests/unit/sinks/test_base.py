@@ -45,6 +45,28 @@ class TestPlanSinkCommit:
         # Replayed in order: txid 6 finds the table at 5 (the replay's) and adds.
         assert plan_sink_commit(5, 6, rewound_through=9, **WHERE) is SinkAction.ADD
 
+    def test_a_table_ahead_that_holds_this_attempt_of_the_txid_gets_nothing_twice(self):
+        # A fill killed inside its chunk 6..10 after the tables' commits of txids 6..9: the log's
+        # progress says 5. Its retry finds each txid in the table by its committed attempt.
+        for txid in (6, 7, 8, 9):
+            assert plan_sink_commit(9, txid, table_attempt=2, **WHERE) is (
+                SinkAction.ALREADY_IN_TABLE
+            )
+        assert plan_sink_commit(9, 10, **WHERE) is SinkAction.ADD
+        # ...within a rewind's range too: the table holds the attempt the log commits
+        assert plan_sink_commit(9, 7, table_attempt=2, rewound_through=9, **WHERE) is (
+            SinkAction.ALREADY_IN_TABLE
+        )
+
+    def test_a_table_ahead_holding_another_attempt_of_the_txid_is_refused_unless_rewound(self):
+        with pytest.raises(LakeTableOutOfSyncError, match="already holds txid 9"):
+            plan_sink_commit(9, 7, table_attempt=1, **WHERE)
+        with pytest.raises(LakeTableOutOfSyncError, match="already holds txid 9"):
+            plan_sink_commit(9, 7, table_attempt=None, **WHERE)  # not in the table at all
+        assert plan_sink_commit(9, 7, table_attempt=1, rewound_through=9, **WHERE) is (
+            SinkAction.REPLACE
+        )
+
     def test_a_table_ahead_of_what_any_rewind_undid_is_refused(self):
         with pytest.raises(LakeTableOutOfSyncError, match="already holds txid 10"):
             plan_sink_commit(10, 5, rewound_through=9, **WHERE)

@@ -73,7 +73,8 @@ def test_a_bad_url_fails_at_once_instead_of_waiting_for_a_server():
     from pyspark.sql import SparkSession
 
     from airflow_txn_provider.compat.spark import SUPPORTS_CONNECT
-    from airflow_txn_provider.operators.spark_runner import SparkConnectRunner, keep_classic_mode
+    from airflow_txn_provider.operators.spark_runner import SparkConnectRunner
+    from airflow_txn_provider.spark.connect_sessions import keep_classic_mode
 
     if not SUPPORTS_CONNECT:
         pytest.skip("Spark Connect: PySpark 4.0 and later")
