@@ -72,12 +72,15 @@ system-deps:
 # whole Airflow one after another on one worker, everything else on the other (tests/conftest.py
 # groups them). CI runs `make -j2 test`: the type check (~40 s cold) beside the suite, not before
 # it. The long end-to-end scenarios (marker `scenario`) run in `make test-scenarios`. pytest exits
-# 5 when it collects no test: make treats that as a failure.
+# 5 when it collects no test: make treats that as a failure. Native tracebacks: pytest's own
+# rendering parses each frame's source, and on CPython 3.11 that crashed a worker (gh-106905) and
+# hid the failure (tests/conftest.py reports any failure it cannot render, and the tests a
+# crashed worker never ran).
 TEST_WORKERS ?= 2
 test: lint test-suite
 
 test-suite: install
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not scenario" $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not scenario" --tb=native $(PYTEST_ARGS)
 
 # The long scenarios CI leaves out (each is listed in tests/README.md with what it guards).
 test-scenarios: install

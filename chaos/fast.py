@@ -1146,26 +1146,15 @@ def lake_summary(result: FaultResult) -> str:
 
 def warm_up(spark_url: str, workdir: Path) -> float:
     """Run the word count once on the server (its first job compiles for ~15 s): no run pays it."""
-    from pyspark.sql import SparkSession
-
-    from airflow_txn_provider.spark.job import CONNECT_MODE_ENV
+    from airflow_txn_provider.spark.connect_sessions import connect_session
     from chaos.worker import load_transform
 
     started = time.monotonic()
-    saved = {name: os.environ.get(name) for name in CONNECT_MODE_ENV}
     data = parquet_dataset(workdir / "warm-up", {"0": random_lines(0, LINES_PER_TXID)})
     source = PartitionedParquetSource(str(data), max_per_partition=LINES_PER_TXID)
-    session = SparkSession.builder.remote(spark_url).create()
-    try:
+    with connect_session(spark_url) as session:  # the process stays unmarked after it
         batch = source.read_batch(session, {"0": [0, LINES_PER_TXID]})
         load_transform()(batch).toArrow()
-    finally:
-        session.stop()
-        for name, value in saved.items():  # a remote session marks the process: undo it
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
     return time.monotonic() - started
 
 
