@@ -131,8 +131,10 @@ chaos-rewind: install
 	$(PY) chaos/kill_rewind.py --runs 40 --seed $(SEED) --sink delta
 	$(PY) chaos/kill_rewind.py --runs 20 --seed $(SEED) --sink iceberg
 
-# chaos-fill: an output filled from history while the live pipeline commits; the fill's process
-# SIGKILLed and the log's Postgres crashed at seeded steps of the fill (issue 44).
+# chaos-fill: outputs of every kind (map states, a global state, a Delta and an Iceberg table)
+# filled from history while the live pipeline commits; the fill's process SIGKILLed and the log's
+# Postgres crashed at seeded steps of the fill, and again right after a seeded one of the fill's
+# lake table commits, inside a chunk (issues 44, 55).
 chaos-fill: install
 	$(PY) chaos/fill.py --runs 12 --seed $(SEED)
 

@@ -311,8 +311,9 @@ class _Filler:
                     files: StagedFiles | None = computed[1][txid][sink]
                 else:
                     files = _recorded_files(self.pipeline, txid, attempt, output, sink)
-                already = self._commit_sink(conn, sink, txid, attempt, files, rewound)
-                staged_files.append((sink, txid, files, computed is not None, already))
+                fresh = computed is not None
+                already = self._commit_sink(conn, sink, txid, attempt, files, rewound, fresh)
+                staged_files.append((sink, txid, files, fresh, already))
         done = {n: advance(conn, self.pipeline, p, step.last) for n, p in locked.items()}
         return done, staged_files
 
@@ -363,15 +364,17 @@ class _Filler:
         attempt: int,
         files: StagedFiles | None,
         rewound: int,
+        fresh: bool,
     ) -> bool:
-        """Commit ``txid`` to ``sink``'s table and record it; whether the table held it already."""
+        """Commit ``txid`` to ``sink``'s table and record it; whether the table held it already.
+        ``fresh``: the step computed ``files`` (else the live processing staged them)."""
         done = sink.commit(
             self.tables[sink], self.pipeline, txid, attempt, files, rewound_through=rewound
         )
         already = done.action == SinkAction.ALREADY_IN_TABLE
-        # A table that held the txid already (a killed fill's commit) keeps the files it was
-        # given then: these are not recorded, and are garbage once this step commits.
-        recorded = files.to_json() if files and not already else {}
+        # A table that held the txid already (a killed fill's commit) references the files it
+        # was given then: freshly computed ones are not recorded, and go once this step commits.
+        recorded = files.to_json() if files and not (already and fresh) else {}
         # recorded as a live commit records it: a rewind over this txid follows the table too
         patch = {sink.output_key: {**recorded, "commit": done.to_json(), SINK_SPEC: sink.to_spec()}}
         TxidRows(conn, self.pipeline, txid).patch_output(attempt, patch)
@@ -381,11 +384,11 @@ class _Filler:
         """Delete the staged files no table references, once the step committed. Where the table
         held the txid already, it references the files a killed fill committed, not these: only
         the ones this step computed go (the live processing's are left alone)."""
-        for sink, txid, files, computed, already in applied:
+        for sink, txid, files, fresh, already in applied:
             try:
                 if not already:
                     sink.cleanup(self.pipeline, txid, files)
-                elif computed and files is not None:
+                elif fresh and files is not None:
                     files.discard()
             except Exception as err:  # garbage left behind is not data lost
                 log.warning("pipeline=%s txid=%s %s cleanup: %s", self.pipeline, txid, sink, err)
