@@ -178,6 +178,7 @@ def plan_sink_commit(
     sink: str,
     table_attempt: int | None = None,
     rewound_through: int = 0,
+    committed_through: int = 0,
 ) -> SinkAction:
     """Whether the commit of ``(txid, attempt)`` adds to a lake table whose newest commit by this
     pipeline recorded ``table_txid`` (0: none); ``table_attempt``: the attempt whose commit of
@@ -185,17 +186,24 @@ def plan_sink_commit(
     ``txid`` or past it).
 
     The table's own record is the truth for what it holds: a table that holds this very attempt
-    of the txid gets nothing twice, even when it holds later txids too. A fill from history
-    commits a chunk's txids to the table one by one inside one log transaction, so a fill killed
-    mid-chunk leaves the table several txids ahead of the log's progress; its retry finds each of
-    them there (the committed attempts, by exact replay) and the next one added after them.
+    of the txid gets nothing twice, even when it holds later txids too, as long as those are
+    txids the log committed (``committed_through``: the log's last committed txid, given by a
+    fill, whose txids are all committed). A fill from history commits a chunk's txids to the
+    table one by one inside one log transaction, so a fill killed mid-chunk leaves the table
+    several txids ahead of the output's progress in the log; its retry finds each of them there
+    (the committed attempts, by exact replay) and adds the next one after them. A table ahead of
+    the log itself is not explained that way (a log reset starts again at attempt 1 of txid 1).
 
     Otherwise commits are ordered by the log, so a table ahead of the txid being committed holds
     commits the log undid: a rewind's (``rewound_through``, the newest txid a rewind of this
     pipeline failed: :func:`~airflow_txn_provider.rules.history.rewound_through`), which the table
     follows now if the rewind could not, or something else's (another log, a restored table):
     adding would break exactly-once, so that is refused."""
-    if table_txid >= txid and table_attempt == attempt:
+    if (
+        table_txid >= txid
+        and table_attempt == attempt
+        and table_txid <= max(txid, committed_through)
+    ):
         return SinkAction.ALREADY_IN_TABLE
     if table_txid == txid:
         return SinkAction.REPLACE

@@ -232,11 +232,14 @@ class LakeSink(abc.ABC):
         staged: StagedFiles | None,
         *,
         rewound_through: int = 0,
+        committed_through: int = 0,
     ) -> SinkCommit:
         """Add ``staged`` to the table in one commit recording ``(pipeline, txid)``, unless the
         table holds that txid already. Raises :class:`LakeSchemaMismatchError` (nothing added)
         when the files' columns differ from the table's. ``rewound_through``: the newest txid a
-        rewind of the pipeline failed (:func:`~airflow_txn_provider.rules.history.rewound_through`).
+        rewind of the pipeline failed (:func:`~airflow_txn_provider.rules.history.rewound_through`);
+        ``committed_through``: the log's last committed txid, where every txid committed is
+        ``txid``'s (a fill's; :func:`~airflow_txn_provider.rules.coordinator.plan_sink_commit`).
         """
         table_txid = table.committed_txid(pipeline)
         action = plan_sink_commit(
@@ -247,6 +250,7 @@ class LakeSink(abc.ABC):
             sink=self.name,
             table_attempt=table.committed_attempt(pipeline, txid) if table_txid >= txid else None,
             rewound_through=rewound_through,
+            committed_through=committed_through,
         )
         if action is SinkAction.REPLACE:
             # An earlier attempt's commit got this far and then failed (at another sink, or

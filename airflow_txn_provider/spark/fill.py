@@ -39,7 +39,7 @@ from airflow_txn_provider.log.fill_progress import (
     lock_fill,
     take_over,
 )
-from airflow_txn_provider.log.models import TRANSACTIONS
+from airflow_txn_provider.log.models import PIPELINES, TRANSACTIONS
 from airflow_txn_provider.log.rows import TxidRows, lock_pipeline
 from airflow_txn_provider.rules.exceptions import StagedOutputMismatchError
 from airflow_txn_provider.rules.filling import (
@@ -296,6 +296,7 @@ class _Filler:
         locked = self._lock(conn, mine)
         attempts = self._share_committed(conn, step)
         rewound = read_rewound_through(conn, self.pipeline) if sinks else 0
+        committed = _committed_through(conn, self.pipeline) if sinks else 0
         for txid in step.txids:
             attempt, output = attempts[txid]
             for state in states:
@@ -312,7 +313,16 @@ class _Filler:
                 else:
                     files = _recorded_files(self.pipeline, txid, attempt, output, sink)
                 fresh = computed is not None
-                already = self._commit_sink(conn, sink, txid, attempt, files, rewound, fresh)
+                already = self._commit_sink(
+                    conn,
+                    sink,
+                    txid,
+                    attempt,
+                    files,
+                    rewound=rewound,
+                    committed=committed,
+                    fresh=fresh,
+                )
                 staged_files.append((sink, txid, files, fresh, already))
         done = {n: advance(conn, self.pipeline, p, step.last) for n, p in locked.items()}
         return done, staged_files
@@ -363,13 +373,23 @@ class _Filler:
         txid: int,
         attempt: int,
         files: StagedFiles | None,
+        *,
         rewound: int,
+        committed: int,
         fresh: bool,
     ) -> bool:
         """Commit ``txid`` to ``sink``'s table and record it; whether the table held it already.
-        ``fresh``: the step computed ``files`` (else the live processing staged them)."""
+        ``rewound``: the newest txid a rewind failed; ``committed``: the log's last committed
+        txid (a table may hold up to it: a killed fill's commits); ``fresh``: the step computed
+        ``files`` (else the live processing staged them)."""
         done = sink.commit(
-            self.tables[sink], self.pipeline, txid, attempt, files, rewound_through=rewound
+            self.tables[sink],
+            self.pipeline,
+            txid,
+            attempt,
+            files,
+            rewound_through=rewound,
+            committed_through=committed,
         )
         already = done.action == SinkAction.ALREADY_IN_TABLE
         # A table that held the txid already (a killed fill's commit) references the files it
@@ -428,6 +448,14 @@ class _Filler:
         done, staged_files = self._apply_txids(conn, step, mine, None)
         self._cleanup(staged_files)
         return done
+
+
+def _committed_through(conn: Connection, pipeline: str) -> int:
+    """The log's last committed txid of ``pipeline`` (every txid a fill applies is at most it)."""
+    row = conn.execute(
+        select(PIPELINES.c.last_committed_txid).where(PIPELINES.c.name == pipeline)
+    ).one()
+    return int(row.last_committed_txid)
 
 
 def _recorded_count(output: Mapping[str, Any], key: str) -> int:

@@ -194,7 +194,10 @@ def test_a_table_ahead_of_the_log_is_refused(txlog, db_url, tmp_path, runner):
     runner.run(BatchJob("ahead", 1, e.attempt, source, sinks=(sink,)), txlog)
     staged = StagedFiles.from_json(txlog.transaction("ahead", 1).output[sink.output_key])
     table = sink.open(db_url)
-    sink.commit(table, "ahead", 7, 1, staged)  # another log's txid 7 in the same table
+    # another log's txids 1 and 7 in the same table (a log reset: its txid 1 was attempt 1 too)
+    sink.commit(table, "ahead", 1, e.attempt, staged)
+    sink.commit(sink.open(db_url), "ahead", 7, 1, staged)
+    table = sink.open(db_url)
     rows = table.read(table.version_as_of("ahead", 7)).num_rows
     with pytest.raises(LakeTableOutOfSyncError, match="already holds txid 7"):
         commit_registered(txlog, "ahead", 1, e.attempt, [sink])

@@ -46,23 +46,28 @@ class TestPlanSinkCommit:
         assert plan_sink_commit(5, 6, rewound_through=9, **WHERE) is SinkAction.ADD
 
     def test_a_table_ahead_that_holds_this_attempt_of_the_txid_gets_nothing_twice(self):
-        # A fill killed inside its chunk 6..10 after the tables' commits of txids 6..9: the log's
-        # progress says 5. Its retry finds each txid in the table by its committed attempt.
+        # A fill killed inside its chunk 6..10 after the tables' commits of txids 6..9: the
+        # output's progress in the log says 5, the log has committed through 12. The retry finds
+        # each txid in the table by its committed attempt.
         for txid in (6, 7, 8, 9):
-            assert plan_sink_commit(9, txid, table_attempt=2, **WHERE) is (
+            assert plan_sink_commit(9, txid, table_attempt=2, committed_through=12, **WHERE) is (
                 SinkAction.ALREADY_IN_TABLE
             )
-        assert plan_sink_commit(9, 10, **WHERE) is SinkAction.ADD
-        # ...within a rewind's range too: the table holds the attempt the log commits
-        assert plan_sink_commit(9, 7, table_attempt=2, rewound_through=9, **WHERE) is (
-            SinkAction.ALREADY_IN_TABLE
-        )
+        assert plan_sink_commit(9, 10, committed_through=12, **WHERE) is SinkAction.ADD
+
+    def test_a_table_ahead_of_the_log_itself_is_refused_even_with_the_same_attempt(self):
+        # A log reset (or another log) starts again at attempt 1 of txid 1: the table's txid 1
+        # of attempt 1 is not this log's.
+        with pytest.raises(LakeTableOutOfSyncError, match="already holds txid 7"):
+            plan_sink_commit(7, 1, table_attempt=1, pipeline="p", attempt=1, sink="s")
+        with pytest.raises(LakeTableOutOfSyncError, match="already holds txid 9"):
+            plan_sink_commit(9, 6, table_attempt=2, committed_through=8, **WHERE)
 
     def test_a_table_ahead_holding_another_attempt_of_the_txid_is_refused_unless_rewound(self):
         with pytest.raises(LakeTableOutOfSyncError, match="already holds txid 9"):
-            plan_sink_commit(9, 7, table_attempt=1, **WHERE)
+            plan_sink_commit(9, 7, table_attempt=1, committed_through=12, **WHERE)
         with pytest.raises(LakeTableOutOfSyncError, match="already holds txid 9"):
-            plan_sink_commit(9, 7, table_attempt=None, **WHERE)  # not in the table at all
+            plan_sink_commit(9, 7, committed_through=12, **WHERE)  # not in the table at all
         assert plan_sink_commit(9, 7, table_attempt=1, rewound_through=9, **WHERE) is (
             SinkAction.REPLACE
         )
