@@ -235,12 +235,9 @@ class LakeSink(abc.ABC):
         committed_through: int = 0,
     ) -> SinkCommit:
         """Add ``staged`` to the table in one commit recording ``(pipeline, txid)``, unless the
-        table holds that txid already. Raises :class:`LakeSchemaMismatchError` (nothing added)
-        when the files' columns differ from the table's. ``rewound_through``: the newest txid a
-        rewind of the pipeline failed (:func:`~airflow_txn_provider.rules.history.rewound_through`);
-        ``committed_through``: the log's last committed txid, where every txid committed is
-        ``txid``'s (a fill's; :func:`~airflow_txn_provider.rules.coordinator.plan_sink_commit`).
-        """
+        table holds that txid already (``rewound_through``, ``committed_through``: the rule's,
+        :func:`~airflow_txn_provider.rules.coordinator.plan_sink_commit`). Raises
+        :class:`LakeSchemaMismatchError` (nothing added) when the files' columns differ."""
         table_txid = table.committed_txid(pipeline)
         action = plan_sink_commit(
             table_txid,
