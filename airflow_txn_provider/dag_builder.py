@@ -40,7 +40,7 @@ from airflow_txn_provider.operators.txn import (
 )
 from airflow_txn_provider.pipeline import TxnPipeline
 from airflow_txn_provider.rules.vocabulary import OutputStart
-from airflow_txn_provider.run_context import BEGIN_TASK_ID, WATCH_TASK_ID
+from airflow_txn_provider.run_context import BEGIN_TASK_ID, COMMIT_TASK_ID, WATCH_TASK_ID
 from airflow_txn_provider.sensors.txn_failure import TxnFailureSensor
 from airflow_txn_provider.timetables import TXID_EPOCH
 from airflow_txn_provider.triggers.waker import TxnWakerTrigger
@@ -120,7 +120,7 @@ def build_dag(
             for job in pipeline.jobs
         ]
         commit = TxnCommitOperator(
-            task_id="commit", triggerer_start=triggerer_start, **coordination, **common
+            task_id=COMMIT_TASK_ID, triggerer_start=triggerer_start, **coordination, **common
         )
         if single:
             jobs[0] >> commit

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 BEGIN_TASK_ID = "begin"
 WATCH_TASK_ID = "watch_failures"
+COMMIT_TASK_ID = "commit"
 CLAIM_XCOM_KEY = "claim"
 """XCom key of what the claiming task claimed: ``{"txid", "attempt", "metadata"}``."""
 
@@ -41,7 +42,9 @@ def run_txid(context: Context, pipeline: str) -> int:
     raise AirflowFailException(
         f"pipeline={pipeline}: run {dag_run.run_id!r} is not a transaction (run ids are "
         "txid-000042): transactions start by themselves once the DAG is unpaused; to run one txid "
-        'by hand (dag.test, debugging) pass the conf {"txid": 42}'
+        'by hand (dag.test, debugging) pass the conf {"txid": 42}. A run on a txid\'s logical '
+        "date (2000-01-01 plus txid - 1 milliseconds) holds that txid's place: once it ends, the "
+        "pipeline deletes it and creates the txid's own run"
     )
 
 

@@ -148,6 +148,30 @@ class AirflowApiHook(BaseHook):
         _raise_for_status("POST", path, response)
         return True
 
+    def dag_run(self, dag_id: str, run_id: str) -> dict[str, Any] | None:
+        """One run (``dag_run_id``, ``state``, ``note``, …), or ``None`` if there is none."""
+        path = f"/api/v2/dags/{quote(dag_id)}/dagRuns/{quote(run_id)}"
+        response = self._authorized("GET", path)
+        if response.status_code == 404:
+            return None
+        _raise_for_status("GET", path, response)
+        return dict(response.json())
+
+    def run_at(self, dag_id: str, logical_date: datetime) -> dict[str, Any] | None:
+        """The run of ``dag_id`` whose logical date is ``logical_date`` (Airflow allows one), or
+        ``None``."""
+        found = self.request(
+            "GET",
+            f"/api/v2/dags/{quote(dag_id)}/dagRuns",
+            params={
+                "logical_date_gte": logical_date.isoformat(),
+                "logical_date_lte": logical_date.isoformat(),
+                "limit": 1,
+            },
+        )
+        runs = (found or {}).get("dag_runs", [])
+        return dict(runs[0]) if runs else None
+
     def task_ids(self, dag_id: str) -> list[str]:
         """Every task of ``dag_id``, as the api-server's parsed DAG has them."""
         found = self.request("GET", f"/api/v2/dags/{quote(dag_id)}/tasks")

@@ -34,7 +34,13 @@ from sqlalchemy import exists, select, tuple_
 from sqlalchemy.dialects.postgresql import insert
 
 from airflow_txn_provider.compat.python import StrEnum
-from airflow_txn_provider.log.health import Health, PipelineHealth, judge, progress_times
+from airflow_txn_provider.log.health import (
+    Health,
+    PipelineHealth,
+    judge,
+    progress_times,
+    read_run_trouble,
+)
 from airflow_txn_provider.log.models import ALERTS, ATTEMPTS
 from airflow_txn_provider.rules.vocabulary import FailureResponse, TxStatus
 from airflow_txn_provider.utils.redaction import redact
@@ -113,7 +119,8 @@ def stalled_alert(health: PipelineHealth) -> Alert:
         health.last_committed + 1,
         None,
         f"pipeline={health.pipeline} stalled: {waiting} txid(s) wait and nothing has moved for "
-        f"{health.stalled_for or 0:.0f} s (last committed txid {health.last_committed}){failed}",
+        f"{health.stalled_for or 0:.0f} s (last committed txid {health.last_committed}){failed}"
+        + (f": {health.reason}" if health.reason else ""),
     )
 
 
@@ -141,6 +148,7 @@ def due_alerts(conn: Connection, view: PipelineView, stall_after: float) -> list
         pending_since=pending_since,
         now=view.now,
         stall_after=stall_after,
+        run_trouble=read_run_trouble(conn, view.pipeline),
     )
     if health.status is Health.STALLED:
         alerts.append(stalled_alert(health))

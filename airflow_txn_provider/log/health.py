@@ -11,6 +11,12 @@ A pipeline is **stalled** when it has txids waiting to commit and nothing has mo
 attempt) before then. A poison batch the failure sensor stopped at, a dead scheduler, a lost
 worker whose lease nobody expires all end up here. A pipeline with nothing uncommitted is
 **idle** (healthy: a source with no new data); otherwise it is **ok**.
+
+Two things stall it sooner, after ``STUCK_AFTER`` seconds whatever ``stall_after`` says, because
+they never mend by waiting: a txid processing past its lease that nobody expired (its run's
+failure sensor is gone, and the waker could not restart it), and the *run trouble* the waker
+recorded (a due txid whose run cannot be created: :mod:`airflow_txn_provider.triggers.waker`).
+``reason`` says which.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ if TYPE_CHECKING:
     from airflow_txn_provider.rules.records import PipelineView, TxRecord
     from airflow_txn_provider.transactions.transaction_log import TransactionLog
 
+STUCK_AFTER = 30.0
+"""Seconds past a lease, or of run trouble, after which a pipeline is stalled."""
 STALL_AFTER = 600.0
 """Seconds without progress after which a pipeline with uncommitted txids is stalled (the
 endpoint's default; ``?stall_after=`` changes it per request)."""
@@ -57,6 +65,8 @@ class PipelineHealth:
     """Seconds without progress while txids wait (``None``: nothing waits)."""
     oldest_failed: int | None
     """The oldest txid whose current attempt failed (waiting for a replay), if any."""
+    reason: str | None = None
+    """Why it is stalled, in words."""
     outputs: tuple[dict[str, Any], ...] = ()
     """Each output (state, lake sink) and from which txid it is complete
     (:func:`airflow_txn_provider.rules.outputs.completeness`)."""
@@ -78,10 +88,11 @@ def judge(
     pending_since: datetime | None,
     now: datetime,
     stall_after: float = STALL_AFTER,
+    run_trouble: tuple[str, datetime] | None = None,
 ) -> PipelineHealth:
     """The health of ``view``'s pipeline at ``now`` (the log's clock). ``last_commit_at``: when
     the last committed txid committed; ``pending_since``: when the oldest uncommitted txid's
-    first attempt began."""
+    first attempt began; ``run_trouble``: the waker's trouble and since when, if any."""
     waiting = view.in_flight
     failed = [r.txid for r in waiting if r.status is TxStatus.FAILED]
     age = None if last_commit_at is None else (now - last_commit_at).total_seconds()
@@ -91,6 +102,21 @@ def judge(
         moved = [t for t in (last_commit_at, pending_since) if t is not None]
         stalled_for = (now - max(moved)).total_seconds() if moved else 0.0
         status = Health.STALLED if stalled_for > stall_after else Health.OK
+    reason = None
+    if status is Health.STALLED:
+        reason = f"nothing has moved for {stalled_for:.0f} s while txids wait"
+    for rec in waiting:
+        past = _past_lease(rec, now)
+        if past is not None and past > STUCK_AFTER:
+            status = Health.STALLED
+            reason = (
+                f"txid {rec.txid} attempt {rec.attempt} is processing {past:.0f} s past its "
+                f"lease ({rec.lease_holder or 'no holder'}) and nobody expired it: its run's "
+                "failure sensor is gone"
+            )
+            break
+    if run_trouble is not None and (now - run_trouble[1]).total_seconds() > STUCK_AFTER:
+        status, reason = Health.STALLED, run_trouble[0]
     return PipelineHealth(
         pipeline=view.pipeline,
         status=status,
@@ -101,7 +127,32 @@ def judge(
         last_commit_age=age,
         stalled_for=stalled_for,
         oldest_failed=failed[0] if failed else None,
+        reason=reason,
     )
+
+
+def _past_lease(rec: TxRecord, now: datetime) -> float | None:
+    """Seconds a processing attempt is past its lease, or ``None``."""
+    if rec.status is not TxStatus.PROCESSING or rec.lease_expires_at is None:
+        return None
+    past = (now - rec.lease_expires_at).total_seconds()
+    return past if past >= 0 else None
+
+
+def read_run_trouble(conn: Connection, pipeline: str) -> tuple[str, datetime] | None:
+    """The pipeline's run trouble and since when (see the module's doc), if any."""
+    from sqlalchemy import select
+
+    from airflow_txn_provider.log.models import PIPELINES
+
+    row = conn.execute(
+        select(PIPELINES.c.run_trouble, PIPELINES.c.run_trouble_since).where(
+            PIPELINES.c.name == pipeline
+        )
+    ).first()
+    if row is None or row[0] is None or row[1] is None:
+        return None
+    return str(row[0]), row[1]
 
 
 def progress_times(conn: Connection, view: PipelineView) -> tuple[datetime | None, datetime | None]:
@@ -139,6 +190,7 @@ def read_health(
     view = txn_log.view(pipeline)
     with txn_log.engine.connect() as conn:
         last_commit_at, pending_since = progress_times(conn, view)
+        trouble = read_run_trouble(conn, pipeline)
         outputs = tuple(read_completeness(conn, pipeline))
     judged = judge(
         view,
@@ -146,16 +198,19 @@ def read_health(
         pending_since=pending_since,
         now=view.now or now,
         stall_after=stall_after,
+        run_trouble=trouble,
     )
     return replace(judged, outputs=outputs)
 
 
 __all__ = [
     "STALL_AFTER",
+    "STUCK_AFTER",
     "Health",
     "PipelineHealth",
     "judge",
     "newest_processed",
     "progress_times",
     "read_health",
+    "read_run_trouble",
 ]

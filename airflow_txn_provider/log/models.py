@@ -130,6 +130,11 @@ class PipelineRow(Base):
     undo_from_txid: Mapped[int] = mapped_column(BigInteger, default=1, server_default="1")
     """The first txid whose commit wrote undo records: a rewind reaches no further back (see
     migration 0009)."""
+    run_trouble: Mapped[str | None] = mapped_column(Text, nullable=True)
+    """What the pipeline's waker could not mend in Airflow, and since when (migration 0013)."""
+    run_trouble_since: Mapped[datetime | None] = mapped_column(
+        DateTime(timezone=True), nullable=True
+    )
 
     __table_args__ = (
         CheckConstraint(one_of("source_kind", SourceKind), name="source_kind"),

@@ -127,5 +127,26 @@ class TransactionLog(
         rec = expired_lease(self.view(pipeline))
         return () if rec is None else self.expire_lease(pipeline, rec.txid, rec.attempt)
 
+    def report_run_trouble(self, pipeline: str, trouble: str | None) -> None:
+        """Record what the pipeline's waker could not mend in Airflow (``None``: all is well
+        again); the time it began is kept while the trouble lasts, for the health endpoint."""
+        from sqlalchemy import case, func, update
+
+        from airflow_txn_provider.log.models import PIPELINES
+
+        row = PIPELINES.c
+        since = (
+            None
+            if trouble is None
+            else case((row.run_trouble_since.is_(None), func.now()), else_=row.run_trouble_since)
+        )
+        for attempt in retrying(self.outage_timeout):
+            with attempt, self.engine.begin() as conn:
+                conn.execute(
+                    update(PIPELINES)
+                    .where(row.name == pipeline)
+                    .values(run_trouble=trouble, run_trouble_since=since)
+                )
+
 
 __all__ = ["TransactionLog", "engine_from_url"]

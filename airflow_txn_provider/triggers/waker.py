@@ -20,6 +20,14 @@ while busy, however many txids it has in flight: no parked runs, no per-txid pol
 Once a run exists, its txid's tasks do the rest (claim, process, commit, the failure watch), as
 before. Replays never need the waker: a failed txid's run exists, and its failure sensor restarts
 it.
+
+The waker is also the pipeline's liveness watch, the one that outlives every run: a txid that
+waits for a task of its run (its failure sensor, its commit: :mod:`airflow_txn_provider.rules.
+liveness`) for more than a grace gets its run looked at, and the task restarted if a person
+ended it in the UI, or the run created again if deleted (:mod:`~airflow_txn_provider.triggers.
+run_keeper`). A run created for a new txid is checked the same way: a 409 may come from another
+run holding the txid's logical date. What cannot be mended at once (a slot still held) is
+recorded in the log as the pipeline's *run trouble*, which the health endpoint reports.
 """
 
 from __future__ import annotations
@@ -34,7 +42,8 @@ from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
 from airflow_txn_provider.compat.airflow import SUPERVISOR_COMMS_THREAD_SAFE, run_blocking
 from airflow_txn_provider.rules.exceptions import UnknownPipelineError
-from airflow_txn_provider.rules.records import PipelineView
+from airflow_txn_provider.rules.liveness import Need, Overdue
+from airflow_txn_provider.rules.records import PipelineView, TxRecord
 from airflow_txn_provider.rules.waiting import new_txid_due, txid_ahead
 from airflow_txn_provider.utils.retries import Backoff
 
@@ -48,6 +57,9 @@ QUIET_LOG_EVERY = 10.0
 RECREATE_AFTER = 60.0
 """Seconds before the waker asks again for a run it created whose txid has not begun since
 (a run that already exists answers 409: harmless)."""
+_UNKNOWN = "(not read)"
+RETRY_HELD_AFTER = 5.0
+"""Seconds before the waker asks again for a run whose slot another run holds."""
 REPORT_EVERY = 60.0
 """Seconds between two log lines about the same kind of trouble (the log, the source, the API)."""
 
@@ -55,6 +67,11 @@ REPORT_EVERY = 60.0
 def _migrate(hook: Any) -> None:
     """The log's schema at head, as a claim's begin brings it (``get_log`` migrates)."""
     hook.get_log(migrate=True).engine.dispose()
+
+
+def _report_trouble(hook: Any, pipeline: str, trouble: str | None) -> None:
+    """Record (``None``: clear) the pipeline's run trouble in the log, for its health."""
+    hook.get_log(migrate=False).report_run_trouble(pipeline, trouble)
 
 
 def source_has_data(source: Any, txid: int, prev_metadata: Any) -> bool:
@@ -199,21 +216,41 @@ class TxnWakerTrigger(BaseEventTrigger):
     async def wake_forever(self) -> None:
         """The waker's loop on the real log, source and REST API (:meth:`wake`)."""
         from airflow_txn_provider.hooks.airflow_api import AirflowApiHook
+        from airflow_txn_provider.hooks.txn_log import TxnLogHook
+        from airflow_txn_provider.run_context import COMMIT_TASK_ID, WATCH_TASK_ID
         from airflow_txn_provider.spark.sources import source_from_spec
+        from airflow_txn_provider.triggers.run_keeper import ensure_txid_run, keep_alive
 
         read_view = await self.log_reader()
         api = AirflowApiHook(self.airflow_api_conn_id, outage_timeout=30.0)
         source = await run_blocking(source_from_spec, self.source)
+        hook = TxnLogHook(txn_log_conn_id=self.txn_log_conn_id)
         pipeline = self.pipeline
 
         async def has_data(txid: int, prev: Any) -> bool:
             return await run_blocking(source_has_data, source, txid, prev)
 
-        async def create_run(txid: int) -> bool:
-            return await run_blocking(api.create_txid_run, self.dag_id, txid)
+        async def create_run(txid: int) -> tuple[bool, str]:
+            return await run_blocking(ensure_txid_run, api, self.dag_id, txid)
+
+        async def keep(rec: TxRecord, need: Need) -> str | None:
+            return await run_blocking(
+                keep_alive,
+                api,
+                self.dag_id,
+                rec,
+                need,
+                watch_task=WATCH_TASK_ID,
+                commit_task=COMMIT_TASK_ID,
+            )
+
+        async def report_trouble(trouble: str | None) -> None:
+            await run_blocking(_report_trouble, hook, pipeline, trouble)
 
         self.log.info("pipeline=%s: waker of DAG %s started", pipeline, self.dag_id)
-        await self.wake(read_view, has_data, create_run, asyncio.sleep)
+        await self.wake(
+            read_view, has_data, create_run, asyncio.sleep, keep=keep, report_trouble=report_trouble
+        )
 
     async def log_reader(self) -> Callable[[], Awaitable[PipelineView | None]]:
         """What :meth:`wake` reads the log with: the pipeline's shared view (``None`` until the
@@ -243,40 +280,57 @@ class TxnWakerTrigger(BaseEventTrigger):
         self,
         read_view: Callable[[], Awaitable[PipelineView | None]],
         has_data: Callable[[int, Any], Awaitable[bool]],
-        create_run: Callable[[int], Awaitable[bool]],
+        create_run: Callable[[int], Awaitable[tuple[bool, str]]],
         sleep: Callable[[float], Awaitable[Any]],
+        *,
+        keep: Callable[[TxRecord, Need], Awaitable[str | None]] | None = None,
+        report_trouble: Callable[[str | None], Awaitable[None]] | None = None,
     ) -> None:
         """Poll until cancelled: ``read_view`` (``None``: the pipeline is not in the log yet),
-        ``has_data(txid, prev_metadata)``, ``create_run(txid)`` (False: it existed) and
-        ``sleep`` are the log, the source, the REST API and the clock."""
+        ``has_data(txid, prev_metadata)``, ``create_run(txid)`` (whether the txid's run is
+        there now, and what was found or done: :func:`~airflow_txn_provider.triggers.
+        run_keeper.ensure_txid_run`) and ``sleep`` are the log, the source, the REST API and the
+        clock; ``keep(rec, need)`` restarts what a waiting txid's run lacks (:func:`~airflow_txn_
+        provider.triggers.run_keeper.keep_alive`), ``report_trouble`` records (or, with ``None``,
+        clears) why a due txid's run could not be created."""
         pipeline = self.pipeline
         view: PipelineView | None = None
         read_at = -float("inf")
         created: dict[int, float] = {}
         failures = 0
         trouble = Backoff(first=self.poll_interval, cap=30.0, deadline=float("inf"), floor=0.5)
+        overdue = Overdue()
+        reported: str | None = _UNKNOWN  # what the log holds: cleared at the first poll
         while True:
             now = time.monotonic()
             try:
                 busy = view is not None and bool(view.in_flight)
                 if busy or now - read_at >= QUIET_LOG_EVERY:
                     view, read_at = await read_view(), now
+                if keep is not None and view is not None:
+                    for rec, need in overdue.update(view, now):
+                        done = await keep(rec, need)
+                        if done is not None:
+                            self.log.warning("pipeline=%s txid=%s: %s", pipeline, rec.txid, done)
                 due = new_txid_due(view)
+                # unchanged until the run is asked for again
+                problem = reported if due is not None and reported != _UNKNOWN else None
                 if due is not None and now - created.get(due, -RECREATE_AFTER) >= RECREATE_AFTER:
                     prev = None if view is None else view.metadata_before(due)
                     if await self._has_data(has_data, due, prev):
                         # Data appeared: ask the log again (the view may be QUIET_LOG_EVERY old)
                         view, read_at = await read_view(), time.monotonic()
                         if new_txid_due(view) == due:
-                            made = await create_run(due)
+                            settled, said = await create_run(due)
                             created = {t: at for t, at in created.items() if t >= due}
-                            created[due] = time.monotonic()
-                            self.log.info(
-                                "pipeline=%s txid=%s: %s",
-                                pipeline,
-                                due,
-                                "new data: its DAG run is created" if made else "its run exists",
+                            created[due] = time.monotonic() - (
+                                0.0 if settled else RECREATE_AFTER - RETRY_HELD_AFTER
                             )
+                            self.log.info("pipeline=%s txid=%s: %s", pipeline, due, said)
+                            problem = None if settled else said
+                if report_trouble is not None and problem != reported:
+                    await report_trouble(problem)
+                    reported = problem
                 failures = 0
             except asyncio.CancelledError:
                 raise

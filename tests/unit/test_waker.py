@@ -85,7 +85,7 @@ class Fake:
     async def create_run(self, txid):
         existed = txid in self.created
         self.created.append(txid)
-        return not existed
+        return True, "its run exists" if existed else "created"
 
     async def sleep(self, seconds):
         self.poll += 1
@@ -328,3 +328,48 @@ def test_the_next_run_is_created_beside_the_claim_only_where_its_supervisor_take
         thread.join(10)
     assert len(ran_in) == 1
     assert (thread is None) is (ran_in[0] is threading.current_thread()) is (not thread_safe)
+
+
+# -- the waker as the pipeline's liveness watch ------------------------------------------------
+
+
+def test_a_txid_that_waits_past_the_grace_gets_its_run_kept_alive(monkeypatch):
+    from airflow_txn_provider.rules.liveness import Need, Overdue
+
+    monkeypatch.setattr(waker_module, "Overdue", lambda: Overdue(grace=0.0, recheck_every=1e9))
+    kept = []
+
+    async def keep(rec, need):
+        kept.append((rec.txid, rec.attempt, need))
+        return "restarted its watch"
+
+    fake = Fake(polls=3, view=view((4, 1, FAIL), (5, 1, FAIL), last=3), data_from=10**9)
+    with pytest.raises(_Stop):
+        asyncio.run(
+            _waker().wake(fake.read_view, fake.has_data, fake.create_run, fake.sleep, keep=keep)
+        )
+    assert kept == [(4, 1, Need.WATCH), (5, 1, Need.WATCH)]  # once each: then every recheck
+
+
+def test_a_run_that_cannot_be_created_is_reported_asked_again_soon_and_cleared(monkeypatch):
+    monkeypatch.setattr(waker_module, "RECREATE_AFTER", 1e9)
+    monkeypatch.setattr(waker_module, "RETRY_HELD_AFTER", 0.0)  # asked again at once
+    answers = iter([(False, "slot held by run 'manual__x'"), (True, "created")])
+    reports: list[str | None] = []
+    fake = Fake(polls=4, view=view(last=3))
+
+    async def create_run(txid):
+        fake.created.append(txid)
+        return next(answers)
+
+    async def report(trouble):
+        reports.append(trouble)
+
+    with pytest.raises(_Stop):
+        asyncio.run(
+            _waker().wake(
+                fake.read_view, fake.has_data, create_run, fake.sleep, report_trouble=report
+            )
+        )
+    assert fake.created == [4, 4]  # asked again without waiting RECREATE_AFTER
+    assert reports == ["slot held by run 'manual__x'", None]

@@ -45,3 +45,43 @@ def test_a_poison_batch_the_sensor_stopped_at_stalls_and_is_named():
 def test_a_first_txid_waiting_without_any_commit():
     h = judge(view((1, 1, PROC)), last_commit_at=None, pending_since=ago(700), now=NOW)
     assert h.status is Health.STALLED and h.last_commit_age is None
+
+
+def test_a_txid_past_its_lease_that_nobody_expired_stalls_within_stuck_after():
+    from airflow_txn_provider.log.health import STUCK_AFTER
+    from tests.unit.builders import leased
+
+    def past(seconds):
+        v = leased(((8, 1, PROC, -seconds), (9, 1, DONE, None)), last=7)
+        return judge(v, last_commit_at=ago(60), pending_since=ago(50), now=NOW)
+
+    assert past(STUCK_AFTER - 1).status is Health.OK  # its failure sensor's poll comes first
+    h = past(STUCK_AFTER + 1)
+    assert h.status is Health.STALLED
+    assert h.reason is not None and "txid 8 attempt 1 is processing" in h.reason
+    assert "past its lease" in h.reason
+
+
+def test_run_trouble_stalls_once_it_lasted_stuck_after_and_says_what():
+    from airflow_txn_provider.log.health import STUCK_AFTER
+
+    v = view(last=7)  # nothing in flight: the txid's run was never created
+    trouble = "txid 8's run cannot be created: run 'manual__x' holds its logical date"
+    fresh = judge(
+        v, last_commit_at=ago(5), pending_since=None, now=NOW, run_trouble=(trouble, ago(5))
+    )
+    assert fresh.status is Health.IDLE
+    old = judge(
+        v,
+        last_commit_at=ago(5),
+        pending_since=None,
+        now=NOW,
+        run_trouble=(trouble, ago(STUCK_AFTER + 1)),
+    )
+    assert old.status is Health.STALLED and old.reason == trouble
+
+
+def test_a_long_stall_says_so():
+    v = view((8, 1, DONE), last=7)
+    h = judge(v, last_commit_at=ago(900), pending_since=ago(800), now=NOW, stall_after=60)
+    assert h.status is Health.STALLED and h.reason == "nothing has moved for 800 s while txids wait"
