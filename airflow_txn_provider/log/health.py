@@ -182,12 +182,18 @@ def progress_times(conn: Connection, view: PipelineView) -> tuple[datetime | Non
 
 
 def read_health(
-    txn_log: TransactionLog, pipeline: str, now: datetime, stall_after: float = STALL_AFTER
+    txn_log: TransactionLog,
+    pipeline: str,
+    now: datetime,
+    stall_after: float = STALL_AFTER,
+    *,
+    view: PipelineView | None = None,
 ) -> PipelineHealth:
-    """:func:`judge` the pipeline as the log has it now (its clock where it gives one)."""
+    """:func:`judge` the pipeline as the log has it now (its clock where it gives one), or as
+    ``view``, read just before, has it."""
     from airflow_txn_provider.log.outputs import read_completeness
 
-    view = txn_log.view(pipeline)
+    view = view or txn_log.view(pipeline)
     with txn_log.engine.connect() as conn:
         last_commit_at, pending_since = progress_times(conn, view)
         trouble = read_run_trouble(conn, pipeline)

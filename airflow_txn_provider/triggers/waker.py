@@ -33,6 +33,7 @@ recorded in the log as the pipeline's *run trouble*, which the health endpoint r
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -234,15 +235,10 @@ class TxnWakerTrigger(BaseEventTrigger):
             return await run_blocking(ensure_txid_run, api, self.dag_id, txid)
 
         async def keep(rec: TxRecord, need: Need) -> str | None:
-            return await run_blocking(
-                keep_alive,
-                api,
-                self.dag_id,
-                rec,
-                need,
-                watch_task=WATCH_TASK_ID,
-                commit_task=COMMIT_TASK_ID,
+            restart = functools.partial(
+                keep_alive, watch_task=WATCH_TASK_ID, commit_task=COMMIT_TASK_ID
             )
+            return await run_blocking(restart, api, self.dag_id, rec, need)
 
         async def report_trouble(trouble: str | None) -> None:
             await run_blocking(_report_trouble, hook, pipeline, trouble)
@@ -309,9 +305,7 @@ class TxnWakerTrigger(BaseEventTrigger):
                     view, read_at = await read_view(), now
                 if keep is not None and view is not None:
                     for rec, need in overdue.update(view, now):
-                        done = await keep(rec, need)
-                        if done is not None:
-                            self.log.warning("pipeline=%s txid=%s: %s", pipeline, rec.txid, done)
+                        await self._keep(keep, rec, need)
                 due = new_txid_due(view)
                 # unchanged until the run is asked for again
                 problem = reported if due is not None and reported != _UNKNOWN else None
@@ -347,6 +341,30 @@ class TxnWakerTrigger(BaseEventTrigger):
                 await sleep(pause)
                 continue
             await sleep(self.poll_interval)
+
+    async def _keep(
+        self,
+        keep: Callable[[TxRecord, Need], Awaitable[str | None]],
+        rec: TxRecord,
+        need: Need,
+    ) -> None:
+        """Restart what the run of waiting ``rec`` lacks; trouble is reported, not raised (the
+        next look, ``RECHECK_EVERY`` later, tries again), so it never keeps new runs waiting."""
+        try:
+            done = await keep(rec, need)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:
+            self._report(
+                f"keep {rec.txid}",
+                "txid=%s: could not look at its run (%s: %s); looking again later",
+                rec.txid,
+                type(err).__name__,
+                str(err)[:300],
+            )
+            return
+        if done is not None:
+            self.log.warning("pipeline=%s txid=%s: %s", self.pipeline, rec.txid, done)
 
     async def _has_data(
         self, has_data: Callable[[int, Any], Awaitable[bool]], txid: int, prev: Any

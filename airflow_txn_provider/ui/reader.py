@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import text
 from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
 
+from airflow_txn_provider.log.health import read_health
 from airflow_txn_provider.log.outputs import read_completeness
 from airflow_txn_provider.rules.exceptions import (
     SchemaTooNewError,
@@ -35,6 +36,7 @@ from airflow_txn_provider.ui.errors import LogUnavailableError
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
+    from airflow_txn_provider.rules.records import PipelineView
     from airflow_txn_provider.state import MapState
     from airflow_txn_provider.transactions.retention import RetentionInfo
     from airflow_txn_provider.transactions.transaction_log import TransactionLog
@@ -220,7 +222,8 @@ def pipelines_payload(
     rows = []
     for name in access.visible(txn_log.pipelines()):
         try:
-            rows.append(model.pipeline_summary(txn_log.view(name)))
+            view = txn_log.view(name)
+            rows.append({**model.pipeline_summary(view), "health": _health(txn_log, view, now)})
         except UnknownPipelineError:
             continue  # deleted since it was listed
         except TxnError as err:  # a corrupt log of one pipeline must not hide the others
@@ -249,7 +252,7 @@ def pipeline_payload(
     version = (summary["last_committed"], filled) if filled else summary["last_committed"]
     states = state_summaries(txn_log.engine, pipeline, version)
     return {
-        "pipeline": summary,
+        "pipeline": {**summary, "health": _health(txn_log, view, now)},
         "limit": limit,
         "txids": rewind_options.with_rewind_options(model.txid_rows(txs, now), view, floor),
         "chart": model.chart_series(txs, now),
@@ -259,6 +262,12 @@ def pipeline_payload(
         "rewind": rewind_options.rewind_reach(view, floor),
         "now": model.iso(now),
     }
+
+
+def _health(txn_log: TransactionLog, view: PipelineView, now: datetime) -> dict[str, Any]:
+    """The health endpoint's verdict at its default ``stall_after``, with its reason."""
+    found = read_health(txn_log, view.pipeline, now, view=view)
+    return {"status": found.status.value, "reason": found.reason}
 
 
 def _retention(r: RetentionInfo) -> dict[str, Any]:

@@ -95,7 +95,9 @@
 
   function renderIndex(data) {
     const rows = data.pipelines.map((p) => {
-      const link = h("td", {}, h("a", { href: `${root}/pipelines/${q(p.name)}` }, p.name));
+      const stalled = p.health && p.health.status === "stalled"
+        ? [" ", h("span", { class: "err", title: p.health.reason || "" }, "stalled")] : [];
+      const link = h("td", {}, h("a", { href: `${root}/pipelines/${q(p.name)}` }, p.name), ...stalled);
       if (p.error !== undefined) return h("tr", {}, link, h("td", { colspan: 7, class: "err" }, p.error));
       return h("tr", {}, link, h("td", {}, p.source_kind), num(p.max_pending), num(p.last_committed),
         num(p.newest_processed), num(p.lag, p.lag ? "warn" : ""), num(p.newest_txid),
@@ -110,6 +112,13 @@
       h("div", { class: "v" }, value));
   }
 
+  function healthCard(health) {
+    const text = health.reason ? `${health.status}: ${health.reason}` : health.status;
+    return h("div", { class: health.reason ? "card wide" : "card", id: "health" },
+      h("div", { class: "k" }, "health"),
+      h("div", { class: health.status === "stalled" ? "v err" : "v" }, text));
+  }
+
   let lastChart = null;
 
   function renderPipeline(data) {
@@ -122,6 +131,7 @@
       card("newest txid", p.newest_txid),
       card("commits / min (5 min)", data.chart.rate_per_min),
       card(`txids by status · ${p.source_kind} source · max pending ${p.max_pending}`, counts(p.counts), "wide"),
+      healthCard(p.health),
       ...(data.retention ? [card("retention", data.retention.text, "wide")] : []));
     lastChart = data.chart;
     drawChart(document.getElementById("chart"), data.chart);
