@@ -12,6 +12,8 @@ registration as a plugin import error, "already registered, skipping".)
   authenticates it. The address is keyed by DAG id: the app finds the pipeline the transaction
   log records that DAG as running (a DAG built with ``build_dag(pipeline, dag_id=…)`` is not
   named like its pipeline).
+* A listener (:mod:`airflow_txn_provider.ui.run_marks`): a note on a txid's run that a person
+  marked success or failed, saying what the log says of the txid.
 
 Every process that loads plugins imports this module (each task too): the app is a
 :class:`~airflow_txn_provider.ui.LazyApp`, built at its first request in the api-server, so this
@@ -23,12 +25,14 @@ from __future__ import annotations
 from airflow.plugins_manager import AirflowPlugin
 
 from airflow_txn_provider.timetables import TxidTimetable
-from airflow_txn_provider.ui import MOUNT_PATH, plugin_app
+from airflow_txn_provider.ui import MOUNT_PATH, plugin_app, run_marks
 
 
 class TxnProviderPlugin(AirflowPlugin):
     name = "airflow_txn_provider"
     timetables = [TxidTimetable]
+    # a note on a txid's run marked success or failed by hand (called in the api-server)
+    listeners = [run_marks]
     fastapi_apps = [{"app": plugin_app, "url_prefix": MOUNT_PATH, "name": "Transactions"}]
     external_views = [
         {

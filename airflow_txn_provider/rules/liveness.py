@@ -79,4 +79,24 @@ class Overdue:
         return due
 
 
-__all__ = ["GRACE", "RECHECK_EVERY", "Need", "Overdue", "needs"]
+def mark_note(view: PipelineView, txid: int, state: str) -> str:
+    """The note of txid ``txid``'s run that a person marked ``state`` (success, failed) in the UI:
+    what the log says of the txid, and what the pipeline does about it."""
+    head = f"Marked {state} by hand"
+    if txid <= view.last_committed:
+        return f"{head}; txid {txid} had committed already: nothing changes in the log"
+    rec = view.record(txid)
+    if rec is None:
+        return (
+            f"{head} before txid {txid} began: the pipeline restarts this run when the txid is due"
+        )
+    where = f"{head} while txid {txid} attempt {rec.attempt} was {rec.status.value}"
+    if rec.status is TxStatus.PROCESSED:
+        return f"{where}: it still commits, in order (the pipeline restarts its commit if needed)"
+    return (
+        f"{where}: the pipeline restarts this run's failure sensor once the attempt's lease runs "
+        f"out (within {GRACE:.0f} s), and it re-queues the txid and every later one, in order"
+    )
+
+
+__all__ = ["GRACE", "RECHECK_EVERY", "Need", "Overdue", "mark_note", "needs"]

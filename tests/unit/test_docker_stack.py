@@ -936,6 +936,9 @@ def _api_hook_calls(services, monkeypatch) -> list[tuple[str, str]]:
         "set_paused": lambda: hook.set_paused("d", True),
         # the waker's (and a claim's) creation of a txid's run
         "create_txid_run": lambda: hook.create_txid_run("d", 1),
+        # the waker's look at a txid's run and at who holds its logical date (run_keeper)
+        "dag_run": lambda: hook.dag_run("d", "r"),
+        "run_at": lambda: hook.run_at("d", day),
     }
     for call in exercised.values():
         call()

@@ -57,3 +57,15 @@ def test_a_record_keeps_its_need_only_while_its_lease_is_lost():
         v, in_flight=(replace(v.in_flight[0], lease_expires_at=v.now.replace(year=2030)),)
     )
     assert needs(renewed) == {}
+
+
+def test_a_mark_by_hand_is_told_what_the_log_says_of_the_txid():
+    from airflow_txn_provider.rules.liveness import mark_note
+
+    v = view((4, 2, PROC), (5, 1, DONE), last=3)
+    assert "txid 3 had committed already: nothing changes" in mark_note(v, 3, "failed")
+    processing = mark_note(v, 4, "success")
+    assert processing.startswith("Marked success by hand while txid 4 attempt 2 was processing")
+    assert "re-queues" in processing
+    assert "it still commits" in mark_note(v, 5, "failed")
+    assert "before txid 6 began" in mark_note(v, 6, "success")
