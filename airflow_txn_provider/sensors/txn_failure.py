@@ -177,6 +177,10 @@ class TxnFailureSensor(BaseSensorOperator):
             # The trigger saw the lease run out; the log decides under its lock (a renewal that
             # came meanwhile wins) and fails the attempt and every later txid in flight.
             assert woke.attempt is not None  # from_payload requires it
+            if p.alert_notifiers:
+                # a lease long past with nobody to expire it (this sensor was ended by hand and
+                # restarted by the waker) is a stall: alerted once, before the expiry mends it
+                self._send_due_alerts(context, log)
             log.expire_lease(p.name, txid, woke.attempt)
         view = log.view(p.name)
         rec = view.record(txid)

@@ -111,3 +111,45 @@ def test_a_stall_is_alerted_once_and_a_commit_ends_it(txlog, smtp):
         "[airflow-txn] pipeline p: stalled at txid 1",
         "[airflow-txn] pipeline p: stalled at txid 2",
     ]
+
+
+def test_a_lease_nobody_expired_is_a_stall_alerted_once_with_its_reason(txlog, smtp, monkeypatch):
+    """Its failure sensor was ended by hand: the lease runs out and nobody expires it."""
+    from airflow_txn_provider.log import health
+
+    monkeypatch.setattr(health, "STUCK_AFTER", 0.5)
+    txlog.register_pipeline("p", source_kind="transactional", max_pending=2)
+    assert txlog.begin("p", 1, Counter(), claim_timeout=0.5).emitted
+    [alert] = wait_until(lambda: _due(txlog, stall_after=600), 10, "the lost lease to stall")
+    assert alert.kind is AlertKind.STALLED
+    assert "txid 1 attempt 1 is processing" in alert.message and "past its lease" in alert.message
+    assert send_once(txlog.engine, alert, [_notifier()], {}) is True
+    assert _due(txlog, stall_after=600) == []  # once
+    wait_until(lambda: len(smtp.mails()) == 1, 10, "the mail")
+
+
+def test_run_trouble_is_recorded_kept_since_its_start_and_cleared(txlog, monkeypatch):
+    from airflow_txn_provider.log import health
+
+    txlog.register_pipeline("p", source_kind="transactional", max_pending=2)
+    with txlog.engine.connect() as conn:
+        assert health.read_run_trouble(conn, "p") is None
+    txlog.report_run_trouble("p", "txid 1's run cannot be created: run 'm' holds its date")
+    with txlog.engine.connect() as conn:
+        _, since = health.read_run_trouble(conn, "p")
+    time.sleep(0.2)
+    txlog.report_run_trouble("p", "txid 1's run cannot be created: run 'm' (running) holds it")
+    with txlog.engine.connect() as conn:
+        text, again = health.read_run_trouble(conn, "p")
+    assert again == since and "(running)" in text  # the trouble's start is kept while it lasts
+    monkeypatch.setattr(health, "STUCK_AFTER", 0.0)
+    found = wait_until(
+        lambda: (h := health.read_health(txlog, "p", since)).status is health.Health.STALLED and h,
+        10,
+        "the trouble to stall the pipeline",
+    )
+    assert found.reason == text
+    txlog.report_run_trouble("p", None)
+    with txlog.engine.connect() as conn:
+        assert health.read_run_trouble(conn, "p") is None
+    assert health.read_health(txlog, "p", since).status is health.Health.IDLE

@@ -224,6 +224,14 @@ def run_success_while_paused(c: Ctx) -> dict[str, str]:
     return {R2: "marked success"}
 
 
+def committed_run_failed(c: Ctx) -> dict[str, str]:
+    """Mark failed on the run of a txid that committed: red in the grid, nothing to do."""
+    r1 = txid_run_id(1)
+    wait_until(lambda: (c.run(r1) or {}).get("state") == "success", 120, "txid 1's run", c.airflow)
+    c.mark_run(r1, "failed")
+    return {r1: "txid 1 had committed already: nothing changes in the log"}
+
+
 @dataclass(frozen=True)
 class Click:
     act: Callable[[Ctx], dict[str, str]]
@@ -256,6 +264,7 @@ CLICKS = {
         Click(pause_then_unpause),
         Click(backfill),
         Click(run_success_while_paused),
+        Click(committed_run_failed),
     )
 }
 IN_CI = ("run_success", "run_failed_then_delete", "trigger_next_slot", "run_success_while_paused")
@@ -285,7 +294,13 @@ GROUPS = [
         marks=pytest.mark.scenario,
     ),
     pytest.param(
-        ("trigger_without_conf", "delete_running_run", "pause_then_unpause", "backfill"),
+        (
+            "trigger_without_conf",
+            "delete_running_run",
+            "pause_then_unpause",
+            "backfill",
+            "committed_run_failed",
+        ),
         id="refusals-pause",
         marks=pytest.mark.scenario,
     ),
