@@ -34,13 +34,7 @@ from sqlalchemy import exists, select, tuple_
 from sqlalchemy.dialects.postgresql import insert
 
 from airflow_txn_provider.compat.python import StrEnum
-from airflow_txn_provider.log.health import (
-    Health,
-    PipelineHealth,
-    judge,
-    progress_times,
-    read_run_trouble,
-)
+from airflow_txn_provider.log.health import Health, PipelineHealth, judge_from_log
 from airflow_txn_provider.log.models import ALERTS, ATTEMPTS
 from airflow_txn_provider.rules.vocabulary import FailureResponse, TxStatus
 from airflow_txn_provider.utils.redaction import redact
@@ -141,15 +135,7 @@ def due_alerts(conn: Connection, view: PipelineView, stall_after: float) -> list
             )
         ).all()
         alerts += [poisoned_alert(view.pipeline, t, n, error) for t, n, error in stopped]
-    last_commit_at, pending_since = progress_times(conn, view)
-    health = judge(
-        view,
-        last_commit_at=last_commit_at,
-        pending_since=pending_since,
-        now=view.now,
-        stall_after=stall_after,
-        run_trouble=read_run_trouble(conn, view.pipeline),
-    )
+    health = judge_from_log(conn, view, view.now, stall_after)
     if health.status is Health.STALLED:
         alerts.append(stalled_alert(health))
     return [alert for alert in alerts if not was_sent(conn, alert)]

@@ -181,31 +181,32 @@ def progress_times(conn: Connection, view: PipelineView) -> tuple[datetime | Non
     return last_commit_at, pending_since
 
 
-def read_health(
-    txn_log: TransactionLog,
-    pipeline: str,
-    now: datetime,
-    stall_after: float = STALL_AFTER,
-    *,
-    view: PipelineView | None = None,
+def judge_from_log(
+    conn: Connection, view: PipelineView, now: datetime, stall_after: float = STALL_AFTER
 ) -> PipelineHealth:
-    """:func:`judge` the pipeline as the log has it now (its clock where it gives one), or as
-    ``view``, read just before, has it."""
-    from airflow_txn_provider.log.outputs import read_completeness
-
-    view = view or txn_log.view(pipeline)
-    with txn_log.engine.connect() as conn:
-        last_commit_at, pending_since = progress_times(conn, view)
-        trouble = read_run_trouble(conn, pipeline)
-        outputs = tuple(read_completeness(conn, pipeline))
-    judged = judge(
+    """:func:`judge` ``view``, reading what it needs besides from ``conn`` (its clock where the
+    view gives one, else ``now``)."""
+    last_commit_at, pending_since = progress_times(conn, view)
+    return judge(
         view,
         last_commit_at=last_commit_at,
         pending_since=pending_since,
         now=view.now or now,
         stall_after=stall_after,
-        run_trouble=trouble,
+        run_trouble=read_run_trouble(conn, view.pipeline),
     )
+
+
+def read_health(
+    txn_log: TransactionLog, pipeline: str, now: datetime, stall_after: float = STALL_AFTER
+) -> PipelineHealth:
+    """:func:`judge` the pipeline as the log has it now (its clock where it gives one)."""
+    from airflow_txn_provider.log.outputs import read_completeness
+
+    view = txn_log.view(pipeline)
+    with txn_log.engine.connect() as conn:
+        judged = judge_from_log(conn, view, now, stall_after)
+        outputs = tuple(read_completeness(conn, pipeline))
     return replace(judged, outputs=outputs)
 
 
@@ -215,6 +216,7 @@ __all__ = [
     "Health",
     "PipelineHealth",
     "judge",
+    "judge_from_log",
     "newest_processed",
     "progress_times",
     "read_health",

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import text
 from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
 
-from airflow_txn_provider.log.health import read_health
+from airflow_txn_provider.log.health import judge_from_log
 from airflow_txn_provider.log.outputs import read_completeness
 from airflow_txn_provider.rules.exceptions import (
     SchemaTooNewError,
@@ -266,7 +266,8 @@ def pipeline_payload(
 
 def _health(txn_log: TransactionLog, view: PipelineView, now: datetime) -> dict[str, Any]:
     """The health endpoint's verdict at its default ``stall_after``, with its reason."""
-    found = read_health(txn_log, view.pipeline, now, view=view)
+    with txn_log.engine.connect() as conn:
+        found = judge_from_log(conn, view, now)
     return {"status": found.status.value, "reason": found.reason}
 
 

@@ -103,3 +103,28 @@ def test_only_what_the_user_may_read_is_judged(log):
     assert client(log, None).get("/transactions/api/health").status_code in (401, 403)
     bad = client(log, Reader()).get("/transactions/api/health?stall_after=0")
     assert bad.status_code == 422
+
+
+def test_a_lease_nobody_expired_stalls_the_pipeline_on_the_endpoint_and_the_page(
+    txlog, monkeypatch
+):
+    """Its failure sensor was ended by hand (the DAG paused, so no waker mends it): after
+    ``STUCK_AFTER`` past the lease the endpoint says so, whatever ``stall_after``, and so does
+    the Transactions page (the index and the pipeline's card)."""
+    from airflow_txn_provider.log import health
+
+    monkeypatch.setattr(health, "STUCK_AFTER", 0.2)
+    txlog.register_pipeline("busy", source_kind="transactional", max_pending=2)
+    assert txlog.begin("busy", 1, Steps(), claim_timeout=0.2).emitted
+    time.sleep(0.6)
+    web = client(txlog, Reader())
+    answer = web.get("/transactions/api/pipelines/busy/health")
+    assert answer.status_code == 503, answer.text
+    reason = answer.json()["reason"]
+    assert "txid 1 attempt 1 is processing" in reason and "past its lease" in reason
+    page = web.get("/transactions/api/pipelines/busy").json()["pipeline"]["health"]
+    assert page["status"] == "stalled" and "txid 1 attempt 1 is processing" in page["reason"]
+    index = web.get("/transactions/").text
+    assert ">stalled</span>" in index and "past its lease" in index
+    card = web.get("/transactions/pipelines/busy").text
+    assert 'id="health"' in card and "stalled: txid 1 attempt 1 is processing" in card
