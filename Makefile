@@ -9,7 +9,8 @@
 # make bench-stage: staging rows/s, the binary COPY path beside the text CSV path it replaced
 # make bench-spark: per-txid overhead of spark-submit / Spark Connect / standalone, records/s
 # make bench-airflow: commit gap and max_pending=4 vs 1 speedup on a real Airflow
-# make bench-peer : this project on Airflow vs Spark Structured Streaming foreachBatch, same data
+# make bench-peer : this project on Airflow vs Spark Structured Streaming foreachBatch, same data;
+#               twice: on every CPU, then every Spark JVM pinned to the same CPUs (--pin-spark)
 # make bench-read : where one batch's Spark time goes: this project's read vs plain scans
 # make bench-preload: a task process's first Spark Connect call, fresh vs forked from a warm parent
 # make bench-begin: a txid's begin in a fresh process after 10, 1 000 and 100 000 source files
@@ -164,6 +165,7 @@ bench-airflow: install
 
 bench-peer: install
 	$(PY) benchmarks/bench_peer.py
+	$(PY) benchmarks/bench_peer.py --pin-spark
 
 bench-read: install
 	$(PY) benchmarks/bench_batch_read.py

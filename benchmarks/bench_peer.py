@@ -34,7 +34,11 @@ before issue 57. The core loop likewise runs the warm-up batches through its Spa
 server before it is timed (on Airflow the server is warm already: the core loop ran first).
 
 Usage: python benchmarks/bench_peer.py [--sizes 100000:20,1000000:10] [--max-pending 4]
-       [--floor-runs 20] [--worker-start] [--no-preload] [--cold-peer]
+       [--floor-runs 20] [--worker-start] [--no-preload] [--cold-peer] [--pin-spark]
+
+``--pin-spark`` is the second shape ``make bench-peer`` runs: every Spark JVM of both sides pinned
+to the same CPUs (the upper half), Airflow, Postgres and the drivers on the rest, as a deployment
+with Airflow on other hosts than Spark gives.
 """
 
 from __future__ import annotations
@@ -75,6 +79,8 @@ from txn_testing.cpu import (  # noqa: E402
     SPARK,
     cpu_by_group,
     cpu_since,
+    pin,
+    spark_jvms,
 )
 from txn_testing.postgres import EmbeddedPostgres  # noqa: E402
 from txn_testing.spark import SparkConnectServer  # noqa: E402
@@ -84,6 +90,8 @@ DATA_SCHEMA = "offset BIGINT, line STRING"
 """The files' columns, declared on both sides: Structured Streaming's file source asks for them."""
 SEED = 12
 VOCABULARY = [f"w{i}" for i in range(1000)]
+SPARK_CPUS_ENV = "BENCH_PEER_SPARK_CPUS"
+"""Set by ``--pin-spark``: the CPUs every Spark JVM of the run is pinned to (comma-separated)."""
 WARMUP_BATCHES = 3
 """Batches of the peer's untimed warm-up stream, per size."""
 SPARK_CONF = {
@@ -92,6 +100,15 @@ SPARK_CONF = {
     "spark.driver.bindAddress": "127.0.0.1",
     "spark.ui.enabled": "false",
 }
+
+
+def pin_spark() -> None:
+    """With ``--pin-spark``: pin every Spark JVM under this process to the Spark CPUs (the rest
+    of the run, which started from this process, stays on the others)."""
+    cpus = os.environ.get(SPARK_CPUS_ENV)
+    if cpus:
+        for pid in spark_jvms():
+            pin(pid, {int(c) for c in cpus.split(",")})
 
 
 # -- the data ------------------------------------------------------------------------------------
@@ -144,6 +161,7 @@ def run_peer(
     for key, value in SPARK_CONF.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
+    pin_spark()
     connection = psycopg2.connect(dsn)
 
     def upsert_into(table: str) -> Any:
@@ -222,6 +240,7 @@ def spark_floor_batches(data: Path, batches: int) -> None:
     for key, value in SPARK_CONF.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
+    pin_spark()
     for b in range(batches):
         files = sorted(str(f) for f in data.glob(f"p=*/part-{b:05d}.parquet"))
         batch = (
@@ -467,6 +486,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="no untimed warm-up stream before the peer's timed one (as before issue 57)",
     )
+    parser.add_argument(
+        "--pin-spark",
+        action="store_true",
+        help="shape (b): every Spark JVM (both sides) on the upper half of the CPUs, Airflow, "
+        "Postgres and the drivers on the rest (what Airflow on other hosts gives)",
+    )
     parser.add_argument("--spark-floor-of", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--spark-floor-batches", type=int, help=argparse.SUPPRESS)
     parser.add_argument(
@@ -477,6 +502,16 @@ def main(argv: list[str] | None = None) -> int:
         spark_floor_batches(args.spark_floor_of, args.spark_floor_batches)
         return 0
     sizes = [tuple(int(float(x)) for x in s.split(":")) for s in args.sizes.split(",")]
+    shape = "(a) everything on every CPU"
+    if args.pin_spark:
+        cpus = sorted(os.sched_getaffinity(0))
+        if len(cpus) < 2:
+            parser.error("--pin-spark needs two CPUs at least")
+        spark_cpus = cpus[len(cpus) // 2 :]
+        rest = set(cpus) - set(spark_cpus)
+        os.environ[SPARK_CPUS_ENV] = ",".join(map(str, spark_cpus))
+        os.sched_setaffinity(0, rest)  # every process started from here on inherits it
+        shape = f"(b) every Spark JVM on CPUs {spark_cpus}, the rest on {sorted(rest)}"
     print(
         f"bench-peer: seed {args.seed}, sizes {sizes}, max_pending {args.max_pending}, "
         f"task processes {'cold' if args.no_preload else 'warm (airflow_txn_provider.preload)'}, "
@@ -530,6 +565,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         meta = pg.url.rsplit("/", 1)[0] + "/meta"
         with SparkConnectServer(workdir=workdir / "connect", conf=SPARK_CONF) as connect:
+            pin_spark()
             env["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"] = connect.url
             log = TransactionLog.from_url(pg.url)
             for name, (data, rows, batches, truth) in datasets.items():
@@ -560,7 +596,10 @@ def main(argv: list[str] | None = None) -> int:
                     ours[name] = found
                 log.engine.dispose()
 
-    print(f"\nbench-peer ({os.cpu_count()} cores, Spark local[2], max_pending {args.max_pending})")
+    print(
+        f"\nbench-peer ({os.cpu_count()} cores, Spark local[2], max_pending {args.max_pending}), "
+        f"shape {shape}"
+    )
     if not args.cold_peer:
         print(
             f"the peer is warm: an untimed stream of {WARMUP_BATCHES} batches of the same shape "

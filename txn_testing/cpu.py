@@ -119,3 +119,27 @@ __all__ = [
     "cpu_since",
     "postmaster_pid",
 ]
+
+
+def pin(pid: int, cpus: set[int]) -> int:
+    """Pin process ``pid`` and every process under it, each of their threads, to ``cpus``
+    (Linux affinity is per thread; threads and processes they start later inherit it), as
+    ``taskset -a -p`` would for each. Returns how many threads were pinned."""
+    import os
+
+    root = psutil.Process(pid)
+    pinned = 0
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            for thread in proc.threads():
+                os.sched_setaffinity(thread.id, cpus)
+                pinned += 1
+        except (psutil.NoSuchProcess, ProcessLookupError):
+            continue  # ended meanwhile
+    return pinned
+
+
+def spark_jvms() -> list[int]:
+    """The Java processes under this one (a classic PySpark session's JVM, a Connect server)."""
+    me = psutil.Process()
+    return [p.pid for p in me.children(recursive=True) if "java" in (p.name() or "")]
