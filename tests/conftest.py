@@ -61,6 +61,7 @@ AIRFLOW_STACKS = frozenset(
         "test_demo_airflow.py",
         "test_kafka_airflow.py",
         "test_timetables_migrate_runs.py",
+        "test_ui_buttons.py",
     }
 )
 """Integration test files that start a whole Airflow (scheduler, triggerer, api-server, …)."""
