@@ -6,14 +6,14 @@ process per task; Celery's prefork workers do the same from ``airflow celery wor
 imported before those forks is already loaded in every task: a fresh task process spent about
 1.5 s importing the Spark Connect client and this provider's job code before its first Spark call,
 one forked from a warmed parent none (``make bench-preload``: 1.57 s against 0.13 s to the first
-answer of a new session, on this 2-core machine).
+answer of a new session, on this 2-core machine). Twenty such tasks at once (a burst of new data
+in twenty pipelines) spent it twenty times on two cores (``make bench-pipelines``).
 
-Call :func:`warm_task_processes` from ``$AIRFLOW_HOME/config/airflow_local_settings.py``, which
-Airflow imports at the start of every one of its processes::
-
-    from airflow_txn_provider.preload import warm_task_processes
-
-    warm_task_processes()
+It happens by itself: the package declares an ``airflow.policy`` entry point
+(:mod:`airflow_txn_provider.preload_at_start`), which Airflow loads at the start of each of its
+processes, just before ``airflow_local_settings.py``. ``[txn_provider] preload_task_processes =
+False`` turns it off. Calling :func:`warm_task_processes` from ``airflow_local_settings.py`` as
+well (what deployments were told to do before) is harmless: a module is imported once.
 
 It only imports (no connection, no thread), so a fork after it is safe, and it does so only in
 the processes that fork task processes (``airflow scheduler``, ``airflow celery worker``) and in
@@ -57,14 +57,39 @@ and, in the dag-processor, per task callback: a task that ends in the triggerer 
 the Postgres provider's import, which was most of it."""
 
 
+PRELOAD_OPTION = "preload_task_processes"
+"""``[txn_provider]`` option: whether Airflow's processes that fork tasks preload (default on)."""
+
+
+def preload_enabled() -> bool:
+    """Whether ``[txn_provider] preload_task_processes`` is on (the default)."""
+    from airflow.configuration import conf
+
+    return conf.getboolean("txn_provider", PRELOAD_OPTION, fallback=True)
+
+
+def warm_at_start(argv: Sequence[str] | None = None) -> list[str]:
+    """What Airflow's start runs (the ``airflow.policy`` entry point): :func:`warm_task_processes`
+    unless ``[txn_provider] preload_task_processes`` is off. Never raises: a process of Airflow
+    must start whatever this finds (it logs why it did not warm)."""
+    try:
+        if not preload_enabled():
+            return []
+        return warm_task_processes(argv)
+    except Exception as err:  # an import error deep in pyspark must not stop a scheduler
+        log.warning("not preloading task modules: %s: %s", type(err).__name__, err)
+        return []
+
+
 def task_process_warmth() -> str:
     """Whether this task process started with the Spark Connect client loaded (forked from a
     warmed parent), as a processing task says in its log."""
     if TASK_MODULES[0] in sys.modules:
         return "warm: the Spark Connect client was preloaded by the process that forked this task"
     return (
-        "cold: this task process imports the Spark Connect client itself (1-2 s per task); "
-        "warm task processes with airflow_txn_provider.preload in airflow_local_settings.py"
+        "cold: this task process imports the Spark Connect client itself (1-2 s per task): "
+        "[txn_provider] preload_task_processes is off, or the process that forked it is not "
+        "an Airflow scheduler or Celery worker"
     )
 
 

@@ -471,7 +471,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-preload",
         action="store_true",
-        help="cold task processes: no airflow_local_settings.py warming them (for comparison)",
+        help="cold task processes: [txn_provider] preload_task_processes off (for comparison)",
     )
     parser.add_argument(
         "--floor-runs", type=int, default=20, help="runs of each no-work DAG (Airflow's floor)"

@@ -13,10 +13,17 @@ in one deployment:
 2. **single**: one pipeline unpaused, fed one small file every ``--trickle-every`` seconds: the
    arrival-to-commit latency of a pipeline alone on the machine;
 3. **idle**: all N unpaused, their first data committed, nothing arriving;
-4. **trickle**: one small file per pipeline every ``--trickle-every`` seconds (staggered):
+4. **burst**: right after the idle phase (as users meet it: pipelines that were idle for a
+   while), a file in every pipeline at once: seconds until all are committed, and where those
+   seconds went (run created, claimed, processed, committed: medians over the N txids);
+5. **trickle**: one small file per pipeline every ``--trickle-every`` seconds (staggered):
    CPU, and each file's arrival-to-commit latency (the txid that first covers the file, by the
-   log's ``committed_at``);
-5. **burst**: a file in every pipeline at once: seconds until all are committed.
+   log's ``committed_at``).
+
+Airflow runs with its own defaults where a deployment would (``--parallelism`` 32, Airflow's
+default, unless given), and with the provider's preload as installed (``--no-preload``: with
+``[txn_provider] preload_task_processes`` off, as deployments ran before it was automatic).
+``--quick`` runs phases 1, 3 and 4 only.
 
 CPU is sampled by process group (``txn_testing/cpu.py``) over ``--sample`` seconds of each of
 phases 1, 3 and 4 and printed as CPU-s per second, side by side, with the goals of issue 41:
@@ -75,6 +82,8 @@ GROUPS = (
     LOG_PG,
     cpu.SPARK,
 )
+AIRFLOW_PARALLELISM = 32
+"""Airflow's default ``[core] parallelism``: the tasks a deployment runs at once."""
 SETTLE = 20.0
 """Seconds a phase runs before its CPU is sampled (runs finishing, parsing settling)."""
 
@@ -178,6 +187,31 @@ def wait_committed(engine: Any, feed: Feed, names: list[str], timeout: float) ->
     raise AssertionError(f"not all committed within {timeout:.0f} s")
 
 
+def last_txids(engine: Any) -> dict[str, int]:
+    """Each pipeline's newest txid in the log."""
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT pipeline, max(txid) FROM txn_transaction GROUP BY 1"))
+        return {pipeline: int(txid) for pipeline, txid in rows}
+
+
+def burst_steps(engine: Any, before: dict[str, int], started: float) -> dict[str, float]:
+    """Medians, over the burst's first txid of each pipeline, of the seconds from the burst's
+    files to each step the log records: begun (its run created, scheduled, claimed), processed,
+    committed."""
+    steps: dict[str, list[float]] = {"begun": [], "processed": [], "committed": []}
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT pipeline, txid, begun_at, processed_at, committed_at FROM txn_transaction")
+        )
+        for pipeline, txid, begun, processed, done in rows:
+            if txid != before.get(pipeline, 0) + 1:
+                continue
+            for step, at in (("begun", begun), ("processed", processed), ("committed", done)):
+                if at is not None:
+                    steps[step].append(at.timestamp() - started)
+    return {step: statistics.median(v) for step, v in steps.items() if v}
+
+
 def sample(seconds: float, postmasters: dict[int, str]) -> dict[str, float]:
     """CPU-s per second by group over ``seconds``."""
     before = cpu.cpu_by_group(postmasters)
@@ -245,6 +279,8 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             dags,
             env=env,
             failure_injection=False,
+            parallelism=args.parallelism,
+            preload=not args.no_preload,
         )
         with stack:
             api = stack.client()
@@ -256,43 +292,47 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             time.sleep(SETTLE)
             result["paused"] = sample(args.sample, postmasters)
 
-            print("  phase 2: one pipeline alone, a file every few seconds", flush=True)
-            api.unpause(names[0])
-            wait_committed(log.engine, feed, names[:1], 300)
-            single_from = len(feed.files)
-            trickle(feed, names[:1], args.trickle_every, args.trickle_every * args.single_files)
-            wait_committed(log.engine, feed, names[:1], 300)
-            result["single"] = latencies(log.engine, feed.files[single_from:])
+            if not args.quick:
+                print("  phase 2: one pipeline alone, a file every few seconds", flush=True)
+                api.unpause(names[0])
+                wait_committed(log.engine, feed, names[:1], 300)
+                single_from = len(feed.files)
+                trickle(feed, names[:1], args.trickle_every, args.trickle_every * args.single_files)
+                wait_committed(log.engine, feed, names[:1], 300)
+                result["single"] = latencies(log.engine, feed.files[single_from:])
 
             print("  phase 3: all unpaused, idle", flush=True)
-            for name in names[1:]:
+            for name in names[0 if args.quick else 1 :]:
                 api.unpause(name)
             wait_committed(log.engine, feed, names, 900)
             time.sleep(SETTLE)
             result["idle"] = sample(args.sample, postmasters)
 
-            print("  phase 4: a trickle into every pipeline", flush=True)
-            trickle_from = len(feed.files)
-            txids_before, started = committed_txids(log.engine), time.monotonic()
-            writer = threading.Thread(
-                target=trickle,
-                args=(feed, names, args.trickle_every, SETTLE + args.sample),
-                daemon=True,
-            )
-            writer.start()
-            time.sleep(SETTLE)
-            result["trickle"] = sample(args.sample, postmasters)
-            writer.join()
-            wait_committed(log.engine, feed, names, 900)
-            result["trickle_txids"] = committed_txids(log.engine) - txids_before
-            result["trickle_seconds"] = time.monotonic() - started
-            result["trickle_latency"] = latencies(log.engine, feed.files[trickle_from:])
-
-            print("  phase 5: a burst into every pipeline", flush=True)
-            time.sleep(args.trickle_every)
+            print("  phase 4: a burst into every pipeline, after the idle phase", flush=True)
+            burst_txids = last_txids(log.engine)
+            started = time.time()
             for name in names:
                 feed.write(name)
             result["burst"] = wait_committed(log.engine, feed, names, 900)
+            result["burst_steps"] = burst_steps(log.engine, burst_txids, started)
+
+            if not args.quick:
+                print("  phase 5: a trickle into every pipeline", flush=True)
+                trickle_from = len(feed.files)
+                txids_before, started = committed_txids(log.engine), time.monotonic()
+                writer = threading.Thread(
+                    target=trickle,
+                    args=(feed, names, args.trickle_every, SETTLE + args.sample),
+                    daemon=True,
+                )
+                writer.start()
+                time.sleep(SETTLE)
+                result["trickle"] = sample(args.sample, postmasters)
+                writer.join()
+                wait_committed(log.engine, feed, names, 900)
+                result["trickle_txids"] = committed_txids(log.engine) - txids_before
+                result["trickle_seconds"] = time.monotonic() - started
+                result["trickle_latency"] = latencies(log.engine, feed.files[trickle_from:])
             check_truth(log, feed, names)
             with log.engine.connect() as conn:
                 result["reemissions"] = conn.execute(
@@ -303,7 +343,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
 
 def report(args: argparse.Namespace, result: dict[str, Any]) -> bool:
-    paused, idle, busy = result["paused"], result["idle"], result["trickle"]
+    paused, idle, busy = result["paused"], result["idle"], result.get("trickle", {})
     print(
         f"\nbench-pipelines: N = {args.pipelines}, max_pending {args.max_pending}, "
         f"{'one DAG file' if args.one_file else 'a DAG file per pipeline'}, "
@@ -320,45 +360,49 @@ def report(args: argparse.Namespace, result: dict[str, Any]) -> bool:
         return sum(phase.get(g, 0.0) for g in GROUPS)
 
     print("| **all** | " + " | ".join(f"**{total(p):.2f}**" for p in (paused, idle, busy)) + " |")
-    single = [s for v in result["single"].values() for s in v]
-    per_pipeline = result["trickle_latency"]
-    every = [s for v in per_pipeline.values() for s in v]
-    median_single, median_all = statistics.median(single), statistics.median(every)
-    worst = max(per_pipeline.items(), key=lambda kv: max(kv[1]))
     idle_ratio = total(idle) / total(paused)
-    goals = {
-        f"idle <= 1.3 x paused ({idle_ratio:.2f} x)": idle_ratio <= 1.3,
-        f"trickle median latency <= 2 x one pipeline's ({median_all:.1f} s vs "
-        f"{median_single:.1f} s: {median_all / median_single:.2f} x)": median_all
-        <= 2 * median_single,
-        f"no pipeline's worst latency over 5 x the median (worst {max(worst[1]):.1f} s, "
-        f"{worst[0]})": max(worst[1]) <= 5 * median_all,
-        f"every pipeline committed its trickle ({len(per_pipeline)} of {args.pipelines})": len(
-            per_pipeline
-        )
-        == args.pipelines,
-    }
+    goals = {f"idle <= 1.3 x paused ({idle_ratio:.2f} x)": idle_ratio <= 1.3}
     if args.pipelines == 20:
         goals[f"burst of 20 committed within 25 s ({result['burst']:.1f} s)"] = (
             result["burst"] <= 25
         )
+    steps = ", ".join(f"{k} {v:.1f} s" for k, v in result["burst_steps"].items())
     print(
-        f"\nlatency, arrival to commit: one pipeline alone median {median_single:.2f} s; "
-        f"N pipelines median {median_all:.2f} s, p95 "
-        f"{statistics.quantiles(every, n=20)[-1]:.2f} s, max {max(every):.2f} s"
+        f"\nburst (a file in all {args.pipelines} at once, after the idle phase): all committed "
+        f"in {result['burst']:.1f} s; medians from the files: {steps}"
     )
-    print(
-        f"burst (a file in all {args.pipelines} at once): all committed in {result['burst']:.1f} s"
-    )
-    rate = result["trickle_txids"] / result["trickle_seconds"]
-    added = {g: busy.get(g, 0.0) - idle.get(g, 0.0) for g in GROUPS}
-    airflow = sum(v for g, v in added.items() if g.startswith("Airflow"))
-    print(
-        f"trickle: {result['trickle_txids']} txids committed in {result['trickle_seconds']:.0f} s "
-        f"({rate:.2f}/s) for {len(every)} files; above idle, per txid: Airflow "
-        f"{airflow / rate:.2f} CPU-s, Spark {added.get(cpu.SPARK, 0.0) / rate:.2f} CPU-s, "
-        f"all {sum(added.values()) / rate:.2f} CPU-s"
-    )
+    if not args.quick:
+        single = [s for v in result["single"].values() for s in v]
+        per_pipeline = result["trickle_latency"]
+        every = [s for v in per_pipeline.values() for s in v]
+        median_single, median_all = statistics.median(single), statistics.median(every)
+        worst = max(per_pipeline.items(), key=lambda kv: max(kv[1]))
+        goals.update(
+            {
+                f"trickle median latency <= 2 x one pipeline's ({median_all:.1f} s vs "
+                f"{median_single:.1f} s: {median_all / median_single:.2f} x)": median_all
+                <= 2 * median_single,
+                f"no pipeline's worst latency over 5 x the median (worst {max(worst[1]):.1f} s, "
+                f"{worst[0]})": max(worst[1]) <= 5 * median_all,
+                f"every pipeline committed its trickle ({len(per_pipeline)} of "
+                f"{args.pipelines})": len(per_pipeline) == args.pipelines,
+            }
+        )
+        print(
+            f"latency, arrival to commit: one pipeline alone median {median_single:.2f} s; "
+            f"N pipelines median {median_all:.2f} s, p95 "
+            f"{statistics.quantiles(every, n=20)[-1]:.2f} s, max {max(every):.2f} s"
+        )
+        rate = result["trickle_txids"] / result["trickle_seconds"]
+        added = {g: busy.get(g, 0.0) - idle.get(g, 0.0) for g in GROUPS}
+        airflow = sum(v for g, v in added.items() if g.startswith("Airflow"))
+        print(
+            f"trickle: {result['trickle_txids']} txids committed in "
+            f"{result['trickle_seconds']:.0f} s ({rate:.2f}/s) for {len(every)} files; above "
+            f"idle, per txid: Airflow {airflow / rate:.2f} CPU-s, Spark "
+            f"{added.get(cpu.SPARK, 0.0) / rate:.2f} CPU-s, all "
+            f"{sum(added.values()) / rate:.2f} CPU-s"
+        )
     print(f"re-emissions (attempts beyond the first): {result['reemissions']}")
     print("every state equals its ground truth (word counts of every line written)")
     print("\ngoals:")
@@ -380,12 +424,25 @@ def main(argv: list[str] | None = None) -> int:
         "--one-file", action="store_true", help="all N pipelines in one DAG file (dynamic DAGs)"
     )
     parser.add_argument(
+        "--parallelism",
+        type=int,
+        default=AIRFLOW_PARALLELISM,
+        help="Airflow's [core] parallelism (default: Airflow's own default, 32)",
+    )
+    parser.add_argument(
+        "--no-preload", action="store_true", help="task processes not warmed by the preload"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="phases 1, 3 and 4 only (paused, idle, burst)"
+    )
+    parser.add_argument(
         "--keep", action="store_true", help="keep the work folder (data, logs) after the run"
     )
     args = parser.parse_args(argv)
     print(
         f"bench-pipelines: seed {args.seed}, N = {args.pipelines}, max_pending "
-        f"{args.max_pending}, started {datetime.now():%H:%M:%S}",
+        f"{args.max_pending}, parallelism {args.parallelism}, preload "
+        f"{'off' if args.no_preload else 'on'}, started {datetime.now():%H:%M:%S}",
         flush=True,
     )
     workdir = Path(tempfile.mkdtemp(prefix="bench-pipelines-"))

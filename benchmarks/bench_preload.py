@@ -8,7 +8,7 @@ times each:
   provider's job code, then opens a session and runs ``SELECT 1`` (what a task process did);
 * ``forked from a warmed parent``: this process calls ``warm_task_processes`` once, then forks a
   child per run that opens a session and runs ``SELECT 1`` (what a task process forked by a
-  scheduler or Celery worker with ``airflow_local_settings.py`` does).
+  scheduler or Celery worker does with the provider installed).
 
 Prints the median seconds of each part and the ratio.
 

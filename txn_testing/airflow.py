@@ -83,16 +83,6 @@ def txn_log_connection_env(conn_id: str, url: str, **extra: str) -> dict[str, st
     return connection_env(conn_id, conn_type="txn_log", schema=u.database, **fields)
 
 
-LOCAL_SETTINGS = """\
-# Written by txn_testing.airflow.AirflowStack: the scheduler imports what a
-# processing task needs once, and every task process it forks inherits it.
-from airflow_txn_provider import warm_task_processes
-
-warm_task_processes()
-__all__: list[str] = []  # nothing here is an Airflow setting or policy
-"""
-
-
 class AirflowStack:
     """
     :param home: ``AIRFLOW_HOME`` (created; holds logs, passwords file and airflow.cfg).
@@ -102,8 +92,9 @@ class AirflowStack:
     :param password: the admin user's password.
     :param failure_injection: let the Variables ``txn_inject_failure__<pipeline>`` fail chosen
         attempts (:mod:`airflow_txn_provider.failure_injection`); off for benchmarks.
-    :param preload: warm the task processes (:mod:`airflow_txn_provider.preload`) through
-        ``$AIRFLOW_HOME/config/airflow_local_settings.py``, as a deployment should.
+    :param preload: warm the task processes (:mod:`airflow_txn_provider.preload`), as Airflow
+        does with the provider installed; ``False``: ``[txn_provider] preload_task_processes``
+        off, every task process imports the Spark Connect client itself.
     :param users: more users of the simple auth manager, name -> (role, password): ``viewer``,
         ``user``, ``op`` or ``admin`` (the admin user is always there).
     :param celery_broker: a Celery broker URL (e.g. :class:`~.redis.RedisServer`'s): run the
@@ -184,6 +175,7 @@ class AirflowStack:
             **HEALING_SETTINGS,
             **(FAILURE_INJECTION_ENV if self.failure_injection else {}),
             "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
+            "AIRFLOW__TXN_PROVIDER__PRELOAD_TASK_PROCESSES": str(self.preload),
             "AIRFLOW_CONN_AIRFLOW_API_DEFAULT": json.dumps(
                 {
                     "conn_type": "airflow_api",
@@ -250,9 +242,6 @@ class AirflowStack:
         (self.home / "logs").mkdir(parents=True, exist_ok=True)
         passwords = {name: password for name, (_, password) in self.users.items()}
         (self.home / "passwords.json").write_text(json.dumps(passwords))
-        if self.preload:
-            (self.home / "config").mkdir(exist_ok=True)
-            (self.home / "config" / "airflow_local_settings.py").write_text(LOCAL_SETTINGS)
         self.airflow("db", "migrate")
         # Runs of pipelines from before 0.2 onto the millisecond grid (a no-op when none are)
         subprocess.run(

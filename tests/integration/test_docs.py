@@ -58,12 +58,13 @@ def test_pipeline_declaration_in_the_airflow_docs_builds_its_dag():
     assert set(dag.task_ids) == {"process_word_count", "commit", "watch_failures"}
 
 
-def test_the_airflow_docs_warm_task_processes_as_the_tested_stack_does():
-    from txn_testing.airflow import LOCAL_SETTINGS
+def test_the_airflow_docs_name_the_preload_switch_airflow_reads():
+    from airflow_txn_provider.get_provider_info import get_provider_info
+    from airflow_txn_provider.preload import PRELOAD_OPTION
 
-    def code(text: str) -> list[str]:
-        return [line.split("#")[0].rstrip() for line in text.splitlines() if line.strip()]
-
-    blocks = _python_blocks(ROOT / "docs" / "airflow.md")
-    (block,) = [b for b in blocks if "warm_task_processes" in b]
-    assert [line for line in code(block) if line] == [line for line in code(LOCAL_SETTINGS) if line]
+    options = get_provider_info()["config"]["txn_provider"]["options"]
+    assert PRELOAD_OPTION in options and options[PRELOAD_OPTION]["default"] == "True"
+    text = (ROOT / "docs" / "airflow.md").read_text()
+    blocks = re.findall(r"```ini\n(.*?)```", text, flags=re.S)
+    (block,) = [b for b in blocks if "preload" in b]
+    assert block.split() == ["[txn_provider]", PRELOAD_OPTION, "=", "False"]

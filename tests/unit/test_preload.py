@@ -1,5 +1,5 @@
-"""Warming task processes: only the processes that fork tasks import the task modules, and the
-image's airflow_local_settings.py is the one the tested stack writes."""
+"""Warming task processes: only the processes that fork tasks import the task modules, Airflow
+does it at start through the package's ``airflow.policy`` entry point, and it can be turned off."""
 
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ from airflow_txn_provider.preload import (
     modules_to_preload,
     warm_task_processes,
 )
-from txn_testing.airflow import LOCAL_SETTINGS
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -83,11 +82,24 @@ def test_a_module_that_is_missing_is_skipped(monkeypatch):
     assert warm_task_processes(force=True) == ["json"]
 
 
-def test_the_image_warms_its_task_processes_as_the_tested_stack_does():
-    def code(text: str) -> list[str]:
-        return [line for line in text.splitlines() if line and not line.startswith("#")]
+def test_airflow_loads_the_preload_at_start_through_its_policy_entry_point():
+    from importlib.metadata import entry_points
 
-    image = (ROOT / "docker" / "airflow_local_settings.py").read_text()
-    assert code(image) == code(LOCAL_SETTINGS)
-    copy = "COPY docker/airflow_local_settings.py /opt/airflow/config/airflow_local_settings.py"
-    assert copy in (ROOT / "docker" / "Dockerfile").read_text()
+    (point,) = [e for e in entry_points(group="airflow.policy") if e.name == "airflow_txn_provider"]
+    assert point.value == "airflow_txn_provider.preload_at_start"
+    # what Airflow's settings.initialize() does: pluggy loads the entry points of the group
+    started = "import sys; sys.argv = ['airflow', 'scheduler']\nimport airflow.settings\n"
+    assert set(TASK_MODULES) <= _modules_after(started)
+    assert not set(TASK_MODULES) & _modules_after(
+        "import sys; sys.argv = ['airflow', 'api-server']\nimport airflow.settings\n"
+    )
+
+
+def test_the_preload_can_be_turned_off(monkeypatch):
+    from airflow_txn_provider.preload import warm_at_start
+
+    off = "import os; os.environ['AIRFLOW__TXN_PROVIDER__PRELOAD_TASK_PROCESSES'] = 'False'\n"
+    started = "import sys; sys.argv = ['airflow', 'scheduler']\nimport airflow.settings\n"
+    assert not set(TASK_MODULES) & _modules_after(off + started)
+    monkeypatch.setenv("AIRFLOW__TXN_PROVIDER__PRELOAD_TASK_PROCESSES", "False")
+    assert warm_at_start(["airflow", "scheduler"]) == []
