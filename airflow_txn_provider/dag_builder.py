@@ -89,7 +89,7 @@ def build_dag(
         catchup=False,
         # One run more than the window: the txid just past a full window may have its run
         # already, waiting in its worker to begin (waiting.txid_ahead).
-        max_active_runs=pipeline.max_pending + 1,
+        max_active_runs=pipeline.window_bound + 1,
         max_consecutive_failed_dag_runs=0,
         default_args=default_args,
         **dag_kwargs,

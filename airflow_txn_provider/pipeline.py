@@ -5,7 +5,6 @@
         source=PartitionedParquetSource("/data/words", max_per_partition=100_000),
         jobs=["spark_jobs/word_count.py"],
         states=[MapState("words", "word_counts", "transactional", keys={"word": "text"})],
-        max_pending=4,
     )
     dag = build_dag(pipeline)      # airflow_txn_provider.dag_builder
 
@@ -26,6 +25,7 @@ from airflow_txn_provider.compat.spark import DEFAULT_SPARK_MODE
 from airflow_txn_provider.log.health import STALL_AFTER
 from airflow_txn_provider.rules.config import (
     DEFAULT_KEEP_TXIDS,
+    FITTED_WINDOW_BOUND,
     validate_keep_txids,
     validate_max_pending,
 )
@@ -47,7 +47,10 @@ class TxnPipeline:
     :param source: where batches come from.
     :param jobs: processing job files (``spark_jobs/…``); several run in parallel per txid.
     :param states: the states the jobs stage into and the commit applies.
-    :param max_pending: txids in flight at most (processing in parallel).
+    :param max_pending: txids in flight at most (processing in parallel). ``None`` (the
+        default): the window fits the Spark the txids run on, one txid per core it offers, up to
+        16 (:func:`~airflow_txn_provider.rules.config.fitted_window`; ``docs/spark.md``, "How many
+        txids process at once"). A number is the window, whatever the Spark.
     :param max_attempts: poison-batch policy: a txid that failed this many times stops the
         pipeline (visibly: its run fails and later txids wait) instead of retrying forever.
     :param spark: ``connect`` (Spark Connect server, no JVM start per txid) or ``submit``; by
@@ -97,7 +100,7 @@ class TxnPipeline:
     source: SparkSource
     jobs: Sequence[str | os.PathLike[str]]
     states: Sequence[MapState]
-    max_pending: int = 4
+    max_pending: int | None = None
     max_attempts: int = 3
     spark: str = DEFAULT_SPARK_MODE
     txn_log_conn_id: str = "txn_log_default"
@@ -180,6 +183,17 @@ class TxnPipeline:
                     f"pipeline {self.name!r}: lake sinks need exactly one processing job, got "
                     f"{len(self.jobs)}"
                 )
+
+    @property
+    def fits_window(self) -> bool:
+        """Whether its window fits its Spark (no ``max_pending`` given): its txids say in the
+        log how many cores their Spark offers."""
+        return self.max_pending is None
+
+    @property
+    def window_bound(self) -> int:
+        """The most txids it ever has in flight: ``max_pending``, or the fitted window's bound."""
+        return FITTED_WINDOW_BOUND if self.max_pending is None else self.max_pending
 
     @property
     def assets(self) -> list[Any]:

@@ -136,7 +136,8 @@ def why_waiting(log: TransactionLog, pipeline: TxnPipeline, txid: int) -> str:
         return f"txid {txid - 1} has not begun yet"
     return (
         f"window full: txids {view.window.start}..{view.window.stop - 1} in flight "
-        f"(max_pending={pipeline.max_pending})"
+        f"(max_pending={view.max_pending}"
+        f"{', fitted to its Spark' if pipeline.fits_window else ''})"
     )
 
 

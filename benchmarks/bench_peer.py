@@ -12,7 +12,7 @@ Run with ``make bench-peer``. One run, the same data and the same word count on 
 * **this project without Airflow** (the floor of its Spark and Postgres path): the same job and
   Spark Connect server driven by the core loop in one process (begin, process, commit, one txid
   after another, as the peer does), so what Airflow adds is the difference;
-* **this project**: the same job in a ``TxnPipeline`` (``max_pending=4``, defaults otherwise) on a
+* **this project**: the same job in a ``TxnPipeline`` (its defaults: the window fits its Spark) on a
   real Airflow (LocalExecutor scheduler, dag-processor, triggerer, api-server) with a Spark
   Connect server ``local[2]``, both with ``spark.sql.shuffle.partitions=4``; the same Postgres.
 
@@ -33,7 +33,7 @@ times are printed; the first is the cold cost). ``--cold-peer`` times it from a 
 before issue 57. The core loop likewise runs the warm-up batches through its Spark Connect
 server before it is timed (on Airflow the server is warm already: the core loop ran first).
 
-Usage: python benchmarks/bench_peer.py [--sizes 100000:20,1000000:10] [--max-pending 4]
+Usage: python benchmarks/bench_peer.py [--sizes 100000:20,1000000:10] [--max-pending N]
        [--floor-runs 20] [--worker-start] [--no-preload] [--cold-peer] [--pin-spark]
 
 ``--pin-spark`` is the second shape ``make bench-peer`` runs: every Spark JVM of both sides pinned
@@ -466,7 +466,12 @@ def pct(values: list[float], q: float) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="100000:20,1000000:10", help="ROWS:BATCHES,...")
-    parser.add_argument("--max-pending", type=int, default=4)
+    parser.add_argument(
+        "--max-pending",
+        type=int,
+        default=None,
+        help="the pipeline's max_pending (default: none, its window fits its Spark)",
+    )
     parser.add_argument("--seed", type=int, default=SEED)
     parser.add_argument(
         "--no-preload",
@@ -559,7 +564,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
         env = {
             "BENCH_PEER_PIPELINES": json.dumps(specs),
-            "BENCH_PEER_MAX_PENDING": str(args.max_pending),
+            "BENCH_PEER_MAX_PENDING": str(args.max_pending or ""),
             "BENCH_PEER_TRIGGERER_START": "0" if args.worker_start else "1",
             **txn_log_connection_env("txn_log_default", pg.url.replace("+psycopg2", "")),
         }
@@ -593,11 +598,14 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"this project on Airflow: {name}", flush=True)
                     found = run_ours(stack, log, name, batches)
                     assert found["got"] == dict(truth), f"{name}: this project's result is wrong"
+                    found["window"] = log.view(name).max_pending
+                    print(f"  its window at the end: {found['window']} txids", flush=True)
                     ours[name] = found
                 log.engine.dispose()
 
     print(
-        f"\nbench-peer ({os.cpu_count()} cores, Spark local[2], max_pending {args.max_pending}), "
+        f"\nbench-peer ({os.cpu_count()} cores, Spark local[2], max_pending "
+        f"{args.max_pending or 'unset: the window fits Spark'}), "
         f"shape {shape}"
     )
     if not args.cold_peer:
@@ -708,6 +716,7 @@ def main(argv: list[str] | None = None) -> int:
         for part in sorted(set(on) | set(off)):
             cells = [f"{statistics.median(d[part]):.2f}" if part in d else "—" for d in (on, off)]
             print(f"| {part} | {' | '.join(cells)} |")
+    goals = report_goals(args, datasets, peer, ours, floors)
     spurious = {name: n for name, n in reemitted.items() if n}
     if spurious:  # nothing failed on purpose: a replay is a bug (issue 46)
         print(f"\nFAILED: txids re-emitted in fault-free runs: {spurious}")
@@ -718,7 +727,53 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"  {name} txid {txid} attempt {a.attempt}: {a.error}")
         return 1
     print(f"\nre-emissions: none in any run ({', '.join(reemitted)})")
-    return 0
+    return 0 if all(goals.values()) else 1
+
+
+def report_goals(
+    args: argparse.Namespace,
+    datasets: dict[str, Any],
+    peer: dict[str, Any],
+    ours: dict[str, Any],
+    floors: dict[str, Any],
+) -> dict[str, bool]:
+    """Issue 57's goals, from this run's figures: rows/s against the ceiling that one Airflow
+    run per txid leaves on these cores (shape a) or against the peer (shape b), and Airflow's
+    CPU per txid against its floor and across batch sizes."""
+    shape_floor = floors["floor_txn_shape"]["cpu"].get(AIRFLOW, 0.0)
+    one_task = floors["floor_one_task"]["cpu"].get(AIRFLOW, 0.0)
+    goals: dict[str, bool] = {}
+    per_txid: dict[int, float] = {}
+    print("\ngoals (issue 57), from this run:")
+    for name, (_, rows, batches, _) in datasets.items():
+        sss_rate = peer[name]["rows"] / peer[name]["seconds"]
+        o = summary(ours[name], rows * batches)
+        ratio = o["rows"] / o["seconds"] / sss_rate
+        c = sum(v for g, v in peer[name]["cpu"].items() if g != AIRFLOW) / batches
+        airflow = ours[name]["cpu"].get(AIRFLOW, 0.0) / batches
+        per_txid[rows] = airflow
+        if args.pin_spark:
+            goals[f"{rows:.0e}: on Airflow >= 1.0x SSS (shape b): {ratio:.2f}x"] = ratio >= 1.0
+        else:
+            for label, f in (("this provider's shape", shape_floor), ("one task", one_task)):
+                ceiling = c / (c + f)
+                goals[
+                    f"{rows:.0e}: on Airflow >= 0.9 x the ceiling C/(C+F), F = {label}'s floor: "
+                    f"{ratio:.2f}x against 0.9 x {c:.2f}/({c:.2f}+{f:.2f}) = {0.9 * ceiling:.2f}x"
+                ] = ratio >= 0.9 * ceiling
+        goals[
+            f"{rows:.0e}: Airflow's CPU per txid within 1.3x its floor for this shape: "
+            f"{airflow:.2f} against {shape_floor:.2f} ({airflow / shape_floor:.2f}x)"
+        ] = airflow <= 1.3 * shape_floor
+    if len(per_txid) > 1:
+        small, large = per_txid[min(per_txid)], per_txid[max(per_txid)]
+        goals[
+            f"Airflow's CPU per txid at {max(per_txid):.0e} within 1.3x the same at "
+            f"{min(per_txid):.0e}: {large:.2f} against {small:.2f} ({large / small:.2f}x)"
+        ] = large <= 1.3 * small
+    for goal, met in goals.items():
+        print(f"  [{'met' if met else 'NOT met'}] {goal}")
+    return goals
 
 
 if __name__ == "__main__":

@@ -37,7 +37,6 @@ pipeline = TxnPipeline(
     jobs=[spark_job(__file__, "word_count.py")],  # (word, delta): the sink's rows
     states=[],
     sinks=[SINK],
-    max_pending=4,
     max_attempts=3,
 )
 

@@ -25,7 +25,6 @@ pipeline = TxnPipeline(
     source=GeneratedTextSource(lines_per_second=10, max_per_partition=300, partitions=3, seed=1),
     jobs=[spark_job(__file__, "global_count.py")],  # returns (delta): the batch's line count
     states=[GlobalState(NAME, f"{NAME}_total", "transactional")],
-    max_pending=4,
     max_attempts=3,
 )
 

@@ -40,7 +40,6 @@ pipeline = TxnPipeline(
     jobs=[spark_job(__file__, "word_count.py")],
     states=[],
     sinks=[SINK],
-    max_pending=4,
     max_attempts=3,
 )
 

@@ -36,7 +36,6 @@ pipeline = TxnPipeline(
     ),
     jobs=[spark_job(__file__, "kafka_word_count.py")],
     states=[MapState(NAME, f"{NAME}_counts", "transactional", keys={"word": "text"})],
-    max_pending=4,
     max_attempts=3,
 )
 

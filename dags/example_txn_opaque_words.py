@@ -40,7 +40,6 @@ pipeline = TxnPipeline(
     ),
     jobs=[spark_job(__file__, "word_count.py")],
     states=[MapState(NAME, f"{NAME}_counts", "opaque", keys={"word": "text"})],
-    max_pending=4,
     max_attempts=3,
 )
 

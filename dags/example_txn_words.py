@@ -41,7 +41,6 @@ pipeline = TxnPipeline(
         MapState(NAME, f"{NAME}_counts", "transactional", keys={"word": "text"}),
         BucketCountState(NAME, f"{NAME}_buckets", of=f"{NAME}_counts", bucket_size=10),
     ],
-    max_pending=4,
     max_attempts=3,
 )
 

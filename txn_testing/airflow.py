@@ -175,7 +175,6 @@ class AirflowStack:
             **HEALING_SETTINGS,
             **(FAILURE_INJECTION_ENV if self.failure_injection else {}),
             "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
-            "AIRFLOW__TXN_PROVIDER__PRELOAD_TASK_PROCESSES": str(self.preload),
             "AIRFLOW_CONN_AIRFLOW_API_DEFAULT": json.dumps(
                 {
                     "conn_type": "airflow_api",
@@ -185,6 +184,8 @@ class AirflowStack:
                     "password": self.password,
                 }
             ),
+            # the provider preloads by itself, as in compose.yaml; off only when asked
+            **({} if self.preload else {"AIRFLOW__TXN_PROVIDER__PRELOAD_TASK_PROCESSES": "False"}),
             "NO_PROXY": "127.0.0.1,localhost",
             "no_proxy": "127.0.0.1,localhost",
         }

@@ -270,6 +270,7 @@ class TxnProcessOperator(_TxnOperator):
             p.source,
             finish=self.finish,
             sinks=tuple(p.sinks),
+            fit_window=p.fits_window,
         )
         from airflow_txn_provider.hooks.txn_log import TxnLogHook
 

@@ -27,10 +27,35 @@ PRUNE_BATCH = 500
 PRUNE_EVERY = 16
 """Pruning waits until this many txids are due: one DELETE per 16 commits, not one per commit."""
 
+# -- the window: txids in flight ---------------------------------------------------------------
+
+FITTED_WINDOW_BOUND = 16
+"""The most txids in flight of a pipeline that declares no ``max_pending``: its window fits the
+Spark its txids run on (:func:`fitted_window`), up to this."""
+FIRST_WINDOW = 2
+"""That pipeline's window until one of its txids has seen its Spark."""
+
+
+def fitted_window(spark_cores: int, bound: int = FITTED_WINDOW_BOUND) -> int:
+    """The window that fits a Spark offering ``spark_cores`` cores (its default parallelism):
+    one txid in flight per core, at least one, at most ``bound``.
+
+    A txid's Spark job keeps a core busy while its task does the rest of its work (the claim,
+    the staging COPY, the commit); more txids than cores only share the cores: four 1e6-row
+    jobs at once on two cores cost Spark 1.3-1.4x the CPU per batch of the same jobs one at a
+    time (``make bench-peer``), and took Airflow's share of those cores too."""
+    if isinstance(spark_cores, bool) or not isinstance(spark_cores, int):
+        raise TypeError(f"spark_cores must be an int, got {spark_cores!r}")
+    return max(1, min(bound, spark_cores))
+
+
 # -- checks of a declaration -------------------------------------------------------------------
 
 
-def validate_max_pending(max_pending: int) -> int:
+def validate_max_pending(max_pending: int | None) -> int | None:
+    """``max_pending``: an int >= 1, or ``None`` (the window fits the pipeline's Spark)."""
+    if max_pending is None:
+        return None
     if isinstance(max_pending, bool) or not isinstance(max_pending, int) or max_pending < 1:
         raise ValueError(f"max_pending must be an int >= 1, got {max_pending!r}")
     return max_pending

@@ -1,16 +1,9 @@
 """The processing step of one txid, shared by every Spark job and both submission paths.
 
-A job in ``spark_jobs/`` is a pure transform plus two lines of glue::
-
-    def transform(batch: DataFrame) -> DataFrame:          # (keys..., delta) for one state
-        ...
-
-    def main(argv: list[str] | None = None) -> int:
-        return run_job(argv, transform)
-
-:func:`run_job` is what ``spark-submit`` runs: it parses the arguments (:class:`BatchJob`), then
-creates the session, then calls :func:`process_batch`. The Spark Connect path calls
-:func:`process_batch` directly with a remote session, in the Airflow worker's process.
+A job in ``spark_jobs/`` is a pure ``transform(batch) -> DataFrame`` plus ``main(argv)`` that
+returns ``run_job(argv, transform)``. :func:`run_job` is what ``spark-submit`` runs: it parses the
+arguments (:class:`BatchJob`), creates the session, then calls :func:`process_batch`. The Spark
+Connect path calls :func:`process_batch` directly with a remote session, in the Airflow worker.
 
 :func:`process_batch` reads the batch that the log recorded for ``(txid, attempt)``, refuses
 malformed records (naming their location), runs the transform on Spark, collects the partial
@@ -48,6 +41,7 @@ from airflow_txn_provider.rules.fencing import attempt_may_stage
 from airflow_txn_provider.rules.records import TxRecord
 from airflow_txn_provider.rules.vocabulary import ProcessedAction
 from airflow_txn_provider.sinks.base import LakeSink, StagedFiles, sink_from_spec
+from airflow_txn_provider.spark.cores import tell_spark_cores
 from airflow_txn_provider.spark.sources import LOCATION, RECORD, SparkSource, source_from_spec
 from airflow_txn_provider.state import MapState, counted_states, load_states
 from airflow_txn_provider.transactions.transaction_log import TransactionLog
@@ -81,6 +75,9 @@ class BatchJob:
         :func:`airflow_txn_provider.transactions.commit.record_processed`.
     :param sinks: the pipeline's lake sinks (:mod:`airflow_txn_provider.sinks`): outputs that
         Spark's executors write as Parquet files, recorded with the attempt's output.
+    :param fit_window: the pipeline's window fits its Spark (it declares no ``max_pending``):
+        once processed, the job tells the log how many cores its Spark offers
+        (:meth:`~airflow_txn_provider.transactions.declaration.PipelineDeclarations.fit_window`).
     """
 
     pipeline: str
@@ -89,6 +86,7 @@ class BatchJob:
     source: SparkSource
     finish: bool = True
     sinks: tuple[LakeSink, ...] = ()
+    fit_window: bool = False
 
     def __post_init__(self) -> None:
         if not self.pipeline:
@@ -114,6 +112,8 @@ class BatchJob:
         ]
         if self.sinks:
             args += ["--sinks", json.dumps([s.to_spec() for s in self.sinks], sort_keys=True)]
+        if self.fit_window:
+            args.append("--fit-window")
         return args if self.finish else [*args, "--no-finish"]
 
     @classmethod
@@ -130,11 +130,12 @@ class BatchJob:
         parser.add_argument("--source", required=True, help="JSON from SparkSource.to_spec()")
         parser.add_argument("--no-finish", dest="finish", action="store_false")
         parser.add_argument("--sinks", default="[]", help="JSON list of LakeSink.to_spec()")
+        parser.add_argument("--fit-window", action="store_true", help="report Spark's cores")
         ns = parser.parse_args(list(argv))
         try:
             source = source_from_spec(ns.source)
             sinks = tuple(sink_from_spec(spec) for spec in json.loads(ns.sinks))
-            return cls(ns.pipeline, ns.txid, ns.attempt, source, ns.finish, sinks)
+            return cls(ns.pipeline, ns.txid, ns.attempt, source, ns.finish, sinks, ns.fit_window)
         except (ValueError, TypeError) as err:
             parser.error(str(err))
             raise  # unreachable: parser.error exits
@@ -255,6 +256,8 @@ def process_batch(
         status = "staged" if done else "stale"
     if staged:
         _discard_unrecorded(txlog, job, staged)
+    if job.fit_window and status != "stale":
+        tell_spark_cores(spark, txlog, job.pipeline, job.app_name)
     outcome = ProcessOutcome(job, status, counts, time.monotonic() - started)
     if status != "stale":
         metrics.timing(metrics.PROCESSING_DURATION, job.pipeline, outcome.seconds, job=name)

@@ -255,7 +255,7 @@ def commit_ready(log: TransactionLog, pipeline: TxnPipeline, logger: Any) -> lis
     plus a task start. Never raises: each txid's own commit task commits it otherwise."""
     done: list[int] = []
     view = None
-    for _ in range(pipeline.max_pending):
+    for _ in range(pipeline.window_bound):
         try:
             view = log.view(pipeline.name)
             rec = committable(view)

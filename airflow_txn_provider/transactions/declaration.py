@@ -27,6 +27,8 @@ from airflow_txn_provider.log.outputs import declare_outputs
 from airflow_txn_provider.log.rows import lock_pipeline
 from airflow_txn_provider.rules.config import (
     DEFAULT_KEEP_TXIDS,
+    FIRST_WINDOW,
+    fitted_window,
     validate_keep_txids,
     validate_max_pending,
 )
@@ -91,7 +93,7 @@ def output_choices(
 
 def declaration_fingerprint(
     source_kind: SourceKind | str,
-    max_pending: int,
+    max_pending: int | None,
     dag_id: str | None,
     states: Sequence[DeclaredState],
     keep_txids: int = DEFAULT_KEEP_TXIDS,
@@ -129,13 +131,16 @@ class PipelineDeclarations:
         name: str,
         *,
         source_kind: SourceKind | str,
-        max_pending: int,
+        max_pending: int | None,
         dag_id: str | None = None,
         keep_txids: int | None = None,
     ) -> None:
         """Create the pipeline, or check an existing one (its ``max_pending`` and ``keep_txids``
         may change).
 
+        :param max_pending: the window; ``None``: it fits the pipeline's Spark
+            (:meth:`fit_window`), ``FIRST_WINDOW`` until a txid has seen it, and an existing
+            pipeline keeps the window it has until then.
         :param dag_id: the Airflow DAG that runs it, recorded for the Transactions page.
         :param keep_txids: retention: how many of the newest committed txids keep their rows
             (``None``: leave it as it is; a new pipeline gets ``DEFAULT_KEEP_TXIDS``).
@@ -152,7 +157,7 @@ class PipelineDeclarations:
                 .values(
                     name=name,
                     source_kind=kind,
-                    max_pending=max_pending,
+                    max_pending=max_pending or FIRST_WINDOW,
                     keep_txids=keep_txids or DEFAULT_KEEP_TXIDS,
                 )
                 .on_conflict_do_nothing(index_elements=["name"])
@@ -191,7 +196,7 @@ class PipelineDeclarations:
         name: str,
         *,
         source_kind: SourceKind | str,
-        max_pending: int,
+        max_pending: int | None,
         dag_id: str | None = None,
         states: Sequence[DeclaredState] = (),
         keep_txids: int = DEFAULT_KEEP_TXIDS,
@@ -255,6 +260,34 @@ class PipelineDeclarations:
             # a derived state after the state it is computed from
             for state in sorted(states, key=lambda s: s.derived_from is not None):
                 state.create(conn, start=start.get(state.name))
+
+    @retry_transient
+    def fit_window(self, name: str, spark_cores: int) -> bool:
+        """Set the window of a pipeline that declares no ``max_pending`` to the one that fits a
+        Spark of ``spark_cores`` cores (:func:`~airflow_txn_provider.rules.config.fitted_window`),
+        as its txids see it; returns whether it changed. One UPDATE that finds nothing to change
+        when the window fits already (every txid asks: a cluster grows and shrinks)."""
+        window = fitted_window(spark_cores)
+        with self.engine.begin() as conn:
+            before = conn.execute(
+                select(PIPELINES.c.max_pending).where(PIPELINES.c.name == name)
+            ).scalar()
+            if before is None or before == window:
+                return False
+            changed = conn.execute(
+                update(PIPELINES)
+                .where(PIPELINES.c.name == name, PIPELINES.c.max_pending != window)
+                .values(max_pending=window, updated_at=func.now())
+            ).rowcount
+        if changed:
+            log.info(
+                "pipeline=%s window fitted to its Spark's %s cores: %s txids in flight (was %s)",
+                name,
+                spark_cores,
+                window,
+                before,
+            )
+        return bool(changed)
 
     @retry_transient
     def _declaration(self, name: str, dag_id: str | None = None) -> str | None:

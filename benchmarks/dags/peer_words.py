@@ -23,7 +23,8 @@ for spec in json.loads(os.environ.get("BENCH_PEER_PIPELINES", "[]")):
         ),
         jobs=[JOB],
         states=[MapState(spec["name"], f"{spec['name']}_counts", keys={"word": "text"})],
-        max_pending=int(os.environ.get("BENCH_PEER_MAX_PENDING", "4")),
+        # unset: the default, a window that fits the Spark (--max-pending N: that window)
+        max_pending=int(os.environ.get("BENCH_PEER_MAX_PENDING") or 0) or None,
     )
     globals()[spec["name"]] = build_dag(
         pipeline, triggerer_start=os.environ.get("BENCH_PEER_TRIGGERER_START", "1") == "1"

@@ -537,3 +537,28 @@ def test_a_begin_lets_the_source_prefetch_before_it_takes_the_pipeline_lock(txlo
     assert txlog.begin_next("pre", src).txid == 2  # its prefetch fails: the begin does not
     assert seen == [False, False] and src.calls == [1, 2]
     probe.dispose()
+
+
+class TestWindowThatFitsSpark:
+    """A pipeline with no ``max_pending`` gets the window of its Spark (rules/config.py)."""
+
+    def test_starts_with_the_first_window_and_follows_the_cores_its_txids_see(self, txlog):
+        from airflow_txn_provider.rules.config import FIRST_WINDOW, FITTED_WINDOW_BOUND
+
+        txlog.register_pipeline("fit", source_kind="transactional", max_pending=None)
+        assert txlog.view("fit").max_pending == FIRST_WINDOW
+        assert txlog.fit_window("fit", 8) is True
+        assert txlog.view("fit").max_pending == 8
+        assert txlog.fit_window("fit", 8) is False  # nothing to change: no write
+        assert txlog.fit_window("fit", 1000) is True
+        assert txlog.view("fit").max_pending == FITTED_WINDOW_BOUND
+        assert txlog.fit_window("nobody", 4) is False
+
+    def test_a_declaration_without_max_pending_keeps_the_fitted_window(self, txlog):
+        txlog.register_pipeline("fit2", source_kind="transactional", max_pending=None)
+        txlog.fit_window("fit2", 6)
+        txlog.register_pipeline("fit2", source_kind="transactional", max_pending=None)
+        assert txlog.view("fit2").max_pending == 6
+        # an explicit max_pending wins
+        txlog.register_pipeline("fit2", source_kind="transactional", max_pending=3)
+        assert txlog.view("fit2").max_pending == 3

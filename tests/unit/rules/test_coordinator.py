@@ -372,7 +372,7 @@ class TestFailure:
         assert plan_recovery(view((1, 1, DONE), (2, 1, DONE))) == ()
 
 
-@pytest.mark.parametrize("bad", [0, -1, 1.5, "4", True, None])
+@pytest.mark.parametrize("bad", [0, -1, 1.5, "4", True])
 def test_max_pending_must_be_positive_int(bad):
     with pytest.raises(ValueError, match="max_pending"):
         validate_max_pending(bad)
