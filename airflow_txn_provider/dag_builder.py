@@ -35,12 +35,16 @@ from airflow_txn_provider.operators.txn import (
     TxnCommitOperator,
     TxnProcessOperator,
     TxnRecordProcessedOperator,
-    fail_attempt_on_task_failure,
     job_task_id,
 )
 from airflow_txn_provider.pipeline import TxnPipeline
 from airflow_txn_provider.rules.vocabulary import OutputStart
-from airflow_txn_provider.run_context import BEGIN_TASK_ID, COMMIT_TASK_ID, WATCH_TASK_ID
+from airflow_txn_provider.run_context import (
+    BEGIN_TASK_ID,
+    COMMIT_TASK_ID,
+    WATCH_TASK_ID,
+    fail_attempt_on_task_failure,
+)
 from airflow_txn_provider.sensors.txn_failure import TxnFailureSensor
 from airflow_txn_provider.timetables import TXID_EPOCH
 from airflow_txn_provider.triggers.waker import TxnWakerTrigger

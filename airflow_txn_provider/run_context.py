@@ -7,6 +7,7 @@ helpers live here, apart from either: the sensor does not import the operators.
 
 from __future__ import annotations
 
+import logging
 import time
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
@@ -209,3 +210,31 @@ def window_moved(log: TransactionLog, pipeline: str, txid: int, deadline: float)
             if txid_ahead(view) != txid:
                 return False
     return False
+
+
+def fail_attempt_on_task_failure(context: Context) -> None:
+    """``on_failure_callback`` of a processing task: Airflow failed the task (it raised, timed
+    out, or its process stopped heartbeating), so its attempt will report nothing: fail it now
+    rather than when its lease runs out. Best effort: the lease is the guarantee."""
+    ti, task = context["ti"], context.get("task")
+    if (pipeline := getattr(task, "pipeline", None)) is None:
+        return
+    if getattr(task, "stopped", False):  # on_kill ran in this process: see its docstring
+        msg = "pipeline=%s: task %s (try %s) was stopped: a later try or the lease decides"
+        logging.getLogger(__name__).warning(msg, pipeline.name, ti.task_id, ti.try_number)
+        return
+    try:
+        claim = claimed(context, getattr(task, "claim_task_id", BEGIN_TASK_ID))
+        error = f"task {ti.task_id} (try {ti.try_number}) failed in Airflow"
+        exception = context.get("exception")
+        if exception is not None:
+            error += f": {type(exception).__name__}: {str(exception)[:500]}"
+        from airflow_txn_provider.hooks.txn_log import TxnLogHook
+
+        TxnLogHook(txn_log_conn_id=pipeline.txn_log_conn_id).get_log(migrate=False).fail(
+            pipeline.name, claim["txid"], claim["attempt"], error=error, of_processing=True
+        )
+    except Exception:  # never mask the task's own failure; the lease catches what this misses
+        logging.getLogger(__name__).exception(
+            "pipeline=%s: could not fail the attempt of task %s", pipeline.name, ti.task_id
+        )

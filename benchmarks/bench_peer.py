@@ -379,7 +379,7 @@ def run_ours(stack: AirflowStack, log: TransactionLog, name: str, batches: int) 
     }
 
 
-FLOOR_DAGS = ("floor_one_task", "floor_txn_shape")
+FLOOR_DAGS = ("floor_one_task", "floor_txn_shape", "floor_txn_shape_in_triggerer")
 """benchmarks/dags/airflow_floor.py: DAG runs with no work, one run per 'txid'."""
 
 

@@ -38,6 +38,7 @@ __all__ = [
     "AirflowFailException",
     "AirflowNotFoundException",
     "AirflowSkipException",
+    "DownstreamTasksSkipped",
     "TaskDeferred",
     "legacy_stat_name",
     "run_blocking",
@@ -68,6 +69,7 @@ if AIRFLOW_V_3_2_PLUS:
         AirflowFailException,
         AirflowNotFoundException,
         AirflowSkipException,
+        DownstreamTasksSkipped,
         TaskDeferred,
     )
 else:
@@ -75,6 +77,7 @@ else:
         AirflowFailException,
         AirflowNotFoundException,
         AirflowSkipException,
+        DownstreamTasksSkipped,
         TaskDeferred,
     )
 

@@ -9,7 +9,6 @@ Every decision is the log's (and so the coordinator's): these operators only cla
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -19,7 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.sdk import BaseOperator
 
-from airflow_txn_provider.compat.airflow import AirflowFailException, AirflowSkipException
+from airflow_txn_provider.compat.airflow import (
+    AirflowFailException,
+    AirflowSkipException,
+    DownstreamTasksSkipped,
+)
 from airflow_txn_provider.operators.run_retention import prune_airflow_runs
 from airflow_txn_provider.rules.config import CLAIM_TIMEOUT
 from airflow_txn_provider.rules.vocabulary import BeginAction
@@ -28,6 +31,8 @@ from airflow_txn_provider.run_context import (
     AHEAD_WAIT,
     BEGIN_TASK_ID,
     CLAIM_XCOM_KEY,
+    COMMIT_TASK_ID,
+    WATCH_TASK_ID,
     claimed,
     declare_pipeline,
     is_scheduled_txid_run,
@@ -254,7 +259,25 @@ class TxnProcessOperator(_TxnOperator):
 
             result["committed"] = commit_ready(self.txn_log(), self.pipeline, self.log)
             prune_airflow_runs(self.pipeline, self.dag_id, result["committed"], self.log)
+            if claim["txid"] in result["committed"] and self.ends_its_run(context):
+                context["ti"].xcom_push(key="return_value", value=result)
+                self.log.info(
+                    "pipeline=%s txid=%s committed by this task: its run's commit and "
+                    "watch_failures have nothing left to do (skipped)",
+                    self.pipeline.name,
+                    claim["txid"],
+                )
+                raise DownstreamTasksSkipped(tasks=[COMMIT_TASK_ID, WATCH_TASK_ID])
         return result
+
+    def ends_its_run(self, context: Context) -> bool:
+        """Whether this task ends its run once it committed its own txid: the run's commit would
+        find it committed and end in the triggerer, and its failure watch has nothing left to
+        watch, yet each would cost Airflow a trigger and a success callback, which the
+        dag-processor answers by parsing the DAG file (``make bench-peer``'s floor table). Not
+        when the commit has work of its own (Asset events of lake sinks, OpenLineage), nor
+        outside a txid's scheduled run (``dag.test``)."""
+        return is_scheduled_txid_run(context) and not self.pipeline.sinks and not lineage_enabled()
 
     def _process(self, context: Context, claim: dict[str, Any]) -> dict[str, Any]:
         from airflow_txn_provider.failure_injection import maybe_inject_failure
@@ -457,34 +480,6 @@ class TxnCommitOperator(_TxnOperator):
                 "version": commit.get("version"),
                 "rows": commit.get("rows", 0),
             }
-
-
-def fail_attempt_on_task_failure(context: Context) -> None:
-    """``on_failure_callback`` of a processing task: Airflow failed the task (it raised, timed
-    out, or its process stopped heartbeating), so its attempt will report nothing: fail it now
-    rather than when its lease runs out. Best effort: the lease is the guarantee."""
-    ti, task = context["ti"], context.get("task")
-    if (pipeline := getattr(task, "pipeline", None)) is None:
-        return
-    if getattr(task, "stopped", False):  # on_kill ran in this process: see its docstring
-        msg = "pipeline=%s: task %s (try %s) was stopped: a later try or the lease decides"
-        logging.getLogger(__name__).warning(msg, pipeline.name, ti.task_id, ti.try_number)
-        return
-    try:
-        claim = claimed(context, getattr(task, "claim_task_id", BEGIN_TASK_ID))
-        error = f"task {ti.task_id} (try {ti.try_number}) failed in Airflow"
-        exception = context.get("exception")
-        if exception is not None:
-            error += f": {type(exception).__name__}: {str(exception)[:500]}"
-        from airflow_txn_provider.hooks.txn_log import TxnLogHook
-
-        TxnLogHook(txn_log_conn_id=pipeline.txn_log_conn_id).get_log(migrate=False).fail(
-            pipeline.name, claim["txid"], claim["attempt"], error=error, of_processing=True
-        )
-    except Exception:  # never mask the task's own failure; the lease catches what this misses
-        logging.getLogger(__name__).exception(
-            "pipeline=%s: could not fail the attempt of task %s", pipeline.name, ti.task_id
-        )
 
 
 def job_task_id(job: str) -> str:

@@ -32,21 +32,25 @@ PRUNE_EVERY = 16
 FITTED_WINDOW_BOUND = 16
 """The most txids in flight of a pipeline that declares no ``max_pending``: its window fits the
 Spark its txids run on (:func:`fitted_window`), up to this."""
-FIRST_WINDOW = 2
+FIRST_WINDOW = 4
 """That pipeline's window until one of its txids has seen its Spark."""
+TXIDS_PER_CORE = 2
+"""Txids in flight per core of the Spark: a txid on Airflow spends about half its time in flight
+in Spark (``make bench-peer``, "where a txid's time goes"), the rest starting its task, staging
+and committing; two per core keep the cores busy through that half."""
 
 
 def fitted_window(spark_cores: int, bound: int = FITTED_WINDOW_BOUND) -> int:
     """The window that fits a Spark offering ``spark_cores`` cores (its default parallelism):
-    one txid in flight per core, at least one, at most ``bound``.
+    :data:`TXIDS_PER_CORE` txids in flight per core, at least one, at most ``bound``.
 
-    A txid's Spark job keeps a core busy while its task does the rest of its work (the claim,
-    the staging COPY, the commit); more txids than cores only share the cores: four 1e6-row
-    jobs at once on two cores cost Spark 1.3-1.4x the CPU per batch of the same jobs one at a
-    time (``make bench-peer``), and took Airflow's share of those cores too."""
+    Fewer leave the cores idle while txids start and commit (one per core, on Spark
+    ``local[2]``: 0.49x Structured Streaming at 1e6-row batches, against 0.74x with two per core,
+    one run of each, ``make bench-peer``); more only share the cores (Spark's own CPU per batch
+    grows, and Airflow's share of a machine it shares with Spark shrinks)."""
     if isinstance(spark_cores, bool) or not isinstance(spark_cores, int):
         raise TypeError(f"spark_cores must be an int, got {spark_cores!r}")
-    return max(1, min(bound, spark_cores))
+    return max(1, min(bound, TXIDS_PER_CORE * spark_cores))
 
 
 # -- checks of a declaration -------------------------------------------------------------------

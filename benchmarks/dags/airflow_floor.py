@@ -1,11 +1,15 @@
 """What Airflow itself spends per DAG run when the run does no work: the floor under any
 pipeline that keeps one run per txid in the grid (``make bench-peer`` prints it beside the
-pipelines' figures). Two shapes, paused until the benchmark unpauses them:
+pipelines' figures). Shapes, paused until the benchmark unpauses them:
 
 * ``floor_one_task``: one no-op task per run, started on a worker (the least a run can be);
-* ``floor_txn_shape``: this provider's shape with no work: a no-op worker task, then a task that
-  starts and ends in the triggerer, and another one beside them from the run's start (as
-  ``process_<job>`` >> ``commit``, and ``watch_failures``).
+* ``floor_txn_shape``: this provider's shape with no work, as a txid that its processing task
+  commits runs it: a no-op worker task that skips the other two (``process_<job>``), the task
+  after it (``commit``: never started), and one beside them from the run's start that waits in
+  the triggerer until skipped (``watch_failures``);
+* ``floor_txn_shape_in_triggerer``: the shape when the commit task has work
+  (lake sinks, OpenLineage, or the txid before still processing): the worker task, then a task
+  that starts and ends in the triggerer, and another one beside them that does too.
 """
 
 from __future__ import annotations
@@ -16,22 +20,25 @@ from typing import Any
 from airflow.sdk import DAG, BaseOperator, task
 from airflow.triggers.base import StartTriggerArgs
 
+from airflow_txn_provider.compat.airflow import DownstreamTasksSkipped
 from airflow_txn_provider.compat.python import UTC
 from airflow_txn_provider.timetables import TXID_EPOCH, TxidTimetable
 
 PAST = datetime(2000, 1, 1, tzinfo=UTC)
+NEVER = datetime(2999, 1, 1, tzinfo=UTC)
 
 
 class InTriggerer(BaseOperator):
     """Starts in the triggerer on a trigger that fires at once and ends the task there (as
-    ``commit`` and ``watch_failures`` do when their txid commits)."""
+    ``commit`` and ``watch_failures`` do when their txid commits); ``until_skipped``: one that
+    never fires (the task waits there until another task skips it)."""
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, until_skipped: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.start_from_trigger = True
         self.start_trigger_args = StartTriggerArgs(
             trigger_cls="airflow.providers.standard.triggers.temporal.DateTimeTrigger",
-            trigger_kwargs={"moment": PAST, "end_from_trigger": True},
+            trigger_kwargs={"moment": NEVER if until_skipped else PAST, "end_from_trigger": True},
             next_method="execute_complete",
         )
 
@@ -61,6 +68,15 @@ def noop() -> None:
 with _dag("floor_one_task") as floor_one_task:
     noop()
 
+@task
+def commits_its_txid() -> None:
+    raise DownstreamTasksSkipped(tasks=["commit", "watch_failures"])
+
+
 with _dag("floor_txn_shape") as floor_txn_shape:
+    commits_its_txid() >> InTriggerer(task_id="commit")
+    InTriggerer(task_id="watch_failures", until_skipped=True)
+
+with _dag("floor_txn_shape_in_triggerer") as floor_txn_shape_in_triggerer:
     noop() >> InTriggerer(task_id="commit")
     InTriggerer(task_id="watch_failures")

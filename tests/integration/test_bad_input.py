@@ -453,6 +453,38 @@ def test_a_batch_that_reads_fewer_records_than_its_metadata_fails_the_txid(
     assert txlog.transaction("short", 1).status is TxStatus.FAILED
 
 
+def test_offsets_written_twice_are_refused_though_the_footers_are_read_first(
+    txlog, tmp_path, any_session
+):
+    """A batch whose files' footers add up to its ranges is whole without a count over its rows;
+    one whose files hold more (a file copied under a new name) is counted, and refused."""
+    import shutil
+
+    from airflow_txn_provider.rules.exceptions import IncompleteBatchError
+    from airflow_txn_provider.spark.job import BatchJob, process_batch
+    from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
+
+    data = {"0": random_lines(8, 100), "1": random_lines(9, 20)}
+    root = parquet_dataset(tmp_path / "ds", data)
+    source = PartitionedParquetSource(str(root), 100)
+    source.read_batch(any_session, {"0": [0, 100], "1": [0, 20]})
+    assert source.batch_counts({"0": [0, 100], "1": [0, 20]}) is None  # proven by the footers
+    txlog.register_pipeline("twice", source_kind="transactional", max_pending=2)
+    MapState("twice", "twice_w", keys={"word": "text"}).create(txlog.engine)
+    e = txlog.begin_next("twice", source)
+    assert e.metadata == {"0": [0, 100], "1": [0, 20]}
+    part = root / "p=0" / "part-00000050.parquet"
+    shutil.copy(part, part.with_name("part-00000050-copy.parquet"))
+    with pytest.raises(
+        IncompleteBatchError,
+        match=r"partition '0' offsets \[0, 100\): 150 records read, 100 expected",
+    ):
+        process_batch(
+            any_session, txlog, BatchJob("twice", 1, e.attempt, source), _word_count().transform
+        )
+    assert txlog.transaction("twice", 1).status is TxStatus.FAILED
+
+
 # -- item 2 on Spark: two jobs of one txid stage the same state ----------------------------------
 
 

@@ -124,11 +124,11 @@ def test_a_window_that_fits_spark_follows_the_cores_of_its_server(
     txlog.register_pipeline("fits", source_kind="transactional", max_pending=None)
     state = MapState("fits", "fits_words", keys={"word": "text"}).create(txlog.engine)
     with txlog.engine.begin() as conn:  # as an earlier explicit max_pending left it
-        conn.execute(text("UPDATE txn_pipeline SET max_pending = 5 WHERE name = 'fits'"))
+        conn.execute(text("UPDATE txn_pipeline SET max_pending = 9 WHERE name = 'fits'"))
     runner = SparkConnectRunner(WORD_COUNT, url=connect_server.url)
     e = txlog.begin_next("fits", source)
     runner.run(BatchJob("fits", e.txid, e.attempt, source, fit_window=True), txlog)
-    assert txlog.view("fits").max_pending == 2  # the server is local[2]
+    assert txlog.view("fits").max_pending == 4  # the server is local[2]: two txids per core
     assert commit_registered(txlog, "fits", e.txid, e.attempt).applied
     assert _committed_counts(txlog, state) == _expected(data, [e])
     assert spark_cores(spark) == 2  # a classic session (spark-submit, standalone): its context

@@ -24,3 +24,66 @@ from airflow_txn_provider.operators.txn import is_airflow_retry
 def test_is_airflow_retry(try_number, max_tries, retries, expected):
     ti = SimpleNamespace(try_number=try_number, max_tries=max_tries)
     assert is_airflow_retry(ti, retries) is expected
+
+
+# -- a processing task that committed its own txid ends its run -----------------------------------
+
+
+def _process_task(**pipeline_kw):
+    from airflow_txn_provider.dag_builder import build_dag
+    from airflow_txn_provider.pipeline import TxnPipeline
+    from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
+    from airflow_txn_provider.state import MapState
+
+    pipeline_kw.setdefault("states", [MapState("words", "word_counts", keys={"word": "text"})])
+    pipeline = TxnPipeline(
+        name="words",
+        source=PartitionedParquetSource("/data/words"),
+        jobs=["spark_jobs/word_count.py"],
+        **pipeline_kw,
+    )
+    return build_dag(pipeline).get_task("process_word_count")
+
+
+def _context(run_id):
+    pushed = {}
+    ti = SimpleNamespace(xcom_push=lambda key, value: pushed.__setitem__(key, value))
+    return {"dag_run": SimpleNamespace(run_id=run_id), "ti": ti}, pushed
+
+
+def _run_execute(task, context, committed, monkeypatch):
+    import airflow_txn_provider.operators.txn as txn
+    import airflow_txn_provider.transactions.commit as commit
+
+    claim = {"txid": 7, "attempt": 1, "metadata": {}}
+    monkeypatch.setattr(type(task), "claim", lambda self, ctx: claim)
+    monkeypatch.setattr(type(task), "_process", lambda self, ctx, c: {"status": "processed"})
+    monkeypatch.setattr(type(task), "txn_log", lambda self: None)
+    monkeypatch.setattr(commit, "commit_ready", lambda log, p, logger: committed)
+    monkeypatch.setattr(txn, "prune_airflow_runs", lambda *a: None)
+    return task.execute(context)
+
+
+def test_a_task_that_committed_its_txid_skips_the_runs_commit_and_watch(monkeypatch):
+    from airflow_txn_provider.compat.airflow import DownstreamTasksSkipped
+
+    task = _process_task()
+    context, pushed = _context("txid-000007")
+    with pytest.raises(DownstreamTasksSkipped) as skipped:
+        _run_execute(task, context, [7, 8], monkeypatch)
+    assert skipped.value.tasks == ["commit", "watch_failures"]
+    assert pushed["return_value"] == {"status": "processed", "committed": [7, 8]}
+
+
+def test_the_run_goes_on_when_the_txid_waits_or_the_commit_has_work(monkeypatch):
+    context, _ = _context("txid-000007")
+    # an earlier txid not committed yet: the commit task commits it later
+    assert _run_execute(_process_task(), context, [], monkeypatch)["committed"] == []
+    # a manual run (dag.test): its commit task runs as before
+    manual, _ = _context("manual__2026-01-01")
+    assert _run_execute(_process_task(), manual, [7], monkeypatch)["committed"] == [7]
+    # lake sinks: the commit task emits their Asset events
+    from airflow_txn_provider.sinks import DeltaSink
+
+    with_sink = _process_task(sinks=[DeltaSink("t", table_uri="/tmp/t")], states=[])
+    assert not with_sink.ends_its_run(context)

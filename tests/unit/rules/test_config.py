@@ -1,4 +1,4 @@
-"""The window that fits a Spark: one txid in flight per core it offers, within bounds."""
+"""The window that fits a Spark: two txids in flight per core it offers, within bounds."""
 
 from __future__ import annotations
 
@@ -14,15 +14,15 @@ from airflow_txn_provider.rules.config import (
 
 @pytest.mark.parametrize(
     ("cores", "window"),
-    [(1, 1), (2, 2), (3, 3), (8, 8), (16, 16), (64, FITTED_WINDOW_BOUND), (0, 1), (-3, 1)],
+    [(1, 2), (2, 4), (3, 6), (8, 16), (9, 16), (64, FITTED_WINDOW_BOUND), (0, 1), (-3, 1)],
 )
-def test_one_txid_in_flight_per_core_within_the_bound(cores, window):
+def test_two_txids_in_flight_per_core_within_the_bound(cores, window):
     assert fitted_window(cores) == window
 
 
 def test_the_bound_is_a_parameter():
     assert fitted_window(64, bound=4) == 4
-    assert fitted_window(3, bound=4) == 3
+    assert fitted_window(1, bound=4) == 2
 
 
 @pytest.mark.parametrize("cores", [None, 2.0, "2", True])

@@ -13,8 +13,8 @@ import pytest
 from airflow_txn_provider.compat.spark import SUPPORTS_CONNECT
 from airflow_txn_provider.dag_builder import build_dag
 from airflow_txn_provider.operators.spark_runner import SparkConnectRunner, operation_tag
-from airflow_txn_provider.operators.txn import fail_attempt_on_task_failure
 from airflow_txn_provider.pipeline import TxnPipeline
+from airflow_txn_provider.run_context import fail_attempt_on_task_failure
 from airflow_txn_provider.spark import job as job_module
 from airflow_txn_provider.spark.generated_source import GeneratedTextSource
 from airflow_txn_provider.spark.job import BatchJob, ProcessOutcome
@@ -124,8 +124,8 @@ def test_the_operators_on_kill_stops_its_work_and_its_lease(process_task):
 def test_a_stopped_task_does_not_fail_its_attempt_from_its_failure_callback(
     process_task, monkeypatch, stopped
 ):
+    from airflow_txn_provider import run_context
     from airflow_txn_provider.hooks import txn_log
-    from airflow_txn_provider.operators import txn
 
     failed = []
 
@@ -136,7 +136,7 @@ def test_a_stopped_task_does_not_fail_its_attempt_from_its_failure_callback(
         def get_log(self, migrate=True):
             return SimpleNamespace(fail=lambda *args, **kwargs: failed.append(args))
 
-    monkeypatch.setattr(txn, "claimed", lambda context, task_id: {"txid": 4, "attempt": 1})
+    monkeypatch.setattr(run_context, "claimed", lambda context, task_id: {"txid": 4, "attempt": 1})
     monkeypatch.setattr(txn_log, "TxnLogHook", FakeHook)
     process_task.stopped = stopped
     ti = SimpleNamespace(task_id=process_task.task_id, try_number=1)
