@@ -338,6 +338,14 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 result["reemissions"] = conn.execute(
                     text("SELECT count(*) FROM txn_attempt WHERE attempt > 1")
                 ).scalar()
+                # why attempts were re-emitted: each failed attempt's error, first line, counted
+                result["failures"] = conn.execute(
+                    text(
+                        "SELECT split_part(coalesce(error, '(none)'), E'\\n', 1) AS why, "
+                        "count(*) FROM txn_attempt WHERE status = 'failed' "
+                        "GROUP BY 1 ORDER BY 2 DESC LIMIT 8"
+                    )
+                ).all()
         log.engine.dispose()
     return result
 
@@ -404,6 +412,8 @@ def report(args: argparse.Namespace, result: dict[str, Any]) -> bool:
             f"{sum(added.values()) / rate:.2f} CPU-s"
         )
     print(f"re-emissions (attempts beyond the first): {result['reemissions']}")
+    for why, count in result["failures"]:
+        print(f"  {count} failed attempts: {why[:300]}")
     print("every state equals its ground truth (word counts of every line written)")
     print("\ngoals:")
     for goal, met in goals.items():
