@@ -316,8 +316,9 @@ def _compute(
                 attempt=job.attempt,
                 location=job.source.describe_location(location, record),
             )
-    observation, observed = _observe_counts(spark, job, batch, metadata)
-    if observation is None:
+    counts = job.source.batch_counts(metadata)  # none: nothing to count, or proven already
+    observation, observed = _observe_counts(spark, job, batch, counts)
+    if counts and observation is None:
         _refuse_mismatch(job, job.source.batch_mismatch(batch, metadata))
     results = transform(job.source.records(observed))
     by_state, by_sink = results_by_output(results, states, job)
@@ -358,13 +359,12 @@ def _compute(
 
 
 def _observe_counts(
-    spark: SparkSession, job: BatchJob, batch: DataFrame, metadata: Any
+    spark: SparkSession, job: BatchJob, batch: DataFrame, counts: Mapping[str, Any] | None
 ) -> tuple[Any, DataFrame]:
-    """On Spark Connect, the batch with the source's completeness counts observed while the
+    """On Spark Connect, the batch with the source's completeness ``counts`` observed while the
     transform runs: one pass over the batch instead of two (``make bench-read``). Classic
     sessions count in a pass of their own: there, reading an observation the transform never
     ran would block forever."""
-    counts = job.source.batch_counts(metadata)
     if not counts or not type(spark).__module__.startswith("pyspark.sql.connect"):
         return None, batch
     from pyspark.sql import Observation

@@ -191,7 +191,8 @@ class PartitionedParquetSource(TransactionalSource, SparkSource):
     # Spark side ---------------------------------------------------------------------------------
 
     def _proof_key(self, metadata: Metadata) -> str:
-        return f"{self.path}|{json.dumps(metadata, sort_keys=True, default=str)}"
+        where = f"{self.path}|{self.partition_column}|{self.offset_column}"
+        return f"{where}|{json.dumps(metadata, sort_keys=True, default=str)}"
 
     def _ranges(self, metadata: Metadata) -> dict[str, tuple[int, int]]:
         return {str(p): (int(r[0]), int(r[1])) for p, r in dict(metadata).items() if r[1] > r[0]}
