@@ -304,7 +304,7 @@ class LakeSide:
         parts = {
             "begin (begin_next: new offsets, log)": t1 - t0,
             "Spark Connect session": job_t.get("connect", 0.0),
-            "Spark: read_batch, completeness (footers, else counted), transform, Parquet write": spark,
+            "Spark: read_batch, completeness, transform, Parquet write": spark,
             "listing the written files (names, sizes, footers)": run_spent.get("listing", 0.0),
             "table schema check at staging": run_spent.get("table schema", 0.0),
             "log: record the staged files": job_t.get("staging", 0.0),
