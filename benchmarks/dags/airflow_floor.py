@@ -68,6 +68,7 @@ def noop() -> None:
 with _dag("floor_one_task") as floor_one_task:
     noop()
 
+
 @task
 def commits_its_txid() -> None:
     raise DownstreamTasksSkipped(tasks=["commit", "watch_failures"])
