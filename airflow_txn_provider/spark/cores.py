@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -24,7 +24,8 @@ def spark_cores(spark: SparkSession) -> int:
     client reads it from the plan of ``range(1)`` (no job runs: one analysis request)."""
     if not _is_connect(spark):
         return int(spark.sparkContext.defaultParallelism)
-    plan = spark.range(1)._explain_string(mode="simple")  # type: ignore[attr-defined]
+    frame: Any = spark.range(1)  # a Spark Connect DataFrame: _explain_string is its own
+    plan = frame._explain_string(mode="simple")
     found = _RANGE_SPLITS.search(plan)
     if found is None:
         raise ValueError(f"no split count in the plan of range(1): {plan[:300]!r}")
