@@ -47,8 +47,8 @@ TASK_MODULES = (
     "airflow_txn_provider.transactions.commit",
     "airflow_txn_provider.failure_injection",
     "airflow_txn_provider.state",
-    # what a txid still imported itself (a profile of the processing task, 12 txids): the
-    # footers' reader, 20 ms a task; the Spark Connect client's gRPC channel
+    # what a processing task still imported itself (a profile of its execute): the footers'
+    # reader, the Spark Connect client's gRPC channel
     "pyarrow.parquet",
     "grpc._channel",
 )

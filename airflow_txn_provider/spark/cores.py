@@ -22,7 +22,7 @@ def spark_cores(spark: SparkSession) -> int:
     """The cores the Spark behind ``spark`` offers: its default parallelism (the tasks a plain
     scan of a small range is split into). A classic session asks its context; a Spark Connect
     client reads it from the plan of ``range(1)`` (no job runs: one analysis request)."""
-    if not _is_connect(spark):
+    if not is_connect(spark):
         return int(spark.sparkContext.defaultParallelism)
     frame: Any = spark.range(1)  # a Spark Connect DataFrame: _explain_string is its own
     plan = frame._explain_string(mode="simple")
@@ -32,7 +32,8 @@ def spark_cores(spark: SparkSession) -> int:
     return int(found.group(1))
 
 
-def _is_connect(spark: SparkSession) -> bool:
+def is_connect(spark: SparkSession) -> bool:
+    """Whether ``spark`` is a Spark Connect client's session (not a classic one)."""
     return type(spark).__module__.startswith("pyspark.sql.connect")
 
 

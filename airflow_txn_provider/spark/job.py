@@ -41,7 +41,7 @@ from airflow_txn_provider.rules.fencing import attempt_may_stage
 from airflow_txn_provider.rules.records import TxRecord
 from airflow_txn_provider.rules.vocabulary import ProcessedAction
 from airflow_txn_provider.sinks.base import LakeSink, StagedFiles, sink_from_spec
-from airflow_txn_provider.spark.cores import tell_spark_cores
+from airflow_txn_provider.spark.cores import is_connect, tell_spark_cores
 from airflow_txn_provider.spark.sources import LOCATION, RECORD, SparkSource, source_from_spec
 from airflow_txn_provider.state import MapState, counted_states, load_states
 from airflow_txn_provider.transactions.transaction_log import TransactionLog
@@ -365,7 +365,7 @@ def _observe_counts(
     transform runs: one pass over the batch instead of two (``make bench-read``). Classic
     sessions count in a pass of their own: there, reading an observation the transform never
     ran would block forever."""
-    if not counts or not type(spark).__module__.startswith("pyspark.sql.connect"):
+    if not counts or not is_connect(spark):
         return None, batch
     from pyspark.sql import Observation
 

@@ -265,15 +265,10 @@ class PipelineDeclarations:
     def fit_window(self, name: str, spark_cores: int) -> bool:
         """Set the window of a pipeline that declares no ``max_pending`` to the one that fits a
         Spark of ``spark_cores`` cores (:func:`~airflow_txn_provider.rules.config.fitted_window`),
-        as its txids see it; returns whether it changed. One UPDATE that finds nothing to change
-        when the window fits already (every txid asks: a cluster grows and shrinks)."""
+        as its txids see it; returns whether it changed. One UPDATE that matches (and locks) no
+        row when the window fits already (every txid asks: a cluster grows and shrinks)."""
         window = fitted_window(spark_cores)
         with self.engine.begin() as conn:
-            before = conn.execute(
-                select(PIPELINES.c.max_pending).where(PIPELINES.c.name == name)
-            ).scalar()
-            if before is None or before == window:
-                return False
             changed = conn.execute(
                 update(PIPELINES)
                 .where(PIPELINES.c.name == name, PIPELINES.c.max_pending != window)
@@ -281,11 +276,10 @@ class PipelineDeclarations:
             ).rowcount
         if changed:
             log.info(
-                "pipeline=%s window fitted to its Spark's %s cores: %s txids in flight (was %s)",
+                "pipeline=%s window fitted to its Spark's %s cores: %s txids in flight",
                 name,
                 spark_cores,
                 window,
-                before,
             )
         return bool(changed)
 
