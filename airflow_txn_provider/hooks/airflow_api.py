@@ -11,6 +11,8 @@ While the api-server is away a request is sent again with :meth:`AirflowApiHook.
 from __future__ import annotations
 
 import itertools
+import os
+import threading
 import time
 from collections.abc import Sequence
 from datetime import datetime
@@ -32,6 +34,38 @@ UNPROCESSED_STATUS = frozenset({502, 503})
 only ones, with a connection never made, after which a POST is sent again. A POST that may have
 been processed (a timeout, a 500) is reported: clearing runs twice would kill the tasks the first
 clear started."""
+KEEPALIVE_EXPIRY = 2.0
+"""Seconds an idle connection to the api-server is kept for the next call: under uvicorn's 5 s
+(``timeout_keep_alive``), so the client never sends on a connection the server is closing."""
+
+_clients: dict[float, httpx.Client] = {}
+_tokens: dict[str, str] = {}
+_shared_lock = threading.Lock()
+
+
+def _forget_parent_clients() -> None:
+    """In a forked child (a task process): its own clients and tokens, never its parent's
+    sockets, and a lock no parent thread holds."""
+    global _shared_lock
+    _clients.clear()
+    _tokens.clear()
+    _shared_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_parent_clients)
+
+
+def shared_client(timeout: float) -> httpx.Client:
+    """The process's HTTP client for calls with ``timeout``: one connection pool (the next call
+    reuses the open connection) and one SSL context, which httpx builds per client at a cost of
+    tens of milliseconds of CPU: once per process, not once per call (``make bench-peer``'s
+    per-group CPU)."""
+    with _shared_lock:
+        client = _clients.get(timeout)
+        if client is None:
+            limits = httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY)
+            client = _clients[timeout] = httpx.Client(timeout=timeout, limits=limits)
+        return client
 
 
 class AirflowApiHook(BaseHook):
@@ -65,7 +99,8 @@ class AirflowApiHook(BaseHook):
         self.airflow_api_conn_id = airflow_api_conn_id
         self.timeout = timeout
         self.outage_timeout = outage_timeout
-        self._token: str | None = None
+        self._token: str | None = _tokens.get(airflow_api_conn_id)
+        self._base_url: str | None = None
 
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
@@ -81,6 +116,12 @@ class AirflowApiHook(BaseHook):
         return Backoff(first=1.0, cap=10.0, deadline=self.outage_timeout, floor=0.5)
 
     def base_url(self) -> str:
+        """The api-server's address, from the connection (read once per hook)."""
+        if self._base_url is None:
+            self._base_url = self._connection_base_url()
+        return self._base_url
+
+    def _connection_base_url(self) -> str:
         conn = self.get_connection(self.airflow_api_conn_id)
         if not conn.host:
             raise RequeueError(
@@ -275,7 +316,8 @@ class AirflowApiHook(BaseHook):
         return deleted
 
     def request(self, method: str, path: str, **kwargs: Any) -> Any:
-        """One API call with a bearer token (fetched once, renewed on 401); returns the JSON."""
+        """One API call with a bearer token (fetched once per process and connection, renewed on a
+        401); returns the JSON."""
         response = self._authorized(method, path, **kwargs)
         _raise_for_status(method, path, response)
         return response.json() if response.content else None
@@ -304,7 +346,7 @@ class AirflowApiHook(BaseHook):
                     f"the api-server refused a token for user {conn.login or '(none)'!r} "
                     f"(HTTP {response.status_code}); check connection {self.airflow_api_conn_id!r}"
                 )
-            self._token = str(response.json()["access_token"])
+            self._token = _tokens[self.airflow_api_conn_id] = str(response.json()["access_token"])
         return self._token
 
     def _send(
@@ -327,8 +369,9 @@ class AirflowApiHook(BaseHook):
         started = time.monotonic()
         for attempt in itertools.count(1):
             try:
-                with httpx.Client(timeout=self.timeout) as client:
-                    response = client.request(method, url, headers=headers, **kwargs)
+                response = shared_client(self.timeout).request(
+                    method, url, headers=headers, **kwargs
+                )
                 if response.status_code not in retry_status:
                     return response
                 problem = f"HTTP {response.status_code}"

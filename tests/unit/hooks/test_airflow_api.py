@@ -12,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from airflow_txn_provider.hooks import airflow_api
 from airflow_txn_provider.hooks.airflow_api import AirflowApiHook
 from airflow_txn_provider.rules.exceptions import RequeueError
 from txn_testing.postgres import free_port
@@ -29,6 +30,7 @@ class Scripted(ThreadingHTTPServer):
     def __init__(self, answers: list[int | str]) -> None:
         self.answers = answers
         self.seen: list[str] = []
+        self.paths: list[str] = []
         super().__init__(("127.0.0.1", 0), Handler)
 
 
@@ -44,7 +46,9 @@ class Handler(BaseHTTPRequestHandler):
         if answer == "slow":
             time.sleep(SLOW)
             answer = 200
-        body = json.dumps({"task_instances": []}).encode()
+        self.server.paths.append(self.path)
+        found = {"access_token": "t0k3n"} if self.path.startswith("/auth/token") else {}
+        body = json.dumps({"task_instances": [], **found}).encode()
         self.send_response(int(answer))
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
@@ -117,3 +121,28 @@ def test_a_clear_is_sent_again_while_nothing_listens_then_reported():
     hook.outage_timeout = 1.0
     with pytest.raises(RequeueError, match="failed for"):
         clear(hook)
+
+
+def test_hooks_of_one_process_share_a_client_and_a_token(serve, monkeypatch):
+    """A task creates a hook per txid: the second asks for no token and builds no HTTP client
+    (its SSL context costs tens of ms of CPU), and keeps the connection open."""
+    server, _ = serve([200])
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    conn = json.dumps({"conn_type": "airflow_api", "host": "127.0.0.1"})
+    monkeypatch.setenv("AIRFLOW_CONN_AIRFLOW_API_DEFAULT", conn)
+    airflow_api._tokens.pop(AirflowApiHook.default_conn_name, None)
+    for _ in range(3):
+        hook = AirflowApiHook(timeout=TIMEOUT, outage_timeout=3.0)
+        hook.base_url = lambda: url  # type: ignore[method-assign]
+        assert hook.task_instances("words", "txid-000001") == []
+    assert server.paths.count("/auth/token") == 1
+    assert len(server.paths) == 4
+    assert airflow_api.shared_client(TIMEOUT) is airflow_api.shared_client(TIMEOUT)
+
+
+def test_a_forked_child_uses_none_of_its_parents_clients_or_tokens():
+    parent = airflow_api.shared_client(TIMEOUT)
+    airflow_api._tokens["somewhere"] = "parent's"
+    airflow_api._forget_parent_clients()  # what os.register_at_fork runs in the child
+    assert airflow_api.shared_client(TIMEOUT) is not parent
+    assert AirflowApiHook("somewhere")._token is None
