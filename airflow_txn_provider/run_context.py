@@ -148,6 +148,9 @@ move, before it defers (see :func:`~airflow_txn_provider.rules.waiting.txid_ahea
 that is about one txid's processing away."""
 AHEAD_POLL = 0.1
 """Seconds between two looks at the log while it waits (one indexed read each)."""
+PREVIOUS_WAIT = 10.0
+"""Seconds a run made ahead waits in its worker for the first begin of the txid before it (made
+with it: a scheduling round at most), before it defers."""
 AHEAD_WAITS_OPTION = "run_ahead_waits"
 DEFAULT_AHEAD_WAITS = 2
 _AHEAD_LOCK_CLASS = 0x7478_6E41  # "txnA": the advisory locks of the run ahead's wait slots
@@ -174,7 +177,7 @@ def ahead_wait_slot(log: TransactionLog) -> AbstractContextManager[HeldSlot | No
 
 def ahead_wait_slot_free(log: TransactionLog) -> bool:
     """Whether one of the log's wait slots is free now: a claim creates the run ahead only then
-    (:func:`~airflow_txn_provider.triggers.waker.create_next_run`). ``False`` when the log cannot
+    (:func:`~airflow_txn_provider.triggers.waker.make_runs_ahead`). ``False`` when the log cannot
     say: the waker creates the run once the window has room."""
     from airflow_txn_provider.log.advisory import held_count
 
@@ -182,6 +185,25 @@ def ahead_wait_slot_free(log: TransactionLog) -> bool:
         return held_count(log.engine, _AHEAD_LOCK_CLASS) < ahead_waits()
     except Exception:  # an optimisation: without it, the waker's way
         return False
+
+
+def previous_began(log: TransactionLog, pipeline: str, txid: int, deadline: float) -> bool:
+    """Wait while ``txid - 1`` has never begun (its run was made with ``txid``'s, and their
+    claims race: :func:`~airflow_txn_provider.rules.waiting.runs_to_make`), at most
+    ``PREVIOUS_WAIT`` seconds and until ``deadline``; True once ``txid`` may begin as far as
+    ``txid - 1`` goes. ``False`` when ``txid - 1`` began but waits to be initialised again (a
+    replay: the task defers and its trigger waits) and at the end of the wait."""
+    from airflow_txn_provider.rules.coordinator import plan_begin
+    from airflow_txn_provider.rules.vocabulary import BeginAction
+    from airflow_txn_provider.rules.waiting import previous_unbegun
+
+    until = min(deadline, time.monotonic() + PREVIOUS_WAIT)
+    while time.monotonic() < until:
+        view = log.view(pipeline)
+        if not previous_unbegun(view, txid):
+            return plan_begin(view, txid).action is not BeginAction.WAIT_PREVIOUS
+        time.sleep(AHEAD_POLL)
+    return False
 
 
 def window_moved(log: TransactionLog, pipeline: str, txid: int, deadline: float) -> bool:

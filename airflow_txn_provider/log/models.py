@@ -135,6 +135,8 @@ class PipelineRow(Base):
     run_trouble_since: Mapped[datetime | None] = mapped_column(
         DateTime(timezone=True), nullable=True
     )
+    runs_made_through: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    """The newest txid whose DAG run a claim made ahead of its begin: a hint (migration 0014)."""
 
     __table_args__ = (
         CheckConstraint(one_of("source_kind", SourceKind), name="source_kind"),

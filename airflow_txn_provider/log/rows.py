@@ -379,6 +379,7 @@ def load_view(conn: Connection, pipeline: str, *, lock: bool = False) -> Pipelin
         last_committed_metadata=last_metadata,
         in_flight=tuple(record_of(r) for r in rows),
         now=db_now,
+        runs_made_through=int(prow.runs_made_through),
     )
 
 

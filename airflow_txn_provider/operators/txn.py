@@ -38,6 +38,7 @@ from airflow_txn_provider.run_context import (
     is_scheduled_txid_run,
     pipeline_log,
     pipeline_log_url,
+    previous_began,
     run_txid,
     start_in_triggerer,
     why_waiting,
@@ -129,6 +130,7 @@ class _TxnOperator(TxidLineage, BaseOperator):
         # One read when the log holds this declaration already (every no-data poll comes here).
         declare_pipeline(log, p, self.dag_id)
         deadline = time.monotonic() + AHEAD_WAIT
+        # A run made ahead waits here, not deferred, for the begin before it or for the window
         while True:
             emission = log.begin(
                 p.name,
@@ -139,8 +141,13 @@ class _TxnOperator(TxidLineage, BaseOperator):
                 # never on an Airflow retry (an attempt behind the sensor's count).
                 replay=not is_airflow_retry(context["ti"], self.retries),
             )
-            waits_window = emission.action is BeginAction.WAIT_WINDOW
-            if not (waits_window and window_moved(log, p.name, txid, deadline)):
+            if emission.action is BeginAction.WAIT_PREVIOUS:
+                if not previous_began(log, p.name, txid, deadline):
+                    break
+            elif not (
+                emission.action is BeginAction.WAIT_WINDOW
+                and window_moved(log, p.name, txid, deadline)
+            ):
                 break
         if emission.action is BeginAction.NOT_REPLAYED:
             failed = log.transaction(p.name, txid)
@@ -177,15 +184,15 @@ class _TxnOperator(TxidLineage, BaseOperator):
         context["ti"].xcom_push(key=CLAIM_XCOM_KEY, value=claim)
         self._lineage_claim = claim
         if is_scheduled_txid_run(context):  # a manual run (dag.test) has no run after it
-            from airflow_txn_provider.triggers.waker import start_next_run
+            from airflow_txn_provider.triggers.waker import start_making_runs
 
-            self._chain = start_next_run(p, self.dag_id, txid, emission.metadata, log, self.log)
+            self._chain = start_making_runs(p, self.dag_id, txid, log, self.log)
         return claim
 
     def join_chain(self) -> None:
-        """Wait (a few seconds at most) for the thread that creates the next txid's run (see
-        :func:`~airflow_txn_provider.triggers.waker.start_next_run`): the task's end must not cut
-        it off."""
+        """Wait (a few seconds at most) for the thread that makes the later txids' runs (see
+        :func:`~airflow_txn_provider.triggers.waker.start_making_runs`): the task's end must not
+        cut it off."""
         if self._chain is not None:
             self._chain.join(timeout=15.0)
             self._chain = None

@@ -61,6 +61,9 @@ class PipelineView:
     in_flight: tuple[TxRecord, ...] = ()
     now: datetime | None = None
     """The log's clock when the view was read: leases are judged by it, never by a worker's."""
+    runs_made_through: int = 0
+    """The newest txid whose DAG run a claim made ahead of its begin: a hint for who makes runs
+    (:func:`~airflow_txn_provider.rules.waiting.runs_to_make`), never for what commits."""
     _by_txid: dict[int, TxRecord] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

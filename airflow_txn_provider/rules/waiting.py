@@ -171,6 +171,28 @@ def txid_ahead(view: PipelineView) -> int | None:
     return new if new == view.window.stop else None
 
 
+def runs_to_make(view: PipelineView) -> range:
+    """The new txids whose DAG runs a claim makes now, oldest first, each only if its source has
+    data for it (the first without data ends them): every new txid the window admits and the one
+    just past it (:func:`txid_ahead`: the caller makes that one only if its claim may wait in a
+    worker), above the newest whose run was made already (``view.runs_made_through``). None while
+    a failed txid is in flight: that one replays first, in its own run.
+
+    So a backlog's window fills at once, and keeps filling as it moves, a scheduling round ahead
+    of the begins, instead of one run per claim, each made by the claim before it. A run made
+    before its ``txid - 1`` began waits in its worker for that begin (a moment: their runs were
+    made together)."""
+    if any(rec.status is TxStatus.FAILED for rec in view.in_flight):
+        return range(0)
+    return range(max(view.next_new_txid, view.runs_made_through + 1), view.window.stop + 1)
+
+
+def previous_unbegun(view: PipelineView, txid: int) -> bool:
+    """Whether ``txid - 1`` has never begun: ``txid``'s run was made ahead with it
+    (:func:`runs_to_make`), and its claim waits a moment for that first begin, not for a replay."""
+    return txid - 1 >= view.next_new_txid
+
+
 def blocked_by(view: PipelineView, txid: int) -> TxRecord | None:
     """The failed txid that holds ``txid`` back (the oldest failed one before it), if any:
     metadata is (re-)initialised in order, so nothing after it can begin until it does."""

@@ -148,5 +148,21 @@ class TransactionLog(
                     .values(run_trouble=trouble, run_trouble_since=since)
                 )
 
+    def note_runs_made(self, pipeline: str, through: int) -> None:
+        """Note that the DAG runs of the pipeline's txids up to ``through`` were made (a hint
+        for the next claim and the waker: :func:`~airflow_txn_provider.rules.waiting.
+        runs_to_make`). One statement, never lowering it."""
+        from sqlalchemy import update
+
+        from airflow_txn_provider.log.models import PIPELINES
+
+        row = PIPELINES.c
+        with self.engine.begin() as conn:
+            conn.execute(
+                update(PIPELINES)
+                .where(row.name == pipeline, row.runs_made_through < through)
+                .values(runs_made_through=through)
+            )
+
 
 __all__ = ["TransactionLog", "engine_from_url"]

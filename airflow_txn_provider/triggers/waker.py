@@ -18,8 +18,11 @@ poll. So a pipeline costs one look at its source per interval when idle, plus on
 while busy, however many txids it has in flight: no parked runs, no per-txid polling.
 
 Once a run exists, its txid's tasks do the rest (claim, process, commit, the failure watch), as
-before. Replays never need the waker: a failed txid's run exists, and its failure sensor restarts
-it.
+before. A claim also makes the runs of the txids after its own that the window admits and the
+source has data for (:func:`make_runs_ahead`), and notes the newest in the log: the waker asks
+for such a run only if its txid has not begun ``RECREATE_AFTER`` seconds later.
+
+Replays never need the waker: a failed txid's run exists, and its failure sensor restarts it.
 
 The waker is also the pipeline's liveness watch, the one that outlives every run: a txid that
 waits for a task of its run (its failure sensor, its commit: :mod:`airflow_txn_provider.rules.
@@ -45,7 +48,7 @@ from airflow_txn_provider.compat.airflow import SUPERVISOR_COMMS_THREAD_SAFE, ru
 from airflow_txn_provider.rules.exceptions import UnknownPipelineError
 from airflow_txn_provider.rules.liveness import Need, Overdue
 from airflow_txn_provider.rules.records import PipelineView, TxRecord
-from airflow_txn_provider.rules.waiting import new_txid_due, txid_ahead
+from airflow_txn_provider.rules.waiting import new_txid_due, runs_to_make
 from airflow_txn_provider.utils.retries import Backoff
 
 if TYPE_CHECKING:
@@ -82,75 +85,88 @@ def source_has_data(source: Any, txid: int, prev_metadata: Any) -> bool:
     return source.initialize_transaction(txid, prev_metadata) is not None
 
 
-def create_next_run(
+def make_runs_ahead(
     view: PipelineView,
     source: Any,
-    txid: int,
-    metadata: Any,
     create: Callable[[int], bool],
     *,
     may_wait_ahead: Callable[[], bool] = lambda: True,
-) -> bool:
-    """Right after ``txid`` began with ``metadata`` (``view`` read since): create the run of
-    ``txid + 1`` if it is due, or just past the full window (:func:`~airflow_txn_provider.
-    waiting.txid_ahead`: its claim waits in its worker for the window to move) if
-    ``may_wait_ahead()`` (a wait slot is free: asked only then), and the source has data after
-    ``metadata``. The
-    waker's question, asked by the claim at once rather than at the waker's next poll, so that a
-    backlog fills the window, and keeps it full, without a poll and a scheduling round per txid.
-    Returns whether a run was created (``create`` answers False for a run that exists).
+) -> list[int]:
+    """Right after a claim began its txid (``view`` read since): make the runs
+    :func:`~airflow_txn_provider.rules.waiting.runs_to_make` names, oldest first, while the
+    source has data for each (as each begin would decide it, from the batch before it), the one
+    past the window only if ``may_wait_ahead()`` (a wait slot is free: asked only then). The
+    waker's question, asked by the claim at once and for the whole window, so that a backlog
+    fills the window, and keeps it full, without a poll and a scheduling round per txid.
 
-    A run ahead with no wait slot would defer, then start a second time once the window moves:
-    a task start more per txid than the run the waker creates when the window has room."""
-    if txid + 1 != new_txid_due(view) and not (txid + 1 == txid_ahead(view) and may_wait_ahead()):
-        return False
-    if not source_has_data(source, txid + 1, metadata):
-        return False
-    return create(txid + 1)
+    Returns the txids whose runs exist now (``create`` answers False for one that existed
+    already); the first the API refuses raises."""
+    wanted = runs_to_make(view)
+    if not wanted:
+        return []
+    source.prefetch()
+    metadata = view.metadata_before(view.next_new_txid)
+    made: list[int] = []
+    for txid in range(view.next_new_txid, wanted.stop):
+        metadata = source.initialize_transaction(txid, metadata)
+        if metadata is None:
+            break
+        if txid not in wanted:
+            continue
+        if txid == view.window.stop and not may_wait_ahead():
+            break
+        create(txid)
+        made.append(txid)
+    return made
 
 
-def start_next_run(
+def start_making_runs(
     pipeline: TxnPipeline,
     dag_id: str,
     txid: int,
-    metadata: Any,
     log: TransactionLog,
     logger: Any,
 ) -> threading.Thread | None:
-    """:func:`create_next_run` in a thread, beside ``txid``'s own work (a claim calls it): best
-    effort, the waker's next poll does the same. Returns the thread, for the task to join (none
-    below Airflow 3.3, where it runs first, in the caller's thread:
+    """:func:`make_runs_ahead` in a thread, beside ``txid``'s own work (its claim calls it), and
+    the newest txid made noted in the log for the next claim and the waker: best effort, the
+    waker's next poll makes a due run all the same. Returns the thread, for the task to join
+    (none below Airflow 3.3, where it runs first, in the caller's thread:
     ``compat.airflow.SUPERVISOR_COMMS_THREAD_SAFE``)."""
 
-    def chain() -> None:
+    def make() -> None:
         from airflow_txn_provider.hooks.airflow_api import AirflowApiHook
         from airflow_txn_provider.run_context import ahead_wait_slot_free
         from airflow_txn_provider.spark.sources import source_from_spec
 
+        made: list[int] = []
         try:
             api = AirflowApiHook(pipeline.airflow_api_conn_id, outage_timeout=10.0)
             source = source_from_spec(pipeline.source.to_spec())  # its own: no cache shared
-            view = log.view(pipeline.name)
-            if create_next_run(
-                view,
+            made = make_runs_ahead(
+                log.view(pipeline.name),
                 source,
-                txid,
-                metadata,
                 lambda n: api.create_txid_run(dag_id, n),
                 may_wait_ahead=lambda: ahead_wait_slot_free(log),
-            ):
-                msg = "pipeline=%s txid=%s: more data waits: txid %s's run is created"
-                logger.info(msg, pipeline.name, txid, txid + 1)
+            )
         except Exception as err:
-            msg = "pipeline=%s txid=%s: the next txid's run is left to the waker (%s: %s)"
+            msg = "pipeline=%s txid=%s: later txids' runs are left to the waker (%s: %s)"
             logger.warning(msg, pipeline.name, txid, type(err).__name__, str(err)[:300])
+        if not made:
+            return
+        msg = "pipeline=%s txid=%s: more data waits: the runs of txids %s-%s are made"
+        logger.info(msg, pipeline.name, txid, made[0], made[-1])
+        try:
+            log.note_runs_made(pipeline.name, made[-1])
+        except Exception as err:  # a hint: without it the waker asks Airflow itself
+            msg = "pipeline=%s: could not note the runs made (%s: %s)"
+            logger.warning(msg, pipeline.name, type(err).__name__, str(err)[:300])
 
     if not SUPERVISOR_COMMS_THREAD_SAFE:
-        # below Airflow 3.3 the chain's look-ups (the REST API's connection, a source's, the
-        # secrets they hold) would ask the supervisor beside the task's own requests: both hang
-        chain()
+        # below Airflow 3.3 the look-ups (the REST API's connection, a source's, the secrets
+        # they hold) would ask the supervisor beside the task's own requests: both hang
+        make()
         return None
-    thread = threading.Thread(target=chain, name=f"txn-next-run-{txid}", daemon=True)
+    thread = threading.Thread(target=make, name=f"txn-runs-ahead-{txid}", daemon=True)
     thread.start()
     return thread
 
@@ -307,6 +323,11 @@ class TxnWakerTrigger(BaseEventTrigger):
                     for rec, need in overdue.update(view, now):
                         await self._keep(keep, rec, need)
                 due = new_txid_due(view)
+                if due is not None and view is not None and due <= view.runs_made_through:
+                    # a claim made its run ahead: asked for only if it has not begun a while later
+                    if due not in created:
+                        created = {t: at for t, at in created.items() if t >= due}
+                        created[due] = now
                 # unchanged until the run is asked for again
                 problem = reported if due is not None and reported != _UNKNOWN else None
                 if due is not None and now - created.get(due, -RECREATE_AFTER) >= RECREATE_AFTER:

@@ -17,11 +17,13 @@ def view(
     last: int = 0,
     max_pending: int = 4,
     kind: SourceKind = SourceKind.TRANSACTIONAL,
+    runs_made_through: int = 0,
 ) -> PipelineView:
     return PipelineView(
         pipeline="p",
         source_kind=kind,
         max_pending=max_pending,
+        runs_made_through=runs_made_through,
         last_committed=last,
         last_committed_metadata={"end": last * 10} if last else None,
         in_flight=tuple(

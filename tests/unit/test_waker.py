@@ -13,9 +13,18 @@ import pytest
 
 from airflow_txn_provider.rules.coordinator import plan_begin
 from airflow_txn_provider.rules.vocabulary import BeginAction
-from airflow_txn_provider.rules.waiting import new_txid_due, txid_ahead
+from airflow_txn_provider.rules.waiting import (
+    new_txid_due,
+    previous_unbegun,
+    runs_to_make,
+    txid_ahead,
+)
 from airflow_txn_provider.triggers import waker as waker_module
-from airflow_txn_provider.triggers.waker import TxnWakerTrigger, source_has_data
+from airflow_txn_provider.triggers.waker import (
+    TxnWakerTrigger,
+    make_runs_ahead,
+    source_has_data,
+)
 from tests.unit.builders import DONE, FAIL, PROC, view
 
 
@@ -131,6 +140,15 @@ def test_a_run_that_did_not_begin_its_txid_is_asked_for_again_after_a_while(monk
     assert fake.created == [4, 4, 4]  # the API answers "exists" (409) to the second and third
 
 
+def test_a_run_a_claim_made_ahead_is_not_asked_for_until_it_fails_to_begin(monkeypatch):
+    made_ahead = view((4, 1, PROC), last=3, runs_made_through=7)
+    fake = _run(Fake(polls=5, view=made_ahead))
+    assert fake.created == [] and fake.asked == []  # no 409 per txid: the claim made it
+    monkeypatch.setattr(waker_module, "RECREATE_AFTER", 0.0)
+    fake = _run(Fake(polls=2, view=made_ahead))
+    assert set(fake.created) == {5}  # not begun a while later: asked for (409 if it exists)
+
+
 def test_a_new_pipeline_gets_its_first_txids_run():
     fake = _run(Fake(polls=2, view=None))
     assert fake.created == [1] and fake.asked == [(1, None)]
@@ -206,69 +224,94 @@ class Batches:
         return {"end": min(start + 10, self.end)} if start < self.end else None
 
 
+def made_by_claim(v, source, *, may_wait_ahead=lambda: True, exists=()):
+    made: list[int] = []
+
+    def create(n):
+        made.append(n)
+        return n not in exists
+
+    return make_runs_ahead(v, source, create, may_wait_ahead=may_wait_ahead), made
+
+
 @pytest.mark.parametrize(
-    ("records", "source_end", "created"),
+    ("records", "source_end", "made_through", "expected"),
     [
-        (((4, 1, PROC),), 100, [5]),  # txid 4 began with more data behind it: 5's run
-        (((4, 1, PROC),), 40, []),  # txid 4 took everything there was: no run
-        (((4, 1, PROC), (5, 1, PROC)), 100, []),  # txid 5 began already (a replay's claim)
+        # txid 4 began with data behind it: the window's txids 5-7 and 8, just past it
+        (((4, 1, PROC),), 100, 0, [5, 6, 7, 8]),
+        (((4, 1, PROC),), 60, 0, [5, 6]),  # data for two more batches: two runs
+        (((4, 1, PROC),), 40, 0, []),  # txid 4 took everything there was: no run
+        (((4, 1, PROC),), 100, 6, [7, 8]),  # 5 and 6 were made by an earlier claim
+        (((4, 1, PROC), (5, 1, PROC)), 100, 8, []),  # every run it would make exists
     ],
 )
-def test_a_claim_creates_the_next_txids_run_when_its_source_has_more(records, source_end, created):
-    from airflow_txn_provider.triggers.waker import create_next_run
-
-    made: list[int] = []
-    v = view(*records, last=3, max_pending=4)
+def test_a_claim_makes_the_runs_of_the_window_its_source_has_data_for(
+    records, source_end, made_through, expected
+):
+    v = view(*records, last=3, max_pending=4, runs_made_through=made_through)
     source = Batches(source_end)
-    result = create_next_run(v, source, 4, {"end": 40}, lambda n: made.append(n) or True)
-    assert made == created and result is bool(created)
-    if not created and len(records) == 2:
-        assert source.asked == []  # a txid that is not due asks nothing of the source
+    result, made = made_by_claim(v, source)
+    assert result == made == expected
+    if not runs_to_make(v):
+        assert source.asked == []  # nothing to make: nothing asked of the source
 
 
-def test_a_claim_creates_the_run_just_past_a_full_window_and_no_further():
-    from airflow_txn_provider.triggers.waker import create_next_run
-
-    full = view((4, 1, PROC), (5, 1, PROC), last=3, max_pending=2)
-    made: list[int] = []
-    assert create_next_run(full, Batches(100), 5, {"end": 50}, lambda n: made.append(n) or True)
-    assert made == [6]  # its claim waits in its worker for txid 4's commit
-    # Txid 6's run waits: the claim of a txid inside the window asks for nothing beyond it.
+def test_each_run_is_asked_for_from_the_batch_before_it_as_its_begin_would():
+    v = view((4, 1, PROC), last=3, max_pending=3)
     source = Batches(100)
-    assert not create_next_run(full, source, 4, {"end": 40}, lambda n: True)
-    assert source.asked == []
+    made_by_claim(v, source)
+    assert source.asked == [(5, {"end": 40}), (6, {"end": 50}), (7, {"end": 60})]
 
 
-def test_no_run_is_created_ahead_without_a_free_wait_slot_but_a_due_one_is():
-    from airflow_txn_provider.triggers.waker import create_next_run
+def test_a_run_that_exists_already_counts_as_made():
+    v = view((4, 1, PROC), last=3, max_pending=2)
+    result, made = made_by_claim(v, Batches(100), exists=(5,))
+    assert result == made == [5, 6]
 
+
+def test_a_claim_makes_the_run_just_past_a_full_window_and_no_further():
     full = view((4, 1, PROC), (5, 1, PROC), last=3, max_pending=2)
-    source = Batches(100)
-    assert not create_next_run(
-        full, source, 5, {"end": 50}, lambda n: True, may_wait_ahead=lambda: False
-    )
-    assert source.asked == []  # the waker creates txid 6's run once the window has room
-    made: list[int] = []
+    assert made_by_claim(full, Batches(100))[0] == [6]  # it waits in its worker for txid 4
+    assert made_by_claim(full, Batches(100), may_wait_ahead=lambda: False)[0] == []
     room = view((4, 1, PROC), last=3, max_pending=2)
-    assert create_next_run(
-        room,
-        Batches(100),
-        4,
-        {"end": 40},
-        lambda n: made.append(n) or True,
-        may_wait_ahead=lambda: False,
-    )
-    assert made == [5]
+    assert made_by_claim(room, Batches(100), may_wait_ahead=lambda: False)[0] == [5]
 
 
-def test_no_run_is_created_ahead_while_a_failed_txid_waits_to_replay():
-    from airflow_txn_provider.triggers.waker import create_next_run
-
-    v = view((4, 2, FAIL), (5, 1, PROC), last=3, max_pending=2)
+def test_no_run_is_made_ahead_while_a_failed_txid_waits_to_replay():
+    v = view((4, 2, FAIL), (5, 1, PROC), last=3, max_pending=4)
     source = Batches(100)
-    assert txid_ahead(v) is None
-    assert not create_next_run(v, source, 5, {"end": 50}, lambda n: True)
+    assert runs_to_make(v) == range(0)
+    assert made_by_claim(v, source)[0] == []
     assert source.asked == []
+
+
+@hypothesis.given(
+    last=st.integers(0, 50),
+    statuses=st.lists(st.sampled_from([PROC, DONE]), max_size=8),
+    max_pending=st.integers(1, 8),
+    made_ahead=st.integers(0, 10),
+)
+def test_runs_are_made_for_new_txids_the_window_admits_and_one_past_it(
+    last, statuses, max_pending, made_ahead
+):
+    records = [(last + 1 + i, 1, s) for i, s in enumerate(statuses)]
+    v = view(*records, last=last, max_pending=max_pending, runs_made_through=last + made_ahead)
+    wanted = runs_to_make(v)
+    for txid in wanted:
+        assert txid >= v.next_new_txid and txid > v.runs_made_through
+        # each begins new once the txids before it began, or waits only for the window
+        assert txid in v.window or txid == txid_ahead(v) or txid == v.window.stop
+    if wanted:  # never more runs than the DAG's max_active_runs
+        assert len(v.in_flight) + len(wanted) <= max_pending + 1
+        assert wanted.stop == v.window.stop + 1
+
+
+def test_a_run_made_ahead_waits_only_for_the_first_begin_before_it():
+    v = view((4, 1, PROC), last=3, max_pending=4)
+    assert previous_unbegun(v, 6) and not previous_unbegun(v, 5)
+    assert plan_begin(v, 6).action is BeginAction.WAIT_PREVIOUS
+    replay = view((4, 2, FAIL), (5, 1, FAIL), last=3, max_pending=4)
+    assert not previous_unbegun(replay, 5)  # a replay's wait is its trigger's, not the worker's
 
 
 @hypothesis.given(
@@ -293,13 +336,6 @@ def test_the_txid_ahead_is_the_next_new_one_and_waits_only_for_the_window(
     assert plan_begin(moved, ahead).action is BeginAction.NEW
 
 
-def test_an_existing_run_is_not_created_again():
-    from airflow_txn_provider.triggers.waker import create_next_run
-
-    v = view((4, 1, PROC), last=3)
-    assert create_next_run(v, Batches(100), 4, {"end": 40}, lambda n: False) is False
-
-
 @pytest.mark.parametrize("thread_safe", [True, False])
 def test_the_next_run_is_created_beside_the_claim_only_where_its_supervisor_takes_threads(
     monkeypatch, thread_safe
@@ -312,21 +348,22 @@ def test_the_next_run_is_created_beside_the_claim_only_where_its_supervisor_take
 
     ran_in = []
 
-    def create_next_run(*args, **kwargs):
+    def make_runs_ahead(*args, **kwargs):
         ran_in.append(threading.current_thread())
-        return True
+        return [2]
 
     monkeypatch.setattr(waker, "SUPERVISOR_COMMS_THREAD_SAFE", thread_safe)
-    monkeypatch.setattr(waker, "create_next_run", create_next_run)
+    monkeypatch.setattr(waker, "make_runs_ahead", make_runs_ahead)
     monkeypatch.setattr("airflow_txn_provider.spark.sources.source_from_spec", lambda spec: spec)
     pipeline = SimpleNamespace(
         name="p", airflow_api_conn_id="api", source=SimpleNamespace(to_spec=lambda: {})
     )
-    log = SimpleNamespace(view=lambda name: None)
-    thread = waker.start_next_run(pipeline, "p", 1, {}, log, logging.getLogger(__name__))
+    noted = []
+    log = SimpleNamespace(view=lambda name: None, note_runs_made=lambda *a: noted.append(a))
+    thread = waker.start_making_runs(pipeline, "p", 1, log, logging.getLogger(__name__))
     if thread is not None:
         thread.join(10)
-    assert len(ran_in) == 1
+    assert len(ran_in) == 1 and noted == [("p", 2)]
     assert (thread is None) is (ran_in[0] is threading.current_thread()) is (not thread_safe)
 
 

@@ -65,3 +65,36 @@ def test_the_waker_reads_a_declared_pipelines_view(db_url, monkeypatch):
     view = asyncio.run(look())
     assert view is not None and new_txid_due(view) == 2
     log.engine.dispose()
+
+
+def test_the_runs_a_claim_made_are_noted_and_never_lowered(txlog):
+    txlog.register_pipeline("ahead", source_kind="transactional", max_pending=3)
+    assert txlog.begin_next("ahead", Numbers()).emitted
+    assert txlog.view("ahead").runs_made_through == 0
+    txlog.note_runs_made("ahead", 4)
+    txlog.note_runs_made("ahead", 3)  # a slower claim's older note
+    view = txlog.view("ahead")
+    assert view.runs_made_through == 4 and new_txid_due(view) == 2  # the waker skips it a while
+
+
+def test_a_run_made_ahead_waits_in_its_worker_for_the_begin_before_it(txlog):
+    import threading
+    import time
+
+    from airflow_txn_provider.run_context import previous_began
+
+    txlog.register_pipeline("race", source_kind="transactional", max_pending=3)
+    assert txlog.begin("race", 1, Numbers()).emitted
+    assert not txlog.begin("race", 3, Numbers()).emitted  # txid 2 has not begun
+    later = threading.Timer(0.5, lambda: txlog.begin("race", 2, Numbers()))
+    later.start()
+    started = time.monotonic()
+    assert previous_began(txlog, "race", 3, time.monotonic() + 30)
+    assert 0.4 < time.monotonic() - started < 10
+    later.join()
+    assert txlog.begin("race", 3, Numbers()).emitted
+    # a txid whose previous began long ago but failed waits in its trigger, not here
+    txlog.fail("race", 2, 1, error="boom")
+    started = time.monotonic()
+    assert not previous_began(txlog, "race", 4, time.monotonic() + 30)
+    assert time.monotonic() - started < 5
