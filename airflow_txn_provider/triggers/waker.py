@@ -99,8 +99,9 @@ def make_runs_ahead(
     waker's question, asked by the claim at once and for the whole window, so that a backlog
     fills the window, and keeps it full, without a poll and a scheduling round per txid.
 
-    Returns the txids whose runs exist now (``create`` answers False for one that existed
-    already); the first the API refuses raises."""
+    Returns the txids whose runs it made. It stops at a run that exists (``create`` answers
+    False): another claim made it, or another run holds its txid's logical date (a person's
+    trigger), which the waker, not noting it made, looks into. A refused request raises."""
     wanted = runs_to_make(view)
     if not wanted:
         return []
@@ -115,7 +116,8 @@ def make_runs_ahead(
             continue
         if txid == view.window.stop and not may_wait_ahead():
             break
-        create(txid)
+        if not create(txid):
+            break  # made already, or its slot held by another run: the waker looks which
         made.append(txid)
     return made
 
