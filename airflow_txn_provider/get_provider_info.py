@@ -126,6 +126,20 @@ def get_provider_info() -> dict[str, Any]:
                         "example": "2",
                         "default": "2",
                     },
+                    "commit_waits": {
+                        "description": (
+                            "How many processing tasks may wait in a worker at once (up to 30 "
+                            "s each) for the txids before theirs to commit, all pipelines of one "
+                            "transaction log together. A task whose txid commits meanwhile ends "
+                            "its run; one that does not wait leaves the commit to its run's "
+                            "commit task in the triggerer, which costs Airflow a trigger and a "
+                            "DAG-file parse per txid. 0: no task waits."
+                        ),
+                        "version_added": "0.2.0",
+                        "type": "integer",
+                        "example": "4",
+                        "default": "4",
+                    },
                 },
             }
         },

@@ -151,6 +151,12 @@ AHEAD_POLL = 0.1
 PREVIOUS_WAIT = 10.0
 """Seconds a run made ahead waits in its worker for the first begin of the txid before it (made
 with it: a scheduling round at most), before it defers."""
+COMMIT_WAIT = 30.0
+"""Seconds a processed txid's task waits at most in its worker for the txids before it to commit
+(:func:`commit_in_turn`)."""
+COMMIT_WAITS_OPTION = "commit_waits"
+DEFAULT_COMMIT_WAITS = 4
+_COMMIT_LOCK_CLASS = 0x7478_6E43  # "txnC": the advisory locks of the commit wait slots
 AHEAD_WAITS_OPTION = "run_ahead_waits"
 DEFAULT_AHEAD_WAITS = 2
 _AHEAD_LOCK_CLASS = 0x7478_6E41  # "txnA": the advisory locks of the run ahead's wait slots
@@ -185,6 +191,51 @@ def ahead_wait_slot_free(log: TransactionLog) -> bool:
         return held_count(log.engine, _AHEAD_LOCK_CLASS) < ahead_waits()
     except Exception:  # an optimisation: without it, the waker's way
         return False
+
+
+def commit_waits() -> int:
+    """``[txn_provider] commit_waits``: how many processing tasks of one log may wait in their
+    workers at once, all pipelines together, for the txids before theirs to commit (0: none)."""
+    from airflow.configuration import conf
+
+    n = conf.getint("txn_provider", COMMIT_WAITS_OPTION, fallback=DEFAULT_COMMIT_WAITS)
+    if n < 0:
+        raise ValueError(f"[txn_provider] {COMMIT_WAITS_OPTION} must be >= 0, got {n}")
+    return n
+
+
+def commit_in_turn(
+    log: TransactionLog, pipeline: TxnPipeline, txid: int, logger: Any
+) -> tuple[bool, list[int]]:
+    """After processed ``txid`` found the txids before it uncommitted: wait in the worker, with
+    one of the log's :func:`commit_waits` slots, while they still process (at most
+    ``COMMIT_WAIT`` seconds), committing what is ready at each look. Returns whether ``txid``
+    committed (by this task or by the task of a txid before it, which commits the processed
+    txids after its own) and the txids this task committed.
+
+    The wait costs a worker slot for about one txid's processing; not waiting costs the run's
+    ``commit`` and ``watch_failures`` a trigger each and their ends in the triggerer, which
+    Airflow answers with a DAG-file parse in the dag-processor (``make bench-peer``'s floor
+    table). Without a free slot, or once a txid before it fails, the run's commit task commits
+    it, as before."""
+    from airflow_txn_provider.log.advisory import held_slot
+    from airflow_txn_provider.rules.coordinator import committable
+    from airflow_txn_provider.rules.waiting import awaits_its_turn
+    from airflow_txn_provider.transactions.commit import commit_ready
+
+    done: list[int] = []
+    deadline = time.monotonic() + COMMIT_WAIT
+    with held_slot(log.engine, _COMMIT_LOCK_CLASS, range(commit_waits())) as slot:
+        while slot is not None and time.monotonic() < deadline:
+            time.sleep(AHEAD_POLL)
+            view = log.view(pipeline.name)
+            if view.last_committed >= txid:
+                return True, done
+            if not awaits_its_turn(view, txid):
+                break
+            if committable(view) is not None:
+                done += commit_ready(log, pipeline, logger)
+    return txid in done, done
 
 
 def previous_began(log: TransactionLog, pipeline: str, txid: int, deadline: float) -> bool:

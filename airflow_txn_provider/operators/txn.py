@@ -34,6 +34,7 @@ from airflow_txn_provider.run_context import (
     COMMIT_TASK_ID,
     WATCH_TASK_ID,
     claimed,
+    commit_in_turn,
     declare_pipeline,
     is_scheduled_txid_run,
     pipeline_log,
@@ -264,9 +265,14 @@ class TxnProcessOperator(_TxnOperator):
         if self.finish and result.get("status") == "processed":
             from airflow_txn_provider.transactions.commit import commit_ready
 
-            result["committed"] = commit_ready(self.txn_log(), self.pipeline, self.log)
-            prune_airflow_runs(self.pipeline, self.dag_id, result["committed"], self.log)
-            if claim["txid"] in result["committed"] and self.ends_its_run(context):
+            committed = commit_ready(self.txn_log(), self.pipeline, self.log)
+            own = claim["txid"] in committed
+            if not own and self.ends_its_run(context):  # wait for the txids before it
+                own, more = commit_in_turn(self.txn_log(), self.pipeline, claim["txid"], self.log)
+                committed += more
+            result["committed"] = committed
+            prune_airflow_runs(self.pipeline, self.dag_id, committed, self.log)
+            if own and self.ends_its_run(context):
                 context["ti"].xcom_push(key="return_value", value=result)
                 self.log.info(
                     "pipeline=%s txid=%s committed by this task: its run's commit and "

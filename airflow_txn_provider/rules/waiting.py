@@ -193,6 +193,16 @@ def previous_unbegun(view: PipelineView, txid: int) -> bool:
     return txid - 1 >= view.next_new_txid
 
 
+def awaits_its_turn(view: PipelineView, txid: int) -> bool:
+    """Whether processed ``txid`` waits only for the txids before it, each still processing or
+    processed (none failed): its processing task may wait for its commit in its worker."""
+    rec = view.record(txid)
+    if rec is None or rec.status is not TxStatus.PROCESSED:
+        return False
+    before = [r for r in view.in_flight if r.txid < txid]
+    return all(r.status in (TxStatus.PROCESSING, TxStatus.PROCESSED) for r in before)
+
+
 def blocked_by(view: PipelineView, txid: int) -> TxRecord | None:
     """The failed txid that holds ``txid`` back (the oldest failed one before it), if any:
     metadata is (re-)initialised in order, so nothing after it can begin until it does."""

@@ -137,3 +137,19 @@ def test_trigger_refuses_a_non_positive_poll_interval():
             TxnLogTrigger(
                 txn_log_conn_id="c", pipeline="p", txid=1, wait_for="outcome", poll_interval=bad
             )
+
+
+@pytest.mark.parametrize(
+    ("records", "txid", "waits"),
+    [
+        (((1, 1, PROC), (2, 1, DONE)), 2, True),  # txid 1 still processing
+        (((1, 1, DONE), (2, 1, DONE)), 2, True),  # processed: its task commits both
+        (((1, 2, FAIL), (2, 1, DONE)), 2, False),  # a failure before it: its sensor answers
+        (((1, 1, PROC), (2, 1, PROC)), 2, False),  # not processed itself
+        (((1, 1, PROC),), 2, False),  # not in flight
+    ],
+)
+def test_a_processed_txid_awaits_its_turn_only_behind_live_txids(records, txid, waits):
+    from airflow_txn_provider.rules.waiting import awaits_its_turn
+
+    assert awaits_its_turn(view(*records), txid) is waits
