@@ -72,6 +72,8 @@ def test_warming_imports_the_task_modules_and_nothing_otherwise():
     assert set(PARSE_MODULES) <= parsers and "pyspark" not in parsers
     # what the preload is for: the Postgres provider, most of a DAG file's parse
     assert "airflow.providers.postgres.hooks.postgres" in parsers
+    # and the asset handlers the first Asset of a process loads (the waker's, in each parse)
+    assert "airflow.models.asset" in parsers
 
 
 def test_a_module_that_is_missing_is_skipped(monkeypatch):
@@ -89,7 +91,9 @@ def test_airflow_loads_the_preload_at_start_through_its_policy_entry_point():
     assert point.value == "airflow_txn_provider.preload_at_start"
     # what Airflow's settings.initialize() does: pluggy loads the entry points of the group
     started = "import sys; sys.argv = ['airflow', 'scheduler']\nimport airflow.settings\n"
-    assert set(TASK_MODULES) <= _modules_after(started)
+    at_start = _modules_after(started)
+    assert set(TASK_MODULES) <= at_start
+    assert "airflow.models.asset" in at_start  # an Asset can be made that early
     assert not set(TASK_MODULES) & _modules_after(
         "import sys; sys.argv = ['airflow', 'api-server']\nimport airflow.settings\n"
     )
