@@ -48,8 +48,8 @@ class TxnPipeline:
     :param jobs: processing job files (``spark_jobs/…``); several run in parallel per txid.
     :param states: the states the jobs stage into and the commit applies.
     :param max_pending: txids in flight at most (processing in parallel). ``None`` (the
-        default): the window fits the Spark the txids run on, two txids per core it offers, up to
-        16 (:func:`~airflow_txn_provider.rules.config.fitted_window`; ``docs/spark.md``, "How many
+        default): the window fits the Spark the txids run on, one txid per core it offers and
+        one more, up to 16 (:func:`~airflow_txn_provider.rules.config.fitted_window`; ``docs/spark.md``, "How many
         txids process at once"). A number is the window, whatever the Spark.
     :param max_attempts: poison-batch policy: a txid that failed this many times stops the
         pipeline (visibly: its run fails and later txids wait) instead of retrying forever.

@@ -32,25 +32,31 @@ PRUNE_EVERY = 16
 FITTED_WINDOW_BOUND = 16
 """The most txids in flight of a pipeline that declares no ``max_pending``: its window fits the
 Spark its txids run on (:func:`fitted_window`), up to this."""
-FIRST_WINDOW = 4
-"""That pipeline's window until one of its txids has seen its Spark."""
-TXIDS_PER_CORE = 2
-"""Txids in flight per core of the Spark: a txid on Airflow spends about half its time in flight
-in Spark (``make bench-peer``, "where a txid's time goes"), the rest starting its task, staging
-and committing; two per core keep the cores busy through that half."""
+FIRST_WINDOW = 2
+"""That pipeline's window until one of its txids has seen its Spark: what a one-core Spark
+fits."""
+TXIDS_PER_CORE = 1
+"""Txids in flight per core of the Spark, each with a Spark job: more only share the cores."""
+TXIDS_BESIDE_SPARK = 1
+"""Txids in flight beyond one per core: the one starting, staging or committing while the others
+compute, so no core waits for it."""
 
 
 def fitted_window(spark_cores: int, bound: int = FITTED_WINDOW_BOUND) -> int:
     """The window that fits a Spark offering ``spark_cores`` cores (its default parallelism):
-    :data:`TXIDS_PER_CORE` txids in flight per core, at least one, at most ``bound``.
+    :data:`TXIDS_PER_CORE` txids in flight per core and :data:`TXIDS_BESIDE_SPARK` more, at
+    least one, at most ``bound``.
 
-    Fewer leave the cores idle while txids start and commit (one per core, on Spark
-    ``local[2]``: 0.49x Structured Streaming at 1e6-row batches, against 0.74x with two per core,
-    one run of each, ``make bench-peer``); more only share the cores (Spark's own CPU per batch
-    grows, and Airflow's share of a machine it shares with Spark shrinks)."""
+    Measured on Spark ``local[2]`` with the runs of a window made at once (one run each, ``make
+    bench-peer``, docs/spark.md): 3 in flight reached 0.69x Structured Streaming at 1e5-row
+    batches and 0.87x at 1e6, with Spark's CPU per 1e6-row batch that of the same batches one at
+    a time; 2 starved Spark (0.57x at 1e5); 4 shared the cores (0.61x at 1e6, Spark's CPU per
+    batch 1.4x)."""
     if isinstance(spark_cores, bool) or not isinstance(spark_cores, int):
         raise TypeError(f"spark_cores must be an int, got {spark_cores!r}")
-    return max(1, min(bound, TXIDS_PER_CORE * spark_cores))
+    if spark_cores < 1:
+        return 1
+    return min(bound, TXIDS_PER_CORE * spark_cores + TXIDS_BESIDE_SPARK)
 
 
 # -- checks of a declaration -------------------------------------------------------------------

@@ -548,7 +548,7 @@ class TestWindowThatFitsSpark:
         txlog.register_pipeline("fit", source_kind="transactional", max_pending=None)
         assert txlog.view("fit").max_pending == FIRST_WINDOW
         assert txlog.fit_window("fit", 3) is True
-        assert txlog.view("fit").max_pending == 6  # two per core
+        assert txlog.view("fit").max_pending == 4  # one per core and one beside
         assert txlog.fit_window("fit", 3) is False  # nothing to change: no write
         assert txlog.fit_window("fit", 1000) is True
         assert txlog.view("fit").max_pending == FITTED_WINDOW_BOUND
@@ -556,7 +556,7 @@ class TestWindowThatFitsSpark:
 
     def test_a_declaration_without_max_pending_keeps_the_fitted_window(self, txlog):
         txlog.register_pipeline("fit2", source_kind="transactional", max_pending=None)
-        txlog.fit_window("fit2", 3)
+        txlog.fit_window("fit2", 5)
         txlog.register_pipeline("fit2", source_kind="transactional", max_pending=None)
         assert txlog.view("fit2").max_pending == 6
         # an explicit max_pending wins

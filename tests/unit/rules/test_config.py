@@ -14,9 +14,9 @@ from airflow_txn_provider.rules.config import (
 
 @pytest.mark.parametrize(
     ("cores", "window"),
-    [(1, 2), (2, 4), (3, 6), (8, 16), (9, 16), (64, FITTED_WINDOW_BOUND), (0, 1), (-3, 1)],
+    [(1, 2), (2, 3), (3, 4), (15, 16), (16, 16), (64, FITTED_WINDOW_BOUND), (0, 1), (-3, 1)],
 )
-def test_two_txids_in_flight_per_core_within_the_bound(cores, window):
+def test_one_txid_in_flight_per_core_and_one_beside_within_the_bound(cores, window):
     assert fitted_window(cores) == window
 
 
