@@ -49,8 +49,9 @@ class TxnPipeline:
     :param states: the states the jobs stage into and the commit applies.
     :param max_pending: txids in flight at most (processing in parallel). ``None`` (the
         default): the window fits the Spark the txids run on, one txid per core it offers and
-        one more, up to 16 (:func:`~airflow_txn_provider.rules.config.fitted_window`; ``docs/spark.md``, "How many
-        txids process at once"). A number is the window, whatever the Spark.
+        one more, up to 16 (:func:`~airflow_txn_provider.rules.config.fitted_window`;
+        ``docs/spark.md``, "How many txids process at once"). A number is the window, whatever
+        the Spark.
     :param max_attempts: poison-batch policy: a txid that failed this many times stops the
         pipeline (visibly: its run fails and later txids wait) instead of retrying forever.
     :param spark: ``connect`` (Spark Connect server, no JVM start per txid) or ``submit``; by
