@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import ssl
 import threading
 import time
 from collections.abc import Sequence
@@ -38,6 +39,7 @@ KEEPALIVE_EXPIRY = 2.0
 """Seconds an idle connection to the api-server is kept for the next call: under uvicorn's 5 s
 (``timeout_keep_alive``), so the client never sends on a connection the server is closing."""
 
+_ssl_context: ssl.SSLContext | None = None
 _clients: dict[float, httpx.Client] = {}
 _tokens: dict[str, str] = {}
 _shared_lock = threading.Lock()
@@ -55,16 +57,27 @@ def _forget_parent_clients() -> None:
 os.register_at_fork(after_in_child=_forget_parent_clients)
 
 
+def shared_ssl_context() -> ssl.SSLContext:
+    """httpx's default SSL context (certifi's CAs), built once and kept across forks: loading the
+    CAs is most of a client's start, and the preload builds it in the process that forks the
+    tasks (``airflow_txn_provider.preload``), so a task process builds none."""
+    global _ssl_context
+    if _ssl_context is None:
+        _ssl_context = httpx.create_ssl_context()
+    return _ssl_context
+
+
 def shared_client(timeout: float) -> httpx.Client:
     """The process's HTTP client for calls with ``timeout``: one connection pool (the next call
-    reuses the open connection) and one SSL context, which httpx builds per client at a cost of
-    tens of milliseconds of CPU: once per process, not once per call (``make bench-peer``'s
-    per-group CPU)."""
+    reuses the open connection), on :func:`shared_ssl_context` (httpx would build a context per
+    client, tens of milliseconds of CPU: ``make bench-peer``'s per-group CPU)."""
     with _shared_lock:
         client = _clients.get(timeout)
         if client is None:
             limits = httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY)
-            client = _clients[timeout] = httpx.Client(timeout=timeout, limits=limits)
+            client = _clients[timeout] = httpx.Client(
+                timeout=timeout, limits=limits, verify=shared_ssl_context()
+            )
         return client
 
 

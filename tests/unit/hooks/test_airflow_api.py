@@ -145,4 +145,8 @@ def test_a_forked_child_uses_none_of_its_parents_clients_or_tokens():
     airflow_api._tokens["somewhere"] = "parent's"
     airflow_api._forget_parent_clients()  # what os.register_at_fork runs in the child
     assert airflow_api.shared_client(TIMEOUT) is not parent
+    # the SSL context (no socket, costly to build) is the parent's: the preload built it
+    assert airflow_api.shared_client(TIMEOUT)._transport._pool._ssl_context is (
+        airflow_api.shared_ssl_context()
+    )
     assert AirflowApiHook("somewhere")._token is None
