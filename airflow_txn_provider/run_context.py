@@ -154,6 +154,9 @@ with it: a scheduling round at most), before it defers."""
 COMMIT_WAIT = 30.0
 """Seconds a processed txid's task waits at most in its worker for the txids before it to commit
 (:func:`commit_in_turn`)."""
+COMMIT_POLL = 0.25
+"""Seconds between two looks at the log while a processed txid waits for its turn: the task
+before it commits it, so a later look only ends the wait later, it delays no commit."""
 COMMIT_WAITS_OPTION = "commit_waits"
 DEFAULT_COMMIT_WAITS = 4
 _COMMIT_LOCK_CLASS = 0x7478_6E43  # "txnC": the advisory locks of the commit wait slots
@@ -227,7 +230,7 @@ def commit_in_turn(
     deadline = time.monotonic() + COMMIT_WAIT
     with held_slot(log.engine, _COMMIT_LOCK_CLASS, range(commit_waits())) as slot:
         while slot is not None and time.monotonic() < deadline:
-            time.sleep(AHEAD_POLL)
+            time.sleep(COMMIT_POLL)
             view = log.view(pipeline.name)
             if view.last_committed >= txid:
                 return True, done

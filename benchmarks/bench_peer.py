@@ -8,13 +8,13 @@ Run with ``make bench-peer``. One run, the same data and the same word count on 
   batch per trigger, ``Trigger.AvailableNow``), the same ``transform`` as
   ``spark_jobs/word_count.py``, and a ``foreachBatch`` that upserts the batch's counts into
   Postgres idempotently by ``batchId`` (a batch already applied is skipped) — the exactly-once
-  recipe of the Spark docs. Classic PySpark, ``local[2]``;
+  recipe of the Spark docs. Classic PySpark, ``local[N]``, N the CPUs Spark runs on;
 * **this project without Airflow** (the floor of its Spark and Postgres path): the same job and
   Spark Connect server driven by the core loop in one process (begin, process, commit, one txid
   after another, as the peer does), so what Airflow adds is the difference;
 * **this project**: the same job in a ``TxnPipeline`` (its defaults: the window fits its Spark) on a
   real Airflow (LocalExecutor scheduler, dag-processor, triggerer, api-server) with a Spark
-  Connect server ``local[2]``, both with ``spark.sql.shuffle.partitions=4``; the same Postgres.
+  Connect server ``local[N]``, both with ``spark.sql.shuffle.partitions=4``; the same Postgres.
 
 Both results are checked exact against a plain-Python count of the input, and no run may
 re-emit a txid (an attempt beyond its first: nothing fails on purpose here; exit 1 otherwise).
@@ -38,7 +38,8 @@ Usage: python benchmarks/bench_peer.py [--sizes 100000:20,1000000:10] [--max-pen
 
 ``--pin-spark`` is the second shape ``make bench-peer`` runs: every Spark JVM of both sides pinned
 to the same CPUs (the upper half), Airflow, Postgres and the drivers on the rest, as a deployment
-with Airflow on other hosts than Spark gives.
+with Airflow on other hosts than Spark gives; both Sparks are then ``local[N]`` with N the CPUs
+they are pinned to, as a Spark of its own knows its cores.
 """
 
 from __future__ import annotations
@@ -102,6 +103,13 @@ SPARK_CONF = {
 }
 
 
+def spark_master() -> str:
+    """Both sides' Spark master: ``local[N]``, N the CPUs its JVMs run on (the machine's, or with
+    ``--pin-spark`` the ones they are pinned to), as a Spark of its own knows its cores."""
+    cpus = os.environ.get(SPARK_CPUS_ENV)
+    return f"local[{len(cpus.split(',')) if cpus else os.cpu_count() or 2}]"
+
+
 def pin_spark() -> None:
     """With ``--pin-spark``: pin every Spark JVM under this process to the Spark CPUs (the rest
     of the run, which started from this process, stays on the others)."""
@@ -157,7 +165,7 @@ def run_peer(
                 f"CREATE TABLE {table}_counts (word text PRIMARY KEY, delta bigint NOT NULL)"
             )
             cur.execute(f"CREATE TABLE {table}_batches (batch_id bigint PRIMARY KEY)")
-    builder = SparkSession.builder.master("local[2]").appName(f"peer {name}")
+    builder = SparkSession.builder.master(spark_master()).appName(f"peer {name}")
     for key, value in SPARK_CONF.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
@@ -236,7 +244,7 @@ def spark_floor_batches(data: Path, batches: int) -> None:
     """Each batch's files read, transformed and collected in one classic session, nothing else."""
     from pyspark.sql import SparkSession
 
-    builder = SparkSession.builder.master("local[2]").appName("Spark's floor")
+    builder = SparkSession.builder.master(spark_master()).appName("Spark's floor")
     for key, value in SPARK_CONF.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
@@ -569,7 +577,9 @@ def main(argv: list[str] | None = None) -> int:
             **txn_log_connection_env("txn_log_default", pg.url.replace("+psycopg2", "")),
         }
         meta = pg.url.rsplit("/", 1)[0] + "/meta"
-        with SparkConnectServer(workdir=workdir / "connect", conf=SPARK_CONF) as connect:
+        with SparkConnectServer(
+            workdir=workdir / "connect", conf=SPARK_CONF, master=spark_master()
+        ) as connect:
             pin_spark()
             env["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"] = connect.url
             log = TransactionLog.from_url(pg.url)
@@ -604,7 +614,7 @@ def main(argv: list[str] | None = None) -> int:
                 log.engine.dispose()
 
     print(
-        f"\nbench-peer ({os.cpu_count()} cores, Spark local[2], max_pending "
+        f"\nbench-peer ({os.cpu_count()} cores, Spark {spark_master()}, max_pending "
         f"{args.max_pending or 'unset: the window fits Spark'}), "
         f"shape {shape}"
     )

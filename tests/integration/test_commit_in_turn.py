@@ -37,7 +37,7 @@ def _two_processing(txlog, name: str) -> SimpleNamespace:
 
 @pytest.fixture(autouse=True)
 def fast(monkeypatch):
-    monkeypatch.setattr(run_context, "AHEAD_POLL", 0.02)
+    monkeypatch.setattr(run_context, "COMMIT_POLL", 0.02)
 
 
 def _waiting(txlog, pipeline) -> tuple[threading.Thread, list]:
