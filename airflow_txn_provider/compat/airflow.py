@@ -13,7 +13,7 @@
   two threads asking at once each wait forever for an answer the other read. So a trigger's
   blocking calls run in a thread from 3.3 on (tested) and on the loop below it, and a processing
   task creates the next txid's run beside its own work from 3.3 on and before it below
-  (``triggers.waker.start_next_run``).
+  (``triggers.waker.start_making_runs``).
 - 3.3's ``retry_exponential_backoff`` is a multiplier; 3.1's a switch (True: doubling).
 - 3.3's ``clearTaskInstances`` takes a ``note`` (put on each task instance cleared); 3.1 and 3.2
   refuse the field (422), so a re-queue's clear says nothing there (its task's log says why).
