@@ -78,3 +78,22 @@ def test_a_negative_wait_slot_count_is_refused(monkeypatch):
     monkeypatch.setenv("AIRFLOW__TXN_PROVIDER__RUN_AHEAD_WAITS", "-1")
     with pytest.raises(ValueError, match="run_ahead_waits must be >= 0"):
         run_context.ahead_waits()
+
+
+@pytest.mark.parametrize(("configured", "expected"), [(None, 4), ("0", 0), ("7", 7)])
+def test_the_commit_wait_slots_come_from_the_provider_config(monkeypatch, configured, expected):
+    from airflow_txn_provider.get_provider_info import get_provider_info
+
+    declared = get_provider_info()["config"]["txn_provider"]["options"]
+    assert declared[run_context.COMMIT_WAITS_OPTION]["default"] == str(
+        run_context.DEFAULT_COMMIT_WAITS
+    )
+    if configured is not None:
+        monkeypatch.setenv("AIRFLOW__TXN_PROVIDER__COMMIT_WAITS", configured)
+    assert run_context.commit_waits() == expected
+
+
+def test_a_negative_commit_wait_slot_count_is_refused(monkeypatch):
+    monkeypatch.setenv("AIRFLOW__TXN_PROVIDER__COMMIT_WAITS", "-1")
+    with pytest.raises(ValueError, match="commit_waits must be >= 0"):
+        run_context.commit_waits()
