@@ -51,10 +51,16 @@ def _context(run_id):
     return {"dag_run": SimpleNamespace(run_id=run_id), "ti": ti}, pushed
 
 
-def _run_execute(task, context, committed, monkeypatch):
+def _run_execute(task, context, committed, monkeypatch, in_turn=(False, []), waited=None):
     import airflow_txn_provider.operators.txn as txn
     import airflow_txn_provider.transactions.commit as commit
 
+    def commit_in_turn(log, pipeline, txid, logger):
+        if waited is not None:
+            waited.append(txid)
+        return in_turn
+
+    monkeypatch.setattr(txn, "commit_in_turn", commit_in_turn)
     claim = {"txid": 7, "attempt": 1, "metadata": {}}
     monkeypatch.setattr(type(task), "claim", lambda self, ctx: claim)
     monkeypatch.setattr(type(task), "_process", lambda self, ctx, c: {"status": "processed"})
@@ -75,10 +81,23 @@ def test_a_task_that_committed_its_txid_skips_the_runs_commit_and_watch(monkeypa
     assert pushed["return_value"] == {"status": "processed", "committed": [7, 8]}
 
 
+def test_a_task_whose_txid_commits_while_it_waits_its_turn_ends_its_run(monkeypatch):
+    from airflow_txn_provider.compat.airflow import DownstreamTasksSkipped
+
+    context, pushed = _context("txid-000007")
+    waited: list[int] = []
+    with pytest.raises(DownstreamTasksSkipped):
+        # txid 6 still processed: its task committed 6 and 7 while this one waited
+        _run_execute(_process_task(), context, [], monkeypatch, (True, []), waited)
+    assert waited == [7] and pushed["return_value"]["committed"] == []
+
+
 def test_the_run_goes_on_when_the_txid_waits_or_the_commit_has_work(monkeypatch):
     context, _ = _context("txid-000007")
-    # an earlier txid not committed yet: the commit task commits it later
-    assert _run_execute(_process_task(), context, [], monkeypatch)["committed"] == []
+    # an earlier txid not committed within the wait: the commit task commits it later
+    waited: list[int] = []
+    assert _run_execute(_process_task(), context, [], monkeypatch, waited=waited)["committed"] == []
+    assert waited == [7]
     # a manual run (dag.test): its commit task runs as before
     manual, _ = _context("manual__2026-01-01")
     assert _run_execute(_process_task(), manual, [7], monkeypatch)["committed"] == [7]
