@@ -165,15 +165,20 @@ DEFAULT_AHEAD_WAITS = 2
 _AHEAD_LOCK_CLASS = 0x7478_6E41  # "txnA": the advisory locks of the run ahead's wait slots
 
 
+def _slot_count(option: str, default: int) -> int:
+    """An ``[txn_provider]`` count of wait slots: an int, never negative (0: none waits)."""
+    from airflow.configuration import conf
+
+    n = conf.getint("txn_provider", option, fallback=default)
+    if n < 0:
+        raise ValueError(f"[txn_provider] {option} must be >= 0, got {n}")
+    return n
+
+
 def ahead_waits() -> int:
     """``[txn_provider] run_ahead_waits``: how many run aheads of one log may wait in workers at
     once, all pipelines together (0: none waits, each defers at once)."""
-    from airflow.configuration import conf
-
-    n = conf.getint("txn_provider", AHEAD_WAITS_OPTION, fallback=DEFAULT_AHEAD_WAITS)
-    if n < 0:
-        raise ValueError(f"[txn_provider] {AHEAD_WAITS_OPTION} must be >= 0, got {n}")
-    return n
+    return _slot_count(AHEAD_WAITS_OPTION, DEFAULT_AHEAD_WAITS)
 
 
 def ahead_wait_slot(log: TransactionLog) -> AbstractContextManager[HeldSlot | None]:
@@ -199,12 +204,7 @@ def ahead_wait_slot_free(log: TransactionLog) -> bool:
 def commit_waits() -> int:
     """``[txn_provider] commit_waits``: how many processing tasks of one log may wait in their
     workers at once, all pipelines together, for the txids before theirs to commit (0: none)."""
-    from airflow.configuration import conf
-
-    n = conf.getint("txn_provider", COMMIT_WAITS_OPTION, fallback=DEFAULT_COMMIT_WAITS)
-    if n < 0:
-        raise ValueError(f"[txn_provider] {COMMIT_WAITS_OPTION} must be >= 0, got {n}")
-    return n
+    return _slot_count(COMMIT_WAITS_OPTION, DEFAULT_COMMIT_WAITS)
 
 
 def commit_in_turn(
@@ -237,7 +237,7 @@ def commit_in_turn(
             if not awaits_its_turn(view, txid):
                 break
             if committable(view) is not None:
-                done += commit_ready(log, pipeline, logger)
+                done += commit_ready(log, pipeline, logger, view=view)
     return txid in done, done
 
 

@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
 
     from airflow_txn_provider.pipeline import TxnPipeline
-    from airflow_txn_provider.rules.records import TxRecord
+    from airflow_txn_provider.rules.records import PipelineView, TxRecord
     from airflow_txn_provider.sinks.base import LakeSink
     from airflow_txn_provider.transactions.pipeline_transitions import CommitResult
     from airflow_txn_provider.transactions.transaction_log import TransactionLog
@@ -249,15 +249,19 @@ def record_processed(txlog: TransactionLog, pipeline: str, txid: int, attempt: i
 # -- after a commit, on Airflow's side ------------------------------------------------------------
 
 
-def commit_ready(log: TransactionLog, pipeline: TxnPipeline, logger: Any) -> list[int]:
+def commit_ready(
+    log: TransactionLog, pipeline: TxnPipeline, logger: Any, view: PipelineView | None = None
+) -> list[int]:
     """Commit, in order, the txids that may commit now (the oldest uncommitted, while it is
     processed): the gap between two commits is then a database round trip, not a trigger poll
-    plus a task start. Never raises: each txid's own commit task commits it otherwise."""
+    plus a task start. ``view``: the pipeline as the caller just read it (the first look).
+    Never raises: each txid's own commit task commits it otherwise."""
     done: list[int] = []
-    view = None
+    first = view
     for _ in range(pipeline.window_bound):
         try:
-            view = log.view(pipeline.name)
+            view = first or log.view(pipeline.name)
+            first = None
             rec = committable(view)
             if rec is None:
                 break
