@@ -14,6 +14,10 @@
   blocking calls run in a thread from 3.3 on (tested) and on the loop below it, and a processing
   task creates the next txid's run beside its own work from 3.3 on and before it below
   (``triggers.waker.start_making_runs``).
+- 3.3's execution API creates a run a task asks its supervisor for (``TriggerDagRun``) with the
+  logical date and ``run_after`` it names, as an ``operator_triggered`` run: a claim makes the
+  later txids' runs that way from 3.3 on (no HTTP client or token of the task's own), and through
+  the REST API below it.
 - 3.3's ``retry_exponential_backoff`` is a multiplier; 3.1's a switch (True: doubling).
 - 3.3's ``clearTaskInstances`` takes a ``note`` (put on each task instance cleared); 3.1 and 3.2
   refuse the field (422), so a re-queue's clear says nothing there (its task's log says why).
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any, TypeVar
 
 import airflow
@@ -35,6 +40,7 @@ __all__ = [
     "DOUBLING_RETRY_BACKOFF",
     "STARTS_FROM_TRIGGER",
     "SUPERVISOR_COMMS_THREAD_SAFE",
+    "TASKS_CREATE_RUNS",
     "AirflowFailException",
     "AirflowNotFoundException",
     "AirflowSkipException",
@@ -43,6 +49,7 @@ __all__ = [
     "legacy_stat_name",
     "run_blocking",
     "stats",
+    "trigger_run_from_task",
 ]
 
 AIRFLOW_VERSION = Version(Version(airflow.__version__).base_version)
@@ -53,6 +60,29 @@ STARTS_FROM_TRIGGER = AIRFLOW_V_3_3_PLUS
 """The scheduler hands a ``start_from_trigger`` task to the triggerer (apache/airflow#55068)."""
 CLEAR_TAKES_NOTE = AIRFLOW_V_3_3_PLUS
 """``POST …/clearTaskInstances`` accepts ``note`` (and puts it on the cleared task instances)."""
+TASKS_CREATE_RUNS = AIRFLOW_V_3_3_PLUS
+"""A running task creates a run through its supervisor (:func:`trigger_run_from_task`)."""
+
+
+def trigger_run_from_task(
+    dag_id: str, run_id: str, *, logical_date: datetime, run_after: datetime
+) -> bool:
+    """Create run ``run_id`` of ``dag_id`` from a running task, through its supervisor: the
+    supervisor's execution-API client and the task's own token do the request (the Task SDK's
+    ``TriggerDagRun``, as ``TriggerDagRunOperator`` sends it). False if the run exists; raises
+    ``AirflowRuntimeError`` for any other refusal (the api-server's answer in it)."""
+    from airflow.sdk.exceptions import AirflowRuntimeError, ErrorType
+    from airflow.sdk.execution_time import task_runner
+    from airflow.sdk.execution_time.comms import ErrorResponse, TriggerDagRun
+
+    answer = task_runner.SUPERVISOR_COMMS.send(
+        TriggerDagRun(dag_id=dag_id, run_id=run_id, logical_date=logical_date, run_after=run_after)
+    )
+    if isinstance(answer, ErrorResponse):
+        if answer.error is ErrorType.DAGRUN_ALREADY_EXISTS:
+            return False
+        raise AirflowRuntimeError(answer)
+    return True
 
 
 def _backoff_is_a_multiplier() -> bool:

@@ -187,7 +187,8 @@ class AirflowApiHook(BaseHook):
     def create_txid_run(self, dag_id: str, txid: int) -> bool:
         """Create the DAG run of ``txid`` (run id ``txid-00000N``, its logical date on the txid
         grid, ``run_after`` now, so the grid says when it became due). Returns False if that run
-        exists already (409): creating it twice is harmless, so the request may be sent again."""
+        exists already (409): creating it twice is harmless, so the request may be sent again.
+        A running task creates it with :func:`create_txid_run_from_task` instead."""
         from airflow_txn_provider.timetables import txid_logical_date, txid_run_id
 
         path = f"/api/v2/dags/{quote(dag_id)}/dagRuns"
@@ -256,8 +257,8 @@ class AirflowApiHook(BaseHook):
             params={
                 "logical_date_lte": through.isoformat(),
                 "state": ["success", "failed"],
-                # txid runs: the waker's (manual), and the timetable's of older DAGs (scheduled)
-                "run_type": ["manual", "scheduled"],
+                # txid runs, whoever made them: the waker (manual), a claim (operator_triggered
+                # from 3.3 on) or, in older DAGs, the timetable (scheduled)
                 "run_id_prefix_pattern": "txid-",
                 "order_by": "logical_date",
                 "limit": limit,
@@ -421,6 +422,21 @@ class AirflowApiHook(BaseHook):
         except Exception as err:  # report, don't raise: this backs the UI's "Test" button
             return False, str(err)
         return True, "Token granted"
+
+
+def create_txid_run_from_task(dag_id: str, txid: int) -> bool:
+    """:meth:`AirflowApiHook.create_txid_run`, asked of the running task's supervisor
+    (:func:`~airflow_txn_provider.compat.airflow.trigger_run_from_task`): the same run, without
+    a connection, an HTTP client or a token of the task's own."""
+    from airflow_txn_provider.compat.airflow import trigger_run_from_task
+    from airflow_txn_provider.timetables import txid_logical_date, txid_run_id
+
+    return trigger_run_from_task(
+        dag_id,
+        txid_run_id(txid),
+        logical_date=txid_logical_date(txid),
+        run_after=datetime.now(UTC),
+    )
 
 
 def _raise_for_status(method: str, path: str, response: Any) -> None:

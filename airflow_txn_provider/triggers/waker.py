@@ -44,7 +44,11 @@ from typing import TYPE_CHECKING, Any
 
 from airflow.triggers.base import BaseEventTrigger, TriggerEvent
 
-from airflow_txn_provider.compat.airflow import SUPERVISOR_COMMS_THREAD_SAFE, run_blocking
+from airflow_txn_provider.compat.airflow import (
+    SUPERVISOR_COMMS_THREAD_SAFE,
+    TASKS_CREATE_RUNS,
+    run_blocking,
+)
 from airflow_txn_provider.rules.exceptions import UnknownPipelineError
 from airflow_txn_provider.rules.liveness import Need, Overdue
 from airflow_txn_provider.rules.records import PipelineView, TxRecord
@@ -136,18 +140,22 @@ def start_making_runs(
     ``compat.airflow.SUPERVISOR_COMMS_THREAD_SAFE``)."""
 
     def make() -> None:
-        from airflow_txn_provider.hooks.airflow_api import AirflowApiHook
+        from airflow_txn_provider.hooks.airflow_api import AirflowApiHook, create_txid_run_from_task
         from airflow_txn_provider.run_context import ahead_wait_slot_free
         from airflow_txn_provider.spark.sources import source_from_spec
 
         made: list[int] = []
         try:
-            api = AirflowApiHook(pipeline.airflow_api_conn_id, outage_timeout=10.0)
+            if TASKS_CREATE_RUNS:  # by the task's supervisor, with its client and token
+                create: Callable[[int], bool] = functools.partial(create_txid_run_from_task, dag_id)
+            else:
+                api = AirflowApiHook(pipeline.airflow_api_conn_id, outage_timeout=10.0)
+                create = functools.partial(api.create_txid_run, dag_id)
             source = source_from_spec(pipeline.source.to_spec())  # its own: no cache shared
             made = make_runs_ahead(
                 log.view(pipeline.name),
                 source,
-                lambda n: api.create_txid_run(dag_id, n),
+                create,
                 may_wait_ahead=lambda: ahead_wait_slot_free(log),
             )
         except Exception as err:

@@ -175,6 +175,13 @@ def test_failures_requeue_and_a_ui_clear_replays_in_order(stack, db_url):
         "every txid run to succeed",
         airflow,
     )
+    # claims made later runs ahead: from 3.3 through their supervisors (operator_triggered runs,
+    # no token or HTTP client of the task's own), below it through the REST API (manual)
+    from airflow_txn_provider.compat.airflow import TASKS_CREATE_RUNS
+
+    made_by = [runs[txid_run_id(t)]["run_type"] for t in range(1, TXIDS + 1)]
+    assert made_by[0] == "manual", made_by  # the waker's: no claim before it
+    assert ("operator_triggered" in made_by) is TASKS_CREATE_RUNS, made_by
     # each txid on its own millisecond, in order (compared as dates: the API drops ".000000")
     logical = [fromisoformat(runs[txid_run_id(t)]["logical_date"]) for t in range(1, TXIDS + 1)]
     assert logical == [txid_logical_date(t) for t in range(1, TXIDS + 1)]

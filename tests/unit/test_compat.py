@@ -94,3 +94,40 @@ def test_a_clear_sends_its_note_only_to_an_airflow_that_takes_one(monkeypatch, t
     cleared = hook.clear_task_instances("d", ["commit"], run_id="txid-000003", note="re-queued")
     assert cleared == ["txid-000003: commit"]
     assert ("note" in sent[0]) is takes_note  # 3.1 and 3.2 answer 422 to an unknown field
+
+
+@pytest.mark.skipif(not compat_airflow.TASKS_CREATE_RUNS, reason="below Airflow 3.3: REST")
+@pytest.mark.parametrize("answer", ["made", "exists", "refused"])
+def test_a_task_asks_its_supervisor_for_a_txid_run(monkeypatch, answer):
+    from airflow.sdk.exceptions import AirflowRuntimeError, ErrorType
+    from airflow.sdk.execution_time import task_runner
+    from airflow.sdk.execution_time.comms import ErrorResponse, TriggerDagRun
+
+    from airflow_txn_provider.hooks.airflow_api import create_txid_run_from_task
+    from airflow_txn_provider.timetables import txid_logical_date, txid_run_id
+
+    sent: list[TriggerDagRun] = []
+    answers = {
+        "made": None,
+        "exists": ErrorResponse(error=ErrorType.DAGRUN_ALREADY_EXISTS),
+        "refused": ErrorResponse(error=ErrorType.API_SERVER_ERROR, detail={"status_code": 400}),
+    }
+
+    class Comms:
+        def send(self, msg):
+            sent.append(msg)
+            return answers[answer]
+
+    monkeypatch.setattr(task_runner, "SUPERVISOR_COMMS", Comms(), raising=False)
+    if answer == "refused":
+        with pytest.raises(AirflowRuntimeError, match="400"):
+            create_txid_run_from_task("words", 7)
+    else:
+        assert create_txid_run_from_task("words", 7) is (answer == "made")
+    (msg,) = sent
+    assert (msg.dag_id, msg.run_id, msg.logical_date) == (
+        "words",
+        txid_run_id(7),
+        txid_logical_date(7),
+    )
+    assert msg.run_after is not None and msg.run_after.tzinfo is not None

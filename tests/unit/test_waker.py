@@ -368,6 +368,44 @@ def test_the_next_run_is_created_beside_the_claim_only_where_its_supervisor_take
     assert (thread is None) is (ran_in[0] is threading.current_thread()) is (not thread_safe)
 
 
+@pytest.mark.parametrize("tasks_create_runs", [True, False])
+def test_a_claim_makes_the_runs_through_its_supervisor_where_airflow_lets_it(
+    monkeypatch, tasks_create_runs
+):
+    # from 3.3 a task asks its supervisor (no connection, HTTP client or token of its own)
+    from types import SimpleNamespace
+
+    from airflow_txn_provider.hooks import airflow_api
+    from airflow_txn_provider.triggers import waker
+
+    asked: list[tuple[str, str, int]] = []
+    monkeypatch.setattr(
+        airflow_api,
+        "create_txid_run_from_task",
+        lambda dag_id, txid: asked.append(("supervisor", dag_id, txid)) or True,
+    )
+    monkeypatch.setattr(
+        airflow_api.AirflowApiHook,
+        "create_txid_run",
+        lambda self, dag_id, txid: asked.append(("rest", dag_id, txid)) or True,
+    )
+    monkeypatch.setattr(waker, "TASKS_CREATE_RUNS", tasks_create_runs)
+    monkeypatch.setattr(waker, "SUPERVISOR_COMMS_THREAD_SAFE", False)  # in this thread
+
+    def make_runs_ahead(view, source, create, **kwargs):
+        return [n for n in (2, 3) if create(n)]
+
+    monkeypatch.setattr(waker, "make_runs_ahead", make_runs_ahead)
+    monkeypatch.setattr("airflow_txn_provider.spark.sources.source_from_spec", lambda spec: spec)
+    pipeline = SimpleNamespace(
+        name="p", airflow_api_conn_id="api", source=SimpleNamespace(to_spec=lambda: {})
+    )
+    log = SimpleNamespace(view=lambda name: None, note_runs_made=lambda *a: None)
+    waker.start_making_runs(pipeline, "words", 1, log, logging.getLogger(__name__))
+    way = "supervisor" if tasks_create_runs else "rest"
+    assert asked == [(way, "words", 2), (way, "words", 3)]
+
+
 # -- the waker as the pipeline's liveness watch ------------------------------------------------
 
 

@@ -53,7 +53,7 @@ class Api(BaseHTTPRequestHandler):
             (date, run_id)
             for run_id, (state, run_type, date) in self.server.runs.items()
             if state in q["state"]
-            and run_type in q["run_type"]
+            and run_type in q.get("run_type", [run_type])
             and date <= lte
             and run_id.startswith(q["run_id_prefix_pattern"][0])
         )
@@ -96,10 +96,11 @@ def airflow():
 
 def txid_runs(n: int, state: str = "success") -> dict[str, tuple[str, str, str]]:
     return {
-        # the waker's runs (manual); runs the timetable scheduled before 0.4 are pruned alike
+        # the waker's runs (manual), a claim's (operator_triggered); runs the timetable scheduled
+        # before 0.4 are pruned alike
         txid_run_id(t): (
             state,
-            "manual" if t % 3 else "scheduled",
+            ("scheduled", "manual", "operator_triggered")[t % 3],
             txid_logical_date(t).isoformat(),
         )
         for t in range(1, n + 1)
