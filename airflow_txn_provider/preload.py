@@ -153,7 +153,8 @@ def warm_task_processes(argv: Sequence[str] | None = None, *, force: bool = Fals
         done.append(name)
     if done and set(PARSE_MODULES) <= set(done):
         warm_asset_handlers()
-    if set(TASK_MODULES) & set(done):  # a claim makes its window's runs over the REST API
+    # the REST API's SSL context: a failure sensor's restarts, a claim's runs below Airflow 3.3
+    if set(TASK_MODULES) & set(done):
         from airflow_txn_provider.hooks.airflow_api import shared_ssl_context
 
         shared_ssl_context()

@@ -260,7 +260,7 @@ def commit_ready(
     first = view
     for _ in range(pipeline.window_bound):
         try:
-            view = first or log.view(pipeline.name)
+            view = first if first is not None else log.view(pipeline.name)
             first = None
             rec = committable(view)
             if rec is None:
