@@ -262,6 +262,9 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         env = {
             # Airflow's default, named: the floor users have
             "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "30",
+            # Airflow's default too, as docs/airflow.md advises for many pipelines on few
+            # cores: judged by 15 s, a loaded scheduler resets its own running tasks
+            "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": "30",
             "BENCH_PIPELINES_MAX_PENDING": str(args.max_pending),
             "AIRFLOW_CONN_SPARK_CONNECT_DEFAULT": connect.url,
             **txn_log_connection_env("txn_log_default", log_pg.url.replace("+psycopg", "")),
