@@ -67,33 +67,26 @@ def test_with_every_wait_slot_taken_the_run_ahead_defers_at_once(fast, monkeypat
     assert log.looks == 1 and time.monotonic() - started < 1
 
 
-@pytest.mark.parametrize(("configured", "expected"), [(None, 2), ("0", 0), ("5", 5)])
-def test_the_wait_slots_come_from_the_provider_config(monkeypatch, configured, expected):
-    if configured is not None:
-        monkeypatch.setenv("AIRFLOW__TXN_PROVIDER__RUN_AHEAD_WAITS", configured)
-    assert run_context.ahead_waits() == expected
+WAIT_SLOTS = [  # (how it is read, its environment variable, its default as the code reads it)
+    pytest.param(run_context.ahead_waits, "RUN_AHEAD_WAITS", 2, id="run_ahead_waits"),
+    pytest.param(run_context.commit_waits, "COMMIT_WAITS", 4, id="commit_waits"),
+]
 
 
-def test_a_negative_wait_slot_count_is_refused(monkeypatch):
-    monkeypatch.setenv("AIRFLOW__TXN_PROVIDER__RUN_AHEAD_WAITS", "-1")
-    with pytest.raises(ValueError, match="run_ahead_waits must be >= 0"):
-        run_context.ahead_waits()
-
-
-@pytest.mark.parametrize(("configured", "expected"), [(None, 4), ("0", 0), ("7", 7)])
-def test_the_commit_wait_slots_come_from_the_provider_config(monkeypatch, configured, expected):
+@pytest.mark.parametrize(("read", "env", "default"), WAIT_SLOTS)
+@pytest.mark.parametrize("configured", [None, "0", "5"])
+def test_the_wait_slots_come_from_the_provider_config(monkeypatch, read, env, default, configured):
     from airflow_txn_provider.get_provider_info import get_provider_info
 
     declared = get_provider_info()["config"]["txn_provider"]["options"]
-    assert declared[run_context.COMMIT_WAITS_OPTION]["default"] == str(
-        run_context.DEFAULT_COMMIT_WAITS
-    )
+    assert declared[env.lower()]["default"] == str(default)  # declared as the code reads it
     if configured is not None:
-        monkeypatch.setenv("AIRFLOW__TXN_PROVIDER__COMMIT_WAITS", configured)
-    assert run_context.commit_waits() == expected
+        monkeypatch.setenv(f"AIRFLOW__TXN_PROVIDER__{env}", configured)
+    assert read() == (default if configured is None else int(configured))
 
 
-def test_a_negative_commit_wait_slot_count_is_refused(monkeypatch):
-    monkeypatch.setenv("AIRFLOW__TXN_PROVIDER__COMMIT_WAITS", "-1")
-    with pytest.raises(ValueError, match="commit_waits must be >= 0"):
-        run_context.commit_waits()
+@pytest.mark.parametrize(("read", "env", "default"), WAIT_SLOTS)
+def test_a_negative_wait_slot_count_is_refused(monkeypatch, read, env, default):
+    monkeypatch.setenv(f"AIRFLOW__TXN_PROVIDER__{env}", "-1")
+    with pytest.raises(ValueError, match=f"{env.lower()} must be >= 0"):
+        read()
