@@ -29,14 +29,9 @@ from typing import Any
 from airflow.sdk import DAG, Asset, AssetWatcher
 
 from airflow_txn_provider.compat.airflow import DOUBLING_RETRY_BACKOFF
+from airflow_txn_provider.operators.commit import TxnCommitOperator, TxnRecordProcessedOperator
 from airflow_txn_provider.operators.fill import FILL_DAG_SUFFIX, FILL_TASK_ID, TxnFillOperator
-from airflow_txn_provider.operators.txn import (
-    TxnBeginOperator,
-    TxnCommitOperator,
-    TxnProcessOperator,
-    TxnRecordProcessedOperator,
-    job_task_id,
-)
+from airflow_txn_provider.operators.txn import TxnBeginOperator, TxnProcessOperator, job_task_id
 from airflow_txn_provider.pipeline import TxnPipeline
 from airflow_txn_provider.rules.vocabulary import OutputStart
 from airflow_txn_provider.run_context import (

@@ -30,7 +30,11 @@ def get_provider_info() -> dict[str, Any]:
         "operators": [
             {
                 "integration-name": "Transactional Spark batches",
-                "python-modules": ["airflow_txn_provider.operators.txn"],
+                "python-modules": [
+                    "airflow_txn_provider.operators.txn",
+                    "airflow_txn_provider.operators.commit",
+                    "airflow_txn_provider.operators.fill",
+                ],
             }
         ],
         "sensors": [

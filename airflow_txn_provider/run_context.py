@@ -53,9 +53,25 @@ def is_scheduled_txid_run(context: Context) -> bool:
     return txid_from_run_id(context["dag_run"].run_id) is not None
 
 
-def claimed(context: Context, claim_task_id: str = BEGIN_TASK_ID) -> dict[str, Any]:
-    """What the run's claiming task claimed: ``{"txid", "attempt", "metadata"}``."""
+def claimed(
+    context: Context,
+    claim_task_id: str = BEGIN_TASK_ID,
+    *,
+    log: TransactionLog | None = None,
+    pipeline: str | None = None,
+) -> dict[str, Any]:
+    """What the run's claiming task claimed: ``{"txid", "attempt", "metadata"}``.
+
+    A one-job pipeline's processing task publishes its claim only when its run goes on to its
+    commit task (:meth:`~airflow_txn_provider.operators.txn.TxnProcessOperator.execute`). Given
+    ``log`` and ``pipeline``, a claim it did not publish (it was killed, or the api-server was
+    away) is the attempt the log holds for the run's txid, which the commit gate then judges."""
     value = context["ti"].xcom_pull(task_ids=claim_task_id, key=CLAIM_XCOM_KEY)
+    if not value and log is not None and pipeline is not None:
+        txid = run_txid(context, pipeline)
+        info = log.transaction(pipeline, txid)
+        if info is not None:
+            return {"txid": txid, "attempt": info.attempt, "metadata": info.metadata}
     if not value:
         raise AirflowFailException(f"task {claim_task_id} recorded no claimed attempt for this run")
     return dict(value)
@@ -300,7 +316,10 @@ def fail_attempt_on_task_failure(context: Context) -> None:
         logging.getLogger(__name__).warning(msg, pipeline.name, ti.task_id, ti.try_number)
         return
     try:
-        claim = claimed(context, getattr(task, "claim_task_id", BEGIN_TASK_ID))
+        # the claim this process made, else the one its claiming task published
+        claim = getattr(task, "_lineage_claim", None) or claimed(
+            context, getattr(task, "claim_task_id", BEGIN_TASK_ID)
+        )
         error = f"task {ti.task_id} (try {ti.try_number}) failed in Airflow"
         exception = context.get("exception")
         if exception is not None:

@@ -1,4 +1,5 @@
-"""The tasks of one txid's DAG run: thin over the transaction log and its rules.
+"""The tasks of one txid's DAG run that claim and process it (its commit:
+:mod:`airflow_txn_provider.operators.commit`): thin over the transaction log and its rules.
 
 One job: ``process_<job>`` (claims the txid, processes it, commits what is ready) → ``commit``.
 Several jobs: ``begin`` → ``process_<job>`` (in parallel) → ``processed`` → ``commit``. Beside
@@ -26,7 +27,7 @@ from airflow_txn_provider.compat.airflow import (
 from airflow_txn_provider.operators.run_retention import prune_airflow_runs
 from airflow_txn_provider.rules.config import CLAIM_TIMEOUT
 from airflow_txn_provider.rules.vocabulary import BeginAction
-from airflow_txn_provider.rules.waiting import GateState, TxnEvent, commit_gate
+from airflow_txn_provider.rules.waiting import TxnEvent
 from airflow_txn_provider.run_context import (
     AHEAD_WAIT,
     BEGIN_TASK_ID,
@@ -41,11 +42,10 @@ from airflow_txn_provider.run_context import (
     pipeline_log_url,
     previous_began,
     run_txid,
-    start_in_triggerer,
     why_waiting,
     window_moved,
 )
-from airflow_txn_provider.triggers.txn_log import RUN_TXID, TxnLogTrigger, WaitFor
+from airflow_txn_provider.triggers.txn_log import TxnLogTrigger, WaitFor
 from airflow_txn_provider.utils.credentials import connection_env
 from airflow_txn_provider.utils.lineage import TxidLineage, lineage_enabled
 
@@ -69,7 +69,7 @@ def is_airflow_retry(ti: Any, retries: int | None) -> bool:
     return int(ti.try_number) > int(ti.max_tries) - int(retries or 0) + 1
 
 
-class _TxnOperator(TxidLineage, BaseOperator):
+class TxnOperator(TxidLineage, BaseOperator):
     """An operator of a pipeline's DAG.
 
     :param pipeline: the pipeline.
@@ -117,13 +117,13 @@ class _TxnOperator(TxidLineage, BaseOperator):
             end_task_on_commit=end_task_on_commit,
         )
 
-    def claim(self, context: Context) -> dict[str, Any]:
+    def claim(self, context: Context, *, publish: bool = True) -> dict[str, Any]:
         """Claim this run's txid: a new attempt, with its metadata initialised in txid order.
 
         Defers (re-entering ``execute``) while the log says to wait (``txid - 1`` not
         (re-)initialised, window full) or the source has no new data; skips the run's work if the
-        txid committed already. The claim goes to XCom (``CLAIM_XCOM_KEY``) for the run's other
-        tasks.
+        txid committed already. With ``publish``, the claim goes to XCom (``CLAIM_XCOM_KEY``) for
+        the run's other tasks now; else :meth:`publish_claim` does, if they are to run.
         """
         p = self.pipeline
         txid = run_txid(context, p.name)
@@ -182,8 +182,9 @@ class _TxnOperator(TxidLineage, BaseOperator):
             emission.metadata,
         )
         claim = {"txid": txid, "attempt": emission.attempt, "metadata": emission.metadata}
-        context["ti"].xcom_push(key=CLAIM_XCOM_KEY, value=claim)
         self._lineage_claim = claim
+        if publish:
+            context["ti"].xcom_push(key=CLAIM_XCOM_KEY, value=claim)
         if is_scheduled_txid_run(context):  # a manual run (dag.test) has no run after it
             from airflow_txn_provider.triggers.waker import start_making_runs
 
@@ -198,15 +199,18 @@ class _TxnOperator(TxidLineage, BaseOperator):
             self._chain.join(timeout=15.0)
             self._chain = None
 
-    def claimed(self, context: Context) -> dict[str, Any]:
+    def claimed(self, context: Context, *, from_log: bool = False) -> dict[str, Any]:
         """What the run's claiming task claimed (:func:`~airflow_txn_provider.run_context.
-        claimed`)."""
-        self._lineage_claim = claimed(context, self.claim_task_id)
+        claimed`; ``from_log``: or, if it published none, the attempt the log holds)."""
+        log = self.txn_log() if from_log else None
+        self._lineage_claim = claimed(
+            context, self.claim_task_id, log=log, pipeline=self.pipeline.name
+        )
         return self._lineage_claim
 
 
-class TxnBeginOperator(_TxnOperator):
-    """Claim this run's txid (see :meth:`_TxnOperator.claim`), for a pipeline of several jobs:
+class TxnBeginOperator(TxnOperator):
+    """Claim this run's txid (see :meth:`TxnOperator.claim`), for a pipeline of several jobs:
     they then process it in parallel. With one job, its processing task claims by itself."""
 
     reads_batch = True  # it fixes the batch
@@ -219,7 +223,7 @@ class TxnBeginOperator(_TxnOperator):
             self.join_chain()
 
 
-class TxnProcessOperator(_TxnOperator):
+class TxnProcessOperator(TxnOperator):
     """Run one processing job for this run's ``(txid, attempt)`` on Spark.
 
     With ``claim``, the task first claims the txid itself (no separate ``begin`` task: one task
@@ -253,10 +257,13 @@ class TxnProcessOperator(_TxnOperator):
             from airflow_txn_provider.preload import task_process_warmth
 
             self.log.info("pipeline=%s: %s", self.pipeline.name, task_process_warmth())
-        claim = self.claim(context) if self.claims else self.claimed(context)
+        # The claim is published only if the run goes on to its commit task: when this task
+        # commits its txid and ends the run, no task reads it (a request to the api-server less).
+        claim = self.claim(context, publish=False) if self.claims else self.claimed(context)
         try:
             result = self._process(context, claim)
         except Exception as err:
+            self.publish_claim(context)  # the commit task runs after a failure too
             # A claimed attempt is replayed by the failure sensor, in order, with a new attempt:
             # never by an Airflow retry of this task (retries cover the claim, and a lost process).
             raise AirflowFailException(f"{type(err).__name__}: {err}") from err
@@ -273,15 +280,27 @@ class TxnProcessOperator(_TxnOperator):
             result["committed"] = committed
             prune_airflow_runs(self.pipeline, self.dag_id, committed, self.log)
             if own and self.ends_its_run(context):
-                context["ti"].xcom_push(key="return_value", value=result)
+                # No return value to XCom: nothing reads it once the run ends here, and each
+                # push is a request to the api-server per txid (the log line says the same).
                 self.log.info(
-                    "pipeline=%s txid=%s committed by this task: its run's commit and "
+                    "pipeline=%s txid=%s committed by this task (%s): its run's commit and "
                     "watch_failures have nothing left to do (skipped)",
                     self.pipeline.name,
                     claim["txid"],
+                    result,
                 )
                 raise DownstreamTasksSkipped(tasks=[COMMIT_TASK_ID, WATCH_TASK_ID])
+        self.publish_claim(context)
         return result
+
+    def publish_claim(self, context: Context) -> None:
+        """Put the claim this task made (``claim(publish=False)``) in XCom for the run's other
+        tasks. Best effort: the commit task reads the log when it finds none."""
+        if self.claims and self._lineage_claim is not None:
+            try:
+                context["ti"].xcom_push(key=CLAIM_XCOM_KEY, value=self._lineage_claim)
+            except Exception as err:
+                self.log.warning("pipeline=%s: claim not published (%s)", self.pipeline.name, err)
 
     def ends_its_run(self, context: Context) -> bool:
         """Whether this task ends its run once it committed its own txid: the run's commit would
@@ -381,118 +400,6 @@ class TxnProcessOperator(_TxnOperator):
             self._lease.abandon()
         if self._runner is not None:
             self._runner.kill()
-
-
-class TxnRecordProcessedOperator(_TxnOperator):
-    """After several jobs of one txid: record the processed output (staged counts)."""
-
-    def execute(self, context: Context) -> str:
-        from airflow_txn_provider.transactions.commit import commit_ready, record_processed
-
-        claim = self.claimed(context)
-        action = record_processed(
-            self.txn_log(), self.pipeline.name, claim["txid"], claim["attempt"]
-        )
-        committed = commit_ready(self.txn_log(), self.pipeline, self.log)
-        prune_airflow_runs(self.pipeline, self.dag_id, committed, self.log)
-        return action
-
-
-class TxnCommitOperator(_TxnOperator):
-    """Commit ``(txid, attempt)`` in txid order: wait, deferred, until ``txid - 1`` committed,
-    then apply every state and mark it committed, in one DB transaction.
-
-    Usually it finds the txid committed already, by its own processing task or by the commit of
-    an earlier txid, which commits the processed txids after it in order. Fenced by the attempt
-    and idempotent: a duplicate run applies nothing twice. It fails if the attempt went stale.
-
-    It runs once processing ended, failed tasks too (``trigger_rule="none_skipped"``): a task
-    that recorded its output and then could not report success (the api-server away) leaves a
-    processed txid that must still commit. Whether the output was recorded is the log's to say.
-    Skipped, as before, when the claim skipped the run (a rerun of a committed txid).
-    """
-
-    commits = True  # its lineage has outputs once its attempt committed
-
-    def __init__(self, *, triggerer_start: bool = True, **kwargs: Any) -> None:
-        kwargs.setdefault("trigger_rule", "none_skipped")
-        super().__init__(**kwargs)
-        if self.pipeline.sinks and not self.outlets:
-            # An Asset event per committed txid: downstream DAGs schedule on committed data only.
-            self.outlets = self.pipeline.assets
-        # Usually the txid committed already (its processing task commits what is ready): the
-        # task then ends in the triggerer. It wakes on a worker to commit, to fail a stale
-        # attempt, or to emit its Asset events or OpenLineage outputs (a task ending in the
-        # triggerer emits none).
-        ends_in_triggerer = not self.outlets and not lineage_enabled()
-        start_in_triggerer(
-            self,
-            self.trigger(RUN_TXID, WaitFor.COMMITTED, end_task_on_commit=ends_in_triggerer),
-            "execute_complete",
-            enabled=triggerer_start,
-        )
-
-    def execute(self, context: Context) -> dict[str, Any]:
-        return self._commit_or_wait(context)
-
-    def execute_complete(self, context: Context, event: dict[str, Any]) -> dict[str, Any]:
-        """Back from the triggerer: ``txid - 1`` committed (or this attempt went stale, or the
-        txid committed meanwhile; or, started there, the txid needs this task). The gate is asked
-        again: the log, not the event, decides (the event is only checked to be one)."""
-        self.woken_by(event)
-        return self._commit_or_wait(context)
-
-    def _commit_or_wait(self, context: Context) -> dict[str, Any]:
-        from airflow_txn_provider.transactions.commit import commit_ready, commit_registered
-
-        p = self.pipeline
-        claim = self.claimed(context)
-        txid, attempt = claim["txid"], claim["attempt"]
-        log = self.txn_log()
-        gate = commit_gate(log.view(p.name), txid, attempt)
-        where = f"pipeline={p.name} txid={txid} attempt={attempt}"
-        if gate is GateState.STALE:
-            raise AirflowFailException(
-                f"{where} is no longer current (failed or replaced): it will not commit"
-            )
-        if gate is GateState.UNFINISHED:
-            raise AirflowFailException(
-                f"{where}: its processing ended without recording output; the attempt is failed "
-                "(by its task's failure or its lease) and the txid replays"
-            )
-        if gate is GateState.WAIT:
-            self.defer(
-                trigger=self.trigger(txid, WaitFor.COMMIT_GATE, attempt),
-                method_name="execute_complete",
-            )
-        if gate is GateState.COMMITTED:
-            self.log.info("%s committed already", where)
-            self._announce(context, log, txid)
-            return {"applied": False, "also_committed": []}
-        result = commit_registered(log, p.name, txid, attempt, p.sinks)
-        also = commit_ready(log, p, self.log)
-        prune_airflow_runs(p, self.dag_id, [txid, *also] if result.applied else also, self.log)
-        self._announce(context, log, txid)
-        return {
-            "applied": result.applied,
-            "committed_attempt": result.committed_attempt,
-            "also_committed": also,
-        }
-
-    def _announce(self, context: Context, log: TransactionLog, txid: int) -> None:
-        """The extra of the Asset event this task's success emits: which txid, which version."""
-        if not self.pipeline.sinks:
-            return
-        info = log.transaction(self.pipeline.name, txid)
-        output = (info.output if info is not None else None) or {}
-        for sink, asset in zip(self.pipeline.sinks, self.pipeline.assets, strict=True):
-            commit = (output.get(sink.output_key) or {}).get("commit") or {}
-            context["outlet_events"][asset].extra = {
-                "pipeline": self.pipeline.name,
-                "txid": txid,
-                "version": commit.get("version"),
-                "rows": commit.get("rows", 0),
-            }
 
 
 def job_task_id(job: str) -> str:

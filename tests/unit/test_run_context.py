@@ -90,3 +90,49 @@ def test_a_negative_wait_slot_count_is_refused(monkeypatch, read, env, default):
     monkeypatch.setenv(f"AIRFLOW__TXN_PROVIDER__{env}", "-1")
     with pytest.raises(ValueError, match=f"{env.lower()} must be >= 0"):
         read()
+
+
+# -- the run's claim: published by its claiming task, else the log's ----------------------------
+
+
+def _claim_context(published):
+    from types import SimpleNamespace
+
+    ti = SimpleNamespace(xcom_pull=lambda task_ids, key: published)
+    return {"ti": ti, "dag_run": SimpleNamespace(run_id="txid-000007", conf={})}
+
+
+class ClaimLog:
+    """The log as the commit task asks it for the attempt of a claim nobody published."""
+
+    def __init__(self, info):
+        self.info, self.asked = info, []
+
+    def transaction(self, pipeline, txid):
+        self.asked.append((pipeline, txid))
+        return self.info
+
+
+def test_a_published_claim_is_the_runs_claim_and_the_log_is_not_asked():
+    published = {"txid": 7, "attempt": 2, "metadata": {"p": [0, 5]}}
+    log = ClaimLog(None)
+    got = run_context.claimed(_claim_context(published), "process_x", log=log, pipeline="p")
+    assert got == published and log.asked == []
+
+
+def test_an_unpublished_claim_is_the_attempt_the_log_holds_for_the_runs_txid():
+    from types import SimpleNamespace
+
+    log = ClaimLog(SimpleNamespace(attempt=3, metadata={"p": [5, 9]}))
+    got = run_context.claimed(_claim_context(None), "process_x", log=log, pipeline="p")
+    assert got == {"txid": 7, "attempt": 3, "metadata": {"p": [5, 9]}}
+    assert log.asked == [("p", 7)]
+
+
+def test_no_claim_anywhere_is_a_typed_failure_naming_the_claiming_task():
+    from airflow_txn_provider.compat.airflow import AirflowFailException
+
+    with pytest.raises(AirflowFailException, match="process_x recorded no claimed attempt"):
+        run_context.claimed(_claim_context(None), "process_x", log=ClaimLog(None), pipeline="p")
+    with pytest.raises(AirflowFailException, match="process_x"):  # no log given: XCom only
+        run_context.claimed(_claim_context(None), "process_x")

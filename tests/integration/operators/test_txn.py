@@ -176,6 +176,28 @@ def test_commit_waits_for_previous_then_is_idempotent(dag):
         begin.execute(_context(1))  # rerun of a committed txid's run does nothing
 
 
+def test_a_commit_whose_claim_was_not_published_commits_the_attempt_the_log_holds(dag):
+    """A processing task publishes its claim only when its run goes on; one that recorded its
+    output and then could not (the api-server away) leaves its commit task no XCom: the commit
+    takes the attempt the log holds for its run's txid, and the gate judges it as ever."""
+    from airflow_txn_provider.compat.airflow import AirflowFailException
+
+    begin, commit = dag.get_task(CLAIMER), dag.get_task("commit")
+    ctx = _context(1)
+    one = begin.claim(ctx, publish=False)
+    assert ctx["ti"].claim is None  # nothing published
+    with pytest.raises(AirflowFailException, match="ended without recording output"):
+        commit.execute(_context(1))  # the log's attempt 1 is still processing
+    begin.txn_log().mark_processed("ops", 1, one["attempt"], {})
+    assert commit.execute(_context(1)) == {
+        "applied": True,
+        "committed_attempt": one["attempt"],
+        "also_committed": [],
+    }
+    with pytest.raises(AirflowFailException, match="recorded no claimed attempt"):
+        commit.execute(_context(2))  # txid 2 never began: no claim anywhere
+
+
 def test_commit_fails_a_stale_attempt(dag):
     from airflow_txn_provider.compat.airflow import AirflowFailException
 

@@ -731,7 +731,7 @@ def airflow_dags(airflow_db, monkeypatch):
 
 
 def claim(txlog: TransactionLog, p: TxnPipeline, dag_id: str) -> bool:
-    """What the DAG's claiming task records before it begins a txid (``_TxnOperator.claim``)."""
+    """What the DAG's claiming task records before it begins a txid (``TxnOperator.claim``)."""
     return txlog.ensure_pipeline(
         p.name,
         source_kind=p.source.kind,

@@ -62,7 +62,12 @@ def _run_execute(task, context, committed, monkeypatch, in_turn=(False, []), wai
 
     monkeypatch.setattr(txn, "commit_in_turn", commit_in_turn)
     claim = {"txid": 7, "attempt": 1, "metadata": {}}
-    monkeypatch.setattr(type(task), "claim", lambda self, ctx: claim)
+
+    def fake_claim(self, ctx, publish=True):  # what the claim remembers, published or not
+        self._lineage_claim = claim
+        return claim
+
+    monkeypatch.setattr(type(task), "claim", fake_claim)
     monkeypatch.setattr(type(task), "_process", lambda self, ctx, c: {"status": "processed"})
     monkeypatch.setattr(type(task), "txn_log", lambda self: None)
     monkeypatch.setattr(commit, "commit_ready", lambda log, p, logger: committed)
@@ -78,7 +83,8 @@ def test_a_task_that_committed_its_txid_skips_the_runs_commit_and_watch(monkeypa
     with pytest.raises(DownstreamTasksSkipped) as skipped:
         _run_execute(task, context, [7, 8], monkeypatch)
     assert skipped.value.tasks == ["commit", "watch_failures"]
-    assert pushed["return_value"] == {"status": "processed", "committed": [7, 8]}
+    # nothing reads the claim or a return value once the run ends: no request for either
+    assert pushed == {}
 
 
 def test_a_task_whose_txid_commits_while_it_waits_its_turn_ends_its_run(monkeypatch):
@@ -89,15 +95,16 @@ def test_a_task_whose_txid_commits_while_it_waits_its_turn_ends_its_run(monkeypa
     with pytest.raises(DownstreamTasksSkipped):
         # txid 6 still processed: its task committed 6 and 7 while this one waited
         _run_execute(_process_task(), context, [], monkeypatch, (True, []), waited)
-    assert waited == [7] and pushed["return_value"]["committed"] == []
+    assert waited == [7] and pushed == {}
 
 
 def test_the_run_goes_on_when_the_txid_waits_or_the_commit_has_work(monkeypatch):
-    context, _ = _context("txid-000007")
+    context, pushed = _context("txid-000007")
     # an earlier txid not committed within the wait: the commit task commits it later
     waited: list[int] = []
     assert _run_execute(_process_task(), context, [], monkeypatch, waited=waited)["committed"] == []
     assert waited == [7]
+    assert pushed == {"claim": {"txid": 7, "attempt": 1, "metadata": {}}}  # for its commit task
     # a manual run (dag.test): its commit task runs as before
     manual, _ = _context("manual__2026-01-01")
     assert _run_execute(_process_task(), manual, [7], monkeypatch)["committed"] == [7]

@@ -120,9 +120,13 @@ def test_the_operators_on_kill_stops_its_work_and_its_lease(process_task):
     assert process_task.stopped and calls == ["abandon", "kill"]
 
 
-@pytest.mark.parametrize("stopped", [False, True])
+@pytest.mark.parametrize(
+    ("stopped", "held"),
+    [(False, False), (True, False), (False, True)],
+    ids=["published-claim", "stopped", "claim-held-in-this-process"],
+)
 def test_a_stopped_task_does_not_fail_its_attempt_from_its_failure_callback(
-    process_task, monkeypatch, stopped
+    process_task, monkeypatch, stopped, held
 ):
     from airflow_txn_provider import run_context
     from airflow_txn_provider.hooks import txn_log
@@ -139,6 +143,9 @@ def test_a_stopped_task_does_not_fail_its_attempt_from_its_failure_callback(
     monkeypatch.setattr(run_context, "claimed", lambda context, task_id: {"txid": 4, "attempt": 1})
     monkeypatch.setattr(txn_log, "TxnLogHook", FakeHook)
     process_task.stopped = stopped
+    if held:  # its claim, unpublished: the callback fails that attempt, not XCom's
+        process_task._lineage_claim = {"txid": 5, "attempt": 2}
     ti = SimpleNamespace(task_id=process_task.task_id, try_number=1)
     fail_attempt_on_task_failure({"ti": ti, "task": process_task})
-    assert failed == ([] if stopped else [("words", 4, 1)])  # a later try resumed it
+    expected = [("words", 5, 2)] if held else [("words", 4, 1)]
+    assert failed == ([] if stopped else expected)  # a later try resumed it
