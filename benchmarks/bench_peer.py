@@ -33,7 +33,7 @@ times are printed; the first is the cold cost). ``--cold-peer`` times it from a 
 before issue 57. The core loop likewise runs the warm-up batches through its Spark Connect
 server before it is timed (on Airflow the server is warm already: the core loop ran first).
 
-Usage: python benchmarks/bench_peer.py [--sizes 100000:20,1000000:10] [--max-pending N]
+Usage: python benchmarks/bench_peer.py [--sizes 100000:20,1000000:20] [--max-pending N]
        [--floor-runs 20] [--worker-start] [--no-preload] [--cold-peer] [--pin-spark]
 
 ``--pin-spark`` is the second shape ``make bench-peer`` runs: every Spark JVM of both sides pinned
@@ -289,8 +289,10 @@ def run_spark_floor(data: Path, batches: int) -> dict[str, Any]:
 
 
 IDLE_SAMPLE = 10.0
-STEADY_FROM, STEADY_TAIL = 3, 2
-"""This project's steady state on Airflow: from its 3rd commit to the one 2 before its last."""
+STEADY_FROM, STEADY_TAIL, STEADY_MIN_TXIDS = 3, 2, 10
+"""This project's steady state on Airflow: from its 3rd commit to the one 2 before its last; with
+fewer than 10 txids between them the goal takes the whole run (a processing task commits the
+txids waiting behind it at once, so a short window holds more commits than work, or fewer)."""
 """Seconds Airflow's CPU use is sampled with no txid to run."""
 
 
@@ -492,7 +494,7 @@ def pct(values: list[float], q: float) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="100000:20,1000000:10", help="ROWS:BATCHES,...")
+    parser.add_argument("--sizes", default="100000:20,1000000:20", help="ROWS:BATCHES,...")
     parser.add_argument(
         "--max-pending",
         type=int,
@@ -829,7 +831,10 @@ def report_goals(
         ratio = o["rows"] / o["seconds"] / sss_rate
         c = sum(v for g, v in peer[name]["cpu"].items() if g != AIRFLOW) / batches
         steady = ours[name]["steady"]
-        airflow = steady["cpu"].get(AIRFLOW, 0.0)  # measured as the floor is: steady state
+        if steady["txids"] >= STEADY_MIN_TXIDS:  # measured as the floor is: steady state
+            airflow, how = steady["cpu"].get(AIRFLOW, 0.0), f"steady, {steady['txids']} txids"
+        else:  # too few txids for a steady window: commits come in bursts
+            airflow, how = ours[name]["cpu"].get(AIRFLOW, 0.0) / batches, "start-up included"
         per_txid[rows] = airflow
         if args.pin_spark:
             goals[f"{rows:.0e}: on Airflow >= 1.0x SSS (shape b): {ratio:.2f}x"] = ratio >= 1.0
@@ -841,7 +846,7 @@ def report_goals(
                     f"{ratio:.2f}x against 0.9 x {c:.2f}/({c:.2f}+{f:.2f}) = {0.9 * ceiling:.2f}x"
                 ] = ratio >= 0.9 * ceiling
         goals[
-            f"{rows:.0e}: Airflow's CPU per txid (steady, {steady['txids']} txids) within 1.3x "
+            f"{rows:.0e}: Airflow's CPU per txid ({how}) within 1.3x "
             f"its floor for this shape: {airflow:.2f} against {shape_floor:.2f} "
             f"({airflow / shape_floor:.2f}x)"
         ] = airflow <= 1.3 * shape_floor
