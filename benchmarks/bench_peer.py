@@ -78,10 +78,12 @@ from txn_testing.cpu import (  # noqa: E402
     AIRFLOW,
     AIRFLOW_GROUPS,
     DRIVER,
+    POSTGRES,
     SPARK,
     cpu_by_group,
     cpu_since,
     pin,
+    postmaster_pid,
     spark_jvms,
 )
 from txn_testing.postgres import EmbeddedPostgres  # noqa: E402
@@ -216,12 +218,12 @@ def run_peer(
         query = stream(warmup, f"{name}_warm")
         query.awaitTermination()
         warm = trigger_seconds(query)
-    cpu = cpu_by_group()
+    cpu = cpu_by_group(POSTMASTERS)
     started = time.perf_counter()
     query = stream(data, name)
     query.awaitTermination()
     seconds = time.perf_counter() - started
-    used = cpu_since(cpu)
+    used = cpu_since(cpu, POSTMASTERS)
     durations = trigger_seconds(query)
     rows = sum(p["numInputRows"] for p in query.recentProgress)
     batches = sum(1 for p in query.recentProgress if p["numInputRows"])
@@ -268,7 +270,7 @@ def run_spark_floor(data: Path, batches: int) -> dict[str, Any]:
     the whole process tree's (the JVM and the Python driver)."""
     import subprocess
 
-    cpu = cpu_by_group()
+    cpu = cpu_by_group(POSTMASTERS)
     started = time.perf_counter()
     subprocess.run(
         [
@@ -284,10 +286,12 @@ def run_spark_floor(data: Path, batches: int) -> dict[str, Any]:
         stderr=subprocess.DEVNULL,
     )
     seconds = time.perf_counter() - started
-    used = cpu_since(cpu)
+    used = cpu_since(cpu, POSTMASTERS)
     return {"seconds": seconds, "cpu": sum(v for g, v in used.items() if g != AIRFLOW)}
 
 
+POSTMASTERS: dict[int, str] = {}
+"""The benchmark's Postgres (the log's and Airflow's metadata database), counted as its group."""
 IDLE_SAMPLE = 10.0
 STEADY_FROM, STEADY_TAIL, STEADY_MIN_TXIDS = 3, 2, 10
 """This project's steady state on Airflow: from its 3rd commit to the one 2 before its last; with
@@ -315,7 +319,7 @@ def run_core(
     log.ensure_pipeline(name, source_kind="transactional", max_pending=1, states=[state])
     runner = SparkConnectRunner(ROOT / "spark_jobs" / "word_count.py", url=connect_url)
     latency = []
-    cpu = cpu_by_group()
+    cpu = cpu_by_group(POSTMASTERS)
     started = time.perf_counter()
     for _ in range(batches):
         t0 = time.perf_counter()
@@ -325,7 +329,7 @@ def run_core(
         commit_registered(log, name, emission.txid, emission.attempt)
         latency.append(time.perf_counter() - t0)
     seconds = time.perf_counter() - started
-    used = cpu_since(cpu)
+    used = cpu_since(cpu, POSTMASTERS)
     with log.engine.connect() as conn:
         got = {key[0]: value for key, value in state.items(conn).items()}
     infos = log.transactions(name)[:batches]
@@ -350,10 +354,10 @@ def run_ours(stack: AirflowStack, log: TransactionLog, name: str, batches: int) 
     api.wait_for_dag(name)
     # Airflow's own background work (scheduler loop, triggerer, dag-processor, api-server),
     # measured with nothing to do, to tell it from what each txid costs.
-    idle_from, idle = cpu_by_group(), IDLE_SAMPLE
+    idle_from, idle = cpu_by_group(POSTMASTERS), IDLE_SAMPLE
     time.sleep(idle)
-    idle_cores = cpu_since(idle_from).get(AIRFLOW, 0.0) / idle
-    cpu = cpu_by_group()
+    idle_cores = cpu_since(idle_from, POSTMASTERS).get(AIRFLOW, 0.0) / idle
+    cpu = cpu_by_group(POSTMASTERS)
     started = time.perf_counter()
     api.unpause(name)
     deadline = time.monotonic() + 3600
@@ -370,16 +374,16 @@ def run_ours(stack: AirflowStack, log: TransactionLog, name: str, batches: int) 
             continue
         print(f"  {name}: {done}/{batches} committed", end="\r", flush=True)
         if steady_from is None and done >= STEADY_FROM:
-            steady_from = (done, cpu_by_group(), time.perf_counter())
+            steady_from = (done, cpu_by_group(POSTMASTERS), time.perf_counter())
         elif steady_from is not None and steady_used is None and done >= steady_to:
             txids = done - steady_from[0]
             steady_used = {
                 "txids": txids,
-                "cpu": {g: v / txids for g, v in cpu_since(steady_from[1]).items()},
+                "cpu": {g: v / txids for g, v in cpu_since(steady_from[1], POSTMASTERS).items()},
                 "wall": (time.perf_counter() - steady_from[2]) / txids,
             }
         if done >= batches:
-            used, wall = cpu_since(cpu), time.perf_counter() - started
+            used, wall = cpu_since(cpu, POSTMASTERS), time.perf_counter() - started
             break
     else:
         raise TimeoutError(f"{name}: not every txid committed\n{stack.tail()}")
@@ -405,6 +409,7 @@ def run_ours(stack: AirflowStack, log: TransactionLog, name: str, batches: int) 
         "airflow_idle": idle_cores * wall,
         "steady": steady_used,
         "idle_cores": idle_cores,
+        "wall": wall,
     }
 
 
@@ -431,9 +436,9 @@ def run_floor(stack: AirflowStack, dag_id: str, runs: int) -> dict[str, Any]:
             time.sleep(2.0)
 
     first = succeeded(4)
-    cpu, started = cpu_by_group(), time.perf_counter()
+    cpu, started = cpu_by_group(POSTMASTERS), time.perf_counter()
     last = succeeded(first + runs)
-    used, wall = cpu_since(cpu), time.perf_counter() - started
+    used, wall = cpu_since(cpu, POSTMASTERS), time.perf_counter() - started
     api.pause(dag_id)
     done = last - first
     return {"runs": done, "cpu": {g: v / done for g, v in used.items()}, "wall": wall / done}
@@ -568,6 +573,7 @@ def main(argv: list[str] | None = None) -> int:
 
     peer, core, ours, floors, spark_floor = {}, {}, {}, {}, {}
     with EmbeddedPostgres(durable=False) as pg:
+        POSTMASTERS[postmaster_pid(pg.datadir)] = POSTGRES
         for name, (data, rows, batches, truth) in datasets.items():
             print(f"peer (Structured Streaming foreachBatch): {name}", flush=True)
             warm = None if args.cold_peer else workdir / f"warm_{name}"
@@ -683,14 +689,14 @@ def main(argv: list[str] | None = None) -> int:
         for group in [*sorted(set().union(*sides)), "all"]:
             cells = [
                 (
-                    sum(v for g, v in side.items() if g != AIRFLOW)
+                    sum(v for g, v in side.items() if g not in (AIRFLOW, POSTGRES))
                     if group == "all"
                     else side.get(group, 0.0)
                 )
                 / batches
                 for side in sides
             ]
-            label = f"**{group}**" if group == "all" else group
+            label = "**all** (Postgres apart)" if group == "all" else group
             print(f"| {rows:.0e} | {label} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
             if group == AIRFLOW:
                 idle = ours[name]["airflow_idle"] / batches
@@ -698,6 +704,13 @@ def main(argv: list[str] | None = None) -> int:
                     f"| {rows:.0e} | of which Airflow idle (its rate with no txid, "
                     f"{IDLE_SAMPLE:.0f} s sampled) | — | — | {idle:.2f} |"
                 )
+        # What runs beside Spark (on the other CPUs in shape b), per second of this project's run
+        o = ours[name]
+        beside = sum(o["cpu"].get(g, 0.0) for g in (AIRFLOW, POSTGRES, DRIVER)) / o["wall"]
+        print(
+            f"| {rows:.0e} | Airflow, Postgres and drivers together, CPU-s per second of the "
+            f"run on Airflow | — | — | {beside:.2f} |"
+        )
     print(
         "\nAirflow's floor: CPU seconds per DAG run whose tasks do nothing, same stack "
         "(benchmarks/dags/airflow_floor.py; max_active_runs 4)"
@@ -829,7 +842,7 @@ def report_goals(
         sss_rate = peer[name]["rows"] / peer[name]["seconds"]
         o = summary(ours[name], rows * batches)
         ratio = o["rows"] / o["seconds"] / sss_rate
-        c = sum(v for g, v in peer[name]["cpu"].items() if g != AIRFLOW) / batches
+        c = sum(v for g, v in peer[name]["cpu"].items() if g not in (AIRFLOW, POSTGRES)) / batches
         steady = ours[name]["steady"]
         if steady["txids"] >= STEADY_MIN_TXIDS:  # measured as the floor is: steady state
             airflow, how = steady["cpu"].get(AIRFLOW, 0.0), f"steady, {steady['txids']} txids"
