@@ -153,11 +153,14 @@ def warm_task_processes(argv: Sequence[str] | None = None, *, force: bool = Fals
         done.append(name)
     if done and set(PARSE_MODULES) <= set(done):
         warm_asset_handlers()
-    # the REST API's SSL context: a failure sensor's restarts, a claim's runs below Airflow 3.3
+    # the REST API's SSL context (a failure sensor's restarts, a claim's runs below Airflow
+    # 3.3), and the one each task supervisor's execution-API client builds
     if set(TASK_MODULES) & set(done):
+        from airflow_txn_provider.compat.airflow import warm_execution_api_ssl_context
         from airflow_txn_provider.hooks.airflow_api import shared_ssl_context
 
         shared_ssl_context()
+        warm_execution_api_ssl_context()
     log.info(
         "preloaded %d modules for task processes in %.2f s", len(done), time.monotonic() - started
     )

@@ -76,6 +76,29 @@ def test_warming_imports_the_task_modules_and_nothing_otherwise():
     assert "airflow.models.asset" in parsers
 
 
+def test_a_process_that_forks_tasks_builds_their_supervisors_ssl_context_once():
+    """The Task SDK's client builds an SSL context per process, cached: warmed in the scheduler
+    (or a Celery worker), every supervisor it forks finds it built."""
+    code = (
+        "import os\n"
+        "from airflow_txn_provider.preload import warm_task_processes\n"
+        "from airflow.sdk.api.client import Client\n"
+        "warm_task_processes(['airflow', 'scheduler'])\n"
+        "warmed = Client._get_ssl_context_cached.cache_info().currsize\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    client = Client(base_url='http://127.0.0.1:1/execution/', token='t')\n"
+        "    info = Client._get_ssl_context_cached.cache_info()\n"
+        "    os._exit(0 if (info.hits, info.currsize) == (1, 1) else 3)\n"
+        "_, status = os.waitpid(pid, 0)\n"
+        "print(warmed, os.waitstatus_to_exitcode(status))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout.split()
+    assert out[-2:] == ["1", "0"]  # built once before the fork; the child's client reused it
+
+
 def test_a_module_that_is_missing_is_skipped(monkeypatch):
     import airflow_txn_provider.preload as preload
 
