@@ -154,9 +154,9 @@ def legacy_stat_name(stats_client: Any, name: str) -> str:
 
 def warm_execution_api_ssl_context() -> bool:
     """Build, in a process that forks task supervisors, the SSL context each supervisor's
-    execution-API client asks for (the Task SDK caches it per process: 20 to 40 ms of CPU for each
-    task process otherwise, even over plain HTTP). Whether it was built: ``False`` where the
-    Task SDK keeps no such cache."""
+    execution-API client asks for (the Task SDK caches it per process: otherwise each task process
+    builds its own, even over plain HTTP). Whether it was built: ``False`` where the Task SDK
+    keeps no such cache."""
     try:
         from airflow.sdk.api import client
     except ImportError:
