@@ -287,17 +287,22 @@ def run_spark_floor(data: Path, batches: int) -> dict[str, Any]:
     )
     seconds = time.perf_counter() - started
     used = cpu_since(cpu, POSTMASTERS)
-    return {"seconds": seconds, "cpu": sum(v for g, v in used.items() if g != AIRFLOW)}
+    return {
+        "seconds": seconds,
+        "cpu": sum(v for g, v in used.items() if g not in (AIRFLOW, POSTGRES)),
+    }
 
 
 POSTMASTERS: dict[int, str] = {}
 """The benchmark's Postgres (the log's and Airflow's metadata database), counted as its group."""
 IDLE_SAMPLE = 10.0
+"""Seconds Airflow's CPU use is sampled with no txid to run."""
 STEADY_FROM, STEADY_TAIL, STEADY_MIN_TXIDS = 3, 2, 10
 """This project's steady state on Airflow: from its 3rd commit to the one 2 before its last; with
 fewer than 10 txids between them the goal takes the whole run (a processing task commits the
 txids waiting behind it at once, so a short window holds more commits than work, or fewer)."""
-"""Seconds Airflow's CPU use is sampled with no txid to run."""
+NO_STEADY: dict[str, Any] = {"txids": 0, "cpu": {}, "wall": float("nan")}
+"""What a run too short for a steady window reports (fewer batches than its two ends)."""
 
 
 # -- this project without Airflow: the core loop ------------------------------------------------
@@ -407,7 +412,7 @@ def run_ours(stack: AirflowStack, log: TransactionLog, name: str, batches: int) 
         "got": got,
         "cpu": used,
         "airflow_idle": idle_cores * wall,
-        "steady": steady_used,
+        "steady": steady_used or NO_STEADY,
         "idle_cores": idle_cores,
     }
 
