@@ -21,7 +21,9 @@ re-emit a txid (an attempt beyond its first: nothing fails on purpose here; exit
 Printed: rows/s of both and their ratio, the re-emissions of each run of this project; per-batch
 latency p50/p95 (the peer's trigger duration; this project's begin -> committed); where a
 txid's time goes, from the log's timestamps, the job's own timings and Airflow's task-instance
-timestamps; and the CPU seconds each side spends per batch, by process
+timestamps (the lead a run made ahead needs: its creation to its processing task running), with
+how many txids, Spark jobs and processing tasks were in flight at once on average; and the CPU
+seconds each side spends per batch, by process
 group (every process of the run is a child of this one: Spark's JVMs, Postgres, Airflow and its
 task processes, this driver), which on two cores bounds the rows/s any side can reach. First, on
 the same Airflow, its floor: CPU per DAG run of two DAGs whose tasks do nothing
@@ -55,7 +57,7 @@ import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -407,6 +409,7 @@ def run_ours(stack: AirflowStack, log: TransactionLog, name: str, batches: int) 
         got = {key[0]: value for key, value in state.items(conn).items()}
     return {
         "infos": infos,
+        "runs": runs,
         "tis": tis,
         "attempts": attempts,
         "got": got,
@@ -460,6 +463,22 @@ def breakdown(result: dict[str, Any]) -> dict[str, list[float]]:
     for info in infos:
         tis = [ti for ti in result["tis"].get(info.txid, []) if ti.get("start_date")]
         tis.sort(key=lambda ti: ti["start_date"])
+        run = result.get("runs", {}).get(f"txid-{info.txid:06d}") or {}
+        made = when(run.get("queued_at"))
+        first = next((ti for ti in tis if str(ti["task_id"]).startswith("process_")), None)
+        if made and first is not None:
+            # the lead a run made ahead needs: from its creation to its processing task running
+            scheduled = when(first.get("scheduled_when"))
+            if scheduled:
+                lead = (scheduled - made).total_seconds()
+                parts["run made -> processing task scheduled"].append(lead)
+            parts["run made -> processing task running"].append(
+                (when(first["start_date"]) - made).total_seconds()  # type: ignore[operator]
+            )
+            if info.begun_at:
+                parts["processing task running -> txid begun"].append(
+                    (info.begun_at - when(first["start_date"])).total_seconds()  # type: ignore[operator]
+                )
         for ti in tis:
             queued, started = when(ti.get("queued_when")), when(ti["start_date"])
             ended = when(ti.get("end_date"))
@@ -485,6 +504,47 @@ def breakdown(result: dict[str, Any]) -> dict[str, list[float]]:
             parts["its turn -> committed"].append((info.committed_at - turn).total_seconds())
         previous_commit = info.committed_at
     return parts
+
+
+def mean_at_once(spans: list[tuple[datetime | None, datetime | None]]) -> float:
+    """How many of ``spans`` are open at once, on average over the time from the first start to
+    the last end (Little's law: what the window keeps busy, whatever its size)."""
+    closed = [(a, b) for a, b in spans if a is not None and b is not None and b > a]
+    if not closed:
+        return 0.0
+    whole = (max(b for _, b in closed) - min(a for a, _ in closed)).total_seconds()
+    return sum((b - a).total_seconds() for a, b in closed) / whole if whole > 0 else 0.0
+
+
+def overlap(result: dict[str, Any]) -> dict[str, float]:
+    """Txids in flight (begun, not committed), Spark jobs running and processing tasks running,
+    each on average at once: a window that keeps Spark busy shows about as many Spark jobs at
+    once as Spark has cores."""
+    infos = result["infos"]
+    spark: list[tuple[datetime | None, datetime | None]] = []
+    for info in infos:
+        for attempt in result["attempts"].get(info.txid, []):
+            timings = getattr(attempt, "timings", None) or {}
+            if attempt.attempt == info.attempt and "spark" in timings and info.begun_at:
+                lead = float(timings.get("start", 0.0)) + float(timings.get("connect", 0.0))
+                start = info.begun_at + timedelta(seconds=lead)
+                spark.append((start, start + timedelta(seconds=float(timings["spark"]))))
+    tasks = [
+        (when(ti.get("start_date")), when(ti.get("end_date")))
+        for tis in result["tis"].values()
+        for ti in tis
+        if str(ti.get("task_id", "")).startswith("process_")
+    ]
+    return {
+        "txids in flight": mean_at_once([(i.begun_at, i.committed_at) for i in infos]),
+        "Spark jobs running": mean_at_once(spark),
+        "processing tasks running": mean_at_once(tasks),
+    }
+
+
+def result_has(result: dict[str, Any], part: str) -> bool:
+    """Whether ``result`` (the core loop's has no Airflow tasks) can say ``part``."""
+    return bool(result["tis"]) or not part.startswith("processing tasks")
 
 
 def summary(result: dict[str, Any], rows: int) -> dict[str, Any]:
@@ -767,6 +827,10 @@ def main(argv: list[str] | None = None) -> int:
         for part in sorted(set(on) | set(off)):
             cells = [f"{statistics.median(d[part]):.2f}" if part in d else "—" for d in (on, off)]
             print(f"| {part} | {' | '.join(cells)} |")
+        busy_on, busy_off = overlap(ours[name]), overlap(core[name])
+        for part in busy_on:
+            off_cell = f"{busy_off[part]:.2f}" if result_has(core[name], part) else "—"
+            print(f"| {part}, at once (mean over the run) | {busy_on[part]:.2f} | {off_cell} |")
     goals = report_goals(args, datasets, peer, ours, floors)
     spurious = {name: n for name, n in reemitted.items() if n}
     if spurious:  # nothing failed on purpose: a replay is a bug (issue 46)
