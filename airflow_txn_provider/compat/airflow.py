@@ -164,5 +164,13 @@ def warm_execution_api_ssl_context() -> bool:
     build = getattr(client.Client, "_get_ssl_context_cached", None)
     if build is None:
         return False
-    build(getattr(client, "API_SSL_CA_FILE_PATH", None), getattr(client, "API_SSL_CERT_PATH", None))
+    # the arguments the client passes, or the cache misses: Airflow 3.3 passes [api] ssl_ca_file,
+    # 3.1 and 3.2 certifi's bundle
+    if hasattr(client, "API_SSL_CA_FILE_PATH"):
+        ca_file = client.API_SSL_CA_FILE_PATH
+    else:
+        import certifi
+
+        ca_file = certifi.where()
+    build(ca_file, getattr(client, "API_SSL_CERT_PATH", None))
     return True
