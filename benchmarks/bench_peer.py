@@ -466,19 +466,17 @@ def breakdown(result: dict[str, Any]) -> dict[str, list[float]]:
         run = result.get("runs", {}).get(f"txid-{info.txid:06d}") or {}
         made = when(run.get("queued_at"))
         first = next((ti for ti in tis if str(ti["task_id"]).startswith("process_")), None)
-        if made and first is not None:
+        running = when(first["start_date"]) if first is not None else None
+        if made and first is not None and running is not None:
             # the lead a run made ahead needs: from its creation to its processing task running
             scheduled = when(first.get("scheduled_when"))
             if scheduled:
                 lead = (scheduled - made).total_seconds()
                 parts["run made -> processing task scheduled"].append(lead)
-            parts["run made -> processing task running"].append(
-                (when(first["start_date"]) - made).total_seconds()  # type: ignore[operator]
-            )
+            parts["run made -> processing task running"].append((running - made).total_seconds())
             if info.begun_at:
-                parts["processing task running -> txid begun"].append(
-                    (info.begun_at - when(first["start_date"])).total_seconds()  # type: ignore[operator]
-                )
+                waited = (info.begun_at - running).total_seconds()
+                parts["processing task running -> txid begun"].append(waited)
         for ti in tis:
             queued, started = when(ti.get("queued_when")), when(ti["start_date"])
             ended = when(ti.get("end_date"))
