@@ -533,16 +533,13 @@ def overlap(result: dict[str, Any]) -> dict[str, float]:
         for ti in tis
         if str(ti.get("task_id", "")).startswith("process_")
     ]
-    return {
+    busy = {
         "txids in flight": mean_at_once([(i.begun_at, i.committed_at) for i in infos]),
         "Spark jobs running": mean_at_once(spark),
-        "processing tasks running": mean_at_once(tasks),
     }
-
-
-def result_has(result: dict[str, Any], part: str) -> bool:
-    """Whether ``result`` (the core loop's has no Airflow tasks) can say ``part``."""
-    return bool(result["tis"]) or not part.startswith("processing tasks")
+    if result["tis"]:  # the core loop has no Airflow tasks
+        busy["processing tasks running"] = mean_at_once(tasks)
+    return busy
 
 
 def summary(result: dict[str, Any], rows: int) -> dict[str, Any]:
@@ -827,7 +824,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {part} | {' | '.join(cells)} |")
         busy_on, busy_off = overlap(ours[name]), overlap(core[name])
         for part in busy_on:
-            off_cell = f"{busy_off[part]:.2f}" if result_has(core[name], part) else "—"
+            off_cell = f"{busy_off[part]:.2f}" if part in busy_off else "—"
             print(f"| {part}, at once (mean over the run) | {busy_on[part]:.2f} | {off_cell} |")
     goals = report_goals(args, datasets, peer, ours, floors)
     spurious = {name: n for name, n in reemitted.items() if n}
