@@ -9,7 +9,8 @@ on Spark Connect under a lease, calls ``expire_leases`` every tick (what the fai
 re-begins failed txids in order and commits processed txids in order (``commit_registered``).
 
 Faults, at seeded moments (a fault fires ``delay`` seconds after the ``spawn``-th worker process
-of the run started):
+of the run started; one at a commit point fires at the run's last commit if its moment has not
+come by then, so a run that commits faster than its delays still meets it):
 
 * ``kill_processing``: SIGKILL the process group of a live worker in the middle of its job (the
   ``spawn``-th one if still alive, else the newest live one, else the next one to start);
@@ -450,7 +451,7 @@ class ChaosRun:
         view = self.view = txlog.view(pipeline)
         rec = committable(view)
         while rec is not None:
-            due = self._due_fault(KILL_BACKEND, "processed")
+            due = self._due_fault(KILL_BACKEND, "processed", txid=rec.txid)
             if due is not None:  # its staged rows go with the crash recovery: it must replay
                 self._kill_backend(due, f"after txid {rec.txid} attempt {rec.attempt} processed")
             try:
@@ -496,10 +497,10 @@ class ChaosRun:
         committed. A due ``kill_backend`` at ``commit`` kills a backend inside the commit, after
         the states applied; a due ``fail_sink_commit`` deletes the second table's staged files
         first, so its table commit fails after the first table's."""
-        due = self._due_fault(KILL_COMMITTER)
+        due = self._due_fault(KILL_COMMITTER, txid=txid)
         if due is not None:
             return self._commit_and_kill(txid, attempt, due)
-        failing = self._due_fault(FAIL_SINK)
+        failing = self._due_fault(FAIL_SINK, txid=txid)
         if failing is not None and len(self.sinks) == 2:
             self._lose_staged_files(failing, txid, attempt)
         with self._backend_killed_in_commit(txid, attempt):
@@ -514,7 +515,7 @@ class ChaosRun:
 
     @contextlib.contextmanager
     def _backend_killed_in_commit(self, txid: int, attempt: int) -> Iterator[None]:
-        due = self._due_fault(KILL_BACKEND, "commit")
+        due = self._due_fault(KILL_BACKEND, "commit", txid=txid)
         if due is None:
             yield
             return
@@ -676,9 +677,14 @@ class ChaosRun:
         self._fire(entry[0], f"SIGKILL Postgres backend {pid}: {where}")
         self.pending.remove(entry)
 
-    def _due_fault(self, kind: str, point: str | None = None) -> list[Any] | None:
-        """The pending ``kind`` entry (at ``point``) whose moment has come, if any."""
+    def _due_fault(
+        self, kind: str, point: str | None = None, *, txid: int | None = None
+    ) -> list[Any] | None:
+        """The pending ``kind`` entry (at ``point``) whose moment has come, if any. At the commit
+        of a run's last txid (``txid``) an entry whose worker started is due even if its moment
+        has not come: no later commit would reach its point (a fast run outruns its delay)."""
         now = time.monotonic()
+        last = txid is not None and not self.plan.opaque and txid >= self.plan.txids
         for entry in self.pending:
             fault, target = entry
             started = self.spawn_times.get(target)
@@ -686,8 +692,10 @@ class ChaosRun:
                 fault.kind == kind
                 and (point is None or fault.point == point)
                 and started is not None
-                and now >= started + fault.delay
+                and (now >= started + fault.delay or last)
             ):
+                if now < started + fault.delay:
+                    self.events[f"{kind} at the last commit (before its moment)"] += 1
                 return entry
         return None
 
