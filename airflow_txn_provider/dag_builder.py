@@ -2,9 +2,9 @@
 
 One run per txid, created by the pipeline's waker (:mod:`airflow_txn_provider.triggers.waker`,
 the ``AssetWatcher`` of the DAG's schedule) once the window has room and the source has data for
-that txid: an idle pipeline holds no run. At most ``max_pending`` txids in flight, and one run
-more (``max_active_runs``) for the txid whose claim waits to begin next, in txid order (each
-run's logical date encodes its txid). Per run::
+that txid: an idle pipeline holds no run. At most ``max_pending`` txids in flight, and a run more
+(``max_active_runs``) for each txid whose claim waits to begin next (``RUNS_AHEAD`` of them), in
+txid order (each run's logical date encodes its txid). Per run::
 
     process_<job> >> commit                                  (one job: it claims the txid itself)
     begin >> [process_<job> ...] >> processed >> commit      (several jobs, in parallel)
@@ -33,6 +33,7 @@ from airflow_txn_provider.operators.commit import TxnCommitOperator, TxnRecordPr
 from airflow_txn_provider.operators.fill import FILL_DAG_SUFFIX, FILL_TASK_ID, TxnFillOperator
 from airflow_txn_provider.operators.txn import TxnBeginOperator, TxnProcessOperator, job_task_id
 from airflow_txn_provider.pipeline import TxnPipeline
+from airflow_txn_provider.rules.config import RUNS_AHEAD
 from airflow_txn_provider.rules.vocabulary import OutputStart
 from airflow_txn_provider.run_context import (
     BEGIN_TASK_ID,
@@ -86,9 +87,9 @@ def build_dag(
         schedule=waker_asset(pipeline, dag_id),
         start_date=TXID_EPOCH,
         catchup=False,
-        # One run more than the window: the txid just past a full window may have its run
-        # already, waiting in its worker to begin (waiting.txid_ahead).
-        max_active_runs=pipeline.window_bound + 1,
+        # RUNS_AHEAD runs more than the window: the txids just past a full window may have
+        # their runs already, waiting in their workers to begin (waiting.runs_ahead).
+        max_active_runs=pipeline.window_bound + RUNS_AHEAD,
         max_consecutive_failed_dag_runs=0,
         default_args=default_args,
         **dag_kwargs,

@@ -117,18 +117,20 @@ def get_provider_info() -> dict[str, Any]:
                     },
                     "run_ahead_waits": {
                         "description": (
-                            "How many run aheads (the claim of the txid just past a full window) "
-                            "may wait in a worker at once for their window to move, all "
-                            "pipelines of one transaction log together; the others defer to the "
-                            "triggerer. A waiting claim begins the moment the oldest txid "
-                            "commits, but holds a worker slot meanwhile: with many backlogged "
-                            "pipelines, unbounded waits would take the slots of the processing "
-                            "tasks they wait for. 0: every run ahead defers."
+                            "How many run aheads (the claims of the txids just past a full "
+                            "window, up to three per pipeline) may wait in a worker at once for "
+                            "their turn to begin, all pipelines of one transaction log together; "
+                            "a claim makes no more runs ahead than there are free slots, and a "
+                            "run ahead that finds none defers to the triggerer. A waiting claim "
+                            "begins the moment the window has room for it (the log notifies it), "
+                            "but holds a worker slot meanwhile: with many backlogged pipelines, "
+                            "unbounded waits would take the slots of the processing tasks they "
+                            "wait for. 0: no run is made ahead of the window."
                         ),
                         "version_added": "0.2.0",
                         "type": "integer",
-                        "example": "2",
-                        "default": "2",
+                        "example": "4",
+                        "default": "4",
                     },
                     "commit_waits": {
                         "description": (

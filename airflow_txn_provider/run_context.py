@@ -13,6 +13,7 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any
 
 from airflow_txn_provider.compat.airflow import AirflowFailException
+from airflow_txn_provider.log.changes import PipelineChanges
 from airflow_txn_provider.timetables import txid_from_run_id
 
 if TYPE_CHECKING:
@@ -159,11 +160,12 @@ def why_waiting(log: TransactionLog, pipeline: TxnPipeline, txid: int) -> str:
 
 
 AHEAD_WAIT = 60.0
-"""Seconds the claim of the txid just past a full window waits in its worker for the window to
-move, before it defers (see :func:`~airflow_txn_provider.rules.waiting.txid_ahead`): with a backlog,
-that is about one txid's processing away."""
+"""Seconds the claim of a txid past a full window waits in its worker for its turn to begin,
+before it defers (see :func:`~airflow_txn_provider.rules.waiting.runs_ahead`): with a backlog,
+that is a few txids' processing away."""
 AHEAD_POLL = 0.1
-"""Seconds between two looks at the log while it waits (one indexed read each)."""
+"""Seconds between two looks at the log while it waits, where the log cannot ``LISTEN`` (else
+it waits for the log's notification: :mod:`airflow_txn_provider.log.changes`)."""
 PREVIOUS_WAIT = 10.0
 """Seconds a run made ahead waits in its worker for the first begin of the txid before it (made
 with it: a scheduling round at most), before it defers."""
@@ -171,13 +173,14 @@ COMMIT_WAIT = 30.0
 """Seconds a processed txid's task waits at most in its worker for the txids before it to commit
 (:func:`commit_in_turn`)."""
 COMMIT_POLL = 0.25
-"""Seconds between two looks at the log while a processed txid waits for its turn: the task
-before it commits it, so a later look only ends the wait later, it delays no commit."""
+"""Seconds between two looks at the log while a processed txid waits for its turn, where the log
+cannot ``LISTEN``: the task before it commits it, so a later look only ends the wait later, it
+delays no commit."""
 COMMIT_WAITS_OPTION = "commit_waits"
 DEFAULT_COMMIT_WAITS = 4
 _COMMIT_LOCK_CLASS = 0x7478_6E43  # "txnC": the advisory locks of the commit wait slots
 AHEAD_WAITS_OPTION = "run_ahead_waits"
-DEFAULT_AHEAD_WAITS = 2
+DEFAULT_AHEAD_WAITS = 4
 _AHEAD_LOCK_CLASS = 0x7478_6E41  # "txnA": the advisory locks of the run ahead's wait slots
 
 
@@ -205,16 +208,16 @@ def ahead_wait_slot(log: TransactionLog) -> AbstractContextManager[HeldSlot | No
     return held_slot(log.engine, _AHEAD_LOCK_CLASS, range(ahead_waits()))
 
 
-def ahead_wait_slot_free(log: TransactionLog) -> bool:
-    """Whether one of the log's wait slots is free now: a claim creates the run ahead only then
-    (:func:`~airflow_txn_provider.triggers.waker.make_runs_ahead`). ``False`` when the log cannot
-    say: the waker creates the run once the window has room."""
+def ahead_wait_slots_free(log: TransactionLog) -> int:
+    """How many of the log's wait slots are free now: a claim creates that many runs ahead at
+    most (:func:`~airflow_txn_provider.triggers.waker.make_runs_ahead`). 0 when the log cannot
+    say: the waker creates the runs once the window has room."""
     from airflow_txn_provider.log.advisory import held_count
 
     try:
-        return held_count(log.engine, _AHEAD_LOCK_CLASS) < ahead_waits()
+        return max(0, ahead_waits() - held_count(log.engine, _AHEAD_LOCK_CLASS))
     except Exception:  # an optimisation: without it, the waker's way
-        return False
+        return 0
 
 
 def commit_waits() -> int:
@@ -228,7 +231,8 @@ def commit_in_turn(
 ) -> tuple[bool, list[int]]:
     """After processed ``txid`` found the txids before it uncommitted: wait in the worker, with
     one of the log's :func:`commit_waits` slots, while they still process (at most
-    ``COMMIT_WAIT`` seconds), committing what is ready at each look. Returns whether ``txid``
+    ``COMMIT_WAIT`` seconds; woken by the log's notifications, :mod:`~airflow_txn_provider.log.
+    changes`), committing what is ready at each look. Returns whether ``txid``
     committed (by this task or by the task of a txid before it, which commits the processed
     txids after its own) and the txids this task committed.
 
@@ -244,63 +248,76 @@ def commit_in_turn(
 
     done: list[int] = []
     deadline = time.monotonic() + COMMIT_WAIT
-    with held_slot(log.engine, _COMMIT_LOCK_CLASS, range(commit_waits())) as slot:
+    with (
+        held_slot(log.engine, _COMMIT_LOCK_CLASS, range(commit_waits())) as slot,
+        PipelineChanges(log.engine, pipeline.name, fallback=COMMIT_POLL) as changes,
+    ):
         while slot is not None and time.monotonic() < deadline:
-            time.sleep(COMMIT_POLL)
-            view = log.view(pipeline.name)
+            view = log.view(pipeline.name)  # read after listening: no change goes unseen
             if view.last_committed >= txid:
                 return True, done
             if not awaits_its_turn(view, txid):
                 break
             if committable(view) is not None:
                 done += commit_ready(log, pipeline, logger, view=view)
+                continue
+            changes.wait(deadline - time.monotonic())
     return txid in done, done
 
 
 def previous_began(log: TransactionLog, pipeline: str, txid: int, deadline: float) -> bool:
-    """Wait while ``txid - 1`` has never begun (its run was made with ``txid``'s, and their
-    claims race: :func:`~airflow_txn_provider.rules.waiting.runs_to_make`), at most
-    ``PREVIOUS_WAIT`` seconds and until ``deadline``; True once ``txid`` may begin as far as
-    ``txid - 1`` goes. ``False`` when ``txid - 1`` began but waits to be initialised again (a
-    replay: the task defers and its trigger waits) and at the end of the wait."""
+    """Wait while ``txid - 1`` has never begun (their runs were made together, and their claims
+    race: :func:`~airflow_txn_provider.rules.waiting.runs_to_make`), at most ``PREVIOUS_WAIT``
+    seconds and until ``deadline``; True once ``txid`` may begin as far as ``txid - 1`` goes.
+    ``False`` at once for a run made past the window (:func:`window_moved` is its wait, in a wait
+    slot), when ``txid - 1`` began but waits to be initialised again (a replay: the task defers
+    and its trigger waits) and at the end of the wait."""
     from airflow_txn_provider.rules.coordinator import plan_begin
     from airflow_txn_provider.rules.vocabulary import BeginAction
-    from airflow_txn_provider.rules.waiting import previous_unbegun
+    from airflow_txn_provider.rules.waiting import previous_unbegun, runs_ahead
 
     until = min(deadline, time.monotonic() + PREVIOUS_WAIT)
-    while time.monotonic() < until:
-        view = log.view(pipeline)
-        if not previous_unbegun(view, txid):
-            return plan_begin(view, txid).action is not BeginAction.WAIT_PREVIOUS
-        time.sleep(AHEAD_POLL)
+    with PipelineChanges(log.engine, pipeline, fallback=AHEAD_POLL) as changes:
+        while time.monotonic() < until:
+            view = log.view(pipeline)
+            if txid in runs_ahead(view):
+                return False
+            if not previous_unbegun(view, txid):
+                return plan_begin(view, txid).action is not BeginAction.WAIT_PREVIOUS
+            changes.wait(until - time.monotonic())
     return False
 
 
 def window_moved(log: TransactionLog, pipeline: str, txid: int, deadline: float) -> bool:
-    """Wait until ``txid`` may begin (the oldest txid committed), if it is the txid just past the
-    full window and one of the log's :func:`ahead_waits` wait slots is free; ``False`` at once for
-    any other txid (a rewind's later txids: they defer) or with every slot taken, and once
-    ``deadline`` (``time.monotonic``) passes.
+    """Wait until ``txid`` may begin (the txid before it began, and the oldest txid committed),
+    if its run was made past the window (:func:`~airflow_txn_provider.rules.waiting.runs_ahead`)
+    and one of the log's :func:`ahead_waits` wait slots is free; ``False`` at once for any other
+    txid (a rewind's later txids: they defer) or with every slot taken, and once ``deadline``
+    (``time.monotonic``) passes or the txid is no longer ahead (a txid before it failed).
 
-    The slots bound the worker slots that waits hold: with many pipelines backlogged, a run ahead
-    per pipeline waiting in a worker would take the slots of the processing tasks whose commits it
-    waits for (``make bench-pipelines``, N = 100).
+    The slots bound the worker slots that waits hold: with many pipelines backlogged, runs ahead
+    waiting in workers would take the slots of the processing tasks whose commits they wait for
+    (``make bench-pipelines``, N = 100). The wait itself costs no CPU: it blocks until the log
+    notifies a change of the pipeline (:mod:`airflow_txn_provider.log.changes`).
     """
-    from airflow_txn_provider.rules.waiting import may_begin_now, txid_ahead
+    from airflow_txn_provider.rules.waiting import may_begin_now, runs_ahead
 
     view = log.view(pipeline)
-    if txid_ahead(view) != txid:
+    if txid not in runs_ahead(view):
         return False
-    with ahead_wait_slot(log) as slot:
+    with (
+        ahead_wait_slot(log) as slot,
+        PipelineChanges(log.engine, pipeline, fallback=AHEAD_POLL) as changes,
+    ):
         if slot is None:
             return False
         while time.monotonic() < deadline:
-            time.sleep(AHEAD_POLL)
-            view = log.view(pipeline)
+            view = log.view(pipeline)  # read after listening: no change goes unseen
             if may_begin_now(view, txid):
                 return True
-            if txid_ahead(view) != txid:
+            if txid not in runs_ahead(view):
                 return False
+            changes.wait(deadline - time.monotonic())
     return False
 
 

@@ -21,6 +21,7 @@ from sqlalchemy import cast as sa_cast
 from sqlalchemy import func, insert, literal, select, text, update
 from sqlalchemy.dialects.postgresql import JSONB
 
+from airflow_txn_provider.log.changes import notify_changed
 from airflow_txn_provider.log.models import ATTEMPTS, PIPELINES, TRANSACTIONS
 from airflow_txn_provider.rules.config import LEASE_HOLDER_CHARS
 from airflow_txn_provider.rules.exceptions import CorruptLogError, UnknownPipelineError
@@ -74,9 +75,12 @@ class TxidRows:
             "begun_at": func.now(),
             "lease_expires_at": lease_until,
         }
+        changed = notify_changed(self.pipeline)  # waiters wake at the commit (log.changes)
         if new:
             self.conn.execute(
-                insert(TRANSACTIONS).values(pipeline=self.pipeline, txid=self.txid, **begun)
+                insert(TRANSACTIONS)
+                .values(pipeline=self.pipeline, txid=self.txid, **begun)
+                .returning(changed)
             )
         else:
             self.conn.execute(
@@ -90,6 +94,7 @@ class TxidRows:
                     lease_holder=None,
                     updated_at=func.now(),
                 )
+                .returning(changed)
             )
         self.conn.execute(
             insert(ATTEMPTS).values(
@@ -124,7 +129,12 @@ class TxidRows:
             error = redact_optional(error)  # stored, then shown on the page and in run notes
             txid_values.update(last_error=error, failed_by=failed_by)
             attempt_values.update(error=error, failed_by=failed_by)
-        self.conn.execute(update(TRANSACTIONS).where(self._txid_row()).values(txid_values))
+        self.conn.execute(
+            update(TRANSACTIONS)
+            .where(self._txid_row())
+            .values(txid_values)
+            .returning(notify_changed(self.pipeline))  # waiters wake at the commit
+        )
         self.conn.execute(update(ATTEMPTS).where(self._attempt_row(attempt)).values(attempt_values))
 
     def patch_output(self, attempt: int, patch: Mapping[str, Any]) -> None:

@@ -142,14 +142,14 @@ class TxnOperator(TxidLineage, BaseOperator):
                 # never on an Airflow retry (an attempt behind the sensor's count).
                 replay=not is_airflow_retry(context["ti"], self.retries),
             )
-            if emission.action is BeginAction.WAIT_PREVIOUS:
-                if not previous_began(log, p.name, txid, deadline):
-                    break
-            elif not (
-                emission.action is BeginAction.WAIT_WINDOW
-                and window_moved(log, p.name, txid, deadline)
+            waits = emission.action in (BeginAction.WAIT_PREVIOUS, BeginAction.WAIT_WINDOW)
+            if waits and window_moved(log, p.name, txid, deadline):
+                continue  # a run made past the window: its turn came
+            if emission.action is BeginAction.WAIT_PREVIOUS and previous_began(
+                log, p.name, txid, deadline
             ):
-                break
+                continue  # the txid before it began (their runs were made together)
+            break
         if emission.action is BeginAction.NOT_REPLAYED:
             failed = log.transaction(p.name, txid)
             raise AirflowFailException(

@@ -40,6 +40,13 @@ TXIDS_PER_CORE = 1
 TXIDS_BESIDE_SPARK = 1
 """Txids in flight beyond one per core: the one starting, staging or committing while the others
 compute, so no core waits for it."""
+RUNS_AHEAD = 3
+"""New txids past a full window whose DAG runs a claim makes ahead of time, each claim then
+waiting in its worker to begin (:func:`~airflow_txn_provider.rules.waiting.runs_ahead`). Airflow's
+scheduler starts a new run's task up to about a second after the run is made (its idle sleep,
+``[scheduler] scheduler_idle_sleep_time``, 1 s by default) and the task takes a few tenths more to
+claim: at half-second txids one run ahead began after the window had room, three begin as it moves
+(``make bench-peer`` shape (b), docs/benchmarks.md)."""
 
 
 def fitted_window(spark_cores: int, bound: int = FITTED_WINDOW_BOUND) -> int:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow_txn_provider.compat.python import StrEnum
+from airflow_txn_provider.rules.config import RUNS_AHEAD
 from airflow_txn_provider.rules.coordinator import (
     committable,
     next_to_begin,
@@ -155,36 +156,36 @@ def new_txid_due(view: PipelineView | None) -> int | None:
     return txid if txid == view.next_new_txid else None
 
 
-def txid_ahead(view: PipelineView) -> int | None:
-    """The new txid just past a full window, whose run a claim may create ahead of time, or
-    ``None``.
-
-    Its claim then waits in its worker and begins the moment the oldest txid commits, instead of
-    the commit freeing a slot, then the waker's poll, the run's creation, its scheduling and its
-    task's start, one after the other, each txid. One txid ahead at most (the run of the txid
-    after it is created by its own claim, once it begins), and none while a failed txid is in
+def runs_ahead(view: PipelineView) -> range:
+    """The new txids just past the window (:data:`~airflow_txn_provider.rules.config.RUNS_AHEAD`
+    of them) whose DAG runs a claim may create ahead of time; empty while a failed txid is in
     flight: that one replays first, in its own run.
+
+    Their claims wait in their workers, each for the begin before it, then for the window to
+    move, and the next begins the moment the oldest txid commits, instead of the commit freeing a
+    slot, then the waker's poll, the run's creation, its scheduling and its task's start, one
+    after the other, each txid.
     """
     if any(rec.status is TxStatus.FAILED for rec in view.in_flight):
-        return None
-    new = view.next_new_txid
-    return new if new == view.window.stop else None
+        return range(0)
+    return range(view.window.stop, view.window.stop + RUNS_AHEAD)
 
 
 def runs_to_make(view: PipelineView) -> range:
     """The new txids whose DAG runs a claim makes now, oldest first, each only if its source has
-    data for it (the first without data ends them): every new txid the window admits and the one
-    just past it (:func:`txid_ahead`: the caller makes that one only if its claim may wait in a
-    worker), above the newest whose run was made already (``view.runs_made_through``). None while
-    a failed txid is in flight: that one replays first, in its own run.
+    data for it (the first without data ends them): every new txid the window admits and those
+    just past it (:func:`runs_ahead`: the caller makes those only while its log has wait slots
+    for their claims), above the newest whose run was made already (``view.runs_made_through``).
+    None while a failed txid is in flight: that one replays first, in its own run.
 
-    So a backlog's window fills at once, and keeps filling as it moves, a scheduling round ahead
+    So a backlog's window fills at once, and keeps filling as it moves, scheduling rounds ahead
     of the begins, instead of one run per claim, each made by the claim before it. A run made
     before its ``txid - 1`` began waits in its worker for that begin (a moment: their runs were
-    made together)."""
-    if any(rec.status is TxStatus.FAILED for rec in view.in_flight):
+    made together, or that one's claim waits for the window too)."""
+    ahead = runs_ahead(view)
+    if not ahead:
         return range(0)
-    return range(max(view.next_new_txid, view.runs_made_through + 1), view.window.stop + 1)
+    return range(max(view.next_new_txid, view.runs_made_through + 1), ahead.stop)
 
 
 def previous_unbegun(view: PipelineView, txid: int) -> bool:

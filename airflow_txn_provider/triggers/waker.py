@@ -49,6 +49,7 @@ from airflow_txn_provider.compat.airflow import (
     TASKS_CREATE_RUNS,
     run_blocking,
 )
+from airflow_txn_provider.rules.config import RUNS_AHEAD
 from airflow_txn_provider.rules.exceptions import UnknownPipelineError
 from airflow_txn_provider.rules.liveness import Need, Overdue
 from airflow_txn_provider.rules.records import PipelineView, TxRecord
@@ -94,14 +95,15 @@ def make_runs_ahead(
     source: Any,
     create: Callable[[int], bool],
     *,
-    may_wait_ahead: Callable[[], bool] = lambda: True,
+    wait_slots_free: Callable[[], int] = lambda: RUNS_AHEAD,
 ) -> list[int]:
     """Right after a claim began its txid (``view`` read since): make the runs
     :func:`~airflow_txn_provider.rules.waiting.runs_to_make` names, oldest first, while the
-    source has data for each (as each begin would decide it, from the batch before it), the one
-    past the window only if ``may_wait_ahead()`` (a wait slot is free: asked only then). The
-    waker's question, asked by the claim at once and for the whole window, so that a backlog
-    fills the window, and keeps it full, without a poll and a scheduling round per txid.
+    source has data for each (as each begin would decide it, from the batch before it), those
+    past the window only as many as ``wait_slots_free()`` (the log's free wait slots: asked once,
+    when the first is reached). The waker's question, asked by the claim at once and for the
+    whole window, so that a backlog fills the window, and keeps it full, without a poll and a
+    scheduling round per txid.
 
     Returns the txids whose runs it made. It stops at a run that exists (``create`` answers
     False): another claim made it, or another run holds its txid's logical date (a person's
@@ -112,14 +114,18 @@ def make_runs_ahead(
     source.prefetch()
     metadata = view.metadata_before(view.next_new_txid)
     made: list[int] = []
+    slots: int | None = None  # wait slots for the runs past the window, once asked
     for txid in range(view.next_new_txid, wanted.stop):
         metadata = source.initialize_transaction(txid, metadata)
         if metadata is None:
             break
         if txid not in wanted:
             continue
-        if txid == view.window.stop and not may_wait_ahead():
-            break
+        if txid >= view.window.stop:
+            slots = wait_slots_free() if slots is None else slots
+            if slots <= 0:
+                break
+            slots -= 1
         if not create(txid):
             break  # made already, or its slot held by another run: the waker looks which
         made.append(txid)
@@ -141,7 +147,7 @@ def start_making_runs(
 
     def make() -> None:
         from airflow_txn_provider.hooks.airflow_api import AirflowApiHook, create_txid_run_from_task
-        from airflow_txn_provider.run_context import ahead_wait_slot_free
+        from airflow_txn_provider.run_context import ahead_wait_slots_free
         from airflow_txn_provider.spark.sources import source_from_spec
 
         made: list[int] = []
@@ -156,7 +162,7 @@ def start_making_runs(
                 log.view(pipeline.name),
                 source,
                 create,
-                may_wait_ahead=lambda: ahead_wait_slot_free(log),
+                wait_slots_free=lambda: ahead_wait_slots_free(log),
             )
         except Exception as err:
             msg = "pipeline=%s txid=%s: later txids' runs are left to the waker (%s: %s)"

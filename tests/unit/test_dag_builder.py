@@ -21,6 +21,7 @@ from airflow_txn_provider.dag_builder import (
     build_dag,
 )
 from airflow_txn_provider.pipeline import TxnPipeline
+from airflow_txn_provider.rules.config import RUNS_AHEAD
 from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
 from airflow_txn_provider.state import MapState
 from airflow_txn_provider.timetables import (
@@ -63,7 +64,7 @@ def test_one_job_dag_shape():
     assert _upstream(dag, "commit") == {"process_word_count"}
     # A processing task that recorded its output may fail to report it: the log decides.
     assert dag.get_task("commit").trigger_rule == "none_skipped"
-    assert dag.max_active_runs == 3 + 1 and not dag.catchup  # max_pending and the run ahead
+    assert dag.max_active_runs == 3 + RUNS_AHEAD and not dag.catchup  # and the runs ahead
     process = dag.get_task("process_word_count")
     assert process.finish is True and process.claims is True
     assert {dag.get_task(t).claim_task_id for t in dag.task_ids} == {"process_word_count"}

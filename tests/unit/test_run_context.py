@@ -8,11 +8,14 @@ from contextlib import nullcontext
 import pytest
 
 from airflow_txn_provider import run_context
+from airflow_txn_provider.rules.config import RUNS_AHEAD
 from tests.unit.builders import FAIL, PROC, view
 
 
 class Log:
     """The log as the claim's wait reads it: one view per look, the last one repeated."""
+
+    engine = None
 
     def __init__(self, *views):
         self.views, self.looks = list(views), 0
@@ -28,9 +31,26 @@ MOVED = view((5, 1, PROC), last=4, max_pending=2)  # txid 4 committed: 6 may beg
 FAILED = view((4, 2, FAIL), (5, 1, FAIL), last=3, max_pending=2)  # the cascade: 4 replays first
 
 
+class Changes:
+    """The log's wake-ups as a poll: each wait a millisecond."""
+
+    def __init__(self, engine, pipeline, *, fallback):
+        assert engine is None and pipeline == "p" and fallback > 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    def wait(self, timeout):
+        time.sleep(min(timeout, 0.001)) if timeout > 0 else None
+        return False
+
+
 @pytest.fixture
 def fast(monkeypatch):
-    monkeypatch.setattr(run_context, "AHEAD_POLL", 0.001)
+    monkeypatch.setattr(run_context, "PipelineChanges", Changes)
     monkeypatch.setattr(run_context, "ahead_wait_slot", lambda log: nullcontext("a slot"))
 
 
@@ -46,9 +66,27 @@ def test_the_run_ahead_stops_waiting_when_a_txid_before_it_fails(fast):
     assert log.looks == 3  # it defers: its wait may be long now
 
 
-def test_a_txid_further_than_one_past_the_window_does_not_wait_in_its_worker(fast):
+def test_a_txid_further_than_the_runs_ahead_does_not_wait_in_its_worker(fast):
     log = Log(FULL)
-    assert not run_context.window_moved(log, "p", 7, time.monotonic() + 5)
+    assert not run_context.window_moved(log, "p", 6 + RUNS_AHEAD, time.monotonic() + 5)
+    assert log.looks == 1
+
+
+BEGUN_6 = view((5, 1, PROC), (6, 1, PROC), last=4, max_pending=2)  # 4 committed, 6 began
+MOVED_7 = view((6, 1, PROC), last=5, max_pending=2)  # 5 committed: 7 may begin
+
+
+def test_a_later_run_ahead_waits_for_the_begin_before_it_and_then_the_window(fast):
+    # 6 is the first past the full window; 7 waits for 6 to begin, then for the next commit
+    log = Log(FULL, FULL, BEGUN_6, BEGUN_6, MOVED_7)
+    assert run_context.window_moved(log, "p", 7, time.monotonic() + 5)
+    assert log.looks == 5
+
+
+def test_a_run_ahead_takes_no_wait_of_the_begin_before_it_outside_its_slot(fast):
+    # previous_began leaves a run ahead to window_moved (its wait slot bounds such waits)
+    log = Log(FULL)
+    assert not run_context.previous_began(log, "p", 7, time.monotonic() + 5)
     assert log.looks == 1
 
 
@@ -68,7 +106,7 @@ def test_with_every_wait_slot_taken_the_run_ahead_defers_at_once(fast, monkeypat
 
 
 WAIT_SLOTS = [  # (how it is read, its environment variable, its default as the code reads it)
-    pytest.param(run_context.ahead_waits, "RUN_AHEAD_WAITS", 2, id="run_ahead_waits"),
+    pytest.param(run_context.ahead_waits, "RUN_AHEAD_WAITS", 4, id="run_ahead_waits"),
     pytest.param(run_context.commit_waits, "COMMIT_WAITS", 4, id="commit_waits"),
 ]
 

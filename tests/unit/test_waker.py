@@ -11,13 +11,14 @@ import hypothesis
 import hypothesis.strategies as st
 import pytest
 
+from airflow_txn_provider.rules.config import RUNS_AHEAD
 from airflow_txn_provider.rules.coordinator import plan_begin
 from airflow_txn_provider.rules.vocabulary import BeginAction
 from airflow_txn_provider.rules.waiting import (
     new_txid_due,
     previous_unbegun,
+    runs_ahead,
     runs_to_make,
-    txid_ahead,
 )
 from airflow_txn_provider.triggers import waker as waker_module
 from airflow_txn_provider.triggers.waker import (
@@ -224,25 +225,25 @@ class Batches:
         return {"end": min(start + 10, self.end)} if start < self.end else None
 
 
-def made_by_claim(v, source, *, may_wait_ahead=lambda: True, exists=()):
+def made_by_claim(v, source, *, wait_slots_free=lambda: RUNS_AHEAD, exists=()):
     made: list[int] = []
 
     def create(n):
         made.append(n)
         return n not in exists
 
-    return make_runs_ahead(v, source, create, may_wait_ahead=may_wait_ahead), made
+    return make_runs_ahead(v, source, create, wait_slots_free=wait_slots_free), made
 
 
 @pytest.mark.parametrize(
     ("records", "source_end", "made_through", "expected"),
     [
-        # txid 4 began with data behind it: the window's txids 5-7 and 8, just past it
-        (((4, 1, PROC),), 100, 0, [5, 6, 7, 8]),
+        # txid 4 began with data behind it: the window's txids 5-7 and 8-10, just past it
+        (((4, 1, PROC),), 100, 0, [5, 6, 7, 8, 9, 10]),
         (((4, 1, PROC),), 60, 0, [5, 6]),  # data for two more batches: two runs
         (((4, 1, PROC),), 40, 0, []),  # txid 4 took everything there was: no run
-        (((4, 1, PROC),), 100, 6, [7, 8]),  # 5 and 6 were made by an earlier claim
-        (((4, 1, PROC), (5, 1, PROC)), 100, 8, []),  # every run it would make exists
+        (((4, 1, PROC),), 100, 6, [7, 8, 9, 10]),  # 5 and 6 were made by an earlier claim
+        (((4, 1, PROC), (5, 1, PROC)), 100, 10, []),  # every run it would make exists
     ],
 )
 def test_a_claim_makes_the_runs_of_the_window_its_source_has_data_for(
@@ -260,7 +261,8 @@ def test_each_run_is_asked_for_from_the_batch_before_it_as_its_begin_would():
     v = view((4, 1, PROC), last=3, max_pending=3)
     source = Batches(100)
     made_by_claim(v, source)
-    assert source.asked == [(5, {"end": 40}), (6, {"end": 50}), (7, {"end": 60})]
+    # the window's 5 and 6, and the RUNS_AHEAD (3) past it, 7-9
+    assert source.asked == [(t, {"end": 10 * (t - 1)}) for t in range(5, 10)]
 
 
 def test_a_run_that_exists_already_ends_the_runs_made_and_is_not_noted():
@@ -270,12 +272,22 @@ def test_a_run_that_exists_already_ends_the_runs_made_and_is_not_noted():
     assert made == [5, 6] and result == [5]
 
 
-def test_a_claim_makes_the_run_just_past_a_full_window_and_no_further():
+def test_a_claim_makes_the_runs_past_a_full_window_one_per_free_wait_slot():
     full = view((4, 1, PROC), (5, 1, PROC), last=3, max_pending=2)
-    assert made_by_claim(full, Batches(100))[0] == [6]  # it waits in its worker for txid 4
-    assert made_by_claim(full, Batches(100), may_wait_ahead=lambda: False)[0] == []
+    ahead = list(range(6, 6 + RUNS_AHEAD))  # they wait in their workers for txid 4's commit
+    assert made_by_claim(full, Batches(100))[0] == ahead
+    assert made_by_claim(full, Batches(100), wait_slots_free=lambda: 1)[0] == [6]
+    assert made_by_claim(full, Batches(100), wait_slots_free=lambda: 0)[0] == []
     room = view((4, 1, PROC), last=3, max_pending=2)
-    assert made_by_claim(room, Batches(100), may_wait_ahead=lambda: False)[0] == [5]
+    assert made_by_claim(room, Batches(100), wait_slots_free=lambda: 0)[0] == [5]
+    asked: list[int] = []
+
+    def slots() -> int:
+        asked.append(1)
+        return 2
+
+    assert made_by_claim(room, Batches(100), wait_slots_free=slots)[0] == [5, 6, 7]
+    assert asked == [1]  # asked once, when the first run past the window is reached
 
 
 def test_no_run_is_made_ahead_while_a_failed_txid_waits_to_replay():
@@ -292,7 +304,7 @@ def test_no_run_is_made_ahead_while_a_failed_txid_waits_to_replay():
     max_pending=st.integers(1, 8),
     made_ahead=st.integers(0, 10),
 )
-def test_runs_are_made_for_new_txids_the_window_admits_and_one_past_it(
+def test_runs_are_made_for_new_txids_the_window_admits_and_those_past_it(
     last, statuses, max_pending, made_ahead
 ):
     records = [(last + 1 + i, 1, s) for i, s in enumerate(statuses)]
@@ -300,11 +312,11 @@ def test_runs_are_made_for_new_txids_the_window_admits_and_one_past_it(
     wanted = runs_to_make(v)
     for txid in wanted:
         assert txid >= v.next_new_txid and txid > v.runs_made_through
-        # each begins new once the txids before it began, or waits only for the window
-        assert txid in v.window or txid == txid_ahead(v) or txid == v.window.stop
+        # each begins new once the txids before it began, or waits for the window too
+        assert txid in v.window or txid in runs_ahead(v)
     if wanted:  # never more runs than the DAG's max_active_runs
-        assert len(v.in_flight) + len(wanted) <= max_pending + 1
-        assert wanted.stop == v.window.stop + 1
+        assert len(v.in_flight) + len(wanted) <= max_pending + RUNS_AHEAD
+        assert wanted.stop == v.window.stop + RUNS_AHEAD
 
 
 def test_a_run_made_ahead_waits_only_for_the_first_begin_before_it():
@@ -320,21 +332,29 @@ def test_a_run_made_ahead_waits_only_for_the_first_begin_before_it():
     statuses=st.lists(STATUSES, max_size=8),
     max_pending=st.integers(1, 8),
 )
-def test_the_txid_ahead_is_the_next_new_one_and_waits_only_for_the_window(
-    last, statuses, max_pending
-):
+def test_the_runs_ahead_wait_for_the_window_and_the_begin_before_each(last, statuses, max_pending):
+    hypothesis.assume(len(statuses) <= max_pending)  # nothing in flight past the window
     records = [(last + 1 + i, 1, s) for i, s in enumerate(statuses)]
     v = view(*records, last=last, max_pending=max_pending)
-    ahead = txid_ahead(v)
-    if ahead is None:
+    ahead = runs_ahead(v)
+    if not ahead:
+        assert FAIL in statuses  # a failed txid replays first, in its own run
         return
-    assert ahead == v.next_new_txid == v.window.stop and FAIL not in statuses
-    assert new_txid_due(v) is None  # never both: due means the window has room
-    assert plan_begin(v, ahead).action is BeginAction.WAIT_WINDOW
-    # Once the oldest txid commits, it is the txid the coordinator begins next, as a new one.
+    assert FAIL not in statuses and ahead == range(v.window.stop, v.window.stop + RUNS_AHEAD)
+    for txid in ahead:
+        action = plan_begin(v, txid).action
+        if txid == v.next_new_txid:  # the window is full: it waits for the oldest commit
+            assert action is BeginAction.WAIT_WINDOW and new_txid_due(v) is None
+        else:  # the txid before it has not begun
+            assert action is BeginAction.WAIT_PREVIOUS
+    if ahead.start != v.next_new_txid:
+        return
+    # Once the oldest txid commits, the first is the txid the coordinator begins next, as a new
+    # one, and the next runs ahead move along with the window.
     oldest = v.in_flight[0]
     moved = view(*records[1:], last=oldest.txid, max_pending=max_pending)
-    assert plan_begin(moved, ahead).action is BeginAction.NEW
+    assert plan_begin(moved, ahead.start).action is BeginAction.NEW
+    assert runs_ahead(moved) == range(ahead.start + 1, ahead.stop + 1)
 
 
 @pytest.mark.parametrize("thread_safe", [True, False])

@@ -1,0 +1,108 @@
+"""Wake-ups when a pipeline's txids change: Postgres ``LISTEN``/``NOTIFY``, not polls.
+
+Every write of a txid's row (its begin, processed, committed or failed: the one writer,
+:class:`~airflow_txn_provider.log.rows.TxidRows`) notifies :data:`CHANNEL` with the pipeline's
+name, in the writing transaction (:func:`notify_changed`): Postgres delivers it at the commit,
+once per transaction, and never for a transaction rolled back. A task that waits in its worker
+for the log to move (a run ahead for the window, a processed txid for its turn) blocks on
+:class:`PipelineChanges` instead of reading the log every tenth of a second: the wait costs no
+CPU, and ends the moment the log moved.
+
+The wake-up is a hint, never the truth: the waiter reads the log after each one, and at least
+every :data:`RECHECK` seconds without one (a writer that notifies nothing, a connection pooler in
+transaction mode that cannot ``LISTEN``: then it polls at that pace).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import func, text
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+    from sqlalchemy.engine import Connection, Engine
+    from sqlalchemy.sql.functions import Function
+
+log = logging.getLogger(__name__)
+
+CHANNEL = "txn_pipeline_changed"
+"""The channel every txid write notifies, with the pipeline's name as the payload."""
+RECHECK = 1.0
+"""Seconds a waiter waits at most without a wake-up before it reads the log again."""
+
+
+def notify_changed(pipeline: str) -> Function[Any]:
+    """The SQL expression that notifies :data:`CHANNEL` of ``pipeline``: put in a write's
+    ``RETURNING``, it costs no round trip of its own."""
+    return func.pg_notify(CHANNEL, pipeline)
+
+
+class PipelineChanges:
+    """A connection of its own listening for ``pipeline``'s changes, for a ``with`` block.
+
+    Listen first, then read the log, then :meth:`wait`: a change between the read and the wait
+    is queued on the connection, so no wake-up is lost. Without a listening connection (the
+    ``LISTEN`` failed) :meth:`wait` sleeps ``fallback`` seconds instead, as a poll would.
+    """
+
+    def __init__(self, engine: Engine, pipeline: str, *, fallback: float = 0.1) -> None:
+        self.engine, self.pipeline, self.fallback = engine, pipeline, fallback
+        self._conn: Connection | None = None
+
+    def __enter__(self) -> PipelineChanges:
+        try:
+            conn = self.engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+        except Exception as err:
+            log.warning("pipeline=%s: no LISTEN connection, polling (%s)", self.pipeline, err)
+            return self
+        try:
+            conn.execute(text(f"LISTEN {CHANNEL}"))
+        except Exception as err:
+            conn.invalidate()
+            conn.close()
+            log.warning("pipeline=%s: LISTEN refused, polling (%s)", self.pipeline, err)
+            return self
+        self._conn = conn
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        try:
+            conn.execute(text("UNLISTEN *"))  # back to the pool listening to nothing
+        except Exception:
+            conn.invalidate()
+        conn.close()
+
+    def wait(self, timeout: float) -> bool:
+        """Block until ``pipeline`` changed (True), at most ``timeout`` seconds and
+        :data:`RECHECK` (False: read the log all the same)."""
+        timeout = max(0.0, min(timeout, RECHECK))
+        if self._conn is None:
+            time.sleep(min(timeout, self.fallback))
+            return False
+        raw: Any = self._conn.connection.driver_connection  # psycopg's Connection
+        until = time.monotonic() + timeout
+        try:
+            while (left := until - time.monotonic()) > 0:
+                for note in raw.notifies(timeout=left):
+                    if note.payload == self.pipeline:
+                        return True
+                    if time.monotonic() >= until:
+                        break
+        except Exception as err:  # the server went away: poll until the block ends
+            log.warning("pipeline=%s: LISTEN connection lost, polling (%s)", self.pipeline, err)
+            self._conn.invalidate()
+            self._conn.close()
+            self._conn = None
+        return False
