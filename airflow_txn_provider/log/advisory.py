@@ -9,7 +9,7 @@ keys) keeps each use's slots apart.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -91,3 +91,57 @@ def held_slot(engine: Engine, lock_class: int, keys: Iterable[int]) -> Iterator[
     finally:
         if slot is not None:
             slot.release()
+
+
+@contextmanager
+def waited_slot(
+    engine: Engine, lock_class: int, keys: Sequence[int], *, turn: int, timeout: float
+) -> Iterator[HeldSlot | None]:
+    """The first free one of ``keys``, held for the block; with every one taken, wait for
+    ``keys[turn % len(keys)]`` (in Postgres, on the lock: no CPU, no poll), at most ``timeout``
+    seconds. ``None`` when the wait ran out or the log cannot be reached: the caller goes on
+    without a slot, never stuck on one."""
+    slot: HeldSlot | None = None
+    try:
+        slot = try_hold(engine, lock_class, keys)
+        if slot is None:
+            slot = _wait_for(engine, lock_class, keys, turn % len(keys), timeout)
+    except Exception as err:  # the log is restarting
+        log.warning(
+            "no advisory slot (lock class %#x): %s: %s", lock_class, type(err).__name__, err
+        )
+    try:
+        yield slot
+    finally:
+        if slot is not None:
+            slot.release()
+
+
+def _wait_for(
+    engine: Engine, lock_class: int, keys: Sequence[int], index: int, timeout: float
+) -> HeldSlot | None:
+    from sqlalchemy.exc import OperationalError
+
+    conn = engine.connect().execution_options(isolation_level="AUTOCOMMIT")
+    try:
+        conn.execute(
+            text("SELECT set_config('lock_timeout', :ms, false)"), {"ms": f"{int(timeout * 1000)}"}
+        )
+        try:
+            conn.execute(
+                text("SELECT pg_advisory_lock(:c, :k)"), {"c": lock_class, "k": keys[index]}
+            )
+        except OperationalError as err:
+            if getattr(err.orig, "sqlstate", None) != "55P03":  # not lock_not_available
+                raise
+            log.warning(
+                "advisory slot %s (lock class %#x): waited %.0f s", index, lock_class, timeout
+            )
+            conn.close()
+            return None
+        conn.execute(text("RESET lock_timeout"))
+        return HeldSlot(conn, lock_class, keys[index], index)
+    except BaseException:
+        conn.invalidate()  # whatever it holds goes with it
+        conn.close()
+        raise

@@ -49,6 +49,13 @@ claim: at half-second txids one run ahead began after the window had room, three
 (``make bench-peer`` shape (b), docs/benchmarks.md)."""
 
 
+def spark_work_slots(window: int) -> int:
+    """How many txids of a fitted ``window`` run their Spark work at once: all but the
+    :data:`TXIDS_BESIDE_SPARK` (:data:`TXIDS_PER_CORE` per core), at least one
+    (:mod:`airflow_txn_provider.spark.work_slots`)."""
+    return max(1, window - TXIDS_BESIDE_SPARK)
+
+
 def fitted_window(spark_cores: int, bound: int = FITTED_WINDOW_BOUND) -> int:
     """The window that fits a Spark offering ``spark_cores`` cores (its default parallelism):
     :data:`TXIDS_PER_CORE` txids in flight per core and :data:`TXIDS_BESIDE_SPARK` more, at

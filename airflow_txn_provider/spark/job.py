@@ -43,6 +43,7 @@ from airflow_txn_provider.rules.vocabulary import ProcessedAction
 from airflow_txn_provider.sinks.base import LakeSink, StagedFiles, sink_from_spec
 from airflow_txn_provider.spark.cores import is_connect, tell_spark_cores
 from airflow_txn_provider.spark.sources import LOCATION, RECORD, SparkSource, source_from_spec
+from airflow_txn_provider.spark.work_slots import spark_work_slot
 from airflow_txn_provider.state import MapState, counted_states, load_states
 from airflow_txn_provider.transactions.transaction_log import TransactionLog
 from airflow_txn_provider.utils import metrics
@@ -147,8 +148,7 @@ class ProcessOutcome:
 
     job: BatchJob
     status: str
-    """``processed`` (output recorded), ``staged`` (``finish=False``), or ``stale`` (the attempt
-    is no longer current, or already processed: nothing was staged)."""
+    """``processed`` (output recorded), ``staged`` (``finish=False``), ``stale`` (none staged)."""
     staged_rows: Mapping[str, int] = field(default_factory=dict)
     seconds: float = 0.0
 
@@ -173,9 +173,9 @@ def process_batch(
     :class:`~airflow_txn_provider.rules.exceptions.ProcessingStoppedError` before its next Spark
     action or its staging.
 
-    The attempt's timings (seconds) are recorded with its output: ``start`` (from its begin to
-    this job's start), ``spark`` (read, transform, collect), ``staging`` (the COPY into Postgres),
-    and any ``timings`` the caller measured (e.g. ``connect``).
+    The attempt's timings (seconds) are recorded with its output: ``start`` (its begin to this
+    job's start), ``spark_slot`` (:mod:`~airflow_txn_provider.spark.work_slots`), ``spark`` (read,
+    transform, collect), ``staging`` (the COPY into Postgres), and the caller's (``connect``).
     """
     started = time.monotonic()
     spent: dict[str, float] = dict(timings or {})
@@ -208,7 +208,9 @@ def process_batch(
             txlog.fail(**where, error=str(error), of_processing=True, holder=holder)
 
     try:
-        tables, staged = _compute(spark, txlog, job, info.metadata, transform, check)
+        with spark_work_slot(txlog, job, spent):  # fitted window: one txid's Spark work a core
+            computing = time.monotonic()
+            tables, staged = _compute(spark, txlog, job, info.metadata, transform, check)
         check()
     except TxnError as err:
         report(err)

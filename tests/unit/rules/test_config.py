@@ -8,6 +8,7 @@ from airflow_txn_provider.rules.config import (
     FIRST_WINDOW,
     FITTED_WINDOW_BOUND,
     fitted_window,
+    spark_work_slots,
     validate_max_pending,
 )
 
@@ -41,3 +42,9 @@ def test_max_pending_is_a_positive_int_or_none():
     for bad in (0, -1, 2.5, "4", True):
         with pytest.raises(ValueError, match="max_pending"):
             validate_max_pending(bad)
+
+
+@pytest.mark.parametrize("cores", [1, 2, 3, 15, 64])
+def test_a_fitted_window_computes_one_txid_per_core_and_starts_the_one_beside(cores):
+    assert spark_work_slots(fitted_window(cores)) == min(cores, FITTED_WINDOW_BOUND - 1)
+    assert spark_work_slots(1) == 1  # never none
