@@ -248,20 +248,20 @@ def commit_in_turn(
 
     done: list[int] = []
     deadline = time.monotonic() + COMMIT_WAIT
-    with (
-        held_slot(log.engine, _COMMIT_LOCK_CLASS, range(commit_waits())) as slot,
-        PipelineChanges(log.engine, pipeline.name, fallback=COMMIT_POLL) as changes,
-    ):
-        while slot is not None and time.monotonic() < deadline:
-            view = log.view(pipeline.name)  # read after listening: no change goes unseen
-            if view.last_committed >= txid:
-                return True, done
-            if not awaits_its_turn(view, txid):
-                break
-            if committable(view) is not None:
-                done += commit_ready(log, pipeline, logger, view=view)
-                continue
-            changes.wait(deadline - time.monotonic())
+    with held_slot(log.engine, _COMMIT_LOCK_CLASS, range(commit_waits())) as slot:
+        if slot is None:
+            return False, done
+        with PipelineChanges(log.engine, pipeline.name, fallback=COMMIT_POLL) as changes:
+            while time.monotonic() < deadline:
+                view = log.view(pipeline.name)  # read after listening: no commit goes unseen
+                if view.last_committed >= txid:
+                    return True, done
+                if not awaits_its_turn(view, txid):
+                    break
+                if committable(view) is not None:
+                    done += commit_ready(log, pipeline, logger, view=view)
+                    continue
+                changes.wait(deadline - time.monotonic())
     return txid in done, done
 
 
@@ -305,19 +305,17 @@ def window_moved(log: TransactionLog, pipeline: str, txid: int, deadline: float)
     view = log.view(pipeline)
     if txid not in runs_ahead(view):
         return False
-    with (
-        ahead_wait_slot(log) as slot,
-        PipelineChanges(log.engine, pipeline, fallback=AHEAD_POLL) as changes,
-    ):
+    with ahead_wait_slot(log) as slot:
         if slot is None:
             return False
-        while time.monotonic() < deadline:
-            view = log.view(pipeline)  # read after listening: no change goes unseen
-            if may_begin_now(view, txid):
-                return True
-            if txid not in runs_ahead(view):
-                return False
-            changes.wait(deadline - time.monotonic())
+        with PipelineChanges(log.engine, pipeline, fallback=AHEAD_POLL) as changes:
+            while time.monotonic() < deadline:
+                view = log.view(pipeline)  # read after listening: no change goes unseen
+                if may_begin_now(view, txid):
+                    return True
+                if txid not in runs_ahead(view):
+                    return False
+                changes.wait(deadline - time.monotonic())
     return False
 
 

@@ -137,6 +137,7 @@ def _wait_for(
             log.warning(
                 "advisory slot %s (lock class %#x): waited %.0f s", index, lock_class, timeout
             )
+            conn.execute(text("RESET lock_timeout"))  # back to the pool as it came
             conn.close()
             return None
         conn.execute(text("RESET lock_timeout"))

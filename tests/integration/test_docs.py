@@ -54,10 +54,10 @@ def test_pipeline_declaration_in_the_airflow_docs_builds_its_dag():
     namespace: dict = {}
     exec(compile(block, "docs/airflow.md", "exec"), namespace)
     dag = namespace["dag"]
-    from airflow_txn_provider.rules.config import FITTED_WINDOW_BOUND
+    from airflow_txn_provider.rules.config import FITTED_WINDOW_BOUND, RUNS_AHEAD
 
-    # the window's bound (it fits the Spark), and a run ahead
-    assert dag.dag_id == "words" and dag.max_active_runs == FITTED_WINDOW_BOUND + 1
+    # the window's bound (it fits the Spark), and the runs ahead
+    assert dag.dag_id == "words" and dag.max_active_runs == FITTED_WINDOW_BOUND + RUNS_AHEAD
     assert set(dag.task_ids) == {"process_word_count", "commit", "watch_failures"}
 
 

@@ -41,15 +41,23 @@ def test_with_every_slot_taken_a_wait_holds_the_turns_slot_once_it_is_let_go(eng
     assert events == ["second let go", "third holds 1"]
 
 
-def test_a_wait_that_runs_out_goes_on_without_a_slot(engine):
-    with waited_slot(engine, CLASS, [21], turn=0, timeout=30) as held:
-        assert held is not None
-        started = time.monotonic()
-        with waited_slot(engine, CLASS, [21], turn=0, timeout=0.3) as none:
-            assert none is None
-        assert time.monotonic() - started < 5
-    with waited_slot(engine, CLASS, [21], turn=0, timeout=0.3) as again:
-        assert again is not None  # free again: the timed-out wait left nothing held
+def test_a_wait_that_runs_out_goes_on_without_a_slot(engine, db_url):
+    from sqlalchemy import create_engine, text
+
+    one = create_engine(db_url, pool_size=1, max_overflow=0)  # the waiter's one connection
+    try:
+        with waited_slot(engine, CLASS, [21], turn=0, timeout=30) as held:
+            assert held is not None
+            started = time.monotonic()
+            with waited_slot(one, CLASS, [21], turn=0, timeout=0.3) as none:
+                assert none is None
+            assert time.monotonic() - started < 5
+        with one.connect() as conn:  # back in the pool as it came: no lock_timeout left on it
+            assert conn.execute(text("SHOW lock_timeout")).scalar() == "0"
+        with waited_slot(one, CLASS, [21], turn=0, timeout=0.3) as again:
+            assert again is not None  # free again: the timed-out wait left nothing held
+    finally:
+        one.dispose()
 
 
 def test_a_fitted_windows_second_txid_computes_after_the_first(txlog):
