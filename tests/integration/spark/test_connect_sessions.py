@@ -61,8 +61,17 @@ def _process_and_commit(txlog, runner, name, source):
     return e
 
 
+@pytest.fixture
+def no_rotation(monkeypatch):
+    """Ids rotate every half hour of the wall clock: a test that straddles a boundary (one did,
+    at 21:30:00) would see its slot's next id for a reason of the clock's, not of its own."""
+    from airflow_txn_provider.spark import connect_sessions
+
+    monkeypatch.setattr(connect_sessions, "ROTATION_SECONDS", 10**9)
+
+
 def test_txids_reuse_the_slots_session_and_a_failed_attempt_releases_it(
-    txlog, tmp_path, connect_server
+    txlog, tmp_path, connect_server, no_rotation
 ):
     data, source, state = _pipeline(txlog, tmp_path, "reuse")
     transform = MarkingTransform()
