@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import AbstractContextManager
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from airflow_txn_provider.compat.airflow import AirflowFailException
@@ -243,7 +244,7 @@ def commit_in_turn(
     it, as before."""
     from airflow_txn_provider.log.advisory import held_slot
     from airflow_txn_provider.rules.coordinator import committable
-    from airflow_txn_provider.rules.waiting import awaits_its_turn
+    from airflow_txn_provider.rules.waiting import awaits_its_turn, may_end_turn_wait
     from airflow_txn_provider.transactions.commit import commit_ready
 
     done: list[int] = []
@@ -261,7 +262,10 @@ def commit_in_turn(
                 if committable(view) is not None:
                     done += commit_ready(log, pipeline, logger, view=view)
                     continue
-                changes.wait(deadline - time.monotonic())
+                changes.wait(
+                    deadline - time.monotonic(),
+                    ends_wait=partial(may_end_turn_wait, txid=txid),
+                )
     return txid in done, done
 
 
@@ -274,7 +278,11 @@ def previous_began(log: TransactionLog, pipeline: str, txid: int, deadline: floa
     and its trigger waits) and at the end of the wait."""
     from airflow_txn_provider.rules.coordinator import plan_begin
     from airflow_txn_provider.rules.vocabulary import BeginAction
-    from airflow_txn_provider.rules.waiting import previous_unbegun, runs_ahead
+    from airflow_txn_provider.rules.waiting import (
+        may_end_previous_wait,
+        previous_unbegun,
+        runs_ahead,
+    )
 
     until = min(deadline, time.monotonic() + PREVIOUS_WAIT)
     with PipelineChanges(log.engine, pipeline, fallback=AHEAD_POLL) as changes:
@@ -284,7 +292,10 @@ def previous_began(log: TransactionLog, pipeline: str, txid: int, deadline: floa
                 return False
             if not previous_unbegun(view, txid):
                 return plan_begin(view, txid).action is not BeginAction.WAIT_PREVIOUS
-            changes.wait(until - time.monotonic())
+            changes.wait(
+                until - time.monotonic(),
+                ends_wait=partial(may_end_previous_wait, txid=txid),
+            )
     return False
 
 
@@ -300,7 +311,7 @@ def window_moved(log: TransactionLog, pipeline: str, txid: int, deadline: float)
     (``make bench-pipelines``, N = 100). The wait itself costs no CPU: it blocks until the log
     notifies a change of the pipeline (:mod:`airflow_txn_provider.log.changes`).
     """
-    from airflow_txn_provider.rules.waiting import may_begin_now, runs_ahead
+    from airflow_txn_provider.rules.waiting import may_begin_now, may_end_ahead_wait, runs_ahead
 
     view = log.view(pipeline)
     if txid not in runs_ahead(view):
@@ -315,7 +326,10 @@ def window_moved(log: TransactionLog, pipeline: str, txid: int, deadline: float)
                     return True
                 if txid not in runs_ahead(view):
                     return False
-                changes.wait(deadline - time.monotonic())
+                changes.wait(  # the window of this view: a wake-up reads the log again
+                    deadline - time.monotonic(),
+                    ends_wait=partial(may_end_ahead_wait, txid=txid, max_pending=view.max_pending),
+                )
     return False
 
 

@@ -2,11 +2,14 @@
 
 Every write of a txid's row (its begin, processed, committed or failed: the one writer,
 :class:`~airflow_txn_provider.log.rows.TxidRows`) notifies :data:`CHANNEL` with the pipeline's
-name, in the writing transaction (:func:`notify_changed`): Postgres delivers it at the commit,
-once per transaction, and never for a transaction rolled back. A task that waits in its worker
-for the log to move (a run ahead for the window, a processed txid for its turn) blocks on
-:class:`PipelineChanges` instead of reading the log every tenth of a second: the wait costs no
-CPU, and ends the moment the log moved.
+name, the txid and the status it reached, in the writing transaction (:func:`notify_changed`):
+Postgres delivers it at the commit, and never for a transaction rolled back. A task that waits in
+its worker for the log to move (a run ahead for the window, a processed txid for its turn) blocks
+on :class:`PipelineChanges` instead of reading the log every tenth of a second: the wait costs no
+CPU, and ends the moment a change that can end it arrives (the rules of
+:mod:`airflow_txn_provider.rules.waiting`, e.g. :func:`~airflow_txn_provider.rules.waiting.
+may_end_ahead_wait`): with three runs ahead and a txid waiting for its turn, each write woke every
+waiter of the pipeline, and each woken waiter read the log.
 
 The wake-up is a hint, never the truth: the waiter reads the log after each one, and at least
 every :data:`RECHECK` seconds without one (a writer that notifies nothing, a connection pooler in
@@ -21,7 +24,11 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import func, text
 
+from airflow_txn_provider.rules.vocabulary import TxStatus
+from airflow_txn_provider.rules.waiting import TxidChange
+
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from types import TracebackType
 
     from sqlalchemy.engine import Connection, Engine
@@ -30,15 +37,30 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CHANNEL = "txn_pipeline_changed"
-"""The channel every txid write notifies, with the pipeline's name as the payload."""
+"""The channel every txid write notifies, with ``"<pipeline> <txid> <status>"`` as the payload (a
+pipeline's name has no space: :mod:`airflow_txn_provider.rules.names`)."""
 RECHECK = 1.0
 """Seconds a waiter waits at most without a wake-up before it reads the log again."""
 
 
-def notify_changed(pipeline: str) -> Function[Any]:
-    """The SQL expression that notifies :data:`CHANNEL` of ``pipeline``: put in a write's
-    ``RETURNING``, it costs no round trip of its own."""
-    return func.pg_notify(CHANNEL, pipeline)
+def notify_changed(pipeline: str, txid: int, status: TxStatus) -> Function[Any]:
+    """The SQL expression that notifies :data:`CHANNEL` that ``pipeline``'s ``txid`` reached
+    ``status``: put in a write's ``RETURNING``, it costs no round trip of its own."""
+    return func.pg_notify(CHANNEL, f"{pipeline} {txid} {status.value}")
+
+
+def change_of(payload: str, pipeline: str) -> TxidChange | None:
+    """The change a notification of ``pipeline`` says; ``None`` for another pipeline's. A payload
+    of the pipeline's name alone (a writer of an earlier release, during an upgrade) is a change
+    of an unknown txid: txid 0, failed, which every wait reads the log for."""
+    name, _, rest = payload.partition(" ")
+    if name != pipeline:
+        return None
+    txid, _, status = rest.partition(" ")
+    try:
+        return TxidChange(int(txid), TxStatus(status))
+    except ValueError:
+        return TxidChange(0, TxStatus.FAILED)
 
 
 class PipelineChanges:
@@ -84,9 +106,12 @@ class PipelineChanges:
             conn.invalidate()
         conn.close()
 
-    def wait(self, timeout: float) -> bool:
-        """Block until ``pipeline`` changed (True), at most ``timeout`` seconds and
-        :data:`RECHECK` (False: read the log all the same)."""
+    def wait(
+        self, timeout: float, *, ends_wait: Callable[[TxidChange], bool] | None = None
+    ) -> bool:
+        """Block until ``pipeline`` changed in a way that ``ends_wait`` accepts (any change
+        without it): True; at most ``timeout`` seconds and :data:`RECHECK` (False: read the log
+        all the same)."""
         timeout = max(0.0, min(timeout, RECHECK))
         if self._conn is None:
             time.sleep(min(timeout, self.fallback))
@@ -96,7 +121,8 @@ class PipelineChanges:
         try:
             while (left := until - time.monotonic()) > 0:
                 for note in raw.notifies(timeout=left):
-                    if note.payload == self.pipeline:
+                    change = change_of(note.payload, self.pipeline)
+                    if change is not None and (ends_wait is None or ends_wait(change)):
                         return True
                     if time.monotonic() >= until:
                         break

@@ -75,7 +75,8 @@ class TxidRows:
             "begun_at": func.now(),
             "lease_expires_at": lease_until,
         }
-        changed = notify_changed(self.pipeline)  # waiters wake at the commit (log.changes)
+        # waiters wake at the commit (log.changes)
+        changed = notify_changed(self.pipeline, self.txid, TxStatus.PROCESSING)
         if new:
             self.conn.execute(
                 insert(TRANSACTIONS)
@@ -133,7 +134,7 @@ class TxidRows:
             update(TRANSACTIONS)
             .where(self._txid_row())
             .values(txid_values)
-            .returning(notify_changed(self.pipeline))  # waiters wake at the commit
+            .returning(notify_changed(self.pipeline, self.txid, status))  # waiters wake at commit
         )
         self.conn.execute(update(ATTEMPTS).where(self._attempt_row(attempt)).values(attempt_values))
 

@@ -194,6 +194,43 @@ def previous_unbegun(view: PipelineView, txid: int) -> bool:
     return txid - 1 >= view.next_new_txid
 
 
+@dataclass(frozen=True)
+class TxidChange:
+    """A write of one txid's row as the log notifies it (:mod:`airflow_txn_provider.log.changes`):
+    the txid and the status it reached. A task waiting in its worker reads the log again only for
+    a change that can end its wait (the functions below), not at every write of its pipeline."""
+
+    txid: int
+    status: TxStatus
+
+
+def may_end_ahead_wait(change: TxidChange, txid: int, max_pending: int) -> bool:
+    """Whether ``change`` can end the wait of run-ahead ``txid`` (:func:`runs_ahead`) for a
+    window of ``max_pending``: the begin of ``txid - 1``, a commit that brings the window up to
+    it (commits are in order: ``c`` committed opens ``[c + 1, c + 1 + max_pending)``), or a
+    failure, which takes it out of the runs ahead."""
+    if change.status is TxStatus.FAILED:
+        return True
+    if change.status is TxStatus.COMMITTED:
+        return change.txid >= txid - max_pending
+    return change.status is TxStatus.PROCESSING and change.txid == txid - 1
+
+
+def may_end_previous_wait(change: TxidChange, txid: int) -> bool:
+    """Whether ``change`` can end the wait of ``txid`` for the first begin of ``txid - 1``
+    (:func:`previous_unbegun`): a change of that txid, or one that may make ``txid`` a run ahead
+    (a commit moves the window, a replay's begin ends a failure) or none (a failure); only
+    another txid's processed output cannot."""
+    return change.txid == txid - 1 or change.status is not TxStatus.PROCESSED
+
+
+def may_end_turn_wait(change: TxidChange, txid: int) -> bool:
+    """Whether ``change`` can end the wait of processed ``txid`` for its turn to commit
+    (:func:`awaits_its_turn`): a txid up to it processed (the ones before may then commit),
+    committed or failed; a begin (only later txids begin meanwhile) cannot."""
+    return change.txid <= txid and change.status is not TxStatus.PROCESSING
+
+
 def awaits_its_turn(view: PipelineView, txid: int) -> bool:
     """Whether processed ``txid`` waits only for the txids before it, each still processing or
     processed (none failed): its processing task may wait for its commit in its worker."""

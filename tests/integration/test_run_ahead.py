@@ -128,6 +128,35 @@ def test_a_txid_write_wakes_its_pipelines_listeners_at_its_commit_only(txlog, mo
         q_listener.__exit__(None, None, None)
 
 
+def test_a_wait_wakes_only_for_the_changes_that_can_end_it(txlog, monkeypatch):
+    """The notification names the txid and the status it reached: a waiter for commits sleeps
+    through begins and processed outputs, and wakes at the commit."""
+    monkeypatch.setattr(changes, "RECHECK", 30.0)
+    txlog.register_pipeline("p", source_kind="transactional", max_pending=2)
+    seen: list[tuple[int, str]] = []
+
+    def commits(change) -> bool:
+        seen.append((change.txid, change.status.value))
+        return change.status.value == "committed"
+
+    woke: list[bool] = []
+    listener = PipelineChanges(txlog.engine, "p").__enter__()
+    threading.Thread(
+        target=lambda: woke.append(listener.wait(30.0, ends_wait=commits)), daemon=True
+    ).start()
+    try:
+        assert txlog.begin("p", 1, Tens()).emitted
+        assert txlog.begin("p", 2, Tens()).emitted
+        txlog.mark_processed("p", 1, 1, {"rows": 10})
+        wait_until(lambda: len(seen) == 3, 10, "three changes seen")
+        assert woke == []  # none of them ends the wait
+        txlog.commit("p", 1, 1)
+        wait_until(lambda: woke == [True], 10, "the commit to wake the waiter")
+        assert seen == [(1, "processing"), (2, "processing"), (1, "processed"), (1, "committed")]
+    finally:
+        listener.__exit__(None, None, None)
+
+
 def test_without_a_listen_connection_a_wait_polls(txlog, monkeypatch):
     listener = PipelineChanges(txlog.engine, "p", fallback=0.01)
     started = time.monotonic()

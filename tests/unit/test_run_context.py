@@ -43,7 +43,8 @@ class Changes:
     def __exit__(self, *exc):
         return None
 
-    def wait(self, timeout):
+    def wait(self, timeout, *, ends_wait):
+        assert callable(ends_wait)  # every wait says which changes end it (rules.waiting)
         time.sleep(min(timeout, 0.001)) if timeout > 0 else None
         return False
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
+from jinja2.nativetypes import NativeEnvironment
+from jinja2.sandbox import SandboxedEnvironment
 
-from airflow_txn_provider.operators.txn import is_airflow_retry
+from airflow_txn_provider.operators.txn import is_airflow_retry, is_plain_text
 
 
 @pytest.mark.parametrize(
@@ -113,3 +115,39 @@ def test_the_run_goes_on_when_the_txid_waits_or_the_commit_has_work(monkeypatch)
 
     with_sink = _process_task(sinks=[DeltaSink("t", table_uri="/tmp/t")], states=[])
     assert not with_sink.ends_its_run(context)
+
+
+class _CountingEnv(SandboxedEnvironment):
+    """Airflow's template environment, counting the templates it compiles."""
+
+    compiled = 0
+
+    def from_string(self, source, *args, **kwargs):
+        type(self).compiled += 1
+        return super().from_string(source, *args, **kwargs)
+
+
+def _rendered(task, value, env):
+    _CountingEnv.compiled = 0
+    out = task.render_template(value, {"ds": "2026-11-29"}, env)
+    return out, _CountingEnv.compiled
+
+
+def test_a_field_with_no_jinja_is_its_own_rendering_without_a_compile():
+    task = _process_task()
+    env = _CountingEnv(extensions=["jinja2.ext.do"])
+    assert _rendered(task, "spark_jobs/word_count.py", env) == ("spark_jobs/word_count.py", 0)
+    assert _rendered(task, "orders.v2", env) == ("orders.v2", 0)
+    # Jinja in it, or what Jinja would change: rendered by Airflow
+    assert _rendered(task, "jobs/{{ ds }}.py", env) == ("jobs/2026-11-29.py", 1)
+    assert _rendered(task, "a {# note #}b", env) == ("a b", 1)
+    assert _rendered(task, "name\n", env) == ("name", 1)
+    # another syntax set on the DAG's environment is honoured
+    custom = _CountingEnv(variable_start_string="[[", variable_end_string="]]")
+    assert _rendered(task, "jobs/[[ ds ]].py", custom) == ("jobs/2026-11-29.py", 1)
+
+
+def test_a_native_rendering_is_left_to_airflow():
+    task = _process_task()
+    assert not is_plain_text("12", NativeEnvironment(), task)
+    assert is_plain_text("12", SandboxedEnvironment(), task)
