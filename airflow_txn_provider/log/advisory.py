@@ -9,8 +9,8 @@ keys) keeps each use's slots apart.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING
 
 from sqlalchemy import text
@@ -76,12 +76,15 @@ def held_count(engine: Engine, lock_class: int) -> int:
 
 
 @contextmanager
-def held_slot(engine: Engine, lock_class: int, keys: Iterable[int]) -> Iterator[HeldSlot | None]:
-    """:func:`try_hold` for the block; ``None`` when every slot is taken or the log cannot be
-    reached (callers treat a slot as an optimisation: without one, they do the slower thing)."""
+def _held_for_the_block(
+    lock_class: int, acquire: Callable[[], HeldSlot | None]
+) -> Iterator[HeldSlot | None]:
+    """The slot ``acquire`` gets, released after the block; ``None`` when it got none or the log
+    cannot be reached (callers treat a slot as an optimisation: without one, they do the slower
+    thing, never stuck on one)."""
     slot: HeldSlot | None = None
     try:
-        slot = try_hold(engine, lock_class, keys)
+        slot = acquire()
     except Exception as err:  # the log is restarting
         log.warning(
             "no advisory slot (lock class %#x): %s: %s", lock_class, type(err).__name__, err
@@ -93,28 +96,26 @@ def held_slot(engine: Engine, lock_class: int, keys: Iterable[int]) -> Iterator[
             slot.release()
 
 
-@contextmanager
+def held_slot(
+    engine: Engine, lock_class: int, keys: Iterable[int]
+) -> AbstractContextManager[HeldSlot | None]:
+    """:func:`try_hold` for the block: ``None`` when every slot is taken."""
+    return _held_for_the_block(lock_class, lambda: try_hold(engine, lock_class, keys))
+
+
 def waited_slot(
     engine: Engine, lock_class: int, keys: Sequence[int], *, turn: int, timeout: float
-) -> Iterator[HeldSlot | None]:
+) -> AbstractContextManager[HeldSlot | None]:
     """The first free one of ``keys``, held for the block; with every one taken, wait for
     ``keys[turn % len(keys)]`` (in Postgres, on the lock: no CPU, no poll), at most ``timeout``
-    seconds. ``None`` when the wait ran out or the log cannot be reached: the caller goes on
-    without a slot, never stuck on one."""
-    slot: HeldSlot | None = None
-    try:
-        slot = try_hold(engine, lock_class, keys)
-        if slot is None:
-            slot = _wait_for(engine, lock_class, keys, turn % len(keys), timeout)
-    except Exception as err:  # the log is restarting
-        log.warning(
-            "no advisory slot (lock class %#x): %s: %s", lock_class, type(err).__name__, err
-        )
-    try:
-        yield slot
-    finally:
-        if slot is not None:
-            slot.release()
+    seconds: ``None`` when the wait ran out."""
+    return _held_for_the_block(
+        lock_class,
+        lambda: (
+            try_hold(engine, lock_class, keys)
+            or _wait_for(engine, lock_class, keys, turn % len(keys), timeout)
+        ),
+    )
 
 
 def _wait_for(

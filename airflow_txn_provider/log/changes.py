@@ -13,7 +13,8 @@ waiter of the pipeline, and each woken waiter read the log.
 
 The wake-up is a hint, never the truth: the waiter reads the log after each one, and at least
 every :data:`RECHECK` seconds without one (a writer that notifies nothing, a connection pooler in
-transaction mode that cannot ``LISTEN``: then it polls at that pace).
+transaction mode whose ``LISTEN`` hears nothing: then it polls at that pace); once its connection
+has delivered a notification, at least every :data:`RECHECK_HEARD` seconds.
 """
 
 from __future__ import annotations
@@ -41,6 +42,9 @@ CHANNEL = "txn_pipeline_changed"
 pipeline's name has no space: :mod:`airflow_txn_provider.rules.names`)."""
 RECHECK = 1.0
 """Seconds a waiter waits at most without a wake-up before it reads the log again."""
+RECHECK_HEARD = 5.0
+"""The same, once its connection delivered a notification (of any pipeline): ``LISTEN`` works
+there, so a read per second per waiter (three runs ahead wait at once) would only be a poll."""
 
 
 def notify_changed(pipeline: str, txid: int, status: TxStatus) -> Function[Any]:
@@ -49,10 +53,16 @@ def notify_changed(pipeline: str, txid: int, status: TxStatus) -> Function[Any]:
     return func.pg_notify(CHANNEL, f"{pipeline} {txid} {status.value}")
 
 
+def notify_rewound(pipeline: str) -> Function[Any]:
+    """The SQL expression that notifies :data:`CHANNEL` that ``pipeline`` was rewound (many txids
+    failed at once): the pipeline's name alone, which wakes every wait (:func:`change_of`)."""
+    return func.pg_notify(CHANNEL, pipeline)
+
+
 def change_of(payload: str, pipeline: str) -> TxidChange | None:
     """The change a notification of ``pipeline`` says; ``None`` for another pipeline's. A payload
-    of the pipeline's name alone (a writer of an earlier release, during an upgrade) is a change
-    of an unknown txid: txid 0, failed, which every wait reads the log for."""
+    of the pipeline's name alone (a rewind; a writer of an earlier release, during an upgrade) is
+    a change of an unknown txid: txid 0, failed, which every wait reads the log for."""
     name, _, rest = payload.partition(" ")
     if name != pipeline:
         return None
@@ -74,6 +84,8 @@ class PipelineChanges:
     def __init__(self, engine: Engine, pipeline: str, *, fallback: float = 0.1) -> None:
         self.engine, self.pipeline, self.fallback = engine, pipeline, fallback
         self._conn: Connection | None = None
+        self.heard = False
+        """Whether the connection delivered a notification: its ``LISTEN`` works."""
 
     def __enter__(self) -> PipelineChanges:
         try:
@@ -112,7 +124,7 @@ class PipelineChanges:
         """Block until ``pipeline`` changed in a way that ``ends_wait`` accepts (any change
         without it): True; at most ``timeout`` seconds and :data:`RECHECK` (False: read the log
         all the same)."""
-        timeout = max(0.0, min(timeout, RECHECK))
+        timeout = max(0.0, min(timeout, RECHECK_HEARD if self.heard else RECHECK))
         if self._conn is None:
             time.sleep(min(timeout, self.fallback))
             return False
@@ -121,6 +133,7 @@ class PipelineChanges:
         try:
             while (left := until - time.monotonic()) > 0:
                 for note in raw.notifies(timeout=left):
+                    self.heard = True
                     change = change_of(note.payload, self.pipeline)
                     if change is not None and (ends_wait is None or ends_wait(change)):
                         return True

@@ -21,7 +21,7 @@ from sqlalchemy import cast as sa_cast
 from sqlalchemy import func, insert, literal, select, text, update
 from sqlalchemy.dialects.postgresql import JSONB
 
-from airflow_txn_provider.log.changes import notify_changed
+from airflow_txn_provider.log.changes import notify_changed, notify_rewound
 from airflow_txn_provider.log.models import ATTEMPTS, PIPELINES, TRANSACTIONS
 from airflow_txn_provider.rules.config import LEASE_HOLDER_CHARS
 from airflow_txn_provider.rules.exceptions import CorruptLogError, UnknownPipelineError
@@ -301,6 +301,7 @@ class TxidRows:
             ),
             {"p": pipeline, "n": from_txid, "error": redact_optional(error), "by": REWOUND_BY},
         ).scalar_one()
+        conn.execute(select(notify_rewound(pipeline)))  # waiters wake at the commit
         return int(result)
 
 

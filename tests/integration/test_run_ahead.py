@@ -157,6 +157,46 @@ def test_a_wait_wakes_only_for_the_changes_that_can_end_it(txlog, monkeypatch):
         listener.__exit__(None, None, None)
 
 
+def test_a_listen_that_delivered_rereads_the_log_less_often(txlog, monkeypatch):
+    """Until its connection delivered a notification a waiter reads the log every RECHECK (its
+    LISTEN may hear nothing: a pooler in transaction mode); after one, every RECHECK_HEARD."""
+    monkeypatch.setattr(changes, "RECHECK", 0.3)
+    monkeypatch.setattr(changes, "RECHECK_HEARD", 3.0)
+    for pipeline in ("p", "q"):
+        txlog.register_pipeline(pipeline, source_kind="transactional", max_pending=2)
+    with PipelineChanges(txlog.engine, "p") as listener:
+        started = time.monotonic()
+        assert listener.wait(10.0) is False and time.monotonic() - started < 2
+        assert not listener.heard
+        assert txlog.begin("q", 1, Tens()).emitted  # another pipeline's: heard, not p's
+        assert listener.wait(10.0) is False and listener.heard
+        started = time.monotonic()
+        assert listener.wait(10.0) is False
+        assert 2.5 < time.monotonic() - started < 8
+
+
+def test_a_rewind_wakes_every_wait_of_its_pipeline(txlog, monkeypatch):
+    from functools import partial
+
+    from airflow_txn_provider.log.rows import TxidRows
+    from airflow_txn_provider.rules.waiting import may_end_ahead_wait
+
+    monkeypatch.setattr(changes, "RECHECK", 30.0)
+    _full_window(txlog, "p")
+    woke: list[bool] = []
+    listener = PipelineChanges(txlog.engine, "p").__enter__()
+    ends = partial(may_end_ahead_wait, txid=3, max_pending=2)
+    threading.Thread(
+        target=lambda: woke.append(listener.wait(30.0, ends_wait=ends)), daemon=True
+    ).start()
+    try:
+        with txlog.engine.begin() as conn:
+            assert TxidRows.rewind(conn, "p", 2, "rewound to txid 1") == 1
+        wait_until(lambda: woke == [True], 10, "the rewind to wake the run ahead")
+    finally:
+        listener.__exit__(None, None, None)
+
+
 def test_without_a_listen_connection_a_wait_polls(txlog, monkeypatch):
     listener = PipelineChanges(txlog.engine, "p", fallback=0.01)
     started = time.monotonic()
