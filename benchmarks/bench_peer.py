@@ -297,8 +297,10 @@ def run_spark_floor(data: Path, batches: int) -> dict[str, Any]:
 
 POSTMASTERS: dict[int, str] = {}
 """The benchmark's Postgres (the log's and Airflow's metadata database), counted as its group."""
-IDLE_SAMPLE = 10.0
-"""Seconds Airflow's CPU use is sampled with no txid to run."""
+IDLE_SAMPLE, IDLE_SETTLE = 10.0, 20.0
+"""Seconds Airflow's CPU use is sampled with no txid to run, after as many seconds for the work
+before it to settle (the last runs' callbacks, the previous pipeline's pause and the API reads
+of its runs: sampled at once, they doubled the idle rate)."""
 STEADY_FROM, STEADY_TAIL, STEADY_MIN_TXIDS = 3, 2, 10
 """This project's steady state on Airflow: from its 3rd commit to the one 2 before its last; with
 fewer than 10 txids between them the goal takes the whole run (a processing task commits the
@@ -361,6 +363,7 @@ def run_ours(stack: AirflowStack, log: TransactionLog, name: str, batches: int) 
     api.wait_for_dag(name)
     # Airflow's own background work (scheduler loop, triggerer, dag-processor, api-server),
     # measured with nothing to do, to tell it from what each txid costs.
+    time.sleep(IDLE_SETTLE)
     idle_from, idle = cpu_by_group(POSTMASTERS), IDLE_SAMPLE
     time.sleep(idle)
     idle_cores = cpu_since(idle_from, POSTMASTERS).get(AIRFLOW, 0.0) / idle

@@ -41,12 +41,18 @@ TXIDS_BESIDE_SPARK = 1
 """Txids in flight beyond one per core: the one starting, staging or committing while the others
 compute, so no core waits for it."""
 RUNS_AHEAD = 3
-"""New txids past a full window whose DAG runs a claim makes ahead of time, each claim then
+"""At most this many new txids past a full window have DAG runs made ahead of time, each claim then
 waiting in its worker to begin (:func:`~airflow_txn_provider.rules.waiting.runs_ahead`). Airflow's
 scheduler starts a new run's task up to about a second after the run is made (its idle sleep,
 ``[scheduler] scheduler_idle_sleep_time``, 1 s by default) and the task takes a few tenths more to
 claim: at half-second txids one run ahead began after the window had room, three begin as it moves
 (``make bench-peer`` shape (b), docs/benchmarks.md)."""
+RUN_LEAD = 1.5
+"""Seconds from a DAG run's creation to its claim, about (the scheduler's idle sleep and the task's
+start): a claim makes as many runs ahead as txids begin in that time
+(:func:`~airflow_txn_provider.rules.waiting.runs_ahead_wanted`), so that slower txids do not keep
+runs waiting in workers for several txids' time (each waiting second costs Airflow a running
+task's heartbeats and the scheduler's look at one more run)."""
 
 
 def spark_work_slots(window: int) -> int:

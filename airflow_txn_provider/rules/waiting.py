@@ -6,12 +6,13 @@ every transition; this module only says when a task may stop waiting and what it
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from airflow_txn_provider.compat.python import StrEnum
-from airflow_txn_provider.rules.config import RUNS_AHEAD
+from airflow_txn_provider.rules.config import RUN_LEAD, RUNS_AHEAD
 from airflow_txn_provider.rules.coordinator import (
     committable,
     next_to_begin,
@@ -171,11 +172,33 @@ def runs_ahead(view: PipelineView) -> range:
     return range(view.window.stop, view.window.stop + RUNS_AHEAD)
 
 
+def begin_spacing(view: PipelineView) -> float | None:
+    """Seconds between the begins of the txids in flight, on average (how often a txid begins
+    in steady state: each begins as one commits); ``None`` with fewer than two begun ones."""
+    begun = sorted(r.begun_at for r in view.in_flight if r.begun_at is not None)
+    if len(begun) < 2:
+        return None
+    return (begun[-1] - begun[0]).total_seconds() / (len(begun) - 1)
+
+
+def runs_ahead_wanted(view: PipelineView) -> int:
+    """How many runs past the window a claim makes (:func:`runs_to_make`): as many txids as begin
+    in :data:`~airflow_txn_provider.rules.config.RUN_LEAD` seconds at the pace of those in flight,
+    from 1 to :data:`~airflow_txn_provider.rules.config.RUNS_AHEAD` (all of them while that pace
+    is unknown or the window filled at once). A run made ahead waits in its worker until its
+    txid may begin: more than the lead needs would only wait longer."""
+    spacing = begin_spacing(view)
+    if spacing is None or spacing <= 0:
+        return RUNS_AHEAD
+    return max(1, min(RUNS_AHEAD, math.ceil(RUN_LEAD / spacing)))
+
+
 def runs_to_make(view: PipelineView) -> range:
     """The new txids whose DAG runs a claim makes now, oldest first, each only if its source has
     data for it (the first without data ends them): every new txid the window admits and those
-    just past it (:func:`runs_ahead`: the caller makes those only while its log has wait slots
-    for their claims), above the newest whose run was made already (``view.runs_made_through``).
+    just past it (the first :func:`runs_ahead_wanted` of :func:`runs_ahead`: the caller makes
+    those only while its log has wait slots for their claims), above the newest whose run was made
+    already (``view.runs_made_through``).
     None while a failed txid is in flight: that one replays first, in its own run.
 
     So a backlog's window fills at once, and keeps filling as it moves, scheduling rounds ahead
@@ -185,7 +208,8 @@ def runs_to_make(view: PipelineView) -> range:
     ahead = runs_ahead(view)
     if not ahead:
         return range(0)
-    return range(max(view.next_new_txid, view.runs_made_through + 1), ahead.stop)
+    stop = ahead.start + runs_ahead_wanted(view)
+    return range(max(view.next_new_txid, view.runs_made_through + 1), stop)
 
 
 def previous_unbegun(view: PipelineView, txid: int) -> bool:

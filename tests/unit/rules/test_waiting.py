@@ -3,15 +3,22 @@ that watches for them (evaluation with plain views, serialisation round trip, a 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 
 import pytest
 
+from airflow_txn_provider.rules.config import RUN_LEAD, RUNS_AHEAD
+from airflow_txn_provider.rules.records import PipelineView
 from airflow_txn_provider.rules.vocabulary import TxStatus
 from airflow_txn_provider.rules.waiting import (
     GateState,
+    begin_spacing,
     commit_gate,
     may_begin_now,
+    runs_ahead,
+    runs_ahead_wanted,
+    runs_to_make,
     should_retry,
     txid_outcome,
 )
@@ -153,3 +160,45 @@ def test_a_processed_txid_awaits_its_turn_only_behind_live_txids(records, txid, 
     from airflow_txn_provider.rules.waiting import awaits_its_turn
 
     assert awaits_its_turn(view(*records), txid) is waits
+
+
+# -- how many runs a claim makes ahead: the txids that begin within a run's lead ----------------
+
+
+def _paced(spacing: float | None, *, max_pending: int = 2) -> PipelineView:
+    """A full window of ``max_pending`` txids after txid 3, begun ``spacing`` seconds apart
+    (``None``: no begin time known)."""
+    from datetime import timedelta
+
+    from airflow_txn_provider.rules.records import TxRecord
+    from tests.unit.builders import NOW
+
+    base = view(*[(4 + i, 1, PROC) for i in range(max_pending)], last=3, max_pending=max_pending)
+    records = tuple(
+        TxRecord(
+            r.txid,
+            r.attempt,
+            r.status,
+            metadata=r.metadata,
+            begun_at=None if spacing is None else NOW + timedelta(seconds=spacing * i),
+        )
+        for i, r in enumerate(base.in_flight)
+    )
+    return dataclasses.replace(base, in_flight=records)
+
+
+@pytest.mark.parametrize(
+    ("spacing", "wanted"),
+    [(None, RUNS_AHEAD), (0.0, RUNS_AHEAD), (0.5, 3), (0.8, 2), (1.4, 2), (1.5, 1), (9.0, 1)],
+)
+def test_a_claim_makes_as_many_runs_ahead_as_txids_begin_within_a_runs_lead(spacing, wanted):
+    assert RUN_LEAD == 1.5  # the figures below
+    v = _paced(spacing)
+    assert runs_ahead_wanted(v) == wanted
+    assert runs_to_make(v) == range(6, 6 + wanted)  # the window [4, 6) is full
+    assert runs_ahead(v) == range(6, 6 + RUNS_AHEAD)  # the runs that may wait, made earlier too
+
+
+def test_the_pace_is_the_mean_spacing_of_the_begins_in_flight():
+    assert begin_spacing(_paced(None)) is None
+    assert begin_spacing(_paced(0.6, max_pending=4)) == pytest.approx(0.6)
