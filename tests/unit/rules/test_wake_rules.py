@@ -3,6 +3,9 @@ rule lets pass must not change what the waiter would decide on reading the log a
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -75,17 +78,23 @@ def _changes(v: PipelineView) -> list[TxidChange]:
 WAITERS = range(1, 14)
 
 
+def _slept_through(
+    v: PipelineView, ends_wait: Callable[[TxidChange], bool]
+) -> list[tuple[TxidChange, PipelineView]]:
+    """The next writes a waiter's rule lets pass, each with the view after it."""
+    return [(change, _with(v, change)) for change in _changes(v) if not ends_wait(change)]
+
+
 @settings(max_examples=400, deadline=None)
 @given(views())
 def test_a_run_ahead_sleeps_only_through_changes_that_keep_it_waiting(v: PipelineView) -> None:
     for txid in WAITERS:
         if txid not in runs_ahead(v) or may_begin_now(v, txid):
             continue  # not waiting
-        for change in _changes(v):
-            if not may_end_ahead_wait(change, txid, v.max_pending):
-                after = _with(v, change)
-                assert txid in runs_ahead(after), (v, change, txid)
-                assert not may_begin_now(after, txid), (v, change, txid)
+        ends = partial(may_end_ahead_wait, txid=txid, max_pending=v.max_pending)
+        for change, after in _slept_through(v, ends):
+            assert txid in runs_ahead(after), (v, change, txid)
+            assert not may_begin_now(after, txid), (v, change, txid)
 
 
 @settings(max_examples=400, deadline=None)
@@ -96,11 +105,9 @@ def test_a_claim_sleeps_only_through_changes_that_leave_the_txid_before_unbegun(
     for txid in WAITERS:
         if txid in runs_ahead(v) or not previous_unbegun(v, txid):
             continue
-        for change in _changes(v):
-            if not may_end_previous_wait(change, txid):
-                after = _with(v, change)
-                assert txid not in runs_ahead(after), (v, change, txid)
-                assert previous_unbegun(after, txid), (v, change, txid)
+        for change, after in _slept_through(v, partial(may_end_previous_wait, txid=txid)):
+            assert txid not in runs_ahead(after), (v, change, txid)
+            assert previous_unbegun(after, txid), (v, change, txid)
 
 
 @settings(max_examples=400, deadline=None)
@@ -111,12 +118,10 @@ def test_a_processed_txid_sleeps_only_through_changes_that_leave_its_turn_unchan
     for txid in WAITERS:
         if not awaits_its_turn(v, txid) or committable(v) is not None:
             continue
-        for change in _changes(v):
-            if not may_end_turn_wait(change, txid):
-                after = _with(v, change)
-                assert after.last_committed < txid, (v, change, txid)
-                assert awaits_its_turn(after, txid), (v, change, txid)
-                assert committable(after) is None, (v, change, txid)
+        for change, after in _slept_through(v, partial(may_end_turn_wait, txid=txid)):
+            assert after.last_committed < txid, (v, change, txid)
+            assert awaits_its_turn(after, txid), (v, change, txid)
+            assert committable(after) is None, (v, change, txid)
 
 
 def test_what_ends_each_wait() -> None:
