@@ -66,6 +66,7 @@ import pyarrow.parquet as pq
 from sqlalchemy import create_engine, text
 
 from airflow_txn_provider.compat.python import fromisoformat
+from airflow_txn_provider.rules.config import fitted_window
 from airflow_txn_provider.state import MapState
 from airflow_txn_provider.transactions.transaction_log import TransactionLog
 
@@ -425,6 +426,28 @@ def run_ours(stack: AirflowStack, log: TransactionLog, name: str, batches: int) 
 
 FLOOR_DAGS = ("floor_one_task", "floor_txn_shape", "floor_txn_shape_in_triggerer")
 """benchmarks/dags/airflow_floor.py: DAG runs with no work, one run per 'txid'."""
+PACED_FLOOR = "floor_txn_shape_paced"
+"""benchmarks/dags/airflow_floor.py: ``floor_txn_shape`` whose runs hold the Spark's slots as long
+as a txid's Spark work does at each size (the core loop's p50), as many at once as the window."""
+
+
+def spark_cores() -> int:
+    """The cores of both sides' Spark (``local[N]``: :func:`spark_master`)."""
+    return int(spark_master().removeprefix("local[").removesuffix("]"))
+
+
+def pace_floor(pace: Path, core: dict[str, Any]) -> float:
+    """Set the paced floor's hold (:data:`PACED_FLOOR`) to the core loop's p50 Spark seconds per
+    txid at this size (what its Spark needs per batch, no Airflow); returns it."""
+    spark = [
+        float(a.timings["spark"])
+        for attempts in core["attempts"].values()
+        for a in attempts
+        if getattr(a, "timings", None) and "spark" in a.timings
+    ]
+    seconds = pct(spark, 50)
+    (pace / "seconds").write_text(f"{seconds:.3f}")
+    return seconds
 
 
 def run_floor(stack: AirflowStack, dag_id: str, runs: int) -> dict[str, Any]:
@@ -633,7 +656,7 @@ def main(argv: list[str] | None = None) -> int:
             write_dataset(workdir / f"warm_{name}", rows, WARMUP_BATCHES, args.seed + rows + 1)
         print(f"  data {name}: {rows * batches} rows in {time.perf_counter() - t0:.1f} s")
 
-    peer, core, ours, floors, spark_floor = {}, {}, {}, {}, {}
+    peer, core, ours, floors, spark_floor, paced = {}, {}, {}, {}, {}, {}
     with EmbeddedPostgres(durable=False) as pg:
         POSTMASTERS[postmaster_pid(pg.datadir)] = POSTGRES
         for name, (data, rows, batches, truth) in datasets.items():
@@ -659,7 +682,13 @@ def main(argv: list[str] | None = None) -> int:
             }
             for name, (data, rows, _, _) in datasets.items()
         ]
+        pace = workdir / "pace"  # the paced floor's Spark: a lock file per core
+        pace.mkdir()
+        for slot in range(spark_cores()):
+            (pace / f"slot-{slot}").touch()
         env = {
+            "BENCH_FLOOR_PACE_DIR": str(pace),
+            "BENCH_FLOOR_PACED_RUNS": str(fitted_window(spark_cores())),
             "BENCH_PEER_PIPELINES": json.dumps(specs),
             "BENCH_PEER_MAX_PENDING": str(args.max_pending or ""),
             "BENCH_PEER_TRIGGERER_START": "0" if args.worker_start else "1",
@@ -700,6 +729,10 @@ def main(argv: list[str] | None = None) -> int:
                     found["window"] = log.view(name).max_pending
                     print(f"  its window at the end: {found['window']} txids", flush=True)
                     ours[name] = found
+                    held = pace_floor(pace, core[name])
+                    print(f"Airflow's floor at this pace: runs holding Spark {held:.2f} s: {name}")
+                    paced[name] = run_floor(stack, PACED_FLOOR, args.floor_runs)
+                    paced[name]["held"] = held
                 log.engine.dispose()
 
     print(
@@ -790,6 +823,7 @@ def main(argv: list[str] | None = None) -> int:
         + " |"
     )
     report_steady(datasets, core, ours, floors)
+    report_paced(datasets, ours, floors, paced)
     print(
         "\nThe floor on Airflow, from this run: rows/s <= 2 cores x rows per batch / (Spark's own "
         "CPU-s per batch + Airflow's CPU-s per run of a DAG that does nothing), against Structured "
@@ -889,6 +923,51 @@ def report_steady(
         + " | ".join(f"{x:.2f}" for x in left)
         + " |"
     )
+
+
+def report_paced(
+    datasets: dict[str, Any],
+    ours: dict[str, Any],
+    floors: dict[str, Any],
+    paced: dict[str, Any],
+) -> None:
+    """Airflow's floor at the pace Spark sets (:data:`PACED_FLOOR`) beside the no-work floor and
+    this provider's steady CPU per txid, group by group: what the grid's shape costs Airflow
+    when its runs last as long as a txid's Spark work makes them last, with no work of its own
+    (Airflow's own per-second costs, which no design of one run per txid avoids)."""
+    floor = floors["floor_txn_shape"]
+    names = list(datasets)
+    print(
+        f"\nAirflow's floor at Spark's pace ({PACED_FLOOR}: runs with no work holding one of the "
+        f"Spark's {spark_cores()} slot(s) for the core loop's p50 Spark seconds per txid, at most "
+        f"{fitted_window(spark_cores())} at once), CPU seconds per run in steady state, beside "
+        "this provider's per txid"
+    )
+    header = " | ".join(
+        f"paced {datasets[n][1]:.0e} ({paced[n]['held']:.2f} s) | on Airflow {datasets[n][1]:.0e}"
+        for n in names
+    )
+    print(f"| process group | floor_txn_shape | {header} |")
+    print("|---|---|" + "---|---|" * len(names))
+    for group in [*AIRFLOW_GROUPS, AIRFLOW]:
+        cells = " | ".join(
+            f"{paced[n]['cpu'].get(group, 0.0):.2f} | "
+            f"{ours[n]['steady']['cpu'].get(group, 0.0):.2f}"
+            for n in names
+        )
+        print(f"| {group} | {floor['cpu'].get(group, 0.0):.2f} | {cells} |")
+    walls = " | ".join(f"{paced[n]['wall']:.2f} | {ours[n]['steady']['wall']:.2f}" for n in names)
+    print(f"| wall seconds per run / txid | {floor['wall']:.2f} | {walls} |")
+    base = floor["cpu"].get(AIRFLOW, 0.0)
+    for n in names:
+        at_pace = paced[n]["cpu"].get(AIRFLOW, 0.0)
+        mine = ours[n]["steady"]["cpu"].get(AIRFLOW, 0.0)
+        print(
+            f"  {datasets[n][1]:.0e}: the shape at Spark's pace costs Airflow {at_pace:.2f} CPU-s "
+            f"per run, {at_pace / base:.2f}x the no-work floor ({base:.2f}; 1.3x = "
+            f"{1.3 * base:.2f}); on Airflow {mine:.2f} per txid, {mine / at_pace:.2f}x the paced "
+            "floor"
+        )
 
 
 def report_goals(

@@ -9,12 +9,22 @@ pipelines' figures). Shapes, paused until the benchmark unpauses them:
   the triggerer until skipped (``watch_failures``);
 * ``floor_txn_shape_in_triggerer``: the shape when the commit task has work
   (lake sinks, OpenLineage, or the txid before still processing): the worker task, then a task
-  that starts and ends in the triggerer, and another one beside them that does too.
+  that starts and ends in the triggerer, and another one beside them that does too;
+* ``floor_txn_shape_paced``: ``floor_txn_shape`` at the pace a Spark sets: its worker task holds
+  one of the Spark's slots (a file lock per core, ``BENCH_FLOOR_PACE_DIR``) for as long as that
+  Spark takes per batch (the seconds the benchmark writes to ``seconds`` there), then skips the
+  other two; as many runs at once as the fitted window of that Spark
+  (``BENCH_FLOOR_PACED_RUNS``), the least that keeps it busy. What Airflow itself costs per
+  run when a run lasts as long as a txid's Spark work makes it last, with no work of its own.
 """
 
 from __future__ import annotations
 
+import fcntl
+import os
+import time
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from airflow.sdk import DAG, BaseOperator, task
@@ -49,13 +59,13 @@ class InTriggerer(BaseOperator):
         return None
 
 
-def _dag(dag_id: str) -> DAG:
+def _dag(dag_id: str, max_active_runs: int = 4) -> DAG:
     return DAG(
         dag_id,
         schedule=TxidTimetable(),
         start_date=TXID_EPOCH,
         catchup=True,
-        max_active_runs=4,
+        max_active_runs=max_active_runs,
         is_paused_upon_creation=True,
     )
 
@@ -81,3 +91,34 @@ with _dag("floor_txn_shape") as floor_txn_shape:
 with _dag("floor_txn_shape_in_triggerer") as floor_txn_shape_in_triggerer:
     noop() >> InTriggerer(task_id="commit")
     InTriggerer(task_id="watch_failures")
+
+
+@task
+def holds_spark_then_commits() -> None:
+    """Take a free slot of the Spark (a file lock; with none free, wait blocked on one: no CPU),
+    hold it for the Spark's seconds per batch, then end the run as a txid its processing task
+    commits does."""
+    pace = Path(os.environ["BENCH_FLOOR_PACE_DIR"])
+    seconds = float((pace / "seconds").read_text())
+    slots = [open(slot, "a") for slot in sorted(pace.glob("slot-*"))]
+    held = None
+    for slot in slots:
+        try:
+            fcntl.flock(slot, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held = slot
+            break
+        except BlockingIOError:
+            continue
+    if held is None:
+        held = slots[os.getpid() % len(slots)]
+        fcntl.flock(held, fcntl.LOCK_EX)
+    time.sleep(seconds)
+    fcntl.flock(held, fcntl.LOCK_UN)
+    raise DownstreamTasksSkipped(tasks=["commit", "watch_failures"])
+
+
+with _dag(
+    "floor_txn_shape_paced", int(os.environ.get("BENCH_FLOOR_PACED_RUNS", "2"))
+) as floor_txn_shape_paced:
+    holds_spark_then_commits() >> InTriggerer(task_id="commit")
+    InTriggerer(task_id="watch_failures", until_skipped=True)
