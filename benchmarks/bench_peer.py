@@ -428,12 +428,18 @@ FLOOR_DAGS = ("floor_one_task", "floor_txn_shape", "floor_txn_shape_in_triggerer
 """benchmarks/dags/airflow_floor.py: DAG runs with no work, one run per 'txid'."""
 PACED_FLOOR = "floor_txn_shape_paced"
 """benchmarks/dags/airflow_floor.py: ``floor_txn_shape`` whose runs hold the Spark's slots as long
-as a txid's Spark work does at each size (the core loop's p50), as many at once as the window."""
+as a txid's Spark work does at each size (the core loop's p50), :func:`paced_runs` at once."""
 
 
 def spark_cores() -> int:
     """The cores of both sides' Spark (``local[N]``: :func:`spark_master`)."""
     return int(spark_master().removeprefix("local[").removesuffix("]"))
+
+
+def paced_runs() -> int:
+    """The paced floor's runs at once: the window fitted to the Spark and one run waiting for a
+    slot (a run made ahead), the least that keeps that Spark busy while Airflow starts runs."""
+    return fitted_window(spark_cores()) + 1
 
 
 def pace_floor(pace: Path, core: dict[str, Any]) -> float:
@@ -688,7 +694,7 @@ def main(argv: list[str] | None = None) -> int:
             (pace / f"slot-{slot}").touch()
         env = {
             "BENCH_FLOOR_PACE_DIR": str(pace),
-            "BENCH_FLOOR_PACED_RUNS": str(fitted_window(spark_cores())),
+            "BENCH_FLOOR_PACED_RUNS": str(paced_runs()),
             "BENCH_PEER_PIPELINES": json.dumps(specs),
             "BENCH_PEER_MAX_PENDING": str(args.max_pending or ""),
             "BENCH_PEER_TRIGGERER_START": "0" if args.worker_start else "1",
@@ -940,7 +946,7 @@ def report_paced(
     print(
         f"\nAirflow's floor at Spark's pace ({PACED_FLOOR}: runs with no work holding one of the "
         f"Spark's {spark_cores()} slot(s) for the core loop's p50 Spark seconds per txid, at most "
-        f"{fitted_window(spark_cores())} at once), CPU seconds per run in steady state, beside "
+        f"{paced_runs()} at once), CPU seconds per run in steady state, beside "
         "this provider's per txid"
     )
     header = " | ".join(

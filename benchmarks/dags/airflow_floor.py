@@ -13,9 +13,10 @@ pipelines' figures). Shapes, paused until the benchmark unpauses them:
 * ``floor_txn_shape_paced``: ``floor_txn_shape`` at the pace a Spark sets: its worker task holds
   one of the Spark's slots (a file lock per core, ``BENCH_FLOOR_PACE_DIR``) for as long as that
   Spark takes per batch (the seconds the benchmark writes to ``seconds`` there), then skips the
-  other two; as many runs at once as the fitted window of that Spark
-  (``BENCH_FLOOR_PACED_RUNS``), the least that keeps it busy. What Airflow itself costs per
-  run when a run lasts as long as a txid's Spark work makes it last, with no work of its own.
+  other two; as many runs at once as the window fitted to that Spark and one more waiting for a
+  slot, as a run made ahead (``BENCH_FLOOR_PACED_RUNS``): the least that keeps it busy. What
+  Airflow itself costs per run when a run lasts as long as a txid's Spark work makes it last,
+  with no work of its own.
 """
 
 from __future__ import annotations
