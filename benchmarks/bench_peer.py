@@ -458,23 +458,30 @@ def pace_floor(pace: Path, core: dict[str, Any]) -> float:
 
 def run_floor(stack: AirflowStack, dag_id: str, runs: int) -> dict[str, Any]:
     """Airflow's CPU per DAG run of ``dag_id``, whose tasks do nothing, in steady state: from
-    its fourth successful run to ``runs`` runs later (runs still in flight at either end cancel
+    its fourth successful run since it was unpaused (a DAG run again, as the paced floor is at
+    each size, starts over) to ``runs`` runs later (runs still in flight at either end cancel
     out), then paused. Run states are read every 2 s (each read costs the api-server a little)."""
     api = stack.client()
     api.wait_for_dag(dag_id)
+
+    def successes() -> int:  # all of them, past the API's page of 100 runs
+        found = api.call("GET", f"/dags/{dag_id}/dagRuns", params={"state": "success", "limit": 1})
+        return int(found["total_entries"])
+
+    before = successes()
     api.unpause(dag_id)
     deadline = time.monotonic() + 900
 
     def succeeded(at_least: int) -> int:
         while True:
-            done = sum(r["state"] == "success" for r in api.runs(dag_id))
+            done = successes()
             if done >= at_least:
                 return done
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{dag_id}: {done} runs succeeded\n{stack.tail()}")
             time.sleep(2.0)
 
-    first = succeeded(4)
+    first = succeeded(before + 4)
     cpu, started = cpu_by_group(POSTMASTERS), time.perf_counter()
     last = succeeded(first + runs)
     used, wall = cpu_since(cpu, POSTMASTERS), time.perf_counter() - started
