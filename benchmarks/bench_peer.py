@@ -431,7 +431,7 @@ PACED_FLOOR = "floor_txn_shape_paced"
 as a txid's Spark work does at each size (the core loop's p50), :func:`paced_runs` at once."""
 
 
-def spark_cores() -> int:
+def master_cores() -> int:
     """The cores of both sides' Spark (``local[N]``: :func:`spark_master`)."""
     return int(spark_master().removeprefix("local[").removesuffix("]"))
 
@@ -439,7 +439,7 @@ def spark_cores() -> int:
 def paced_runs() -> int:
     """The paced floor's runs at once: the window fitted to the Spark and one run waiting for a
     slot (a run made ahead), the least that keeps that Spark busy while Airflow starts runs."""
-    return fitted_window(spark_cores()) + 1
+    return fitted_window(master_cores()) + 1
 
 
 def pace_floor(pace: Path, core: dict[str, Any]) -> float:
@@ -697,7 +697,7 @@ def main(argv: list[str] | None = None) -> int:
         ]
         pace = workdir / "pace"  # the paced floor's Spark: a lock file per core
         pace.mkdir()
-        for slot in range(spark_cores()):
+        for slot in range(master_cores()):
             (pace / f"slot-{slot}").touch()
         env = {
             "BENCH_FLOOR_PACE_DIR": str(pace),
@@ -952,7 +952,7 @@ def report_paced(
     names = list(datasets)
     print(
         f"\nAirflow's floor at Spark's pace ({PACED_FLOOR}: runs with no work holding one of the "
-        f"Spark's {spark_cores()} slot(s) for the core loop's p50 Spark seconds per txid, at most "
+        f"Spark's {master_cores()} slot(s) for the core loop's p50 Spark seconds per txid, at most "
         f"{paced_runs()} at once), CPU seconds per run in steady state, beside "
         "this provider's per txid"
     )
