@@ -51,9 +51,8 @@ TASK_MODULES = (
     # reader, the Spark Connect client's gRPC channel
     "pyarrow.parquet",
     "grpc._channel",
-    # what every task process imports as it renders its templates (Airflow's template
-    # environment loads Jinja's extensions, about 0.025 CPU-s in a forked process) and as it
-    # starts (OpenLineage's settings, with that provider installed)
+    # what every task process still imported itself: Jinja's extensions (Airflow's template
+    # environment loads them) and OpenLineage's settings (with that provider installed)
     "jinja2.ext",
     "airflow.providers.openlineage.conf",
 )

@@ -465,7 +465,9 @@ class AirflowClient:
         self.http = httpx.Client(
             base_url=f"{url}/api/v2",
             headers={"Authorization": f"Bearer {token.json()['access_token']}"},
-            timeout=60,
+            # a person's click waits; under a loaded CI's two cores the one api-server worker
+            # (which also serves every task's execution API) has taken over 60 s to answer
+            timeout=120,
         )
 
     def call(self, method: str, path: str, **kwargs: Any) -> Any:

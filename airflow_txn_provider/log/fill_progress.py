@@ -1,7 +1,7 @@
 """The rows of a fill from history (``txn_output``'s fill columns, migration 0012): who fills an
 output (its fencing token), how far it got, when it joined. The rules are
 :mod:`airflow_txn_provider.rules.filling`'s; the fill itself is
-:mod:`airflow_txn_provider.spark.fill`.
+:mod:`airflow_txn_provider.transactions.fill`.
 
 Every write is fenced: a fill process takes the output over (:func:`take_over` raises its
 attempt), and each of its steps locks the output's row and checks that its attempt is still the

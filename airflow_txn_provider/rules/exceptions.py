@@ -83,7 +83,7 @@ class FillRefusedError(OutputDeclarationError):
 
 
 class FillError(TxnError):
-    """Filling an output from history (:mod:`airflow_txn_provider.spark.fill`) met what
+    """Filling an output from history (:mod:`airflow_txn_provider.transactions.fill`) met what
     it cannot go past, e.g. a job that does not compute the output. ``output`` names it; the
     fill resumes from its recorded progress once the cause is gone."""
 

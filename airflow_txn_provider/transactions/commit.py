@@ -12,7 +12,7 @@ stale attempt, an unprocessed txid or a commit out of order: the rule is
 
 0. an output complete from a later txid (added to the running pipeline,
    :mod:`airflow_txn_provider.log.outputs`) is left out, so is one filling from history (its
-   staged rows and files wait for its fill, :mod:`airflow_txn_provider.spark.fill`), and
+   staged rows and files wait for its fill, :mod:`airflow_txn_provider.transactions.fill`), and
    one never declared is refused (complete from txid 1 when this is txid 1);
 1. derived states compute their batch from the committed values before this txid
    (:meth:`~airflow_txn_provider.state.BucketCountState.derive`);
@@ -52,8 +52,9 @@ from airflow_txn_provider.rules.coordinator import committable
 from airflow_txn_provider.rules.exceptions import StagedOutputMismatchError, StateDefinitionError
 from airflow_txn_provider.rules.outputs import FILLING, DeclaredOutput, skipped_at_commit
 from airflow_txn_provider.rules.vocabulary import OutputKind
-from airflow_txn_provider.sinks.base import OUTPUT_PREFIX, SINK_SPEC, StagedFiles
+from airflow_txn_provider.sinks.base import OUTPUT_PREFIX, StagedFiles
 from airflow_txn_provider.state import BucketCountState, MapState, counted_states, load_states
+from airflow_txn_provider.transactions.apply import Outputs, SinkWrite, apply_txid, clean_up
 from airflow_txn_provider.transactions.rewind import read_rewound_through
 from airflow_txn_provider.utils import metrics
 
@@ -104,11 +105,11 @@ def commit_states(
                 txid=txid,
                 attempt=attempt,
             )
-    outputs = [DeclaredOutput(s.name, OutputKind.STATE, s.derived_from) for s in states]
-    outputs += [DeclaredOutput(s.name, OutputKind.LAKE_SINK) for s in sinks]
+    declared = [DeclaredOutput(s.name, OutputKind.STATE, s.derived_from) for s in states]
+    declared += [DeclaredOutput(s.name, OutputKind.LAKE_SINK) for s in sinks]
     log_url = txlog.engine.url.render_as_string(hide_password=False)
-    tables = {sink: sink.open(log_url) for sink in sinks}
-    staged: dict[LakeSink, StagedFiles | None] = {}
+    outputs = Outputs.open(pipeline, states, sinks, log_url)
+    writes: list[SinkWrite] = []
 
     def apply(conn: Connection, record: TxRecord) -> dict[str, Any]:
         recorded = dict(record.output or {})
@@ -122,49 +123,32 @@ def commit_states(
                 txid=txid,
                 attempt=attempt,
             )
-        result: dict[str, Any] = {}
         # An output added to the running pipeline holds the txids from its first on, exactly:
         # an older txid committing now (in flight then, replayed, rewound) is not applied to it.
         skipped, first = skipped_at_commit(
-            pipeline, txid, attempt, outputs, read_outputs(conn, pipeline)
+            pipeline, txid, attempt, declared, read_outputs(conn, pipeline)
         )
         record_first(conn, pipeline, first)
-        for name, why in skipped.items():
-            result[name] = {"skipped": why}
-        # Which lake commits a rewind undid (a table still holding them follows the log now).
-        rewound = read_rewound_through(conn, pipeline) if sinks else 0
         # Derived states read the committed values as they are before this txid: first.
         for state in states:
             if isinstance(state, BucketCountState) and state.name not in skipped:
                 state.derive(conn, txid, attempt, by_name[state.of])
-        for state in states:
-            if state.name in skipped:
-                continue
-            expected = recorded.get(state.output_key)
-            applied = state.apply(conn, txid, attempt, expected_rows=expected)
-            result[state.name] = {"staged_rows": applied.staged_rows, "keys": applied.keys}
-        patch = {}
-        for sink in sinks:
-            if sink.name in skipped:
-                if skipped[sink.name] != FILLING:  # a filling sink's fill commits its files
-                    staged[sink] = None  # its staged files are garbage: cleaned up below
-                continue
-            files = recorded.get(sink.output_key)
-            staged[sink] = StagedFiles.from_json(files) if files else None
-            done = sink.commit(
-                tables[sink], pipeline, txid, attempt, staged[sink], rewound_through=rewound
-            )
-            result[sink.output_key] = done.to_json()
-            # The sink's spec, for a rewind over this txid to open the table (the rewind runs
-            # where the DAG's sinks are not known: a command, the api-server).
-            patch[sink.output_key] = {
-                **(files or {}),
-                "commit": done.to_json(),
-                SINK_SPEC: sink.to_spec(),
-            }
-        if patch:
-            TxidRows(conn, pipeline, txid).patch_output(attempt, patch)
-        return result
+        live = outputs.only({o.name for o in declared} - set(skipped))
+        files = {s.name: recorded.get(s.output_key) for s in live.sinks}
+        applied = apply_txid(
+            conn,
+            live,
+            txid,
+            attempt,
+            rows={s.name: recorded.get(s.output_key) for s in live.states},
+            files={name: StagedFiles.from_json(f) if f else None for name, f in files.items()},
+            # which lake commits a rewind undid (a table still holding them follows the log now)
+            rewound_through=read_rewound_through(conn, pipeline) if live.sinks else 0,
+        )
+        # a skipped sink's staged files are garbage (a filling one's fill commits them)
+        garbage = [s for s in sinks if skipped.get(s.name) not in (None, FILLING)]
+        writes[:] = applied.writes + [SinkWrite(s, txid, None) for s in garbage]
+        return {**{name: {"skipped": why} for name, why in skipped.items()}, **applied.details}
 
     started = time.monotonic()
     result = txlog.commit(pipeline, txid, attempt, apply)
@@ -177,15 +161,7 @@ def commit_states(
             if isinstance(d, dict) and "keys" in d
         )
         metrics.incr(metrics.STAGED_ROWS, pipeline, staged_rows)
-        for sink, files in staged.items():
-            # The table holds this attempt's files, whatever its action was (a table that held
-            # another attempt's was rewound first): every other directory of the txid goes.
-            try:
-                sink.cleanup(pipeline, txid, files)
-            except Exception as err:  # garbage left behind is not data lost: never fail a commit
-                log.warning(
-                    "pipeline=%s txid=%s sink=%s cleanup: %s", pipeline, txid, sink.name, err
-                )
+        clean_up(pipeline, writes)
     return result
 
 

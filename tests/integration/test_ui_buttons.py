@@ -398,7 +398,16 @@ def _press_and_heal(click: Click, c: Ctx) -> tuple[float, dict[str, str]]:
         txid_2_busy, 300, f"{c.dag}: txid 2 to be mid-job", c.airflow, (UnknownPipelineError,)
     )
     pressed = time.monotonic()
-    notes = click.act(c)
+    try:
+        notes = click.act(c)
+    except httpx.TimeoutException as err:  # say what the api-server was doing, not only that
+        raise AssertionError(
+            f"{c.dag}: the click's request to the api-server got no answer "
+            f"({type(err).__name__} after {time.monotonic() - pressed:.0f} s):\n"
+            + c.airflow.tail("api-server", lines=120)
+            + "\n"
+            + c.airflow.log_sessions()
+        ) from err
     wait_until(lambda: c.log.last_committed(c.dag) >= 2, HEAL_WITHIN, f"{c.dag}: txid 2", c.airflow)
     heal = time.monotonic() - pressed
     txids = _txids(click.name)
