@@ -1,4 +1,5 @@
-"""Applying one txid to a set of outputs: the one routine a live commit and a fill share.
+"""Applying one txid to a set of outputs (the one routine a live commit and a fill share), and
+undoing the txids after one from every output of a pipeline (a rewind's).
 
 Inside the caller's Postgres transaction, :func:`apply_txid` applies a txid
 
@@ -9,7 +10,9 @@ Inside the caller's Postgres transaction, :func:`apply_txid` applies a txid
 
 and patches the txid's recorded output with each sink's commit and spec (a rewind over the txid
 opens the table from it). Once that transaction has committed, :func:`clean_up` deletes the
-staged files no table references. A new kind of output is applied here, in one place.
+staged files no table references. A rewind puts the states back from their undo records
+(:func:`rewind_states`) and each lake table back to the version of the txid it keeps
+(:func:`rewind_tables`). A new kind of output is applied and undone here, in one place.
 """
 
 from __future__ import annotations
@@ -19,9 +22,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from sqlalchemy import select
+
+from airflow_txn_provider.log.models import TRANSACTIONS
 from airflow_txn_provider.log.rows import TxidRows
-from airflow_txn_provider.rules.vocabulary import SinkAction
-from airflow_txn_provider.sinks.base import SINK_SPEC, StagedFiles
+from airflow_txn_provider.rules.vocabulary import LAKE_OUTPUT_PREFIX, SinkAction
+from airflow_txn_provider.sinks.base import SINK_SPEC, StagedFiles, sink_from_spec
+from airflow_txn_provider.state import load_states
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
@@ -163,4 +170,66 @@ def clean_up(pipeline: str, writes: Sequence[SinkWrite]) -> None:
             )
 
 
-__all__ = ["AppliedTxid", "Outputs", "SinkWrite", "apply_txid", "clean_up"]
+def rewind_states(conn: Connection, pipeline: str, to_txid: int) -> dict[str, dict[str, int]]:
+    """Put every state of ``pipeline`` back as it was after ``to_txid - 1``'s commit, from the
+    undo records each commit wrote (in ``conn``'s transaction); per state the keys restored and
+    removed."""
+    return {
+        name: state.rewind(conn, to_txid)
+        for name, state in sorted(load_states(conn, pipeline).items())
+    }
+
+
+def rewind_tables(conn: Connection, pipeline: str, keep: int, log_url: str) -> dict[str, str]:
+    """Take every lake table a txid after ``keep`` wrote back to ``keep``, each opened from the
+    spec its commits recorded; returns what happened per sink. A table already there is left
+    alone; one that cannot be opened or rolled back now is not (never raises: the next commit
+    into it rolls it back, :func:`~airflow_txn_provider.rules.coordinator.plan_sink_commit`)."""
+    done: dict[str, str] = {}
+    for name, spec in sorted(_lake_outputs_after(conn, pipeline, keep).items()):
+        later = f"rolled back by txid {keep + 1}'s commit"
+        if spec is None:  # committed by a version that did not record the sink's spec
+            done[name] = f"not opened (its spec is not recorded): {later}"
+            continue
+        try:
+            version = sink_from_spec(spec).open(log_url).rewind(pipeline, keep)
+        except Exception as err:  # the log's rewind stands; the next commit does this
+            log.warning("pipeline=%s: lake sink %s not rewound now: %s", pipeline, name, err)
+            done[name] = f"not rolled back now ({type(err).__name__}: {err}): {later}"
+            continue
+        done[name] = (
+            f"at txid {keep} already"
+            if version is None
+            else f"rolled back to txid {keep} (version {version})"
+        )
+        log.warning("pipeline=%s: lake sink %s %s", pipeline, name, done[name])
+    return done
+
+
+def _lake_outputs_after(conn: Connection, pipeline: str, txid: int) -> dict[str, Any]:
+    """The lake sinks the txids after ``txid`` wrote (their current attempts' outputs), each
+    with its recorded spec (``None``: not recorded)."""
+    outputs = conn.execute(
+        select(TRANSACTIONS.c.output).where(
+            TRANSACTIONS.c.pipeline == pipeline, TRANSACTIONS.c.txid > txid
+        )
+    ).scalars()
+    sinks: dict[str, Any] = {}
+    for output in outputs:
+        for key, value in (output or {}).items():
+            if key.startswith(LAKE_OUTPUT_PREFIX):
+                name = key[len(LAKE_OUTPUT_PREFIX) :]
+                spec = value.get(SINK_SPEC) if isinstance(value, Mapping) else None
+                sinks[name] = sinks.get(name) or spec
+    return sinks
+
+
+__all__ = [
+    "AppliedTxid",
+    "Outputs",
+    "SinkWrite",
+    "apply_txid",
+    "clean_up",
+    "rewind_states",
+    "rewind_tables",
+]

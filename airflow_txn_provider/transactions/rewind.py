@@ -44,15 +44,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sqlalchemy import insert, select, update
 
 from airflow_txn_provider.log.fill_progress import rewind_fills
-from airflow_txn_provider.log.models import PIPELINES, REWINDS, TRANSACTIONS
+from airflow_txn_provider.log.models import PIPELINES, REWINDS
 from airflow_txn_provider.log.rows import TxidRows, load_view, lock_pipeline
 from airflow_txn_provider.rules.history import plan_rewind, rewind_floor, rewound_through
-from airflow_txn_provider.rules.vocabulary import LAKE_OUTPUT_PREFIX
+from airflow_txn_provider.transactions.apply import rewind_states, rewind_tables
 from airflow_txn_provider.utils.retries import retry_transient
 
 if TYPE_CHECKING:
@@ -110,32 +110,10 @@ class LogRewind:
         sink. Idempotent: a table at the txid already is left alone. Never raises for a table:
         one that cannot be rolled back now is rolled back by its next commit (see the module's
         docstring), and a reader as of the last committed txid reads it right meanwhile."""
-        from airflow_txn_provider.sinks.base import sink_from_spec
-
         log_url = self.engine.url.render_as_string(hide_password=False)
-        done: dict[str, str] = {}
         with self.engine.begin() as conn:
             keep = int(lock_pipeline(conn, pipeline).last_committed_txid)
-            for name, spec in sorted(_lake_outputs_after(conn, pipeline, keep).items()):
-                later = f"rolled back by txid {keep + 1}'s commit"
-                if spec is None:  # committed by a version that did not record the sink's spec
-                    done[name] = f"not opened (its spec is not recorded): {later}"
-                    continue
-                try:
-                    version = sink_from_spec(spec).open(log_url).rewind(pipeline, keep)
-                except Exception as err:  # the log's rewind stands; the next commit does this
-                    log.warning(
-                        "pipeline=%s: lake sink %s not rewound now: %s", pipeline, name, err
-                    )
-                    done[name] = f"not rolled back now ({type(err).__name__}: {err}): {later}"
-                    continue
-                done[name] = (
-                    f"at txid {keep} already"
-                    if version is None
-                    else f"rolled back to txid {keep} (version {version})"
-                )
-                log.warning("pipeline=%s: lake sink %s %s", pipeline, name, done[name])
-        return done
+            return rewind_tables(conn, pipeline, keep, log_url)
 
     @retry_transient
     def _rewind_log(
@@ -146,17 +124,12 @@ class LogRewind:
         job_version: str | None,
         reason: str | None,
     ) -> RewindResult:
-        from airflow_txn_provider.state import load_states
-
         with self.engine.begin() as conn:
             row = lock_pipeline(conn, pipeline)
             view = load_view(conn, pipeline)
             floor = rewind_floor(int(row.pruned_through_txid), int(row.undo_from_txid))
             plan = plan_rewind(view, to_txid, floor=floor)
-            states = {
-                name: state.rewind(conn, to_txid)
-                for name, state in sorted(load_states(conn, pipeline).items())
-            }
+            states = rewind_states(conn, pipeline, to_txid)
             # an output filling from history resumes from there (its values went back above)
             fills = rewind_fills(conn, pipeline, to_txid)
             if fills:
@@ -200,26 +173,6 @@ def read_rewound_through(conn: Connection, pipeline: str) -> int:
         select(REWINDS.c.to_txid, REWINDS.c.rewound_txids).where(REWINDS.c.pipeline == pipeline)
     )
     return rewound_through((int(to), int(n)) for to, n in rows)
-
-
-def _lake_outputs_after(conn: Connection, pipeline: str, txid: int) -> dict[str, Any]:
-    """The lake sinks the txids after ``txid`` wrote (their current attempts' outputs), each
-    with its recorded spec (``None``: not recorded)."""
-    from airflow_txn_provider.sinks.base import SINK_SPEC
-
-    outputs = conn.execute(
-        select(TRANSACTIONS.c.output).where(
-            TRANSACTIONS.c.pipeline == pipeline, TRANSACTIONS.c.txid > txid
-        )
-    ).scalars()
-    sinks: dict[str, Any] = {}
-    for output in outputs:
-        for key, value in (output or {}).items():
-            if key.startswith(LAKE_OUTPUT_PREFIX):
-                name = key[len(LAKE_OUTPUT_PREFIX) :]
-                spec = value.get(SINK_SPEC) if isinstance(value, Mapping) else None
-                sinks[name] = sinks.get(name) or spec
-    return sinks
 
 
 def span(txids: tuple[int, ...]) -> str:
