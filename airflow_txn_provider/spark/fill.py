@@ -22,7 +22,7 @@ from airflow_txn_provider.rules.filling import FILL_CHUNK
 from airflow_txn_provider.sinks.base import LakeSink, StagedFiles
 from airflow_txn_provider.spark.job import BatchJob, Transform, results_by_output
 from airflow_txn_provider.spark.sources import SparkSource
-from airflow_txn_provider.state import MapState, load_states
+from airflow_txn_provider.state import MapState
 from airflow_txn_provider.transactions.fill import (
     ChunkResults,
     Committed,
@@ -60,15 +60,16 @@ def fill_pipeline(
     ``transforms``: the pipeline's jobs' (each computes some of its outputs); ``on_progress`` is
     called with a line per step (the task log's)."""
     session: list[SparkSession] = []
-    all_states: dict[str, MapState] = {}
     log_url = txlog.engine.url.render_as_string(hide_password=False)
 
     def compute(
-        txids: Sequence[Committed], states: Sequence[MapState], filling: Sequence[LakeSink]
+        txids: Sequence[Committed],
+        all_states: Mapping[str, MapState],
+        states: Sequence[MapState],
+        filling: Sequence[LakeSink],
     ) -> ChunkResults:
         if not session:
             session.append(spark() if callable(spark) else spark)
-            all_states.update(load_states(txlog.engine, pipeline))
         return compute_chunk(
             session[0],
             pipeline=pipeline,

@@ -91,9 +91,11 @@ class ChunkResults:
 
 
 ComputeChunk = Callable[
-    [Sequence[Committed], Sequence["MapState"], Sequence["LakeSink"]], ChunkResults
+    [Sequence[Committed], Mapping[str, "MapState"], Sequence["MapState"], Sequence["LakeSink"]],
+    ChunkResults,
 ]
-"""Computes a chunk of committed txids for the given states and sinks (Spark's side)."""
+"""Computes a chunk of committed txids (Spark's side): given every state of the pipeline by name
+(the results are named after them), the filling states and sinks to compute."""
 
 
 class _Replan(Exception):
@@ -236,7 +238,7 @@ class _Filler:
         started = time.monotonic()
         chunk = self.committed(step)
         outputs = self.outputs(sorted(mine))
-        results = self._compute(chunk, outputs.states, outputs.sinks)
+        results = self._compute(chunk, self.states, outputs.states, outputs.sinks)
         rows = sum(t.num_rows for by in results.states.values() for t in by.values())
         rows += sum(f.rows for by in results.sinks.values() for f in by.values())
         done = self.apply(step, mine, results)
