@@ -59,7 +59,7 @@ def claimed(
     context: Context,
     claim_task_id: str = BEGIN_TASK_ID,
     *,
-    log: TransactionLog | None = None,
+    txlog: TransactionLog | None = None,
     pipeline: str | None = None,
 ) -> dict[str, Any]:
     """What the run's claiming task claimed: ``{"txid", "attempt", "metadata"}``.
@@ -69,9 +69,9 @@ def claimed(
     ``log`` and ``pipeline``, a claim it did not publish (it was killed, or the api-server was
     away) is the attempt the log holds for the run's txid, which the commit gate then judges."""
     value = context["ti"].xcom_pull(task_ids=claim_task_id, key=CLAIM_XCOM_KEY)
-    if not value and log is not None and pipeline is not None:
+    if not value and txlog is not None and pipeline is not None:
         txid = run_txid(context, pipeline)
-        info = log.transaction(pipeline, txid)
+        info = txlog.transaction(pipeline, txid)
         if info is not None:
             return {"txid": txid, "attempt": info.attempt, "metadata": info.metadata}
     if not value:
@@ -89,10 +89,10 @@ def pipeline_log(pipeline: TxnPipeline) -> TransactionLog:
     return TxnLogHook(txn_log_conn_id=pipeline.txn_log_conn_id).get_log()
 
 
-def declare_pipeline(log: TransactionLog, pipeline: TxnPipeline, dag_id: str) -> bool:
+def declare_pipeline(txlog: TransactionLog, pipeline: TxnPipeline, dag_id: str) -> bool:
     """Register ``pipeline`` and declare its outputs, as its DAG file says now (one read when the
     log holds this declaration already): what a txid's claim and the fill task do first."""
-    return log.ensure_pipeline(
+    return txlog.ensure_pipeline(
         pipeline.name,
         source_kind=pipeline.source.kind,
         max_pending=pipeline.max_pending,
@@ -136,20 +136,20 @@ def start_in_triggerer(
     )
 
 
-def last_error(log: TransactionLog, pipeline: str, txid: int) -> str:
+def last_error(txlog: TransactionLog, pipeline: str, txid: int) -> str:
     """The last error recorded for ``txid``, or ``(none recorded)``: what a task reports."""
-    info = log.transaction(pipeline, txid)
+    info = txlog.transaction(pipeline, txid)
     return (info.last_error if info else None) or "(none recorded)"
 
 
-def why_waiting(log: TransactionLog, pipeline: TxnPipeline, txid: int) -> str:
+def why_waiting(txlog: TransactionLog, pipeline: TxnPipeline, txid: int) -> str:
     """Which txid this one waits for, and why: what the UI and a person reading the log need."""
     from airflow_txn_provider.rules.waiting import blocked_by
 
-    view = log.view(pipeline.name)
+    view = txlog.view(pipeline.name)
     blocker = blocked_by(view, txid)
     if blocker is not None:
-        error = last_error(log, pipeline.name, blocker.txid)
+        error = last_error(txlog, pipeline.name, blocker.txid)
         return f"blocked by txid {blocker.txid} (failed, attempt {blocker.attempt}: {error})"
     if txid > view.next_new_txid:
         return f"txid {txid - 1} has not begun yet"
@@ -201,22 +201,22 @@ def ahead_waits() -> int:
     return _slot_count(AHEAD_WAITS_OPTION, DEFAULT_AHEAD_WAITS)
 
 
-def ahead_wait_slot(log: TransactionLog) -> AbstractContextManager[HeldSlot | None]:
+def ahead_wait_slot(txlog: TransactionLog) -> AbstractContextManager[HeldSlot | None]:
     """One of the log's :func:`ahead_waits` wait slots, held for the block; ``None`` if all are
     taken."""
     from airflow_txn_provider.log.advisory import held_slot
 
-    return held_slot(log.engine, _AHEAD_LOCK_CLASS, range(ahead_waits()))
+    return held_slot(txlog.engine, _AHEAD_LOCK_CLASS, range(ahead_waits()))
 
 
-def ahead_wait_slots_free(log: TransactionLog) -> int:
+def ahead_wait_slots_free(txlog: TransactionLog) -> int:
     """How many of the log's wait slots are free now: a claim creates that many runs ahead at
     most (:func:`~airflow_txn_provider.triggers.waker.make_runs_ahead`). 0 when the log cannot
     say: the waker creates the runs once the window has room."""
     from airflow_txn_provider.log.advisory import held_count
 
     try:
-        return max(0, ahead_waits() - held_count(log.engine, _AHEAD_LOCK_CLASS))
+        return max(0, ahead_waits() - held_count(txlog.engine, _AHEAD_LOCK_CLASS))
     except Exception:  # an optimisation: without it, the waker's way
         return 0
 
@@ -228,7 +228,7 @@ def commit_waits() -> int:
 
 
 def commit_in_turn(
-    log: TransactionLog, pipeline: TxnPipeline, txid: int, logger: Any
+    txlog: TransactionLog, pipeline: TxnPipeline, txid: int, logger: Any
 ) -> tuple[bool, list[int]]:
     """After processed ``txid`` found the txids before it uncommitted: wait in the worker, with
     one of the log's :func:`commit_waits` slots, while they still process (at most
@@ -249,18 +249,18 @@ def commit_in_turn(
 
     done: list[int] = []
     deadline = time.monotonic() + COMMIT_WAIT
-    with held_slot(log.engine, _COMMIT_LOCK_CLASS, range(commit_waits())) as slot:
+    with held_slot(txlog.engine, _COMMIT_LOCK_CLASS, range(commit_waits())) as slot:
         if slot is None:
             return False, done
-        with PipelineChanges(log.engine, pipeline.name, fallback=COMMIT_POLL) as changes:
+        with PipelineChanges(txlog.engine, pipeline.name, fallback=COMMIT_POLL) as changes:
             while time.monotonic() < deadline:
-                view = log.view(pipeline.name)  # read after listening: no commit goes unseen
+                view = txlog.view(pipeline.name)  # read after listening: no commit goes unseen
                 if view.last_committed >= txid:
                     return True, done
                 if not awaits_its_turn(view, txid):
                     break
                 if committable(view) is not None:
-                    done += commit_ready(log, pipeline, logger, view=view)
+                    done += commit_ready(txlog, pipeline, logger, view=view)
                     continue
                 changes.wait(
                     deadline - time.monotonic(),
@@ -269,7 +269,7 @@ def commit_in_turn(
     return txid in done, done
 
 
-def previous_began(log: TransactionLog, pipeline: str, txid: int, deadline: float) -> bool:
+def previous_began(txlog: TransactionLog, pipeline: str, txid: int, deadline: float) -> bool:
     """Wait while ``txid - 1`` has never begun (their runs were made together, and their claims
     race: :func:`~airflow_txn_provider.rules.waiting.runs_to_make`), at most ``PREVIOUS_WAIT``
     seconds and until ``deadline``; True once ``txid`` may begin as far as ``txid - 1`` goes.
@@ -285,9 +285,9 @@ def previous_began(log: TransactionLog, pipeline: str, txid: int, deadline: floa
     )
 
     until = min(deadline, time.monotonic() + PREVIOUS_WAIT)
-    with PipelineChanges(log.engine, pipeline, fallback=AHEAD_POLL) as changes:
+    with PipelineChanges(txlog.engine, pipeline, fallback=AHEAD_POLL) as changes:
         while time.monotonic() < until:
-            view = log.view(pipeline)
+            view = txlog.view(pipeline)
             if txid in runs_ahead(view):
                 return False
             if not previous_unbegun(view, txid):
@@ -299,7 +299,7 @@ def previous_began(log: TransactionLog, pipeline: str, txid: int, deadline: floa
     return False
 
 
-def window_moved(log: TransactionLog, pipeline: str, txid: int, deadline: float) -> bool:
+def window_moved(txlog: TransactionLog, pipeline: str, txid: int, deadline: float) -> bool:
     """Wait until ``txid`` may begin (the txid before it began, and the oldest txid committed),
     if its run was made past the window (:func:`~airflow_txn_provider.rules.waiting.runs_ahead`)
     and one of the log's :func:`ahead_waits` wait slots is free; ``False`` at once for any other
@@ -313,15 +313,15 @@ def window_moved(log: TransactionLog, pipeline: str, txid: int, deadline: float)
     """
     from airflow_txn_provider.rules.waiting import may_begin_now, may_end_ahead_wait, runs_ahead
 
-    view = log.view(pipeline)
+    view = txlog.view(pipeline)
     if txid not in runs_ahead(view):
         return False
-    with ahead_wait_slot(log) as slot:
+    with ahead_wait_slot(txlog) as slot:
         if slot is None:
             return False
-        with PipelineChanges(log.engine, pipeline, fallback=AHEAD_POLL) as changes:
+        with PipelineChanges(txlog.engine, pipeline, fallback=AHEAD_POLL) as changes:
             while time.monotonic() < deadline:
-                view = log.view(pipeline)  # read after listening: no change goes unseen
+                view = txlog.view(pipeline)  # read after listening: no change goes unseen
                 if may_begin_now(view, txid):
                     return True
                 if txid not in runs_ahead(view):

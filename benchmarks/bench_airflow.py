@@ -72,12 +72,12 @@ def run_pipeline(pg, connect, workdir: Path, data: Path, args, name: str, max_pe
         api.unpause(name)
         log_url = f"postgresql+psycopg2://postgres@127.0.0.1:{pg.port}/log_{name}"
         deadline = time.monotonic() + 3600
-        log = None
+        txlog = None
         while time.monotonic() < deadline:
             time.sleep(2)
             try:
-                log = log or TransactionLog.from_url(log_url, migrate=False)
-                done = log.last_committed(name)
+                txlog = txlog or TransactionLog.from_url(log_url, migrate=False)
+                done = txlog.last_committed(name)
             except Exception:  # the pipeline registers itself with its first begin
                 continue
             print(f"  {name}: {done}/{args.txids} committed", end="\r", flush=True)
@@ -86,9 +86,9 @@ def run_pipeline(pg, connect, workdir: Path, data: Path, args, name: str, max_pe
         else:
             raise TimeoutError(f"{name}: not every txid committed\n{stack.tail()}")
         api.pause(name)
-        assert log is not None
-        infos = log.transactions(name)[: args.txids]
-        log.engine.dispose()
+        assert txlog is not None
+        infos = txlog.transactions(name)[: args.txids]
+        txlog.engine.dispose()
     print()
     return infos
 

@@ -42,11 +42,11 @@ def make_rows(n: int) -> list[tuple[str, int]]:
     return [(f"key{i:08d}", 1) for i in range(n)]
 
 
-def raw_copy_seconds(log: TransactionLog, rows: list[tuple[str, int]]) -> float:
-    with log.engine.begin() as conn:
+def raw_copy_seconds(txlog: TransactionLog, rows: list[tuple[str, int]]) -> float:
+    with txlog.engine.begin() as conn:
         conn.execute(text("DROP TABLE IF EXISTS bench_raw"))
         conn.execute(text("CREATE UNLOGGED TABLE bench_raw (word text, delta bigint)"))
-    with log.engine.begin() as conn, conn.connection.driver_connection.cursor() as cur:
+    with txlog.engine.begin() as conn, conn.connection.driver_connection.cursor() as cur:
         start = time.perf_counter()
         with cur.copy("COPY bench_raw (word, delta) FROM STDIN (FORMAT BINARY)") as copy:
             copy.set_types(["text", "int8"])
@@ -57,20 +57,20 @@ def raw_copy_seconds(log: TransactionLog, rows: list[tuple[str, int]]) -> float:
 
 
 def state_commit_seconds(
-    log: TransactionLog, pipeline: str, state: MapState, txid: int, rows: list[tuple[str, int]]
+    txlog: TransactionLog, pipeline: str, state: MapState, txid: int, rows: list[tuple[str, int]]
 ) -> tuple[float, float]:
     """(stage seconds, apply+commit seconds) of one batch through the real log and state."""
-    em = log.begin(pipeline, txid, Sequential())
+    em = txlog.begin(pipeline, txid, Sequential())
     assert em.emitted and em.attempt is not None
     start = time.perf_counter()
 
     def stage(conn):
         return {state.output_key: state.stage(conn, txid, em.attempt, rows)}
 
-    log.stage_output(pipeline, txid, em.attempt, stage)
+    txlog.stage_output(pipeline, txid, em.attempt, stage)
     staged = time.perf_counter()
-    expected = log.view(pipeline).record(txid).output[state.output_key]
-    log.commit(
+    expected = txlog.view(pipeline).record(txid).output[state.output_key]
+    txlog.commit(
         pipeline,
         txid,
         em.attempt,
@@ -94,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     with EmbeddedPostgres(durable=True) as pg:
-        log = TransactionLog.from_url(pg.url)
+        txlog = TransactionLog.from_url(pg.url)
         print(f"Postgres on 127.0.0.1:{pg.port} (durable: fsync on)\n")
         print(
             "State commit throughput (stage: checks + binary COPY; one upsert + committed mark; "
@@ -111,18 +111,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             for kind in StateKind:
                 name = f"b{n}_{kind.value}"[:40]
                 pipeline = f"bench_{name}"
-                log.register_pipeline(pipeline, source_kind="transactional", max_pending=2)
-                state = MapState(pipeline, name, kind, keys={"word": "text"}).create(log.engine)
+                txlog.register_pipeline(pipeline, source_kind="transactional", max_pending=2)
+                state = MapState(pipeline, name, kind, keys={"word": "text"}).create(txlog.engine)
                 for txid, label in ((1, "inserts"), (2, "updates")):
-                    raw = raw_copy_seconds(log, payload)  # same run, same data, right beside it
-                    stage_s, apply_s = state_commit_seconds(log, pipeline, state, txid, payload)
+                    raw = raw_copy_seconds(txlog, payload)  # same run, same data, right beside it
+                    stage_s, apply_s = state_commit_seconds(txlog, pipeline, state, txid, payload)
                     total = stage_s + apply_s
                     print(
                         f"{n:>9} {kind.value:<18} {label:<8} {stage_s:>8.2f} {apply_s:>8.2f} "
                         f"{total:>8.2f} {n / total:>11,.0f} {n / raw:>11,.0f} "
                         f"{raw / total:>6.0%}"
                     )
-                with log.engine.begin() as conn:
+                with txlog.engine.begin() as conn:
                     conn.execute(text(f"DROP TABLE {state.table}"))
                     conn.execute(text(f"DROP TABLE {state.stage_table}"))
                     conn.execute(text(f"DROP TABLE {state.backing.qundo}"))
@@ -131,16 +131,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                     )
 
         print(f"\nLog operation latency over {args.ops} txids (max_pending=4, durable commits)")
-        log.register_pipeline("bench_latency", source_kind="transactional", max_pending=4)
+        txlog.register_pipeline("bench_latency", source_kind="transactional", max_pending=4)
         begin_ms, processed_ms, commit_ms = [], [], []
         src = Sequential()
         for txid in range(1, args.ops + 1):
             t0 = time.perf_counter()
-            em = log.begin("bench_latency", txid, src)
+            em = txlog.begin("bench_latency", txid, src)
             t1 = time.perf_counter()
-            log.mark_processed("bench_latency", txid, em.attempt, {"rows": 1})
+            txlog.mark_processed("bench_latency", txid, em.attempt, {"rows": 1})
             t2 = time.perf_counter()
-            log.commit("bench_latency", txid, em.attempt)
+            txlog.commit("bench_latency", txid, em.attempt)
             t3 = time.perf_counter()
             begin_ms.append((t1 - t0) * 1e3)
             processed_ms.append((t2 - t1) * 1e3)

@@ -234,7 +234,7 @@ class LakeSide:
     def __init__(
         self,
         kind: str,
-        log: TransactionLog,
+        txlog: TransactionLog,
         connect_url: str,
         data: Path,
         workdir: Path,
@@ -244,7 +244,7 @@ class LakeSide:
         from airflow_txn_provider.operators.spark_runner import SparkConnectRunner
         from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
 
-        self.kind, self.log, self.name, self.rows = kind, log, name, batch_rows
+        self.kind, self.log, self.name, self.rows = kind, txlog, name, batch_rows
         self.label = f"this project, {kind.capitalize()}"
         self.sink: LakeSink
         if kind == "delta":
@@ -261,7 +261,7 @@ class LakeSide:
             max_per_partition=batch_rows // PARTITIONS,
             index_dir=str(workdir / "index"),
         )
-        log.register_pipeline(name, source_kind="transactional", max_pending=1)
+        txlog.register_pipeline(name, source_kind="transactional", max_pending=1)
         self.runner = SparkConnectRunner(JOB, url=connect_url)
         self.seconds: list[float] = []
         self.parts: dict[str, list[float]] = defaultdict(list)
@@ -420,10 +420,10 @@ def main(argv: list[str] | None = None) -> int:
             if not url:
                 server = SparkConnectServer(workdir=workdir / "connect", conf=SPARK_CONF)
                 url = services.enter_context(server).url
-            log = TransactionLog.from_url(pg.url)
+            txlog = TransactionLog.from_url(pg.url)
             for rows, (data, batches) in datasets.items():
-                results[rows] = run_size(log, pg.url, url, workdir, data, rows, batches)
-            log.engine.dispose()
+                results[rows] = run_size(txlog, pg.url, url, workdir, data, rows, batches)
+            txlog.engine.dispose()
     finally:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -434,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_size(
-    log: TransactionLog,
+    txlog: TransactionLog,
     log_url: str,
     connect_url: str,
     workdir: Path,
@@ -448,7 +448,7 @@ def run_size(
         plain = PlainSide(connect_url, data, plain_dir, rows)
         closing.callback(plain.close)
         lakes = [
-            LakeSide(kind, log, connect_url, data, workdir, rows, f"{kind}_{rows}")
+            LakeSide(kind, txlog, connect_url, data, workdir, rows, f"{kind}_{rows}")
             for kind in ("delta", "iceberg")
         ]
         # Warm-up: one throwaway batch per side (the first batch, into outputs of its own).
@@ -458,7 +458,7 @@ def run_size(
             warm_plain,
             *[
                 LakeSide(
-                    kind, log, connect_url, data, workdir / "warm", rows, f"warm_{kind}_{rows}"
+                    kind, txlog, connect_url, data, workdir / "warm", rows, f"warm_{kind}_{rows}"
                 )
                 for kind in ("delta", "iceberg")
             ],

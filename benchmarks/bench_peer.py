@@ -314,7 +314,7 @@ NO_STEADY: dict[str, Any] = {"txids": 0, "cpu": {}, "wall": float("nan")}
 
 
 def run_core(
-    log: TransactionLog, connect_url: str, name: str, data: Path, rows: int, batches: int
+    txlog: TransactionLog, connect_url: str, name: str, data: Path, rows: int, batches: int
 ) -> dict[str, Any]:
     """Begin, process (Spark Connect), commit, one txid after another, in this process."""
     from airflow_txn_provider.operators.spark_runner import SparkConnectRunner
@@ -326,24 +326,24 @@ def run_core(
         str(data), max_per_partition=rows // PARTITIONS, schema=DATA_SCHEMA
     )
     state = MapState(name, f"{name}_counts", keys={"word": "text"})
-    log.ensure_pipeline(name, source_kind="transactional", max_pending=1, states=[state])
+    txlog.ensure_pipeline(name, source_kind="transactional", max_pending=1, states=[state])
     runner = SparkConnectRunner(ROOT / "spark_jobs" / "word_count.py", url=connect_url)
     latency = []
     cpu = cpu_by_group(POSTMASTERS)
     started = time.perf_counter()
     for _ in range(batches):
         t0 = time.perf_counter()
-        emission = log.begin_next(name, source)
+        emission = txlog.begin_next(name, source)
         assert emission is not None and emission.emitted, emission
-        runner.run(BatchJob(name, emission.txid, emission.attempt, source), log)
-        commit_registered(log, name, emission.txid, emission.attempt)
+        runner.run(BatchJob(name, emission.txid, emission.attempt, source), txlog)
+        commit_registered(txlog, name, emission.txid, emission.attempt)
         latency.append(time.perf_counter() - t0)
     seconds = time.perf_counter() - started
     used = cpu_since(cpu, POSTMASTERS)
-    with log.engine.connect() as conn:
+    with txlog.engine.connect() as conn:
         got = {key[0]: value for key, value in state.items(conn).items()}
-    infos = log.transactions(name)[:batches]
-    attempts = {t.txid: log.attempts(name, t.txid) for t in infos}
+    infos = txlog.transactions(name)[:batches]
+    attempts = {t.txid: txlog.attempts(name, t.txid) for t in infos}
     return {
         "seconds": seconds,
         "rows": rows * batches,
@@ -359,7 +359,7 @@ def run_core(
 # -- this project on Airflow ---------------------------------------------------------------------
 
 
-def run_ours(stack: AirflowStack, log: TransactionLog, name: str, batches: int) -> dict[str, Any]:
+def run_ours(stack: AirflowStack, txlog: TransactionLog, name: str, batches: int) -> dict[str, Any]:
     api = stack.client()
     api.wait_for_dag(name)
     # Airflow's own background work (scheduler loop, triggerer, dag-processor, api-server),
@@ -380,7 +380,7 @@ def run_ours(stack: AirflowStack, log: TransactionLog, name: str, batches: int) 
     while time.monotonic() < deadline:
         time.sleep(0.2)
         try:
-            done = log.last_committed(name)
+            done = txlog.last_committed(name)
         except Exception:  # the pipeline registers itself with its first begin
             continue
         print(f"  {name}: {done}/{batches} committed", end="\r", flush=True)
@@ -400,16 +400,16 @@ def run_ours(stack: AirflowStack, log: TransactionLog, name: str, batches: int) 
         raise TimeoutError(f"{name}: not every txid committed\n{stack.tail()}")
     api.pause(name)
     print()
-    infos = log.transactions(name)[:batches]
+    infos = txlog.transactions(name)[:batches]
     runs = {r["dag_run_id"]: r for r in api.runs(name)}
     tis = {
         t.txid: api.task_instances(name, f"txid-{t.txid:06d}")
         for t in infos
         if f"txid-{t.txid:06d}" in runs
     }
-    attempts = {t.txid: log.attempts(name, t.txid) for t in infos}
+    attempts = {t.txid: txlog.attempts(name, t.txid) for t in infos}
     state = MapState(name, f"{name}_counts", keys={"word": "text"})
-    with log.engine.connect() as conn:
+    with txlog.engine.connect() as conn:
         got = {key[0]: value for key, value in state.items(conn).items()}
     return {
         "infos": infos,
@@ -713,13 +713,13 @@ def main(argv: list[str] | None = None) -> int:
         ) as connect:
             pin_spark()
             env["AIRFLOW_CONN_SPARK_CONNECT_DEFAULT"] = connect.url
-            log = TransactionLog.from_url(pg.url)
+            txlog = TransactionLog.from_url(pg.url)
             for name, (data, rows, batches, truth) in datasets.items():
                 print(f"this project without Airflow (core loop): {name}", flush=True)
                 if not args.cold_peer:  # its Connect server warm too, as on Airflow
                     warm = workdir / f"warm_{name}"
-                    run_core(log, connect.url, f"warm_core_{name}", warm, rows, WARMUP_BATCHES)
-                found = run_core(log, connect.url, f"core_{name}", data, rows, batches)
+                    run_core(txlog, connect.url, f"warm_core_{name}", warm, rows, WARMUP_BATCHES)
+                found = run_core(txlog, connect.url, f"core_{name}", data, rows, batches)
                 assert found["got"] == dict(truth), f"{name}: the core loop's result is wrong"
                 core[name] = found
             stack = AirflowStack(
@@ -737,16 +737,16 @@ def main(argv: list[str] | None = None) -> int:
                     floors[dag_id] = run_floor(stack, dag_id, args.floor_runs)
                 for name, (_, _rows, batches, truth) in datasets.items():
                     print(f"this project on Airflow: {name}", flush=True)
-                    found = run_ours(stack, log, name, batches)
+                    found = run_ours(stack, txlog, name, batches)
                     assert found["got"] == dict(truth), f"{name}: this project's result is wrong"
-                    found["window"] = log.view(name).max_pending
+                    found["window"] = txlog.view(name).max_pending
                     print(f"  its window at the end: {found['window']} txids", flush=True)
                     ours[name] = found
                     held = pace_floor(pace, core[name])
                     print(f"Airflow's floor at this pace: runs holding Spark {held:.2f} s: {name}")
                     paced[name] = run_floor(stack, PACED_FLOOR, args.floor_runs)
                     paced[name]["held"] = held
-                log.engine.dispose()
+                txlog.engine.dispose()
 
     print(
         f"\nbench-peer ({os.cpu_count()} cores, Spark {spark_master()}, max_pending "

@@ -232,8 +232,8 @@ def trickle(feed: Feed, names: list[str], every: float, duration: float) -> None
         n += 1
 
 
-def check_truth(log: TransactionLog, feed: Feed, names: list[str]) -> None:
-    with log.engine.connect() as conn:
+def check_truth(txlog: TransactionLog, feed: Feed, names: list[str]) -> None:
+    with txlog.engine.connect() as conn:
         for name in names:
             state = MapState(name, f"{name}_counts", keys={"word": "text"})
             got = {k[0]: v for k, v in state.items(conn).items()}
@@ -258,7 +258,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         with admin.connect() as conn:
             conn.execute(text("CREATE DATABASE meta"))
         admin.dispose()
-        log = TransactionLog.from_url(log_pg.url)
+        txlog = TransactionLog.from_url(log_pg.url)
         env = {
             # Airflow's default, named: the floor users have
             "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "30",
@@ -298,31 +298,31 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             if not args.quick:
                 print("  phase 2: one pipeline alone, a file every few seconds", flush=True)
                 api.unpause(names[0])
-                wait_committed(log.engine, feed, names[:1], 300)
+                wait_committed(txlog.engine, feed, names[:1], 300)
                 single_from = len(feed.files)
                 trickle(feed, names[:1], args.trickle_every, args.trickle_every * args.single_files)
-                wait_committed(log.engine, feed, names[:1], 300)
-                result["single"] = latencies(log.engine, feed.files[single_from:])
+                wait_committed(txlog.engine, feed, names[:1], 300)
+                result["single"] = latencies(txlog.engine, feed.files[single_from:])
 
             print("  phase 3: all unpaused, idle", flush=True)
             for name in names[0 if args.quick else 1 :]:
                 api.unpause(name)
-            wait_committed(log.engine, feed, names, 900)
+            wait_committed(txlog.engine, feed, names, 900)
             time.sleep(SETTLE)
             result["idle"] = sample(args.sample, postmasters)
 
             print("  phase 4: a burst into every pipeline, after the idle phase", flush=True)
-            burst_txids = last_txids(log.engine)
+            burst_txids = last_txids(txlog.engine)
             started = time.time()
             for name in names:
                 feed.write(name)
-            result["burst"] = wait_committed(log.engine, feed, names, 900)
-            result["burst_steps"] = burst_steps(log.engine, burst_txids, started)
+            result["burst"] = wait_committed(txlog.engine, feed, names, 900)
+            result["burst_steps"] = burst_steps(txlog.engine, burst_txids, started)
 
             if not args.quick:
                 print("  phase 5: a trickle into every pipeline", flush=True)
                 trickle_from = len(feed.files)
-                txids_before, started = committed_txids(log.engine), time.monotonic()
+                txids_before, started = committed_txids(txlog.engine), time.monotonic()
                 writer = threading.Thread(
                     target=trickle,
                     args=(feed, names, args.trickle_every, SETTLE + args.sample),
@@ -332,12 +332,12 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 time.sleep(SETTLE)
                 result["trickle"] = sample(args.sample, postmasters)
                 writer.join()
-                wait_committed(log.engine, feed, names, 900)
-                result["trickle_txids"] = committed_txids(log.engine) - txids_before
+                wait_committed(txlog.engine, feed, names, 900)
+                result["trickle_txids"] = committed_txids(txlog.engine) - txids_before
                 result["trickle_seconds"] = time.monotonic() - started
-                result["trickle_latency"] = latencies(log.engine, feed.files[trickle_from:])
-            check_truth(log, feed, names)
-            with log.engine.connect() as conn:
+                result["trickle_latency"] = latencies(txlog.engine, feed.files[trickle_from:])
+            check_truth(txlog, feed, names)
+            with txlog.engine.connect() as conn:
                 result["reemissions"] = conn.execute(
                     text("SELECT count(*) FROM txn_attempt WHERE attempt > 1")
                 ).scalar()
@@ -349,7 +349,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                         "GROUP BY 1 ORDER BY 2 DESC LIMIT 8"
                     )
                 ).all()
-        log.engine.dispose()
+        txlog.engine.dispose()
     return result
 
 

@@ -62,8 +62,8 @@ def median_ms(fn, repeat: int = 5) -> float:
     return ms(statistics.median(times))
 
 
-def table_figures(log: TransactionLog) -> dict[str, tuple[int, int]]:
-    with log.engine.connect() as conn:
+def table_figures(txlog: TransactionLog) -> dict[str, tuple[int, int]]:
+    with txlog.engine.connect() as conn:
         return {
             table: (
                 int(conn.execute(text(f"SELECT count(*) FROM {table}")).scalar_one()),
@@ -80,38 +80,38 @@ def table_figures(log: TransactionLog) -> dict[str, tuple[int, int]]:
 def run(
     url: str, label: str, keep: int, txids: int, points: Sequence[int], new_keys: int
 ) -> list[str]:
-    log = TransactionLog.from_url(url)
+    txlog = TransactionLog.from_url(url)
     state = MapState(PIPELINE, "bench_words", "transactional", keys={"word": "text"})
-    log.ensure_pipeline(
+    txlog.ensure_pipeline(
         PIPELINE, source_kind="opaque", max_pending=4, states=[state], keep_txids=keep
     )
     src = Offsets()
     lines = []
     commit_s: list[float] = []
     for txid in range(1, txids + 1):
-        em = log.begin(PIPELINE, txid, src)
+        em = txlog.begin(PIPELINE, txid, src)
         base = (txid - 1) * new_keys
         rows = [(f"k{base + i:09d}", i % 7 + 1) for i in range(new_keys)]  # new keys
         rows += [(f"k{(base * 7 + i * 13) % max(base, 1):09d}", 1) for i in range(new_keys)]
         batch: dict[str, int] = {}
         for word, delta in rows:
             batch[word] = batch.get(word, 0) + delta
-        with log.engine.begin() as conn:
+        with txlog.engine.begin() as conn:
             staged = state.stage(conn, txid, em.attempt, list(batch.items()))
-        log.mark_processed(PIPELINE, txid, em.attempt, {state.output_key: staged})
+        txlog.mark_processed(PIPELINE, txid, em.attempt, {state.output_key: staged})
         t0 = time.perf_counter()
-        commit_states(log, PIPELINE, txid, em.attempt, [state])
+        commit_states(txlog, PIPELINE, txid, em.attempt, [state])
         commit_s.append(time.perf_counter() - t0)
         if txid in points:
-            figures = table_figures(log)
-            page = median_ms(lambda: reader.state_summaries(log.engine, PIPELINE))
+            figures = table_figures(txlog)
+            page = median_ms(lambda: reader.state_summaries(txlog.engine, PIPELINE))
 
             def scan(table: str = state.table) -> None:
-                with log.engine.connect() as conn:
+                with txlog.engine.connect() as conn:
                     conn.execute(text(f"SELECT count(*), sum(value) FROM {table}")).one()
 
             scan_ms = median_ms(scan)
-            with log.engine.connect() as conn:
+            with txlog.engine.connect() as conn:
                 keys = int(conn.execute(text(f"SELECT count(*) FROM {state.table}")).scalar_one())
             tx_rows, tx_bytes = figures["txn_transaction"]
             at_rows, at_bytes = figures["txn_attempt"]
@@ -122,7 +122,7 @@ def run(
             )
             print(lines[-1], flush=True)
             commit_s = []
-    log.engine.dispose()
+    txlog.engine.dispose()
     return lines
 
 

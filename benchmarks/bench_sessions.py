@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
         EmbeddedPostgres(durable=False) as pg,
         SparkConnectServer(workdir=work / "connect", conf=CONF) as server,
     ):
-        log = TransactionLog.from_url(pg.url)
+        txlog = TransactionLog.from_url(pg.url)
         jvm = next(p for p in psutil.Process().children(recursive=True) if p.name() == "java")
 
         def jvm_cpu() -> float:
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
             pipeline = f"sessions_{i}"
             source = PartitionedParquetSource(str(work / "data"), max_per_partition=per)
             state = MapState(pipeline, f"{pipeline}_counts", keys={"word": "text"})
-            log.ensure_pipeline(
+            txlog.ensure_pipeline(
                 pipeline, source_kind="transactional", max_pending=1, states=[state]
             )
             runner = SparkConnectRunner(
@@ -82,18 +82,18 @@ def main(argv: list[str] | None = None) -> int:
         for n in range(total):
             for name, (pipeline, source, _, runner) in pipelines.items():
                 started, used = time.perf_counter(), jvm_cpu()
-                emission = log.begin_next(pipeline, source)
+                emission = txlog.begin_next(pipeline, source)
                 assert emission is not None and emission.emitted, emission
-                runner.run(BatchJob(pipeline, emission.txid, emission.attempt, source), log)
-                assert commit_registered(log, pipeline, emission.txid, emission.attempt).applied
+                runner.run(BatchJob(pipeline, emission.txid, emission.attempt, source), txlog)
+                assert commit_registered(txlog, pipeline, emission.txid, emission.attempt).applied
                 if n >= args.warmup:
                     seconds[name].append(time.perf_counter() - started)
                     cpu[name] += jvm_cpu() - used
         for name, (_, _, state, _) in pipelines.items():
-            with log.engine.connect() as conn:
+            with txlog.engine.connect() as conn:
                 got = {key[0]: value for key, value in state.items(conn).items()}
             assert got == dict(truth), f"{name}: the committed counts are wrong"
-        log.engine.dispose()
+        txlog.engine.dispose()
 
     print(f"\n| {args.rows:.0e}-row txids, word count | txid p50 | server JVM CPU-s per txid |")
     print("|---|---|---|")

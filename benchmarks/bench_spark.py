@@ -83,10 +83,10 @@ def generate(spark_url: str, path: Path, records: int) -> None:
 class Pipeline:
     """One pipeline over a dataset: begin the next txid, process it with ``run``, commit it."""
 
-    def __init__(self, log: TransactionLog, name: str, source: PartitionedParquetSource) -> None:
-        self.log, self.name, self.source = log, name, source
-        log.register_pipeline(name, source_kind="transactional", max_pending=1)
-        MapState(name, f"{name}_words", "transactional", keys={"word": "text"}).create(log.engine)
+    def __init__(self, txlog: TransactionLog, name: str, source: PartitionedParquetSource) -> None:
+        self.log, self.name, self.source = txlog, name, source
+        txlog.register_pipeline(name, source_kind="transactional", max_pending=1)
+        MapState(name, f"{name}_words", "transactional", keys={"word": "text"}).create(txlog.engine)
 
     def txid(self, run: Callable[[BatchJob], object]) -> float:
         emission = self.log.begin_next(self.name, self.source)
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         SparkConnectServer(workdir=work / "connect") as connect,
         StandaloneCluster(worker_cores=2, worker_memory="2g", workdir=work / "standalone") as sa,
     ):
-        log = TransactionLog.from_url(pg.url)
+        txlog = TransactionLog.from_url(pg.url)
         per_partition = max(1, args.small // PARTITIONS)
         small_path = work / "small"
         big_path = work / "big"
@@ -155,11 +155,11 @@ def main(argv: list[str] | None = None) -> int:
         results: dict[str, list[float]] = {}
         paths: list[tuple[str, Callable[[BatchJob], object]]] = [
             ("spark-submit local[2]", submit_local.run),
-            ("Spark Connect", lambda job: connect_runner.run(job, log)),
+            ("Spark Connect", lambda job: connect_runner.run(job, txlog)),
             ("spark-submit standalone", submit_cluster.run),
         ]
         for name, run in paths:
-            pipeline = Pipeline(log, f"small_{len(results)}", small_source())
+            pipeline = Pipeline(txlog, f"small_{len(results)}", small_source())
             samples = [pipeline.txid(run) for _ in range(args.repeat)]
             results[name] = samples
             print(f"{name:<26} {summary(samples)}", flush=True)
@@ -171,10 +171,10 @@ def main(argv: list[str] | None = None) -> int:
         with keep_classic_mode():
             session = SparkSession.builder.remote(connect.url).create()
             try:
-                pipeline = Pipeline(log, "small_warm", small_source())
+                pipeline = Pipeline(txlog, "small_warm", small_source())
 
                 def warm(job: BatchJob) -> object:
-                    return process_batch(session, log, job, transform)
+                    return process_batch(session, txlog, job, transform)
 
                 pipeline.txid(warm)  # warm-up txid, not counted
                 compute = [pipeline.txid(warm) for _ in range(args.repeat)]
@@ -184,11 +184,11 @@ def main(argv: list[str] | None = None) -> int:
 
         # Throughput: one batch with every record.
         big = Pipeline(
-            log,
+            txlog,
             "big",
             PartitionedParquetSource(str(big_path), max_per_partition=args.records),
         )
-        big_seconds = big.txid(lambda job: connect_runner.run(job, log))
+        big_seconds = big.txid(lambda job: connect_runner.run(job, txlog))
 
     print()
     print(

@@ -78,20 +78,20 @@ def stage_csv_before(pg: EmbeddedPostgres, state: MapState, table: pa.Table) -> 
         conn.close()
 
 
-def stage_binary_now(log: TransactionLog, state: MapState, table: pa.Table) -> float:
-    with log.engine.begin() as conn:
+def stage_binary_now(txlog: TransactionLog, state: MapState, table: pa.Table) -> float:
+    with txlog.engine.begin() as conn:
         start = time.perf_counter()
         state.stage_arrow(conn, 1, 1, table)
         return time.perf_counter() - start
 
 
-def clear(log: TransactionLog, state: MapState) -> None:
-    with log.engine.begin() as conn:
+def clear(txlog: TransactionLog, state: MapState) -> None:
+    with txlog.engine.begin() as conn:
         conn.execute(text(f"TRUNCATE {state.stage_table}"))
 
 
-def exact_keys(log: TransactionLog, state: MapState, txid: int, table: pa.Table) -> int:
-    with log.engine.connect() as conn:
+def exact_keys(txlog: TransactionLog, state: MapState, txid: int, table: pa.Table) -> int:
+    with txlog.engine.connect() as conn:
         stored = {w for w, _ in state.staged(conn, txid, 1)}
     return sum(1 for w in table.column("word").to_pylist() if w in stored)
 
@@ -102,8 +102,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args(argv)
     with EmbeddedPostgres(durable=True) as pg:
-        log = TransactionLog.from_url(pg.url)
-        state = MapState("bench_stage", "bench_stage", keys={"word": "text"}).create(log.engine)
+        txlog = TransactionLog.from_url(pg.url)
+        state = MapState("bench_stage", "bench_stage", keys={"word": "text"}).create(txlog.engine)
         print(f"Postgres on 127.0.0.1:{pg.port}; medians of {args.repeat} runs each\n")
         header = f"{'rows':>9} {'csv (before) rows/s':>20} {'binary (now) rows/s':>20} {'ratio':>6}"
         print(header)
@@ -112,27 +112,27 @@ def main(argv: Sequence[str] | None = None) -> int:
             table = make_table(n)
             csv_s, binary_s = [], []
             for _ in range(args.repeat):
-                clear(log, state)
+                clear(txlog, state)
                 csv_s.append(stage_csv_before(pg, state, table))
-                clear(log, state)
-                binary_s.append(stage_binary_now(log, state, table))
+                clear(txlog, state)
+                binary_s.append(stage_binary_now(txlog, state, table))
             csv_rate = n / statistics.median(csv_s)
             binary_rate = n / statistics.median(binary_s)
             print(
                 f"{n:>9} {csv_rate:>20,.0f} {binary_rate:>20,.0f} {binary_rate / csv_rate:>5.2f}x"
             )
         crlf = make_table(1000, suffix="\r")
-        clear(log, state)
+        clear(txlog, state)
         stage_csv_before(pg, state, crlf)
-        before = exact_keys(log, state, 2, crlf)
-        clear(log, state)
-        stage_binary_now(log, state, crlf)
-        now = exact_keys(log, state, 1, crlf)
+        before = exact_keys(txlog, state, 2, crlf)
+        clear(txlog, state)
+        stage_binary_now(txlog, state, crlf)
+        now = exact_keys(txlog, state, 1, crlf)
         print(
             f"\nkeys ending in a carriage return stored as given, of 1000: csv (before) {before}, "
             f"binary (now) {now}"
         )
-        log.engine.dispose()
+        txlog.engine.dispose()
     return 0
 
 

@@ -49,7 +49,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     kinds = (StateKind.TRANSACTIONAL, StateKind.OPAQUE)
     with EmbeddedPostgres(durable=True) as pg:
-        log = TransactionLog.from_url(pg.url)
+        txlog = TransactionLog.from_url(pg.url)
         print(f"Postgres on 127.0.0.1:{pg.port} (durable: fsync on); {args.rounds} rounds\n")
         header = (
             f"{'keys':>8} {'kind':<14} {'batch':<8} {'with undo s':>12} {'without s':>10} "
@@ -63,11 +63,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 states = {}
                 for label, cls in (("with", MapState), ("without", WithoutUndo)):
                     pipeline = f"undo_{label}_{n}_{kind.value}"
-                    log.register_pipeline(pipeline, source_kind="transactional", max_pending=2)
+                    txlog.register_pipeline(pipeline, source_kind="transactional", max_pending=2)
                     state = cls(
                         pipeline, f"s_{label}_{n}_{kind.value}"[:40], kind, {"word": "text"}
                     )
-                    states[label] = (pipeline, state.create(log.engine))
+                    states[label] = (pipeline, state.create(txlog.engine))
                 times: dict[str, dict[str, list[float]]] = {"with": {}, "without": {}}
                 rounds = range(1, args.rounds + 1)
                 plan = [("warm-up", 0)] + [("updates", 0)] * args.rounds
@@ -78,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     order = ("with", "without") if txid % 2 else ("without", "with")
                     for label in order:
                         pipeline, state = states[label]
-                        _stage, apply_s = state_commit_seconds(log, pipeline, state, txid, rows)
+                        _stage, apply_s = state_commit_seconds(txlog, pipeline, state, txid, rows)
                         times[label].setdefault(batch, []).append(apply_s)
                 for batch in ("inserts", "updates", "mixed"):
                     with_s = statistics.median(times["with"][batch])

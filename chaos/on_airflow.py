@@ -481,29 +481,29 @@ def run_one(deployment: Deployment, plan: Plan) -> FaultResult:
     if plan.fault in OWN_POSTGRES and (deployment.log_pg is None or deployment.meta_pg is None):
         raise ValueError(f"{plan.label}: this deployment lends no Postgres server to a fault")
     rng = random.Random(plan.seed)
-    log = TransactionLog.from_url(deployment.log_url)
+    txlog = TransactionLog.from_url(deployment.log_url)
     restarts_before = dict(deployment.stack.restarts)
     deployment.api().unpause(plan.name)
     detail = ""
     try:
-        detail, fault_at = inject(deployment, plan, log, rng)
-        in_flight = [t.txid for t in log.transactions(plan.name) if t.status.value != "committed"]
+        detail, fault_at = inject(deployment, plan, txlog, rng)
+        in_flight = [t.txid for t in txlog.transactions(plan.name) if t.status.value != "committed"]
         if plan.fault == "cascade_herd":  # the moment of the first own failure
-            fault_at = _wait(lambda: _first_failure(log, plan.name), 240, "the first failure")
+            fault_at = _wait(lambda: _first_failure(txlog, plan.name), 240, "the first failure")
             in_flight = list(range(1, TXIDS + 1))
-        _wait(lambda: log.last_committed(plan.name) >= TXIDS, BOUND, "every txid to commit")
+        _wait(lambda: txlog.last_committed(plan.name) >= TXIDS, BOUND, "every txid to commit")
         recovered = True
     except TimeoutError as err:
         recovered, fault_at, in_flight = False, datetime.now(UTC), []
         detail = f"{detail}; {err}"
-        print(_snapshot(deployment, plan, log), flush=True)
+        print(_snapshot(deployment, plan, txlog), flush=True)
     finally:
         try:
             deployment.api().pause(plan.name)
         except Exception:  # the api-server may be the fault; the run is judged all the same
             pass
 
-    infos = log.transactions(plan.name)
+    infos = txlog.transactions(plan.name)
     committed = [i for i in infos if i.status.value == "committed"]
     problems = []
     if [i.txid for i in committed] != list(range(1, len(committed) + 1)):
@@ -535,7 +535,7 @@ def run_one(deployment: Deployment, plan: Plan) -> FaultResult:
         line for lines in plan.data.values() for line in lines[: BATCH * len(committed)]
     )
     state = MapState(plan.name, state_name(plan), keys={"word": "text"})
-    with log.engine.connect() as conn:
+    with txlog.engine.connect() as conn:
         got = Counter({k[0]: v for k, v in state.items(conn).items()})
     lost = sum((truth - got).values())
     doubled = sum((got - truth).values())
@@ -550,7 +550,7 @@ def run_one(deployment: Deployment, plan: Plan) -> FaultResult:
     if recovered and not problems:
         last = max((i.committed_at for i in committed if i.txid in in_flight), default=None)
         seconds = max(0.0, (last - fault_at).total_seconds()) if last else 0.0
-    attempts = {t: log.attempts(plan.name, t) for t in range(1, TXIDS + 1)}
+    attempts = {t: txlog.attempts(plan.name, t) for t in range(1, TXIDS + 1)}
     # Attempts failed on their own because their staged rows were gone (crash recovery emptied
     # staging), not those failed with an earlier txid.
     lost_staging = sum(
@@ -558,7 +558,7 @@ def run_one(deployment: Deployment, plan: Plan) -> FaultResult:
         for t, of_txid in attempts.items()
         for a in of_txid
     )
-    log.engine.dispose()
+    txlog.engine.dispose()
     return FaultResult(
         fault=plan.label or plan.fault,
         seed=plan.seed,

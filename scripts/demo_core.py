@@ -54,24 +54,24 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.getLogger("alembic").setLevel(logging.WARNING)
 
     with EmbeddedPostgres(datadir=args.datadir.resolve(), port=args.port) as pg:
-        log = TransactionLog.from_url(pg.url)
-        log.register_pipeline(PIPELINE, source_kind="transactional", max_pending=args.max_pending)
+        txlog = TransactionLog.from_url(pg.url)
+        txlog.register_pipeline(PIPELINE, source_kind="transactional", max_pending=args.max_pending)
         words = MapState(PIPELINE, "demo_word_counts", "transactional", keys={"word": "text"})
         total = GlobalState(PIPELINE, "demo_total", "opaque")
         for state in (words, total):
-            state.create(log.engine)
-        log.recover(PIPELINE)  # a previous run may have stopped mid-flight
+            state.create(txlog.engine)
+        txlog.recover(PIPELINE)  # a previous run may have stopped mid-flight
         source = CorpusSource()
-        start = log.last_committed(PIPELINE)
+        start = txlog.last_committed(PIPELINE)
         goal = start + args.txids
         fail_once = start + 2  # inject one failure per run
 
         def process(txid: int, attempt: int, metadata: dict) -> None:
             counts = Counter(batch_words(metadata["seed"], metadata["size"]))
             if txid == fail_once and attempt == 1:
-                log.fail(PIPELINE, txid, attempt, error="injected failure (demo)")
+                txlog.fail(PIPELINE, txid, attempt, error="injected failure (demo)")
                 return
-            log.stage_output(
+            txlog.stage_output(
                 PIPELINE,
                 txid,
                 attempt,
@@ -81,42 +81,42 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
 
         with ThreadPoolExecutor(max_workers=args.max_pending) as pool:
-            while log.last_committed(PIPELINE) < goal:
+            while txlog.last_committed(PIPELINE) < goal:
                 # Begin the whole wave before processing any of it, as the coordinator emits a
                 # batch per free slot: the injected failure then always finds later txids in
                 # flight, so the cascade the demo shows does not depend on thread timing.
                 wave = []
-                while (em := log.begin_next(PIPELINE, source)) is not None and em.emitted:
+                while (em := txlog.begin_next(PIPELINE, source)) is not None and em.emitted:
                     if em.txid > goal:
-                        log.fail(PIPELINE, em.txid, em.attempt, error="beyond this run's goal")
+                        txlog.fail(PIPELINE, em.txid, em.attempt, error="beyond this run's goal")
                         break
                     wave.append(em)
                 futures = [pool.submit(process, em.txid, em.attempt, em.metadata) for em in wave]
                 for f in futures:
                     f.result()
-                view = log.view(PIPELINE)
+                view = txlog.view(PIPELINE)
                 for rec in view.in_flight:
-                    if rec.txid != log.last_committed(PIPELINE) + 1:
+                    if rec.txid != txlog.last_committed(PIPELINE) + 1:
                         break
                     if rec.status.value != "processed":
                         break
-                    commit_states(log, PIPELINE, rec.txid, rec.attempt, [words, total])
+                    commit_states(txlog, PIPELINE, rec.txid, rec.attempt, [words, total])
 
         print(f"\n{'txid':>5} {'attempt':>7} {'status':<10} last error")
-        for tx in log.transactions(PIPELINE, since_txid=max(0, start - 2)):
+        for tx in txlog.transactions(PIPELINE, since_txid=max(0, start - 2)):
             print(f"{tx.txid:>5} {tx.attempt:>7} {tx.status.value:<10} {tx.last_error or ''}")
-        with log.engine.connect() as conn:
+        with txlog.engine.connect() as conn:
             top = sorted(words.items(conn).items(), key=lambda kv: -kv[1])[:5]
             print(
-                f"\ncommitted txids: {log.last_committed(PIPELINE)}; "
+                f"\ncommitted txids: {txlog.last_committed(PIPELINE)}; "
                 f"total words: {total.value(conn)}"
             )
             print("top words:", ", ".join(f"{k[0]}={v}" for k, v in top))
-        expected = sum(40 for _ in range(log.last_committed(PIPELINE)))
-        with log.engine.connect() as conn:
+        expected = sum(40 for _ in range(txlog.last_committed(PIPELINE)))
+        with txlog.engine.connect() as conn:
             assert total.value(conn) == expected, "exactly-once violated"
         print(f"exactly once: total == 40 x committed txids == {expected}")
-        log.engine.dispose()
+        txlog.engine.dispose()
     return 0
 
 

@@ -49,16 +49,16 @@ def check(dags: Path, log_url: str, txids: int) -> dict[str, Any]:
         if run.state != "success":
             return {**found, "ok": False, "txid": txid, "tasks": states}
 
-    log = TransactionLog.from_url(log_url, migrate=False)
+    txlog = TransactionLog.from_url(log_url, migrate=False)
     try:
-        batches = [log.transaction(pipeline.name, t).metadata for t in range(1, txids + 1)]
+        batches = [txlog.transaction(pipeline.name, t).metadata for t in range(1, txids + 1)]
         lines = sum(end - start for batch in batches for start, end in batch.values())
         counts = pipeline.states[0]
-        with log.engine.connect() as conn:
+        with txlog.engine.connect() as conn:
             words = sum(counts.items(conn).values())
-        committed = log.last_committed(pipeline.name)
+        committed = txlog.last_committed(pipeline.name)
     finally:
-        log.engine.dispose()
+        txlog.engine.dispose()
     expected = lines * pipeline.source.words_per_line
     ok = committed == txids and words == expected
     return {**found, "ok": ok, "committed": committed, "words": words, "expected": expected}

@@ -198,13 +198,13 @@ def judge_from_log(
 
 
 def read_health(
-    txn_log: TransactionLog, pipeline: str, now: datetime, stall_after: float = STALL_AFTER
+    txlog: TransactionLog, pipeline: str, now: datetime, stall_after: float = STALL_AFTER
 ) -> PipelineHealth:
     """:func:`judge` the pipeline as the log has it now (its clock where it gives one)."""
     from airflow_txn_provider.log.outputs import read_completeness
 
-    view = txn_log.view(pipeline)
-    with txn_log.engine.connect() as conn:
+    view = txlog.view(pipeline)
+    with txlog.engine.connect() as conn:
         judged = judge_from_log(conn, view, now, stall_after)
         outputs = tuple(read_completeness(conn, pipeline))
     return replace(judged, outputs=outputs)

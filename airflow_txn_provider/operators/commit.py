@@ -27,10 +27,8 @@ class TxnRecordProcessedOperator(TxnOperator):
         from airflow_txn_provider.transactions.commit import commit_ready, record_processed
 
         claim = self.claimed(context)
-        action = record_processed(
-            self.txn_log(), self.pipeline.name, claim["txid"], claim["attempt"]
-        )
-        committed = commit_ready(self.txn_log(), self.pipeline, self.log)
+        action = record_processed(self.txlog(), self.pipeline.name, claim["txid"], claim["attempt"])
+        committed = commit_ready(self.txlog(), self.pipeline, self.log)
         prune_airflow_runs(self.pipeline, self.dag_id, committed, self.log)
         return action
 
@@ -85,8 +83,8 @@ class TxnCommitOperator(TxnOperator):
         p = self.pipeline
         claim = self.claimed(context, from_log=True)
         txid, attempt = claim["txid"], claim["attempt"]
-        log = self.txn_log()
-        gate = commit_gate(log.view(p.name), txid, attempt)
+        txlog = self.txlog()
+        gate = commit_gate(txlog.view(p.name), txid, attempt)
         where = f"pipeline={p.name} txid={txid} attempt={attempt}"
         if gate is GateState.STALE:
             raise AirflowFailException(
@@ -104,23 +102,23 @@ class TxnCommitOperator(TxnOperator):
             )
         if gate is GateState.COMMITTED:
             self.log.info("%s committed already", where)
-            self._announce(context, log, txid)
+            self._announce(context, txlog, txid)
             return {"applied": False, "also_committed": []}
-        result = commit_registered(log, p.name, txid, attempt, p.sinks)
-        also = commit_ready(log, p, self.log)
+        result = commit_registered(txlog, p.name, txid, attempt, p.sinks)
+        also = commit_ready(txlog, p, self.log)
         prune_airflow_runs(p, self.dag_id, [txid, *also] if result.applied else also, self.log)
-        self._announce(context, log, txid)
+        self._announce(context, txlog, txid)
         return {
             "applied": result.applied,
             "committed_attempt": result.committed_attempt,
             "also_committed": also,
         }
 
-    def _announce(self, context: Context, log: TransactionLog, txid: int) -> None:
+    def _announce(self, context: Context, txlog: TransactionLog, txid: int) -> None:
         """The extra of the Asset event this task's success emits: which txid, which version."""
         if not self.pipeline.sinks:
             return
-        info = log.transaction(self.pipeline.name, txid)
+        info = txlog.transaction(self.pipeline.name, txid)
         output = (info.output if info is not None else None) or {}
         for sink, asset in zip(self.pipeline.sinks, self.pipeline.assets, strict=True):
             commit = (output.get(sink.output_key) or {}).get("commit") or {}

@@ -75,9 +75,9 @@ class TxnFillOperator(BaseOperator):
         from airflow_txn_provider.spark.fill import fill_pipeline
 
         p = self.pipeline
-        log = pipeline_log(p)
-        declare_pipeline(log, p, self.pipeline_dag_id)
-        with log.engine.connect() as conn:
+        txlog = pipeline_log(p)
+        declare_pipeline(txlog, p, self.pipeline_dag_id)
+        with txlog.engine.connect() as conn:
             filling = sorted(filling_outputs(conn, p.name))
         if not filling:
             self.log.info("pipeline=%s: no output fills from history; waiting", p.name)
@@ -94,7 +94,7 @@ class TxnFillOperator(BaseOperator):
         with keep_classic_mode():
             try:
                 report = fill_pipeline(
-                    log,
+                    txlog,
                     p.name,
                     spark=self._open_session,
                     source=p.source,

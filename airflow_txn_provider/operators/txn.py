@@ -124,7 +124,7 @@ class TxnOperator(TxidLineage, BaseOperator):
             return content
         return super().render_template(content, context, jinja_env, seen_oids)
 
-    def txn_log(self) -> TransactionLog:
+    def txlog(self) -> TransactionLog:
         return pipeline_log(self.pipeline)
 
     def txn_log_url(self) -> str:
@@ -161,13 +161,13 @@ class TxnOperator(TxidLineage, BaseOperator):
         """
         p = self.pipeline
         txid = run_txid(context, p.name)
-        log = self.txn_log()
+        txlog = self.txlog()
         # One read when the log holds this declaration already (every no-data poll comes here).
-        declare_pipeline(log, p, self.dag_id)
+        declare_pipeline(txlog, p, self.dag_id)
         deadline = time.monotonic() + AHEAD_WAIT
         # A run made ahead waits here, not deferred, for the begin before it or for the window
         while True:
-            emission = log.begin(
+            emission = txlog.begin(
                 p.name,
                 txid,
                 p.source,
@@ -177,15 +177,15 @@ class TxnOperator(TxidLineage, BaseOperator):
                 replay=not is_airflow_retry(context["ti"], self.retries),
             )
             waits = emission.action in (BeginAction.WAIT_PREVIOUS, BeginAction.WAIT_WINDOW)
-            if waits and window_moved(log, p.name, txid, deadline):
+            if waits and window_moved(txlog, p.name, txid, deadline):
                 continue  # a run made past the window: its turn came
             if emission.action is BeginAction.WAIT_PREVIOUS and previous_began(
-                log, p.name, txid, deadline
+                txlog, p.name, txid, deadline
             ):
                 continue  # the txid before it began (their runs were made together)
             break
         if emission.action is BeginAction.NOT_REPLAYED:
-            failed = log.transaction(p.name, txid)
+            failed = txlog.transaction(p.name, txid)
             raise AirflowFailException(
                 f"pipeline={p.name} txid={txid} attempt={failed.attempt if failed else None} "
                 f"failed ({(failed.last_error if failed else None) or '(none recorded)'}); an "
@@ -204,7 +204,7 @@ class TxnOperator(TxidLineage, BaseOperator):
             )
         if not emission.emitted:
             self.log.info(
-                "pipeline=%s txid=%s: waiting, %s", p.name, txid, why_waiting(log, p, txid)
+                "pipeline=%s txid=%s: waiting, %s", p.name, txid, why_waiting(txlog, p, txid)
             )
             self.defer(trigger=self.trigger(txid, WaitFor.CAN_BEGIN), method_name="execute")
         self.log.info(
@@ -222,7 +222,7 @@ class TxnOperator(TxidLineage, BaseOperator):
         if is_scheduled_txid_run(context):  # a manual run (dag.test) has no run after it
             from airflow_txn_provider.triggers.waker import start_making_runs
 
-            self._chain = start_making_runs(p, self.dag_id, txid, log, self.log)
+            self._chain = start_making_runs(p, self.dag_id, txid, txlog, self.log)
         return claim
 
     def join_chain(self) -> None:
@@ -236,9 +236,9 @@ class TxnOperator(TxidLineage, BaseOperator):
     def claimed(self, context: Context, *, from_log: bool = False) -> dict[str, Any]:
         """What the run's claiming task claimed (:func:`~airflow_txn_provider.run_context.
         claimed`; ``from_log``: or, if it published none, the attempt the log holds)."""
-        log = self.txn_log() if from_log else None
+        txlog = self.txlog() if from_log else None
         self._lineage_claim = claimed(
-            context, self.claim_task_id, log=log, pipeline=self.pipeline.name
+            context, self.claim_task_id, txlog=txlog, pipeline=self.pipeline.name
         )
         return self._lineage_claim
 
@@ -306,10 +306,10 @@ class TxnProcessOperator(TxnOperator):
         if self.finish and result.get("status") == "processed":
             from airflow_txn_provider.transactions.commit import commit_ready
 
-            committed = commit_ready(self.txn_log(), self.pipeline, self.log)
+            committed = commit_ready(self.txlog(), self.pipeline, self.log)
             own = claim["txid"] in committed
             if not own and self.ends_its_run(context):  # wait for the txids before it
-                own, more = commit_in_turn(self.txn_log(), self.pipeline, claim["txid"], self.log)
+                own, more = commit_in_turn(self.txlog(), self.pipeline, claim["txid"], self.log)
                 committed += more
             result["committed"] = committed
             prune_airflow_runs(self.pipeline, self.dag_id, committed, self.log)
@@ -364,12 +364,12 @@ class TxnProcessOperator(TxnOperator):
         from airflow_txn_provider.hooks.txn_log import TxnLogHook
 
         hook = TxnLogHook(txn_log_conn_id=p.txn_log_conn_id)
-        log = hook.get_log()
+        txlog = hook.get_log()
         ti = context["ti"]
         # While this process lives it renews the attempt's lease; if it dies (SIGKILL, OOM, a
         # lost worker) the failure sensor's trigger sees the lease run out and replays the txid.
         lease = LeaseKeeper(
-            log,
+            txlog,
             p.name,
             job.txid,
             job.attempt,
@@ -389,7 +389,7 @@ class TxnProcessOperator(TxnOperator):
                         conn_id=p.spark_connect_conn_id,
                         reuse_sessions=p.reuse_spark_sessions,
                     )
-                    outcome = self._runner.run(job, log, holder=lease.holder)
+                    outcome = self._runner.run(job, txlog, holder=lease.holder)
                     return {"status": outcome.status, "staged_rows": dict(outcome.staged_rows)}
                 self._runner = spark_runner.SparkSubmitRunner(
                     self.job,
@@ -413,7 +413,7 @@ class TxnProcessOperator(TxnOperator):
             # (spark-submit dying). A stale attempt fails nothing, an attempt whose output the
             # job recorded before the bad exit keeps it (it commits), and one that a later try
             # of this task took over is left to that try.
-            log.fail(
+            txlog.fail(
                 p.name,
                 job.txid,
                 job.attempt,
@@ -422,7 +422,7 @@ class TxnProcessOperator(TxnOperator):
                 holder=lease.holder,
             )
             raise
-        info = log.transaction(p.name, job.txid)
+        info = txlog.transaction(p.name, job.txid)
         return {"status": info.status.value if info else "unknown"}
 
     def on_kill(self) -> None:

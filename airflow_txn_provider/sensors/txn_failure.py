@@ -94,12 +94,12 @@ class TxnFailureSensor(BaseSensorOperator):
             enabled=triggerer_start,
         )
 
-    def txn_log(self) -> TransactionLog:
+    def txlog(self) -> TransactionLog:
         return pipeline_log(self.pipeline)
 
     def poke(self, context: Context) -> bool:
         """Whether the run's txid committed (the watch's end)."""
-        return self.txn_log().view(self.pipeline.name).last_committed >= run_txid(
+        return self.txlog().view(self.pipeline.name).last_committed >= run_txid(
             context, self.pipeline.name
         )
 
@@ -107,7 +107,7 @@ class TxnFailureSensor(BaseSensorOperator):
         txid = run_txid(context, self.pipeline.name)
         if not is_scheduled_txid_run(context):
             raise AirflowSkipException("a manual run is not restarted on failure")
-        view = self.txn_log().view(self.pipeline.name)
+        view = self.txlog().view(self.pipeline.name)
         self._watch(txid, first_watched_attempt(view, txid), quiet=True)
 
     def _watch(
@@ -168,11 +168,11 @@ class TxnFailureSensor(BaseSensorOperator):
         txid = run_txid(context, p.name)
         if woke.state is EventState.COMMITTED:
             return
-        log = self.txn_log()
+        txlog = self.txlog()
         if woke.state is EventState.ALERT:
             assert woke.attempt is not None  # from_payload requires it
-            self._send_due_alerts(context, log)
-            self._watch(txid, woke.attempt, requeue=self._awaits_requeue(log, txid, woke.attempt))
+            self._send_due_alerts(context, txlog)
+            self._watch(txid, woke.attempt, requeue=self._awaits_requeue(txlog, txid, woke.attempt))
         if woke.state is EventState.LEASE_EXPIRED:
             # The trigger saw the lease run out; the log decides under its lock (a renewal that
             # came meanwhile wins) and fails the attempt and every later txid in flight.
@@ -180,14 +180,14 @@ class TxnFailureSensor(BaseSensorOperator):
             if p.alert_notifiers:
                 # a lease long past with nobody to expire it (this sensor was ended by hand and
                 # restarted by the waker) is a stall: alerted once, before the expiry mends it
-                self._send_due_alerts(context, log)
-            log.expire_lease(p.name, txid, woke.attempt)
-        view = log.view(p.name)
+                self._send_due_alerts(context, txlog)
+            txlog.expire_lease(p.name, txid, woke.attempt)
+        view = txlog.view(p.name)
         rec = view.record(txid)
-        history = log.history(p.name, txid)
+        history = txlog.history(p.name, txid)
         if rec is None or rec.status is not TxStatus.FAILED or history[-1].attempt != rec.attempt:
             # alive, or re-begun meanwhile
-            self._watch(txid, known_failed_attempt(log.view(p.name), txid))
+            self._watch(txid, known_failed_attempt(txlog.view(p.name), txid))
         if woke.state is EventState.NOT_REQUEUED:
             self.log.warning(
                 "pipeline=%s txid=%s attempt=%s could replay but its run was not restarted for "
@@ -224,7 +224,7 @@ class TxnFailureSensor(BaseSensorOperator):
                 rec.attempt,
                 rec.failed_by,
             )
-            log.record_response(p.name, txid, rec.attempt, response)
+            txlog.record_response(p.name, txid, rec.attempt, response)
             self._watch(txid, rec.attempt, requeue=True)
         self.log.warning(
             "pipeline=%s txid=%s attempt=%s failed (%s of %s); re-queued txids %s",
@@ -239,7 +239,7 @@ class TxnFailureSensor(BaseSensorOperator):
         self._restart_runs(context, cascade, rec.attempt, txid)
         # Recorded once the restart was requested: a retry after a crash in between restarts
         # again (harmless: the runs wait in their claims); one before it restarts at once.
-        log.record_response(p.name, txid, rec.attempt, response)
+        txlog.record_response(p.name, txid, rec.attempt, response)
         self._watch(txid, rec.attempt, requeue=True)
 
     def _stop(self, context: Context, txid: int, attempt: int, own: int) -> NoReturn:
@@ -256,8 +256,8 @@ class TxnFailureSensor(BaseSensorOperator):
         from airflow_txn_provider.rules.waiting import requeue_set
 
         p = self.pipeline
-        log = self.txn_log()
-        last = last_error(log, p.name, txid)
+        txlog = self.txlog()
+        last = last_error(txlog, p.name, txid)
         error = PoisonBatchError(
             f"POISON BATCH, pipeline stopped: failed {own} times on its own "
             f"(max_attempts={p.max_attempts}), last error: {last}. Later txids wait for it. "
@@ -270,28 +270,28 @@ class TxnFailureSensor(BaseSensorOperator):
         self._api().set_run_note(context["dag"].dag_id, context["dag_run"].run_id, redact(error))
         # The later txids failed with it: restart their runs now (one request), so their begins
         # wait for this txid and follow it at once when a person reruns it.
-        later = [t for t in requeue_set(log.view(p.name), txid) if t > txid]
+        later = [t for t in requeue_set(txlog.view(p.name), txid) if t > txid]
         if later:
             self._restart_runs(context, later, attempt, txid)
-        log.record_response(p.name, txid, attempt, FailureResponse.STOP)
+        txlog.record_response(p.name, txid, attempt, FailureResponse.STOP)
         metrics.incr(metrics.POISONED, p.name)
-        self._send(context, log, [poisoned_alert(p.name, txid, attempt, last)])
+        self._send(context, txlog, [poisoned_alert(p.name, txid, attempt, last)])
         self._watch(txid, attempt)
 
-    def _send_due_alerts(self, context: Context, log: TransactionLog) -> None:
+    def _send_due_alerts(self, context: Context, txlog: TransactionLog) -> None:
         """The trigger found alerts due: send what is still due (another sender may have)."""
         p = self.pipeline
-        view = log.view(p.name)
-        with log.engine.connect() as conn:
+        view = txlog.view(p.name)
+        with txlog.engine.connect() as conn:
             due = due_alerts(conn, view, p.stall_alert_after)
-        self._send(context, log, due)
+        self._send(context, txlog, due)
 
-    def _send(self, context: Context, log: TransactionLog, alerts: Sequence[Any]) -> None:
+    def _send(self, context: Context, txlog: TransactionLog, alerts: Sequence[Any]) -> None:
         """Send each alert once; one that fails is logged and left unsent, for the trigger of
         the oldest txid's watch to find again (a broken notifier never stops the pipeline)."""
         for alert in alerts:
             try:
-                send_once(log.engine, alert, self.pipeline.alert_notifiers, context)
+                send_once(txlog.engine, alert, self.pipeline.alert_notifiers, context)
             except Exception:
                 self.log.exception(
                     "pipeline=%s: the %s alert (%s) could not be sent; it is tried again later",
@@ -300,12 +300,12 @@ class TxnFailureSensor(BaseSensorOperator):
                     alert.key,
                 )
 
-    def _awaits_requeue(self, log: TransactionLog, txid: int, attempt: int) -> bool:
+    def _awaits_requeue(self, txlog: TransactionLog, txid: int, attempt: int) -> bool:
         """Whether the watch of ``attempt`` restarts its run if nobody does (as after answering
         its failure): it failed and was answered by a re-queue, not by a poison batch's stop."""
         from airflow_txn_provider.rules.vocabulary import FailureResponse
 
-        last = log.history(self.pipeline.name, txid)[-1:]
+        last = txlog.history(self.pipeline.name, txid)[-1:]
         return bool(
             last
             and last[0].attempt == attempt
@@ -338,7 +338,7 @@ class TxnFailureSensor(BaseSensorOperator):
         origin = failed_by or txids[0]
         work = [t for t in dag.task_ids if t != self.task_id]
         self._wait_until_settled(dag.dag_id, [txid_run_id(t) for t in txids], work)
-        own = self.txn_log().view(self.pipeline.name).record(run_txid(context, self.pipeline.name))
+        own = self.txlog().view(self.pipeline.name).record(run_txid(context, self.pipeline.name))
         if own is None or own.status is not TxStatus.FAILED or own.attempt != attempt:
             # Restarted while its tasks settled (a person's Clear, or the re-queue this sensor
             # waited for arrived late): a second clear would add an attempt nobody asked for.

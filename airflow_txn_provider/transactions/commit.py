@@ -226,7 +226,7 @@ def record_processed(txlog: TransactionLog, pipeline: str, txid: int, attempt: i
 
 
 def commit_ready(
-    log: TransactionLog, pipeline: TxnPipeline, logger: Any, view: PipelineView | None = None
+    txlog: TransactionLog, pipeline: TxnPipeline, logger: Any, view: PipelineView | None = None
 ) -> list[int]:
     """Commit, in order, the txids that may commit now (the oldest uncommitted, while it is
     processed): the gap between two commits is then a database round trip, not a trigger poll
@@ -236,12 +236,12 @@ def commit_ready(
     first = view
     for _ in range(pipeline.window_bound):
         try:
-            view = first if first is not None else log.view(pipeline.name)
+            view = first if first is not None else txlog.view(pipeline.name)
             first = None
             rec = committable(view)
             if rec is None:
                 break
-            commit_registered(log, pipeline.name, rec.txid, rec.attempt, pipeline.sinks)
+            commit_registered(txlog, pipeline.name, rec.txid, rec.attempt, pipeline.sinks)
         except Exception as err:  # its own run commits it (or reports why it cannot)
             logger.warning("committing what is ready stopped: %s", err)
             break

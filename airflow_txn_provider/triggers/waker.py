@@ -136,7 +136,7 @@ def start_making_runs(
     pipeline: TxnPipeline,
     dag_id: str,
     txid: int,
-    log: TransactionLog,
+    txlog: TransactionLog,
     logger: Any,
 ) -> threading.Thread | None:
     """:func:`make_runs_ahead` in a thread, beside ``txid``'s own work (its claim calls it), and
@@ -159,10 +159,10 @@ def start_making_runs(
                 create = functools.partial(api.create_txid_run, dag_id)
             source = source_from_spec(pipeline.source.to_spec())  # its own: no cache shared
             made = make_runs_ahead(
-                log.view(pipeline.name),
+                txlog.view(pipeline.name),
                 source,
                 create,
-                wait_slots_free=lambda: ahead_wait_slots_free(log),
+                wait_slots_free=lambda: ahead_wait_slots_free(txlog),
             )
         except Exception as err:
             msg = "pipeline=%s txid=%s: later txids' runs are left to the waker (%s: %s)"
@@ -172,7 +172,7 @@ def start_making_runs(
         msg = "pipeline=%s txid=%s: more data waits: the runs of txids %s-%s are made"
         logger.info(msg, pipeline.name, txid, made[0], made[-1])
         try:
-            log.note_runs_made(pipeline.name, made[-1])
+            txlog.note_runs_made(pipeline.name, made[-1])
         except Exception as err:  # a hint: without it the waker asks Airflow itself
             msg = "pipeline=%s: could not note the runs made (%s: %s)"
             logger.warning(msg, pipeline.name, type(err).__name__, str(err)[:300])

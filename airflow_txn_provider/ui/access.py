@@ -52,7 +52,7 @@ def get_pipeline_dags(
     declared: Annotated[reader.DagPipelines, Depends(dag_pipelines)],
 ) -> Callable[[TransactionLog], PipelineDags]:
     """Which DAGs run which pipeline now, read from an opened log (tests stand in for it)."""
-    return lambda txn_log: reader.pipeline_dags(txn_log, declared)
+    return lambda txlog: reader.pipeline_dags(txlog, declared)
 
 
 def auth_manager() -> BaseAuthManager:
@@ -77,7 +77,7 @@ def access_for(
 class Reading:
     """One request's reading: who asks, decided first and without the log (``dag_access``: the
     auth manager's answer), and the log, opened on first use. A route checks ``dag_access``
-    before it touches :attr:`log`, so a user who may read no DAG never makes it open."""
+    before it touches :attr:`txlog`, so a user who may read no DAG never makes it open."""
 
     def __init__(
         self,
@@ -95,13 +95,13 @@ class Reading:
         return not self.dag_access.all_dags and not self.dag_access.dag_ids
 
     @cached_property
-    def log(self) -> TransactionLog:
+    def txlog(self) -> TransactionLog:
         return self._open_log()
 
     @cached_property
     def pipeline_dags(self) -> PipelineDags:
         """Pipeline -> the DAGs that run it now (opens the log)."""
-        return self._read_pipeline_dags(self.log)
+        return self._read_pipeline_dags(self.txlog)
 
     @cached_property
     def access(self) -> model.DagAccess:
@@ -135,7 +135,7 @@ def authorized(reading: Reading, pipeline: str) -> TransactionLog:
     """The log, for a user who may read ``pipeline``'s DAG; :class:`AccessDeniedError` otherwise
     (without opening the log for a user who may read no DAG: ``reading.access`` needs it not)."""
     require(reading.access, pipeline)
-    return reading.log
+    return reading.txlog
 
 
 def require(access: model.DagAccess, pipeline: str) -> None:

@@ -101,13 +101,13 @@ def rewind_api(
     restart: Annotated[RunRestarter, Depends(run_restarter)],
     audit: Annotated[AuditLogger, Depends(audit_logger)],
 ) -> Any:
-    txn_log = authorized(reading, pipeline)  # may read it, or 403/404 as the page's routes
+    txlog = authorized(reading, pipeline)  # may read it, or 403/404 as the page's routes
     dag_ids = sorted(reading.pipeline_dags.get(pipeline, ()))
     if not may_edit(manager, user, dag_ids):
         raise AccessDeniedError(NOT_AN_EDITOR, pipeline=pipeline)
     by = user.get_name()
     try:
-        result = txn_log.rewind(
+        result = txlog.rewind(
             pipeline, body.to_txid, by=by, job_version=body.job_version, reason=body.reason
         )
     except RewindError as err:

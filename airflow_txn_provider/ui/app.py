@@ -131,7 +131,7 @@ def _pipelines(reading: Reading) -> dict[str, Any]:
     """The index's payload: empty, without opening the log, for a user who may read no DAG."""
     if reading.reads_no_dag:
         return {"pipelines": [], "now": model.iso(_now())}
-    return reader.pipelines_payload(reading.log, reading.access, _now())
+    return reader.pipelines_payload(reading.txlog, reading.access, _now())
 
 
 @app.get("/", response_class=HTMLResponse)
@@ -151,8 +151,8 @@ def pipeline_page(
     """The pipeline, with "Rewind to here" on the txids a rewind can go back to: enabled for a
     user who may edit every DAG that runs it (the rewind endpoint's own rule, which refuses the
     others anyway), disabled and saying why for the others."""
-    txn_log = authorized(reading, pipeline)
-    data = reader.pipeline_payload(txn_log, pipeline, _now())
+    txlog = authorized(reading, pipeline)
+    data = reader.pipeline_payload(txlog, pipeline, _now())
     dag_ids = sorted(reading.pipeline_dags.get(pipeline, ()))
     rights = rewind_options.rewind_rights(
         actions.may_edit(manager, user, dag_ids), actions.NOT_AN_EDITOR
@@ -175,9 +175,9 @@ def run_page(
     reading: ReadingDep,
 ) -> HTMLResponse:
     """A txid's attempts, by pipeline name (the txid links of the pipeline page)."""
-    txn_log = authorized(reading, pipeline)
+    txlog = authorized(reading, pipeline)
     # The Airflow run link keeps assuming the DAG is named like the pipeline, as before.
-    return _run(request, txn_log, pipeline, run_id, dag_id=pipeline)
+    return _run(request, txlog, pipeline, run_id, dag_id=pipeline)
 
 
 @app.get("/dags/{dag_id}/runs/{run_id}", response_class=HTMLResponse)
@@ -194,8 +194,8 @@ def dag_run_page(
         raise DagAccessDeniedError(
             "you may not read this DAG, so its runs' transactions are hidden", dag_id=dag_id
         )
-    txn_log, access = reading.log, reading.access
-    pipelines = model.pipelines_run_by(dag_id, reading.pipeline_dags, access, txn_log.pipelines)
+    txlog, access = reading.txlog, reading.access
+    pipelines = model.pipelines_run_by(dag_id, reading.pipeline_dags, access, txlog.pipelines)
     if not pipelines:
         raise UnknownDagError(
             "no pipeline is recorded for this DAG yet: its begin task records the pipeline it "
@@ -213,17 +213,17 @@ def dag_run_page(
         )
     [pipeline] = pipelines
     require(access, pipeline)  # reading the DAG grants it; checked like the pipeline route anyway
-    return _run(request, txn_log, pipeline, run_id, dag_id=dag_id)
+    return _run(request, txlog, pipeline, run_id, dag_id=dag_id)
 
 
 def _run(
-    request: Request, txn_log: TransactionLog, pipeline: str, run_id: str, *, dag_id: str
+    request: Request, txlog: TransactionLog, pipeline: str, run_id: str, *, dag_id: str
 ) -> HTMLResponse:
     """The run page of ``pipeline``'s txid named by ``run_id`` (the caller checked access);
     ``dag_id``: the DAG its Airflow run link opens."""
     txid = txid_from_run_id(run_id)
     if txid is None or txid < 1:
-        txn_log.last_committed(pipeline)  # a DAG that is no pipeline: 404 says so first
+        txlog.last_committed(pipeline)  # a DAG that is no pipeline: 404 says so first
         return _render(
             request,
             "run.html",
@@ -233,7 +233,7 @@ def _run(
             run=run_id,
             data=None,
         )
-    data = reader.txid_payload(txn_log, pipeline, txid, _now())
+    data = reader.txid_payload(txlog, pipeline, txid, _now())
     return _render(
         request,
         "run.html",
@@ -263,8 +263,8 @@ def pipeline_api(pipeline: PipelineName, reading: ReadingDep) -> dict[str, Any]:
 def health_api(reading: ReadingDep, stall_after: StallAfter = STALL_AFTER) -> JSONResponse:
     """Every pipeline the user may read, judged by :mod:`airflow_txn_provider.log.health`: 200 when
     none is stalled, 503 when one is (what a load balancer or a monitor checks)."""
-    names = [] if reading.reads_no_dag else reading.access.visible(reading.log.pipelines())
-    found = [read_health(reading.log, name, _now(), stall_after) for name in names]
+    names = [] if reading.reads_no_dag else reading.access.visible(reading.txlog.pipelines())
+    found = [read_health(reading.txlog, name, _now(), stall_after) for name in names]
     stalled = [h.pipeline for h in found if h.status is Health.STALLED]
     body = {
         "status": (Health.STALLED if stalled else Health.OK).value,

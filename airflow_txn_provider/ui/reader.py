@@ -136,9 +136,7 @@ DagPipelines = Callable[[Collection[str]], Mapping[str, frozenset[str]]]
 (:func:`airflow_dag_pipelines`: Airflow's serialized DAGs)."""
 
 
-def pipeline_dags(
-    txn_log: TransactionLog, dag_pipelines: DagPipelines
-) -> dict[str, frozenset[str]]:
+def pipeline_dags(txlog: TransactionLog, dag_pipelines: DagPipelines) -> dict[str, frozenset[str]]:
     """Pipeline -> ids of the DAGs that run it now: the one rule of which DAG grants a pipeline.
 
     A pipeline's claiming task records its DAG in the log (``txn_pipeline_dag``, the pairing):
@@ -154,7 +152,7 @@ def pipeline_dags(
     nothing either, and is kept. A log that records no pairing maps nothing: then only users who
     may read every DAG see pipelines, rather than anyone who may read a DAG named like one.
     """
-    recorded = txn_log.pipeline_dags()
+    recorded = txlog.pipeline_dags()
     dag_ids = {dag_id for ids in recorded.values() for dag_id in ids}
     now = dag_pipelines(dag_ids) if dag_ids else {}
     current: dict[str, set[str]] = {}
@@ -167,13 +165,13 @@ def pipeline_dags(
             elif runs is None or runs:  # deleted, or running other pipelines now
                 gone.append((pipeline, dag_id))
     if gone:
-        _forget(txn_log, gone)
+        _forget(txlog, gone)
     return {pipeline: frozenset(ids) for pipeline, ids in current.items()}
 
 
-def _forget(txn_log: TransactionLog, pairs: list[tuple[str, str]]) -> None:
+def _forget(txlog: TransactionLog, pairs: list[tuple[str, str]]) -> None:
     try:
-        txn_log.forget_pipeline_dags(pairs)
+        txlog.forget_pipeline_dags(pairs)
     except SQLAlchemyError as err:  # e.g. a read-only role: the pairings still count for nothing
         log.warning("Transactions page: stale DAG pairings %s not deleted: %s", pairs, err)
     else:
@@ -216,14 +214,14 @@ def airflow_dag_pipelines(dag_ids: Collection[str]) -> dict[str, frozenset[str]]
 
 
 def pipelines_payload(
-    txn_log: TransactionLog, access: model.DagAccess, now: datetime
+    txlog: TransactionLog, access: model.DagAccess, now: datetime
 ) -> dict[str, Any]:
     """The index: every pipeline the user may read, with its counts and lag."""
     rows = []
-    for name in access.visible(txn_log.pipelines()):
+    for name in access.visible(txlog.pipelines()):
         try:
-            view = txn_log.view(name)
-            rows.append({**model.pipeline_summary(view), "health": _health(txn_log, view, now)})
+            view = txlog.view(name)
+            rows.append({**model.pipeline_summary(view), "health": _health(txlog, view, now)})
         except UnknownPipelineError:
             continue  # deleted since it was listed
         except TxnError as err:  # a corrupt log of one pipeline must not hide the others
@@ -233,26 +231,26 @@ def pipelines_payload(
 
 
 def pipeline_payload(
-    txn_log: TransactionLog, pipeline: str, now: datetime, limit: int = model.TXID_LIMIT
+    txlog: TransactionLog, pipeline: str, now: datetime, limit: int = model.TXID_LIMIT
 ) -> dict[str, Any]:
     """One pipeline: summary, newest ``limit`` txids (each with what a rewind to it recomputes),
     chart series, committed states, its outputs and from which txid each is complete, retention
     and how far back a rewind reaches."""
-    view = txn_log.view(pipeline)  # UnknownPipelineError: a 404
+    view = txlog.view(pipeline)  # UnknownPipelineError: a 404
     summary = model.pipeline_summary(view)
-    txs = txn_log.transactions(
+    txs = txlog.transactions(
         pipeline, since_txid=model.window_since(summary["newest_txid"], limit), limit=limit
     )
-    retention = txn_log.retention(pipeline)
+    retention = txlog.retention(pipeline)
     floor = retention.rewind_floor
-    with txn_log.engine.connect() as conn:
+    with txlog.engine.connect() as conn:
         outputs = read_completeness(conn, pipeline)
     # A fill from history changes its state between commits: its progress is part of the version
     filled = tuple((o["name"], o["fill"]["filled_through"]) for o in outputs if o["filling"])
     version = (summary["last_committed"], filled) if filled else summary["last_committed"]
-    states = state_summaries(txn_log.engine, pipeline, version)
+    states = state_summaries(txlog.engine, pipeline, version)
     return {
-        "pipeline": {**summary, "health": _health(txn_log, view, now)},
+        "pipeline": {**summary, "health": _health(txlog, view, now)},
         "limit": limit,
         "txids": rewind_options.with_rewind_options(model.txid_rows(txs, now), view, floor),
         "chart": model.chart_series(txs, now),
@@ -264,9 +262,9 @@ def pipeline_payload(
     }
 
 
-def _health(txn_log: TransactionLog, view: PipelineView, now: datetime) -> dict[str, Any]:
+def _health(txlog: TransactionLog, view: PipelineView, now: datetime) -> dict[str, Any]:
     """The health endpoint's verdict at its default ``stall_after``, with its reason."""
-    with txn_log.engine.connect() as conn:
+    with txlog.engine.connect() as conn:
         found = judge_from_log(conn, view, now)
     return {"status": found.status.value, "reason": found.reason}
 
@@ -281,16 +279,14 @@ def _retention(r: RetentionInfo) -> dict[str, Any]:
     )
 
 
-def txid_payload(
-    txn_log: TransactionLog, pipeline: str, txid: int, now: datetime
-) -> dict[str, Any]:
+def txid_payload(txlog: TransactionLog, pipeline: str, txid: int, now: datetime) -> dict[str, Any]:
     """One txid: its current record and every attempt. A txid whose run exists but that has not
     begun yet (no data, or waiting for its turn) has no record: ``current`` is ``None``; so has a
     txid whose record retention pruned (``pruned``: committed long ago)."""
-    last_committed = txn_log.last_committed(pipeline)  # UnknownPipelineError: a 404
-    current = txn_log.transaction(pipeline, txid)
-    attempts = txn_log.attempts(pipeline, txid) if current is not None else []
-    pruned = current is None and txid <= txn_log.retention(pipeline).pruned_through_txid
+    last_committed = txlog.last_committed(pipeline)  # UnknownPipelineError: a 404
+    current = txlog.transaction(pipeline, txid)
+    attempts = txlog.attempts(pipeline, txid) if current is not None else []
+    pruned = current is None and txid <= txlog.retention(pipeline).pruned_through_txid
     return {
         "pipeline": pipeline,
         "txid": txid,

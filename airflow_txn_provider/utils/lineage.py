@@ -230,7 +230,7 @@ class TxidLineage:
     """Whether the task commits: its lineage names the outputs once its attempt committed."""
     _lineage_claim: dict[str, Any] | None = None
 
-    def txn_log(self) -> TransactionLog:
+    def txlog(self) -> TransactionLog:
         raise NotImplementedError
 
     def txn_log_url(self) -> str:
@@ -245,7 +245,7 @@ class TxidLineage:
             return task_lineage(p, claim, reads_batch=self.reads_batch)
         from airflow_txn_provider.rules.vocabulary import TxStatus
 
-        info = self.txn_log().transaction(p.name, claim["txid"])
+        info = self.txlog().transaction(p.name, claim["txid"])
         committed = (
             info is not None
             and info.status is TxStatus.COMMITTED

@@ -270,11 +270,11 @@ def commit_fill_history(db_url: str, folder: Path) -> Path:
     data = fill_lines()
     path = parquet_dataset(folder, data, file_rows=10)
     source = PartitionedParquetSource(str(path), 10)
-    log = TransactionLog.from_url(db_url, migrate=False)
+    txlog = TransactionLog.from_url(db_url, migrate=False)
     counts = MapState(
         FILL_PIPELINE, f"{FILL_PIPELINE}_counts", "transactional", keys={"word": "text"}
     )
-    log.ensure_pipeline(
+    txlog.ensure_pipeline(
         FILL_PIPELINE,
         source_kind="transactional",
         max_pending=2,
@@ -282,16 +282,16 @@ def commit_fill_history(db_url: str, folder: Path) -> Path:
         states=[counts],
     )
     for _ in range(FILL_HISTORY):
-        e = log.begin_next(FILL_PIPELINE, source)
+        e = txlog.begin_next(FILL_PIPELINE, source)
         rows = list(word_counts(lines_in_ranges(data, e.metadata)).items())
-        log.stage_output(
+        txlog.stage_output(
             FILL_PIPELINE,
             e.txid,
             e.attempt,
             lambda conn, e=e, rows=rows: stage_states(conn, e.txid, e.attempt, {counts: rows}),
         )
-        assert commit_registered(log, FILL_PIPELINE, e.txid, e.attempt).applied
-    log.engine.dispose()
+        assert commit_registered(txlog, FILL_PIPELINE, e.txid, e.attempt).applied
+    txlog.engine.dispose()
     return path
 
 

@@ -84,7 +84,7 @@ def test_failures_requeue_and_a_ui_clear_replays_in_order(stack, db_url):
     # txid 3 fails once, late (the later txids are in flight by then); txid 6 on every attempt
     api.set_variable(VARIABLE, "3@8,6:*")
     api.unpause(PIPELINE)
-    log = TransactionLog.from_url(db_url, migrate=False)
+    txlog = TransactionLog.from_url(db_url, migrate=False)
 
     def run_of(run_id):
         found = [r for r in api.runs(PIPELINE) if r["dag_run_id"] == run_id]
@@ -97,7 +97,7 @@ def test_failures_requeue_and_a_ui_clear_replays_in_order(stack, db_url):
     # (an attempt of txid 6 in flight when txid 3 fails is failed with it: that one does not
     # count toward the two, and the poison batch has three attempts)
     def poisoned():
-        six = log.attempts(PIPELINE, 6)
+        six = txlog.attempts(PIPELINE, 6)
         own = [a for a in six if a.failed_by == 6]
         return len(own) == 2 and all(a.status.value == "failed" for a in six) and six
 
@@ -119,21 +119,21 @@ def test_failures_requeue_and_a_ui_clear_replays_in_order(stack, db_url):
     # txid 6 may be poisoned before txid 3's replay (its run restarted by its sensor) commits:
     # wait for 1..5, then check that nothing after the poison batch follows them
     wait_until(
-        lambda: log.last_committed(PIPELINE) >= 5, 300 * slow, "txids 1..5 to commit", airflow
+        lambda: txlog.last_committed(PIPELINE) >= 5, 300 * slow, "txids 1..5 to commit", airflow
     )
     time.sleep(5)
-    assert log.last_committed(PIPELINE) == 5, "a txid after the poison batch committed"
-    assert len(log.attempts(PIPELINE, 6)) == len(six), "the poison batch was retried"
+    assert txlog.last_committed(PIPELINE) == 5, "a txid after the poison batch committed"
+    assert len(txlog.attempts(PIPELINE, 6)) == len(six), "the poison batch was retried"
 
     # fix the cause, then press Clear on txid 6's run (the UI's REST call)
     api.delete_variable(VARIABLE)
     api.clear_run(PIPELINE, "txid-000006")
     wait_until(
-        lambda: log.last_committed(PIPELINE) >= TXIDS, 600 * slow, "every txid to commit", airflow
+        lambda: txlog.last_committed(PIPELINE) >= TXIDS, 600 * slow, "every txid to commit", airflow
     )
 
     # -- what the log says happened --------------------------------------------------------------
-    infos = log.transactions(PIPELINE)[:TXIDS]
+    infos = txlog.transactions(PIPELINE)[:TXIDS]
     assert [i.txid for i in infos] == list(range(1, TXIDS + 1))
     assert all(i.status.value == "committed" for i in infos)
     committed_at = [i.committed_at for i in infos]
@@ -143,11 +143,11 @@ def test_failures_requeue_and_a_ui_clear_replays_in_order(stack, db_url):
         {"0": [BATCH * (t - 1), BATCH * t]} for t in range(1, TXIDS + 1)
     ]
 
-    three = log.attempts(PIPELINE, 3)
+    three = txlog.attempts(PIPELINE, 3)
     assert three[0].failed_by == 3 and "injected failure" in three[0].error
     assert three[-1].status.value == "committed" and len(three) == 2
     # every later txid in flight when an attempt failed on its own was failed with it (re-queued)
-    history = {t: log.attempts(PIPELINE, t) for t in range(1, TXIDS + 1)}
+    history = {t: txlog.attempts(PIPELINE, t) for t in range(1, TXIDS + 1)}
     own_failures = [a for t, h in history.items() for a in h if a.failed_by == t]
     cascaded = 0
     for failure in own_failures:
@@ -159,11 +159,11 @@ def test_failures_requeue_and_a_ui_clear_replays_in_order(stack, db_url):
                     assert (a.status.value, a.failed_by) == ("failed", failure.txid), a
                     cascaded += 1
     assert cascaded, "no later txid was in flight when a txid failed: the cascade went untested"
-    assert len(log.attempts(PIPELINE, 6)) == len(six) + 1  # the poisoned, one after the rerun
+    assert len(txlog.attempts(PIPELINE, 6)) == len(six) + 1  # the poisoned, one after the rerun
 
     # -- the result equals ground truth ------------------------------------------------------------
     state = MapState(PIPELINE, f"{PIPELINE}_counts", keys={"word": "text"})
-    with log.engine.connect() as conn:
+    with txlog.engine.connect() as conn:
         got = {k[0]: v for k, v in state.items(conn).items()}
     assert got == dict(word_counts(lines))
 
@@ -185,7 +185,7 @@ def test_failures_requeue_and_a_ui_clear_replays_in_order(stack, db_url):
     # each txid on its own millisecond, in order (compared as dates: the API drops ".000000")
     logical = [fromisoformat(runs[txid_run_id(t)]["logical_date"]) for t in range(1, TXIDS + 1)]
     assert logical == [txid_logical_date(t) for t in range(1, TXIDS + 1)]
-    log.engine.dispose()
+    txlog.engine.dispose()
 
     # -- every processing task started warm: the scheduler preloaded the Spark Connect client ----
     # A try cleared while it started may end before its first line; the last try of each run ran.

@@ -89,18 +89,18 @@ def _txid_rows(page) -> dict[int, dict[str, str]]:
     return rows
 
 
-def _rewinds(log: TransactionLog) -> list:
+def _rewinds(txlog: TransactionLog) -> list:
     """The pipeline's rewinds as the log records them (``txn_rewind``), oldest first."""
-    with log.engine.connect() as conn:
+    with txlog.engine.connect() as conn:
         query = sa.select(REWINDS).where(REWINDS.c.pipeline == DAG).order_by(REWINDS.c.id)
         return list(conn.execute(query))
 
 
-def _counts_match_the_committed_batches(log: TransactionLog) -> bool:
+def _counts_match_the_committed_batches(txlog: TransactionLog) -> bool:
     """The word counts hold exactly ``WORDS_PER_LINE`` words per line of the committed batches
     (read in one snapshot: a commit between two reads would tell nothing)."""
     counts = MapState(DAG, f"{DAG}_counts", "transactional", keys={"word": "text"})
-    with log.engine.connect() as conn:
+    with txlog.engine.connect() as conn:
         conn.execute(sa.text("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ"))
         batches = conn.execute(
             sa.text("SELECT metadata FROM txn_transaction WHERE pipeline = :p AND status = :s"),
@@ -116,7 +116,7 @@ def test_watch_commits_read_the_transactions_page_and_clear_a_failed_txid(shared
     stack = shared_airflow.stack
     api = stack.client()
     api.wait_for_dag(DAG)
-    log = TransactionLog.from_url(shared_airflow.db_url, migrate=False)
+    txlog = TransactionLog.from_url(shared_airflow.db_url, migrate=False)
     with (
         chromium_page() as page,
         screenshot_on_failure(page, "failure"),
@@ -125,7 +125,7 @@ def test_watch_commits_read_the_transactions_page_and_clear_a_failed_txid(shared
         login(page, stack.url, ADMIN_USER, stack.password)
         # The pipeline is registered by its first txid's begin: unknown until then.
         wait_until(
-            lambda: log.last_committed(DAG) >= 4, 300, "4 commits", stack, (UnknownPipelineError,)
+            lambda: txlog.last_committed(DAG) >= 4, 300, "4 commits", stack, (UnknownPipelineError,)
         )
 
         # The Runs tab: a txid run turns Success only after its commit (when its failure sensor
@@ -141,7 +141,7 @@ def test_watch_commits_read_the_transactions_page_and_clear_a_failed_txid(shared
             # idle for 240 s while the page showed a screenful of Success runs
             runs = _runs_table(page)
             done = sorted(t for t, state in runs.items() if state == "Success")
-            assert not done or done[-1] <= log.last_committed(DAG), runs
+            assert not done or done[-1] <= txlog.last_committed(DAG), runs
             assert "Failed" not in runs.values(), runs
             return len(done) >= 3
 
@@ -180,7 +180,7 @@ def test_watch_commits_read_the_transactions_page_and_clear_a_failed_txid(shared
             last = _card(page, "last committed")
             rows = _txid_rows(page)
             committed = sorted(t for t, r in rows.items() if r["status"] == "committed")
-            assert last <= log.last_committed(DAG)
+            assert last <= txlog.last_committed(DAG)
             if committed != list(range(1, last + 1)):  # card and rows read across a commit
                 print("read again:", last, rows)
                 return False
@@ -197,12 +197,12 @@ def test_watch_commits_read_the_transactions_page_and_clear_a_failed_txid(shared
         screenshot(page, "transactions-page", full_page=True)
 
         # A txid that fails on every attempt stops the pipeline (max_attempts 3).
-        bad = max(t.txid for t in log.transactions(DAG)) + 3  # not begun yet
+        bad = max(t.txid for t in txlog.transactions(DAG)) + 3  # not begun yet
         api.set_variable(VARIABLE, f"{bad}:*")
         wait_until(
             lambda: (
-                len(log.attempts(DAG, bad)) >= 3
-                and all(a.status.value == "failed" for a in log.attempts(DAG, bad))
+                len(txlog.attempts(DAG, bad)) >= 3
+                and all(a.status.value == "failed" for a in txlog.attempts(DAG, bad))
             ),
             400,
             f"txid {bad} to fail 3 times",
@@ -234,7 +234,7 @@ def test_watch_commits_read_the_transactions_page_and_clear_a_failed_txid(shared
         screenshot(page, "airflow-clear-dialog")
         confirm.click()
         wait_until(
-            lambda: log.last_committed(DAG) >= bad + 2, 300, "the cleared txids to commit", stack
+            lambda: txlog.last_committed(DAG) >= bad + 2, 300, "the cleared txids to commit", stack
         )
 
         # It and the later txids commit, in order; the page shows its attempts.
@@ -248,9 +248,9 @@ def test_watch_commits_read_the_transactions_page_and_clear_a_failed_txid(shared
         # pipeline, the txids recomputed (N … M: N's commit and every later one undone, the txids
         # in flight started over) and the txid the states go back to; its answer says what is
         # pending again. The log records the rewind and recommits N with a new attempt.
-        last = log.last_committed(DAG)  # before the page: the page's M is at least this
+        last = txlog.last_committed(DAG)  # before the page: the page's M is at least this
         to = last - 2
-        attempt_before = log.transaction(DAG, to).attempt
+        attempt_before = txlog.transaction(DAG, to).attempt
         page.goto(f"{stack.url}/transactions/pipelines/{DAG}")
         page.locator(f'button.rewind[data-to="{to}"]').click()
         dialog = page.locator("#rewind-dialog")
@@ -275,11 +275,11 @@ def test_watch_commits_read_the_transactions_page_and_clear_a_failed_txid(shared
         assert answer.startswith(f"Rewound {DAG} to txid {to}") and "pending again" in answer
         assert f"txids {to} … " in answer, answer
 
-        [rewind] = _rewinds(log)
+        [rewind] = _rewinds(txlog)
         assert (rewind.to_txid, rewind.by, rewind.reason) == (to, ADMIN_USER, REASON)
         assert rewind.last_committed_txid >= last
         assert to + rewind.rewound_txids - 1 >= through  # at least what the dialog named
-        now_last, info = log.last_committed(DAG), log.transaction(DAG, to)
+        now_last, info = txlog.last_committed(DAG), txlog.transaction(DAG, to)
         if now_last < to:  # rewound, N not recommitted yet
             assert now_last == to - 1 and info.attempt >= attempt_before, (now_last, info)
         else:  # recommitted already, by a new attempt
@@ -315,25 +315,25 @@ def test_watch_commits_read_the_transactions_page_and_clear_a_failed_txid(shared
             assert status == 403 and NOT_AN_EDITOR in body["detail"], (status, body)
         finally:
             viewing.close()
-        assert [r.id for r in _rewinds(log)] == [rewind.id]
+        assert [r.id for r in _rewinds(txlog)] == [rewind.id]
         events = api.call("GET", "/eventLogs", params={"event": "txn_rewind", "dag_id": DAG})
         assert len(events["event_logs"]) == 1
 
         # The pipeline heals: N and the txids after it commit again, N with a new attempt.
         def recomputed() -> bool:
-            info = log.transaction(DAG, to)
+            info = txlog.transaction(DAG, to)
             return (
-                log.last_committed(DAG) >= through
+                txlog.last_committed(DAG) >= through
                 and info.status is TxStatus.COMMITTED
                 and info.attempt > attempt_before
             )
 
         wait_until(recomputed, 300, f"txids {to}..{through} recomputed after the rewind", stack)
-    txids = log.transactions(DAG)
+    txids = txlog.transactions(DAG)
     committed = [t for t in txids if t.status.value == "committed"]
     assert [t.txid for t in committed] == list(range(1, len(committed) + 1))
     times = [t.committed_at for t in committed]
     assert times == sorted(times)
     # Exactly once through the rewind: the states back as after N - 1, then N… counted again.
-    wait_until(lambda: _counts_match_the_committed_batches(log), 30, "counts = batches")
-    log.engine.dispose()
+    wait_until(lambda: _counts_match_the_committed_batches(txlog), 30, "counts = batches")
+    txlog.engine.dispose()

@@ -96,9 +96,9 @@ def cluster(postgres, db_url, tmp_path):
             assert not airflow.procs
 
 
-def _worker_running(airflow: AirflowStack, log: TransactionLog) -> tuple[int, str] | None:
+def _worker_running(airflow: AirflowStack, txlog: TransactionLog) -> tuple[int, str] | None:
     """A txid whose processing task holds its lease now, and the Celery worker it runs under."""
-    for info in log.transactions(PIPELINE):
+    for info in txlog.transactions(PIPELINE):
         match = _PID.search(info.lease_holder or "")
         if info.status.value != "processing" or not match:
             continue
@@ -116,7 +116,7 @@ def test_celery_workers_and_a_standalone_cluster_survive_a_killed_worker(cluster
     airflow, connect, spark, lines = cluster
     api = airflow.client()
     api.wait_for_dag(PIPELINE)
-    log = TransactionLog.from_url(db_url, migrate=False)
+    txlog = TransactionLog.from_url(db_url, migrate=False)
     api.unpause(PIPELINE)
 
     # Both workers take txids before one dies (each has 2 slots, max_pending is 4).
@@ -130,17 +130,17 @@ def test_celery_workers_and_a_standalone_cluster_survive_a_killed_worker(cluster
 
     wait_until(lambda: set(WORKERS) <= hosts_of_processing(), 300, "both workers", airflow)
     txid, worker = wait_until(
-        lambda: _worker_running(airflow, log), 240, "a txid processing", airflow
+        lambda: _worker_running(airflow, txlog), 240, "a txid processing", airflow
     )
     airflow.kill(worker, signal.SIGKILL)  # the worker and its task processes, mid-job
     killed_at = time.monotonic()
     print(f"SIGKILLed {worker} while it processed txid {txid}")
 
     # the survivor processes the killed txid again (its attempt's lease ran out)
-    wait_until(lambda: log.last_committed(PIPELINE) >= txid, 300, "the killed txid", airflow)
+    wait_until(lambda: txlog.last_committed(PIPELINE) >= txid, 300, "the killed txid", airflow)
     print(f"txid {txid} committed {time.monotonic() - killed_at:.0f} s after the kill")
     alive = next(w for w in WORKERS if w != worker)
-    attempts = log.attempts(PIPELINE, txid)
+    attempts = txlog.attempts(PIPELINE, txid)
     assert len(attempts) >= 2 and attempts[0].status.value == "failed", attempts
     final = [
         ti["hostname"]
@@ -149,19 +149,21 @@ def test_celery_workers_and_a_standalone_cluster_survive_a_killed_worker(cluster
     ]
     assert final == [alive], final
 
-    wait_until(lambda: log.last_committed(PIPELINE) == TXIDS, 420, "every txid to commit", airflow)
+    wait_until(
+        lambda: txlog.last_committed(PIPELINE) == TXIDS, 420, "every txid to commit", airflow
+    )
     print(f"healed: txid {TXIDS} committed {time.monotonic() - killed_at:.0f} s after the kill")
     # retention kept the newest KEEP txids' rows; the older ones are counted, not listed
-    infos = log.transactions(PIPELINE)
+    infos = txlog.transactions(PIPELINE)
     assert [i.txid for i in infos] == [17, 18], infos
     assert all(i.status.value == "committed" for i in infos)
     committed_at = [i.committed_at for i in infos]
     assert committed_at == sorted(committed_at), "commits out of txid order"
-    kept = log.retention(PIPELINE)
+    kept = txlog.retention(PIPELINE)
     assert (kept.pruned_txids, kept.pruned_through_txid) == (16, 16)
     # every line counted exactly once
     state = MapState(PIPELINE, f"{PIPELINE}_counts", "transactional", keys={"word": "text"})
-    with log.engine.connect() as conn:
+    with txlog.engine.connect() as conn:
         got = {k[0]: v for k, v in state.items(conn).items()}
     assert got == dict(word_counts(lines))
 
@@ -178,4 +180,4 @@ def test_celery_workers_and_a_standalone_cluster_survive_a_killed_worker(cluster
     busy = [e for e in executors if e["id"] != "driver" and e["totalTasks"] > 0]
     assert len(busy) >= 2, executors
     assert spark.status()["aliveworkers"] == 2
-    log.engine.dispose()
+    txlog.engine.dispose()

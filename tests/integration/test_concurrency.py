@@ -30,14 +30,14 @@ class Fixed(TransactionalSource):
 
 
 def _child(index, fn, url, barrier, queue, *args):
-    log = TransactionLog(create_engine(url), migrate=False)
+    txlog = TransactionLog(create_engine(url), migrate=False)
     try:
         barrier.wait(timeout=30)
-        queue.put((index, ("ok", fn(log, *args))))
+        queue.put((index, ("ok", fn(txlog, *args))))
     except Exception as err:
         queue.put((index, ("error", type(err).__name__, str(err), traceback.format_exc())))
     finally:
-        log.engine.dispose()
+        txlog.engine.dispose()
 
 
 def race(url, *calls):

@@ -82,15 +82,15 @@ def test_a_planted_catalog_password_shows_nowhere(shared_airflow, monkeypatch):
     watch.start()
     try:
         api.unpause(PIPELINE)  # idle again below: the shared deployment's other test runs
-        log = TransactionLog.from_url(db_url, migrate=False)
+        txlog = TransactionLog.from_url(db_url, migrate=False)
 
         def failed_on_the_mark():
-            info = log.transaction(PIPELINE, 2)
+            info = txlog.transaction(PIPELINE, 2)
             failed = info is not None and info.status.value == "failed"
             return failed and "refuses it" in (info.last_error or "") and info.last_error
 
         last_error = wait_until(failed_on_the_mark, 420, "txid 2 to fail on its mark", stack)
-        wait_until(lambda: log.last_committed(PIPELINE) >= 1, 240, "txid 1 to commit", stack)
+        wait_until(lambda: txlog.last_committed(PIPELINE) >= 1, 240, "txid 1 to commit", stack)
 
         def note():
             runs = {r["dag_run_id"]: r for r in api.runs(PIPELINE)}
@@ -170,7 +170,7 @@ def test_a_planted_catalog_password_shows_nowhere(shared_airflow, monkeypatch):
     assert table["facets"]["symlinks"]["identifiers"] == [
         {"namespace": catalog, "name": "txn.txn_test.words", "type": "TABLE"}
     ]
-    committed = log.transaction(PIPELINE, 1).output[sink.output_key]["commit"]
+    committed = txlog.transaction(PIPELINE, 1).output[sink.output_key]["commit"]
     assert table["facets"]["version"]["datasetVersion"] == str(committed["version"])
     failed = [
         e
@@ -178,14 +178,14 @@ def test_a_planted_catalog_password_shows_nowhere(shared_airflow, monkeypatch):
         if e["eventType"] == "FAIL" and ".process_" in e["job"]["name"]
     ]
     assert failed, [(e["job"]["name"], e["eventType"]) for e in lineage_of_txid(2)]
-    batch = log.transaction(PIPELINE, 2).metadata
+    batch = txlog.transaction(PIPELINE, 2).metadata
     assert all(e["inputs"][0]["inputFacets"][BATCH_FACET]["batch"] == batch for e in failed)
     assert not [e for t in (2, 3) for e in lineage_of_txid(t) if e["outputs"]]
     for event in shared_airflow.lineage.parent.iterdir():
         assert SECRET.encode() not in event.read_bytes(), event
 
     # the log's tables: every row of every txn_ table, as text
-    with log.engine.connect() as conn:
+    with txlog.engine.connect() as conn:
         tables = conn.execute(
             text("SELECT tablename FROM pg_tables WHERE tablename LIKE 'txn%'")
         ).scalars()
@@ -195,7 +195,7 @@ def test_a_planted_catalog_password_shows_nowhere(shared_airflow, monkeypatch):
             for row in conn.execute(text(f'SELECT t::text FROM "{table}" t')).scalars()
         )
     assert "refuses it" in dump and SECRET not in dump
-    log.engine.dispose()
+    txlog.engine.dispose()
 
     # the Transactions page, as a signed-in user sees it
     token = httpx.post(

@@ -40,9 +40,9 @@ def test_dag_test_commits_each_txid_in_order(
 
     from airflow_txn_provider.transactions.transaction_log import TransactionLog
 
-    log = TransactionLog.from_url(db_url)
-    assert log.last_committed("dagtest_words") == 3
-    metadata = [log.transaction("dagtest_words", t).metadata for t in (1, 2, 3)]
+    txlog = TransactionLog.from_url(db_url)
+    assert txlog.last_committed("dagtest_words") == 3
+    metadata = [txlog.transaction("dagtest_words", t).metadata for t in (1, 2, 3)]
     assert metadata[0] == {"a": [0, 10], "b": [0, 10]}
     expected = word_counts(line for m in metadata for line in lines_in_ranges(data, m))
     state = MapState("dagtest_words", "dagtest_words_counts", keys={"word": "text"})
@@ -50,4 +50,4 @@ def test_dag_test_commits_each_txid_in_order(
     with engine.connect() as conn:
         assert {k[0]: v for k, v in state.items(conn).items()} == dict(expected)
     engine.dispose()
-    log.engine.dispose()
+    txlog.engine.dispose()

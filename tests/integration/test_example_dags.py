@@ -31,9 +31,9 @@ def example_env(db_url, tmp_path, connect_server, monkeypatch):
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT_DEFAULT", connect_server.url)
     monkeypatch.setenv("TXN_EXAMPLES_DATA", str(tmp_path / "examples"))
     set_txn_log_connection(monkeypatch, "txn_log_default", db_url)
-    log = TransactionLog.from_url(db_url)
-    yield log
-    log.engine.dispose()
+    txlog = TransactionLog.from_url(db_url)
+    yield txlog
+    txlog.engine.dispose()
 
 
 def _run(dag, txid: int, expect: str = "success"):
@@ -43,8 +43,8 @@ def _run(dag, txid: int, expect: str = "success"):
     return states
 
 
-def _committed(log: TransactionLog, pipeline: str, name: str) -> dict:
-    engine = create_engine(log.engine.url)
+def _committed(txlog: TransactionLog, pipeline: str, name: str) -> dict:
+    engine = create_engine(txlog.engine.url)
     try:
         with engine.connect() as conn:
             return load_states(conn, pipeline)[name].items(conn)

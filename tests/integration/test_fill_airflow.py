@@ -40,14 +40,14 @@ def test_an_output_added_with_history_is_filled_by_its_fill_dag_watched_on_the_p
 ):
     stack = shared_airflow.stack
     api = stack.client()
-    log = TransactionLog.from_url(shared_airflow.db_url, migrate=False)
+    txlog = TransactionLog.from_url(shared_airflow.db_url, migrate=False)
     page_url = f"{stack.url}/transactions/pipelines/{FILL_PIPELINE}"
     (shared_airflow.folder / "fill-added").touch()  # the DAG file's edit
     api.wait_for_dag(FILL_DAG, timeout=240)
     assert api.call("GET", f"/dags/{FILL_DAG}")["is_paused"] is False  # unpaused at creation
 
     def lengths_fill():
-        with log.engine.connect() as conn:
+        with txlog.engine.connect() as conn:
             rec = read_outputs(conn, FILL_PIPELINE).get(LENGTHS)
         return None if rec is None else rec.fill
 
@@ -99,7 +99,7 @@ def test_an_output_added_with_history_is_filled_by_its_fill_dag_watched_on_the_p
 
         with shared_airflow.running(FILL_PIPELINE):
             wait_until(
-                lambda: log.last_committed(FILL_PIPELINE) >= FILL_HISTORY + 3,
+                lambda: txlog.last_committed(FILL_PIPELINE) >= FILL_HISTORY + 3,
                 300,
                 "three live txids after the join",
                 stack,
@@ -119,7 +119,7 @@ def test_an_output_added_with_history_is_filled_by_its_fill_dag_watched_on_the_p
 
     data = fill_lines()
     words, lengths = Counter(), Counter()
-    committed = [t for t in log.transactions(FILL_PIPELINE) if t.status.value == "committed"]
+    committed = [t for t in txlog.transactions(FILL_PIPELINE) if t.status.value == "committed"]
     assert [t.txid for t in committed] == list(range(1, len(committed) + 1))
     for t in committed:
         for p, (a, b) in t.metadata.items():
@@ -128,7 +128,7 @@ def test_an_output_added_with_history_is_filled_by_its_fill_dag_watched_on_the_p
                 lengths[len(line)] += 1
     counts = MapState(FILL_PIPELINE, f"{FILL_PIPELINE}_counts", keys={"word": "text"})
     filled = MapState(FILL_PIPELINE, LENGTHS, "opaque", keys={"n": "bigint"})
-    with log.engine.connect() as conn:
+    with txlog.engine.connect() as conn:
         assert {k[0]: v for k, v in counts.items(conn).items()} == dict(words)
         assert {k[0]: v for k, v in filled.items(conn).items()} == dict(lengths)
-    log.engine.dispose()
+    txlog.engine.dispose()

@@ -55,12 +55,12 @@ SEED = 3131
 PER_ROUND = 60
 
 
-def _begun_uncommitted(log: TransactionLog, after: int, timeout: float) -> int | None:
+def _begun_uncommitted(txlog: TransactionLog, after: int, timeout: float) -> int | None:
     """The first txid above ``after`` that is begun and not committed, looked for every 50 ms
     (a batch of this size begins, processes and commits in seconds)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        for info in log.transactions(NAME, since_txid=after):
+        for info in txlog.transactions(NAME, since_txid=after):
             if info.status is not TxStatus.COMMITTED:
                 return info.txid
         time.sleep(0.05)
@@ -80,10 +80,10 @@ def _commit_skipped(api: Any, txid: int) -> bool:
     return any(ti["task_id"] == "commit" and ti["state"] == "skipped" for ti in tis)
 
 
-def _committed_ranges(log: TransactionLog) -> list[dict[str, list[int]]]:
+def _committed_ranges(txlog: TransactionLog) -> list[dict[str, list[int]]]:
     return [  # the offsets, without the notes (the log identity)
         offset_ranges(info.metadata)
-        for info in log.transactions(NAME)
+        for info in txlog.transactions(NAME)
         if info.status is TxStatus.COMMITTED
     ]
 
@@ -93,7 +93,7 @@ def test_the_kafka_example_reads_every_record_once_through_a_paused_broker(share
     print(f"seed {SEED}")
     stack, kafka = shared_airflow.stack, shared_airflow.kafka
     api = stack.client()
-    log = TransactionLog.from_url(shared_airflow.db_url, migrate=False)
+    txlog = TransactionLog.from_url(shared_airflow.db_url, migrate=False)
     written: list[str] = []
 
     def produce() -> None:
@@ -108,7 +108,7 @@ def test_the_kafka_example_reads_every_record_once_through_a_paused_broker(share
     api.set_variable(INJECT, "1")
     with shared_airflow.running(NAME):
         wait_until(
-            lambda: log.last_committed(NAME) >= 1,
+            lambda: txlog.last_committed(NAME) >= 1,
             240,
             "txid 1 committed",
             stack,
@@ -116,9 +116,9 @@ def test_the_kafka_example_reads_every_record_once_through_a_paused_broker(share
         )
         api.delete_variable(INJECT)
         produce()
-        paused_txid = _begun_uncommitted(log, log.last_committed(NAME), timeout=120)
+        paused_txid = _begun_uncommitted(txlog, txlog.last_committed(NAME), timeout=120)
         assert paused_txid is not None, stack.tail("scheduler", "triggerer")
-        begun = log.transaction(NAME, paused_txid)
+        begun = txlog.transaction(NAME, paused_txid)
         pause = rng.uniform(8, 14)  # a batch takes ~3 s here
         print(f"txid {paused_txid} begun ({begun.metadata}); the cluster paused {pause:.1f} s")
         kafka.pause()
@@ -131,12 +131,12 @@ def test_the_kafka_example_reads_every_record_once_through_a_paused_broker(share
         total = len(written)
 
         def all_committed() -> bool:
-            ranges = _committed_ranges(log)
+            ranges = _committed_ranges(txlog)
             return sum(e - s for r in ranges for s, e in r.values()) >= total
 
         wait_until(all_committed, 300, f"the {total} records produced committed", stack)
-        last = log.last_committed(NAME)
-        attempts = {info.txid: info.attempt for info in log.transactions(NAME)}
+        last = txlog.last_committed(NAME)
+        attempts = {info.txid: info.attempt for info in txlog.transactions(NAME)}
         before_rewind = datetime.now(UTC)
         to = rng.randrange(2, last + 1)
         cli = [sys.executable, "-m", "airflow_txn_provider.rewind", NAME, "--to", str(to)]
@@ -153,13 +153,13 @@ def test_the_kafka_example_reads_every_record_once_through_a_paused_broker(share
 
         def recomputed(first: int) -> Callable[[], bool]:
             def done() -> bool:
-                infos = [i for i in log.transactions(NAME) if first <= i.txid <= last]
+                infos = [i for i in txlog.transactions(NAME) if first <= i.txid <= last]
                 return all(i.status is TxStatus.COMMITTED for i in infos) and len(infos) > 0
 
             return done
 
         wait_until(recomputed(to), 300, f"txids {to}..{last} recomputed after the rewind", stack)
-        after_cli = {info.txid: info.attempt for info in log.transactions(NAME)}
+        after_cli = {info.txid: info.attempt for info in txlog.transactions(NAME)}
 
         # again from the plugin's API, as the admin, to the first txid: audited in Airflow's
         # event log, the runs restarted by the api-server itself
@@ -183,7 +183,7 @@ def test_the_kafka_example_reads_every_record_once_through_a_paused_broker(share
         # terminal task state"), its retry finds the txid committed and skips, and so does the
         # run's commit task: that attempt's outputs are in no event (docs/airflow.md, Lineage)
         def lineage_of_every_commit() -> bool:
-            final = {(t, log.transaction(NAME, t).attempt) for t in range(1, last + 1)}
+            final = {(t, txlog.transaction(NAME, t).attempt) for t in range(1, last + 1)}
             missing = final - _committed_in_lineage(shared_airflow.lineage_events(NAME))
             return all(_commit_skipped(api, t) for t, _ in missing)
 
@@ -200,12 +200,12 @@ def test_the_kafka_example_reads_every_record_once_through_a_paused_broker(share
     assert "START" in woken and "COMPLETE" in woken, woken
 
     # the paused txid waited for the broker and committed after it came back, its offsets kept
-    paused = log.transaction(NAME, paused_txid)
+    paused = txlog.transaction(NAME, paused_txid)
     assert paused.status is TxStatus.COMMITTED
     assert paused.committed_at > resumed, (paused.committed_at, resumed)
     assert paused.metadata == begun.metadata  # a transactional source: the same batch
     # the committed txids tile each partition once, from offset 0 on, and nothing more
-    ranges = _committed_ranges(log)
+    ranges = _committed_ranges(txlog)
     ends: dict[str, int] = {}
     for txid, batch in enumerate(ranges, start=1):
         for partition, (start, end) in sorted(batch.items()):
@@ -213,7 +213,7 @@ def test_the_kafka_example_reads_every_record_once_through_a_paused_broker(share
             ends[partition] = end
     assert sum(ends.values()) == total
     state = MapState(NAME, f"{NAME}_counts", "transactional", keys={"word": "text"})
-    with log.engine.connect() as conn:
+    with txlog.engine.connect() as conn:
         counts = {key[0]: value for key, value in state.items(conn).items()}
     assert counts == dict(word_counts(written))
     # the rewound txids committed again, each with a new attempt per rewind that reached it (or
@@ -224,7 +224,7 @@ def test_the_kafka_example_reads_every_record_once_through_a_paused_broker(share
     ]
     assert all(after_cli[t] == attempts[t] for t in range(1, to))  # before N: untouched
     for txid in range(1, last + 1):
-        info = log.transaction(NAME, txid)
+        info = txlog.transaction(NAME, txid)
         assert info.attempt > after_cli[txid], (txid, info.attempt, after_cli[txid])
         assert info.committed_at > before_rewind
 
@@ -245,7 +245,7 @@ def test_the_kafka_example_reads_every_record_once_through_a_paused_broker(share
     # OpenLineage (the provider's file transport): the topic with each attempt's batch as the
     # processing tasks' input; outputs only from a commit task whose attempt committed
     events = shared_airflow.lineage_events(NAME)
-    history = {t: {a.attempt: a for a in log.attempts(NAME, t)} for t in range(1, last + 1)}
+    history = {t: {a.attempt: a for a in txlog.attempts(NAME, t)} for t in range(1, last + 1)}
     outputs = [e for e in events if e["outputs"]]
     for event in outputs:
         txn = event["run"]["facets"][RUN_FACET]
@@ -256,7 +256,7 @@ def test_the_kafka_example_reads_every_record_once_through_a_paused_broker(share
         assert attempt.status is TxStatus.COMMITTED or attempt.error.startswith("rewound"), txn
         names = {o["name"].rsplit(".", 1)[-1] for o in event["outputs"]}
         assert names == {state.table}, event["outputs"]
-    committed = {(t, log.transaction(NAME, t).attempt) for t in range(1, last + 1)}
+    committed = {(t, txlog.transaction(NAME, t).attempt) for t in range(1, last + 1)}
     missing = committed - _committed_in_lineage(events)
     assert all(_commit_skipped(api, t) for t, _ in missing), sorted(missing)
     reads = [e for e in events if e["inputs"]]

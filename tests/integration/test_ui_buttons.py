@@ -346,14 +346,15 @@ def test_a_click_never_stops_the_pipeline(names, postgres, db_url, connect_serve
     }
     meta = new_database(postgres, migrated=False)
     airflow = AirflowStack(tmp_path / "airflow", meta, DAGS, env=env, parallelism=24)
-    log = TransactionLog.from_url(db_url, migrate=True)
+    txlog = TransactionLog.from_url(db_url, migrate=True)
     try:
         airflow.start()
         api = airflow.client()
         for p in pipelines:
             api.wait_for_dag(p)
         ctxs = {
-            n: Ctx(p, airflow.client(), log, airflow) for n, p in zip(names, pipelines, strict=True)
+            n: Ctx(p, airflow.client(), txlog, airflow)
+            for n, p in zip(names, pipelines, strict=True)
         }
         for n, c in ctxs.items():
             if CLICKS[n].inject:
@@ -368,7 +369,7 @@ def test_a_click_never_stops_the_pipeline(names, postgres, db_url, connect_serve
         assert not failed, "\n\n".join(f"{n}: {type(e).__name__}: {e}" for n, e in failed.items())
     finally:
         airflow.stop()
-        log.engine.dispose()
+        txlog.engine.dispose()
 
 
 def _pipeline(click: str) -> str:

@@ -188,11 +188,11 @@ def check(log, name: str) -> dict:
 
 
 def main() -> None:
-    log = TxnLogHook().get_log(migrate=False)
+    txlog = TxnLogHook().get_log(migrate=False)
     try:
-        result = {name: check(log, name) for name in PIPELINES}
+        result = {name: check(txlog, name) for name in PIPELINES}
     finally:
-        log.engine.dispose()
+        txlog.engine.dispose()
     print(json.dumps(result))
 
 

@@ -155,7 +155,7 @@ class ClaimLog:
 def test_a_published_claim_is_the_runs_claim_and_the_log_is_not_asked():
     published = {"txid": 7, "attempt": 2, "metadata": {"p": [0, 5]}}
     log = ClaimLog(None)
-    got = run_context.claimed(_claim_context(published), "process_x", log=log, pipeline="p")
+    got = run_context.claimed(_claim_context(published), "process_x", txlog=log, pipeline="p")
     assert got == published and log.asked == []
 
 
@@ -163,7 +163,7 @@ def test_an_unpublished_claim_is_the_attempt_the_log_holds_for_the_runs_txid():
     from types import SimpleNamespace
 
     log = ClaimLog(SimpleNamespace(attempt=3, metadata={"p": [5, 9]}))
-    got = run_context.claimed(_claim_context(None), "process_x", log=log, pipeline="p")
+    got = run_context.claimed(_claim_context(None), "process_x", txlog=log, pipeline="p")
     assert got == {"txid": 7, "attempt": 3, "metadata": {"p": [5, 9]}}
     assert log.asked == [("p", 7)]
 
@@ -172,6 +172,6 @@ def test_no_claim_anywhere_is_a_typed_failure_naming_the_claiming_task():
     from airflow_txn_provider.compat.airflow import AirflowFailException
 
     with pytest.raises(AirflowFailException, match="process_x recorded no claimed attempt"):
-        run_context.claimed(_claim_context(None), "process_x", log=ClaimLog(None), pipeline="p")
+        run_context.claimed(_claim_context(None), "process_x", txlog=ClaimLog(None), pipeline="p")
     with pytest.raises(AirflowFailException, match="process_x"):  # no log given: XCom only
         run_context.claimed(_claim_context(None), "process_x")

@@ -25,10 +25,10 @@ def test_log_from_airflow_connection(monkeypatch, db_url):
     set_txn_log_connection(monkeypatch, "txn_log_test", db_url)
     hook = TxnLogHook(txn_log_conn_id="txn_log_test")
     assert hook.test_connection() == (True, "Connection successfully tested")
-    log = hook.get_log()
-    log.register_pipeline("hooked", source_kind="transactional", max_pending=2)
-    assert log.begin("hooked", 1, One()).emitted
-    assert str(log.engine.url.database) == make_url(db_url).database
+    txlog = hook.get_log()
+    txlog.register_pipeline("hooked", source_kind="transactional", max_pending=2)
+    assert txlog.begin("hooked", 1, One()).emitted
+    assert str(txlog.engine.url.database) == make_url(db_url).database
 
 
 def test_unreachable_database_is_reported(monkeypatch, db_url):

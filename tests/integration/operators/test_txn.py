@@ -107,7 +107,7 @@ def test_the_run_ahead_begins_in_its_worker_once_the_oldest_txid_commits(
     begin, commit = dag.get_task(CLAIMER), dag.get_task("commit")
     one = begin.claim(_context(1))
     begin.claim(_context(2))
-    log = begin.txn_log()
+    log = begin.txlog()
 
     def commit_txid_1() -> None:
         time.sleep(1.0)
@@ -131,7 +131,7 @@ def test_an_airflow_retry_of_a_claim_never_replays_a_failed_attempt(dag):
     sensor's poison-batch count (CI: a third attempt of a poison batch, max_attempts=2)."""
     begin = dag.get_task(CLAIMER)
     assert begin.retries == 12  # FakeTI's first try assumes it
-    log = begin.txn_log()
+    log = begin.txlog()
     first = begin.claim(_context(1))
     assert begin.claim(_context(1, retry=True)) == first  # a live attempt: resumed, as before
     log.fail("ops", 1, 1, error="boom")
@@ -151,7 +151,7 @@ def test_commit_waits_for_previous_then_is_idempotent(dag):
 
     one = begin.claim(_context(1))
     two = begin.claim(_context(2))
-    log = begin.txn_log()
+    log = begin.txlog()
     # The commit runs once processing ended, failed tasks too: unrecorded output never commits.
     with pytest.raises(AirflowFailException, match="ended without recording output"):
         commit.execute(_context(2, two))
@@ -188,7 +188,7 @@ def test_a_commit_whose_claim_was_not_published_commits_the_attempt_the_log_hold
     assert ctx["ti"].claim is None  # nothing published
     with pytest.raises(AirflowFailException, match="ended without recording output"):
         commit.execute(_context(1))  # the log's attempt 1 is still processing
-    begin.txn_log().mark_processed("ops", 1, one["attempt"], {})
+    begin.txlog().mark_processed("ops", 1, one["attempt"], {})
     assert commit.execute(_context(1)) == {
         "applied": True,
         "committed_attempt": one["attempt"],
@@ -203,7 +203,7 @@ def test_commit_fails_a_stale_attempt(dag):
 
     begin, commit = dag.get_task(CLAIMER), dag.get_task("commit")
     one = begin.claim(_context(1))
-    begin.txn_log().fail("ops", 1, 1, error="boom")
+    begin.txlog().fail("ops", 1, 1, error="boom")
     with pytest.raises(AirflowFailException, match="no longer current"):
         commit.execute(_context(1, one))
 
@@ -223,7 +223,7 @@ def test_manual_run_names_its_txid_in_conf(dag):
 
 def test_commit_also_commits_processed_successors_in_order(dag):
     begin, commit = dag.get_task(CLAIMER), dag.get_task("commit")
-    log = begin.txn_log()
+    log = begin.txlog()
     one, two = begin.claim(_context(1)), begin.claim(_context(2))
     log.mark_processed("ops", 2, 1, {})  # txid 2 is processed before txid 1
     log.mark_processed("ops", 1, 1, {})
@@ -267,7 +267,7 @@ def clears(monkeypatch):
 
 def test_failure_sensor_restarts_its_run_then_stops_a_poison_batch(dag, clears):
     begin, watch = dag.get_task(CLAIMER), dag.get_task("watch_failures")
-    log = begin.txn_log()
+    log = begin.txlog()
     ctx = _context(1, begin.claim(_context(1)), dag=dag)
     begin.claim(_context(2))
     log.fail("ops", 1, 1, error="boom")  # fails txid 2 with it
@@ -360,7 +360,7 @@ def test_a_requeue_waits_for_the_failed_runs_to_settle(dag, clears, monkeypatch)
     begin, watch = dag.get_task(CLAIMER), dag.get_task("watch_failures")
     ctx = _context(1, begin.claim(_context(1)), dag=dag)
     begin.claim(_context(2))
-    begin.txn_log().fail("ops", 1, 1, error="boom")
+    begin.txlog().fail("ops", 1, 1, error="boom")
     with pytest.raises(TaskDeferred):
         watch.on_failure(ctx, {"state": "failed", "attempt": 1, "txid": 1})
     assert {r for r, _ in polls} == {"txid-000001", "txid-000002"}  # both failed runs looked at
@@ -376,7 +376,7 @@ def test_a_requeue_skips_a_run_restarted_while_it_settled(dag, clears, monkeypat
 
     begin, watch = dag.get_task(CLAIMER), dag.get_task("watch_failures")
     ctx = _context(1, begin.claim(_context(1)), dag=dag)
-    begin.txn_log().fail("ops", 1, 1, error="boom")
+    begin.txlog().fail("ops", 1, 1, error="boom")
     looks = []
 
     def task_instances(self, dag_id, run_id):
@@ -391,7 +391,7 @@ def test_a_requeue_skips_a_run_restarted_while_it_settled(dag, clears, monkeypat
     with pytest.raises(TaskDeferred):
         watch.on_failure(ctx, {"state": "not_requeued", "attempt": 1, "txid": 1})
     assert len(looks) == 2 and clears == []
-    assert [a.attempt for a in begin.txn_log().history("ops", 1)] == [1, 2]
+    assert [a.attempt for a in begin.txlog().history("ops", 1)] == [1, 2]
 
 
 def test_the_claim_records_the_dag_that_runs_the_pipeline(dag):
@@ -399,7 +399,7 @@ def test_the_claim_records_the_dag_that_runs_the_pipeline(dag):
     it, and registers the pipeline once per declaration (a second claim reads, writes nothing)."""
     begin = dag.get_task(CLAIMER)
     begin.claim(_context(1))
-    log = begin.txn_log()
+    log = begin.txlog()
     assert (
         log.ensure_pipeline(
             "ops",
@@ -420,4 +420,4 @@ def test_the_claim_records_the_dag_that_runs_the_pipeline(dag):
         )
         is True
     )  # a new declaration registers again
-    assert begin.txn_log().pipeline_dags() == {"ops": {dag.dag_id}}
+    assert begin.txlog().pipeline_dags() == {"ops": {dag.dag_id}}

@@ -54,9 +54,9 @@ def test_the_waker_migrates_a_new_log_then_finds_txid_1_due(postgres, monkeypatc
 
 def test_the_waker_reads_a_declared_pipelines_view(db_url, monkeypatch):
     set_txn_log_connection(monkeypatch, "txn_waker", db_url)
-    log = TransactionLog.from_url(db_url)
-    log.register_pipeline("declared", source_kind="transactional", max_pending=2)
-    assert log.begin_next("declared", Numbers()).emitted
+    txlog = TransactionLog.from_url(db_url)
+    txlog.register_pipeline("declared", source_kind="transactional", max_pending=2)
+    assert txlog.begin_next("declared", Numbers()).emitted
 
     async def look():
         read_view = await waker("declared").log_reader()
@@ -64,7 +64,7 @@ def test_the_waker_reads_a_declared_pipelines_view(db_url, monkeypatch):
 
     view = asyncio.run(look())
     assert view is not None and new_txid_due(view) == 2
-    log.engine.dispose()
+    txlog.engine.dispose()
 
 
 def test_the_runs_a_claim_made_are_noted_and_never_lowered(txlog):

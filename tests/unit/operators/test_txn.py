@@ -71,7 +71,7 @@ def _run_execute(task, context, committed, monkeypatch, in_turn=(False, []), wai
 
     monkeypatch.setattr(type(task), "claim", fake_claim)
     monkeypatch.setattr(type(task), "_process", lambda self, ctx, c: {"status": "processed"})
-    monkeypatch.setattr(type(task), "txn_log", lambda self: None)
+    monkeypatch.setattr(type(task), "txlog", lambda self: None)
     monkeypatch.setattr(commit, "commit_ready", lambda log, p, logger: committed)
     monkeypatch.setattr(txn, "prune_airflow_runs", lambda *a: None)
     return task.execute(context)

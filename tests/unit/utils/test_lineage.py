@@ -160,7 +160,7 @@ def test_the_commit_task_names_outputs_only_for_its_own_committed_attempt(
     monkeypatch.setenv("AIRFLOW_CONN_TXN_LOG_DEFAULT", LOG_URL.replace("+psycopg", ""))
     commit = build_dag(_pipeline()).get_task("commit")
     assert isinstance(commit, TxidLineage) and commit.commits and not commit.reads_batch
-    monkeypatch.setattr(commit, "txn_log", lambda: _Log(info))
+    monkeypatch.setattr(commit, "txlog", lambda: _Log(info))
     commit._lineage_claim = CLAIM
     assert len(commit.get_openlineage_facets_on_complete(None).outputs) == outputs
     assert commit.get_openlineage_facets_on_failure(None).outputs == []
