@@ -291,9 +291,9 @@ def stop(deployment: Deployment) -> None:
 # -- faults ------------------------------------------------------------------------------------
 
 
-def _processing_holder(log: Any, pipeline: str, at_least: int) -> tuple[int, int] | None:
+def _processing_holder(txlog: Any, pipeline: str, at_least: int) -> tuple[int, int] | None:
     """A txid >= ``at_least`` whose processing task holds its lease now: (txid, task pid)."""
-    for info in log.transactions(pipeline):
+    for info in txlog.transactions(pipeline):
         if info.txid >= at_least and info.status.value == "processing" and info.lease_holder:
             match = _PID.search(info.lease_holder)
             if match:
@@ -301,10 +301,10 @@ def _processing_holder(log: Any, pipeline: str, at_least: int) -> tuple[int, int
     return None
 
 
-def _staged_txids(log: Any, pipeline: str) -> list[int]:
+def _staged_txids(txlog: Any, pipeline: str) -> list[int]:
     """Txids whose output is recorded and waits for its commit: their staged rows are in the log's
     UNLOGGED staging tables now (a txid still processing may have staged some too)."""
-    return [i.txid for i in log.transactions(pipeline) if i.status.value == "processed"]
+    return [i.txid for i in txlog.transactions(pipeline) if i.status.value == "processed"]
 
 
 def _wait(predicate: Callable[[], Any], timeout: float, what: str, poll: float = 0.25) -> Any:
@@ -321,7 +321,7 @@ def _wait(predicate: Callable[[], Any], timeout: float, what: str, poll: float =
 
 
 def inject(
-    deployment: Deployment, plan: Plan, log: Any, rng: random.Random
+    deployment: Deployment, plan: Plan, txlog: Any, rng: random.Random
 ) -> tuple[str, datetime]:
     """Wait for the fault's moment, cause it; return what was done and when it began."""
     d, name = deployment, plan.name
@@ -339,13 +339,13 @@ def inject(
     # seed only, not on how many polls the moment took.
     at_least = rng.randint(1, 3)
     if plan.fault == "kill_log_backend":
-        return _kill_log_backend(d, plan, log, rng, at_least)
-    txid, pid = _wait(lambda: _processing_holder(log, name, at_least), 240, "a processing task")
+        return _kill_log_backend(d, plan, txlog, rng, at_least)
+    txid, pid = _wait(lambda: _processing_holder(txlog, name, at_least), 240, "a processing task")
     time.sleep(rng.uniform(0, 0.5))  # processing a batch takes about a second
     began = datetime.now(UTC)
     if plan.fault == "duplicate_task":
-        attempt = log.transaction(name, txid).attempt
-        staged = _process_again(d, plan, txid, attempt, log)
+        attempt = txlog.transaction(name, txid).attempt
+        staged = _process_again(d, plan, txid, attempt, txlog)
         return (
             f"txid {txid} attempt {attempt} processed a second time beside its task: {staged}",
             began,
@@ -454,11 +454,11 @@ def _kill_log_backend(
     )
 
 
-def _processed_moment(log: Any, pipeline: str, at_least: int) -> tuple[bool, list[int]] | None:
+def _processed_moment(txlog: Any, pipeline: str, at_least: int) -> tuple[bool, list[int]] | None:
     """``(True, txids)``: txids >= ``at_least`` (and <= ``TXIDS``) whose output is recorded and
     waits for its commit; ``(False, [])`` once only the last txid is left to commit (no such
     moment was seen); ``None``: neither yet."""
-    infos = [i for i in log.transactions(pipeline) if i.txid <= TXIDS]
+    infos = [i for i in txlog.transactions(pipeline) if i.txid <= TXIDS]
     staged = [i.txid for i in infos if i.txid >= at_least and i.status.value == "processed"]
     if staged:
         return True, staged
@@ -580,10 +580,10 @@ def run_one(deployment: Deployment, plan: Plan) -> FaultResult:
     )
 
 
-def _snapshot(d: Deployment, plan: Plan, log: Any) -> str:
+def _snapshot(d: Deployment, plan: Plan, txlog: Any) -> str:
     """What a run that did not heal was left in: each txid in the log, each run's tasks."""
     lines = [f"--- {plan.name} (seed {plan.seed}) at the timeout ---"]
-    for info in log.transactions(plan.name):
+    for info in txlog.transactions(plan.name):
         lines.append(
             f"txid {info.txid} attempt {info.attempt} {info.status.value} "
             f"lease {info.lease_expires_at} failed_by {info.failed_by}: {info.last_error or ''}"
@@ -601,11 +601,11 @@ def _snapshot(d: Deployment, plan: Plan, log: Any) -> str:
     return "\n".join(lines)
 
 
-def _first_failure(log: Any, pipeline: str) -> datetime | None:
+def _first_failure(txlog: Any, pipeline: str) -> datetime | None:
     ends = [
         a.ended_at
         for t in range(1, TXIDS + 1)
-        for a in log.attempts(pipeline, t)
+        for a in txlog.attempts(pipeline, t)
         if a.status.value == "failed" and a.failed_by == t
     ]
     return min(ends) if ends else None

@@ -58,16 +58,16 @@ def race(url, *calls):
     return results
 
 
-def _slow_commit(log, txid, attempt):
+def _slow_commit(txlog, txid, attempt):
     def apply(conn, record):
         conn.execute(text("INSERT INTO sink VALUES (:t, :a)"), {"t": txid, "a": attempt})
         time.sleep(0.3)  # hold the commit open so the other process surely overlaps it
 
-    return log.commit("p", txid, attempt, apply).applied
+    return txlog.commit("p", txid, attempt, apply).applied
 
 
-def _fail(log, txid):
-    return log.fail("p", txid, 1, error="lost")
+def _fail(txlog, txid):
+    return txlog.fail("p", txid, 1, error="lost")
 
 
 @pytest.fixture
@@ -130,7 +130,7 @@ def test_stale_attempt_commit_is_refused(pipeline):
 WORDS = [("apple", 1), ("dog", 2), ("man", 3)] * 500
 
 
-def _stage_words(log, txid, attempt):
+def _stage_words(txlog, txid, attempt):
     words = MapState("p", "words", "transactional", keys={"word": "text"})
 
     def stage(conn):
@@ -138,7 +138,7 @@ def _stage_words(log, txid, attempt):
         time.sleep(0.2)
         return out
 
-    return log.stage_output("p", txid, attempt, stage).value
+    return txlog.stage_output("p", txid, attempt, stage).value
 
 
 def test_duplicate_run_of_the_same_processing_attempt(pipeline, db_url):
@@ -155,17 +155,17 @@ def test_duplicate_run_of_the_same_processing_attempt(pipeline, db_url):
         assert words.items(conn) == {("apple",): 500, ("dog",): 1000, ("man",): 1500}
 
 
-def _slow_stage(log, txid, attempt):
+def _slow_stage(txlog, txid, attempt):
     def stage(conn):
         time.sleep(1.0)  # a long COPY: it holds the txid's row, so no renewal gets through
         return {"rows": 1}
 
-    return log.stage_output("p", txid, attempt, stage).value
+    return txlog.stage_output("p", txid, attempt, stage).value
 
 
-def _expire_soon(log, txid, attempt):
+def _expire_soon(txlog, txid, attempt):
     time.sleep(0.3)  # while the staging holds the row
-    return log.expire_lease("p", txid, attempt)
+    return txlog.expire_lease("p", txid, attempt)
 
 
 def test_a_lease_that_ran_out_during_a_staging_fails_nothing_once_it_recorded(pipeline, db_url):
@@ -187,10 +187,10 @@ def test_a_lease_that_ran_out_during_a_staging_fails_nothing_once_it_recorded(pi
 @pytest.mark.parametrize(
     "writer",
     [
-        pytest.param(lambda log: log.begin("p", 1, Fixed()), id="begin"),
-        pytest.param(lambda log: log.prune("p"), id="retention"),
+        pytest.param(lambda txlog: txlog.begin("p", 1, Fixed()), id="begin"),
+        pytest.param(lambda txlog: txlog.prune("p"), id="retention"),
         pytest.param(
-            lambda log: log.register_pipeline("p", source_kind="transactional", max_pending=5),
+            lambda txlog: txlog.register_pipeline("p", source_kind="transactional", max_pending=5),
             id="declaration",
         ),
     ],

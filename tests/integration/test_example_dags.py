@@ -73,44 +73,44 @@ def test_every_example_imports_with_a_docstring(airflow_db):
 
 
 def test_words_example_commits_counts_and_buckets(airflow_db, example_env):
-    log = example_env
+    txlog = example_env
     module = load_dag_file(DAGS / "example_txn_words.py")
     name = module.NAME
     for txid in (1, 2, 3):
         states = _run(module.dag, txid)
         assert states["commit"] == "success"
-    txids = log.transactions(name)
+    txids = txlog.transactions(name)
     assert [t.txid for t in txids] == [1, 2, 3]
     assert all(t.status.value == "committed" for t in txids)
     for before, after in itertools.pairwise(txids):  # ranges tile: nothing lost
         assert {p: r[0] for p, r in after.metadata.items()} == {
             p: r[1] for p, r in before.metadata.items()
         }
-    counts = {k[0]: v for k, v in _committed(log, name, f"{name}_counts").items()}
+    counts = {k[0]: v for k, v in _committed(txlog, name, f"{name}_counts").items()}
     words_per_line = module.pipeline.source.words_per_line
     assert sum(counts.values()) == words_per_line * _lines([t.metadata for t in txids])
     # The bucket state, derived at each commit, matches the final counts bucketed at once.
-    buckets = {k[0]: v for k, v in _committed(log, name, f"{name}_buckets").items() if v}
+    buckets = {k[0]: v for k, v in _committed(txlog, name, f"{name}_buckets").items() if v}
     assert buckets == dict(Counter(c // 10 for c in counts.values()))
 
 
 def test_global_count_example_counts_every_committed_line_once(airflow_db, example_env):
-    log = example_env
+    txlog = example_env
     module = load_dag_file(DAGS / "example_txn_global_count.py")
     name = module.NAME
     for txid in (1, 2):
         _run(module.dag, txid)
     _run(module.dag, 2)  # a rerun of a committed txid changes nothing
-    txids = log.transactions(name)
+    txids = txlog.transactions(name)
     assert [t.status.value for t in txids] == ["committed", "committed"]
-    total = _committed(log, name, f"{name}_total")
+    total = _committed(txlog, name, f"{name}_total")
     assert total == {(True,): _lines([t.metadata for t in txids])}
 
 
 def test_opaque_example_stays_exact_when_a_partition_is_lost_during_a_replay(
     airflow_db, example_env, monkeypatch, tmp_path
 ):
-    log = example_env
+    txlog = example_env
     module = load_dag_file(DAGS / "example_txn_opaque_words.py")
     name = module.NAME
     landing = tmp_path / "examples" / "opaque_landing"
@@ -119,20 +119,20 @@ def test_opaque_example_stays_exact_when_a_partition_is_lost_during_a_replay(
     monkeypatch.setenv(f"AIRFLOW_VAR_TXN_INJECT_FAILURE__{name.upper()}", "2")
     states = _run(module.dag, 2, expect="failed")
     assert states["process_word_count"] == "failed"
-    first_attempt = log.attempts(name, 2)[0]
+    first_attempt = txlog.attempts(name, 2)[0]
     assert first_attempt.metadata["p1"][1] > first_attempt.metadata["p1"][0]  # it read p1
 
     set_partition_online(landing, "p1", online=False)  # p1 is lost before the replay
     monkeypatch.delenv(f"AIRFLOW_VAR_TXN_INJECT_FAILURE__{name.upper()}")
     _run(module.dag, 2)
-    replay = log.transaction(name, 2)
+    replay = txlog.transaction(name, 2)
     assert replay.attempt == 2 and replay.status.value == "committed"
     assert replay.metadata["p1"][0] == replay.metadata["p1"][1]  # a different batch: no p1
     assert replay.metadata != first_attempt.metadata
 
     set_partition_online(landing, "p1", online=True)
     _run(module.dag, 3)
-    txids = log.transactions(name)
+    txids = txlog.transactions(name)
     assert txids[-1].metadata["p1"][0] == first_attempt.metadata["p1"][0]  # p1 resumes
 
     read = [
@@ -142,7 +142,7 @@ def test_opaque_example_stays_exact_when_a_partition_is_lost_during_a_replay(
         for seq in range(start, end)
         for line in landing_lines(partition, seq)
     ]
-    counts = {k[0]: v for k, v in _committed(log, name, f"{name}_counts").items()}
+    counts = {k[0]: v for k, v in _committed(txlog, name, f"{name}_counts").items()}
     assert counts == dict(Counter(w for line in read for w in line.split()))
 
 
@@ -164,13 +164,13 @@ def _asset_events(name: str) -> list[dict]:
 def test_delta_example_appends_each_txid_once_and_feeds_the_downstream_dag(airflow_db, example_env):
     import pyarrow.compute as pc
 
-    log = example_env
+    txlog = example_env
     module = load_dag_file(DAGS / "example_txn_delta_words.py")
     name, sink = module.NAME, module.SINK
     for txid in (1, 2, 3):
         _run(module.dag, txid)
     _run(module.dag, 2)  # a rerun of a committed txid adds nothing
-    txids = log.transactions(name)
+    txids = txlog.transactions(name)
     assert [t.status.value for t in txids] == ["committed"] * 3
     table = sink.open()
     assert table.committed_txid(name) == 3
@@ -214,12 +214,12 @@ def _xcom(run, task_id: str):
 
 
 def test_iceberg_example_merges_the_newest_count_of_each_word(airflow_db, example_env, tmp_path):
-    log = example_env
+    txlog = example_env
     module = load_dag_file(DAGS / "example_txn_iceberg_words.py")
     name, sink = module.NAME, module.SINK
     for txid in (1, 2, 3):
         _run(module.dag, txid)
-    txids = log.transactions(name)
+    txids = txlog.transactions(name)
     assert [t.status.value for t in txids] == ["committed"] * 3
     expected: dict[str, tuple[int, int]] = {}
     for t in txids:  # plain Python: the newest txid a word appeared in, and its count there
@@ -231,7 +231,7 @@ def test_iceberg_example_merges_the_newest_count_of_each_word(airflow_db, exampl
         ]
         for word, n in Counter(w for line in lines for w in line.split()).items():
             expected[word] = (t.txid, n)
-    table = sink.open(str(log.engine.url.render_as_string(hide_password=False)))
+    table = sink.open(str(txlog.engine.url.render_as_string(hide_password=False)))
     assert table.committed_txid(name) == 3
     rows = table.read(table.version_as_of(name, 3)).to_pylist()
     assert len(rows) == len(expected)

@@ -61,22 +61,22 @@ def landing_words(metadata_list) -> Counter:
     )
 
 
-def committed_snapshot(log, name: str):
+def committed_snapshot(txlog, name: str):
     """The committed txids and the states, read so that no commit falls between the two."""
     for _ in range(20):
-        before = log.last_committed(name)
-        with log.engine.connect() as conn:
+        before = txlog.last_committed(name)
+        with txlog.engine.connect() as conn:
             states = {n: s.items(conn) for n, s in load_states(conn, name).items()}
-        txids = [t for t in log.transactions(name) if t.txid <= before]
-        if log.last_committed(name) == before:
+        txids = [t for t in txlog.transactions(name) if t.txid <= before]
+        if txlog.last_committed(name) == before:
             return txids, states
     raise RuntimeError(f"{name}: commits kept landing while its states were read")
 
 
-def check(log, name: str) -> dict:
+def check(txlog, name: str) -> dict:
     module = load(name)
     checks: dict[str, str] = {}
-    txids, states = committed_snapshot(log, name)
+    txids, states = committed_snapshot(txlog, name)
 
     def expect(label: str, ok: bool, why: str = "") -> None:
         checks[label] = "ok" if ok else (why or "mismatch")
@@ -170,7 +170,7 @@ def check(log, name: str) -> dict:
         for t in txids:  # the newest txid a word appeared in, and its count there
             for word, n in landing_words([t.metadata]).items():
                 expected[word] = (t.txid, n)
-        table = module.SINK.open(log.engine.url.render_as_string(hide_password=False))
+        table = module.SINK.open(txlog.engine.url.render_as_string(hide_password=False))
         last = numbers[-1] if numbers else 0
         expect(
             "table's committed txid >= the log's (later commits go on meanwhile)",

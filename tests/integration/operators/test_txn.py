@@ -107,11 +107,11 @@ def test_the_run_ahead_begins_in_its_worker_once_the_oldest_txid_commits(
     begin, commit = dag.get_task(CLAIMER), dag.get_task("commit")
     one = begin.claim(_context(1))
     begin.claim(_context(2))
-    log = begin.txlog()
+    txlog = begin.txlog()
 
     def commit_txid_1() -> None:
         time.sleep(1.0)
-        log.mark_processed("ahead", 1, one["attempt"], {})
+        txlog.mark_processed("ahead", 1, one["attempt"], {})
         commit.execute(_context(1, one))
 
     committer = threading.Thread(target=commit_txid_1)
@@ -122,7 +122,7 @@ def test_the_run_ahead_begins_in_its_worker_once_the_oldest_txid_commits(
     committer.join()
     assert three == {"txid": 3, "attempt": 1, "metadata": {"0": [20, 30]}}
     assert 1.0 <= waited < txn_operators.AHEAD_WAIT
-    assert log.view("ahead").last_committed == 1
+    assert txlog.view("ahead").last_committed == 1
 
 
 def test_an_airflow_retry_of_a_claim_never_replays_a_failed_attempt(dag):
@@ -131,16 +131,16 @@ def test_an_airflow_retry_of_a_claim_never_replays_a_failed_attempt(dag):
     sensor's poison-batch count (CI: a third attempt of a poison batch, max_attempts=2)."""
     begin = dag.get_task(CLAIMER)
     assert begin.retries == 12  # FakeTI's first try assumes it
-    log = begin.txlog()
+    txlog = begin.txlog()
     first = begin.claim(_context(1))
     assert begin.claim(_context(1, retry=True)) == first  # a live attempt: resumed, as before
-    log.fail("ops", 1, 1, error="boom")
+    txlog.fail("ops", 1, 1, error="boom")
     with pytest.raises(AirflowFailException) as refused:
         begin.claim(_context(1, retry=True))
     message = str(refused.value)
     assert "pipeline=ops txid=1 attempt=1 failed (boom)" in message
     assert "failure sensor re-queues" in message
-    assert [a.attempt for a in log.history("ops", 1)] == [1]  # nothing added
+    assert [a.attempt for a in txlog.history("ops", 1)] == [1]  # nothing added
     # the sensor's restart (a clear: a first try again) replays it
     assert begin.claim(_context(1))["attempt"] == 2
 
@@ -151,11 +151,11 @@ def test_commit_waits_for_previous_then_is_idempotent(dag):
 
     one = begin.claim(_context(1))
     two = begin.claim(_context(2))
-    log = begin.txlog()
+    txlog = begin.txlog()
     # The commit runs once processing ended, failed tasks too: unrecorded output never commits.
     with pytest.raises(AirflowFailException, match="ended without recording output"):
         commit.execute(_context(2, two))
-    log.mark_processed("ops", 2, two["attempt"], {})
+    txlog.mark_processed("ops", 2, two["attempt"], {})
     with pytest.raises(TaskDeferred) as deferred:
         commit.execute(_context(2, two))
     assert deferred.value.trigger.wait_for is WaitFor.COMMIT_GATE
@@ -163,7 +163,7 @@ def test_commit_waits_for_previous_then_is_idempotent(dag):
     assert deferred.value.method_name == "execute_complete"
     with pytest.raises(TaskDeferred):  # a wake-up asks the log again: txid 1 is not committed
         commit.execute_complete(_context(2, two), {"state": "open", "txid": 2})
-    log.mark_processed("ops", 1, 1, {})
+    txlog.mark_processed("ops", 1, 1, {})
     assert commit.execute(_context(1, one)) == {
         "applied": True,
         "committed_attempt": 1,
@@ -223,12 +223,12 @@ def test_manual_run_names_its_txid_in_conf(dag):
 
 def test_commit_also_commits_processed_successors_in_order(dag):
     begin, commit = dag.get_task(CLAIMER), dag.get_task("commit")
-    log = begin.txlog()
+    txlog = begin.txlog()
     one, two = begin.claim(_context(1)), begin.claim(_context(2))
-    log.mark_processed("ops", 2, 1, {})  # txid 2 is processed before txid 1
-    log.mark_processed("ops", 1, 1, {})
+    txlog.mark_processed("ops", 2, 1, {})  # txid 2 is processed before txid 1
+    txlog.mark_processed("ops", 1, 1, {})
     assert commit.execute(_context(1, one))["also_committed"] == [2]
-    assert log.last_committed("ops") == 2
+    assert txlog.last_committed("ops") == 2
     committed = {"state": "committed", "txid": 2}  # the commit gate's event
     assert commit.execute_complete(_context(2, two), committed)["applied"] is False  # found done
 
@@ -267,10 +267,10 @@ def clears(monkeypatch):
 
 def test_failure_sensor_restarts_its_run_then_stops_a_poison_batch(dag, clears):
     begin, watch = dag.get_task(CLAIMER), dag.get_task("watch_failures")
-    log = begin.txlog()
+    txlog = begin.txlog()
     ctx = _context(1, begin.claim(_context(1)), dag=dag)
     begin.claim(_context(2))
-    log.fail("ops", 1, 1, error="boom")  # fails txid 2 with it
+    txlog.fail("ops", 1, 1, error="boom")  # fails txid 2 with it
     with pytest.raises(TaskDeferred) as deferred:
         watch.execute(ctx)  # starting after its claim failed at once: that failure is to handle
     assert deferred.value.trigger.wait_for is WaitFor.OUTCOME
@@ -279,7 +279,7 @@ def test_failure_sensor_restarts_its_run_then_stops_a_poison_batch(dag, clears):
     with pytest.raises(TaskDeferred) as deferred:
         watch.on_failure(ctx, {"state": "failed", "attempt": 1, "txid": 1})
     assert deferred.value.trigger.attempt == 1  # next wake: a newer attempt's outcome
-    assert log.history("ops", 1)[-1].response is FailureResponse.REQUEUE  # answered, in the log
+    assert txlog.history("ops", 1)[-1].response is FailureResponse.REQUEUE  # answered, in the log
     # one request re-queues the whole cascade: the runs of txids 1 and 2, by logical date
     (conn_id, dag_id, txids, tasks, run_id, note) = clears[-1]
     assert (conn_id, dag_id, txids, run_id) == ("airflow_api_default", "ops", (1, 2), None)
@@ -308,11 +308,11 @@ def test_failure_sensor_restarts_its_run_then_stops_a_poison_batch(dag, clears):
     assert txids == (2, 2) and "txid 1's failure" in note
 
     begin.claim(_context(1))  # attempt 2, fails again: max_attempts=3 allows one more
-    log.fail("ops", 1, 2, error="boom again")
+    txlog.fail("ops", 1, 2, error="boom again")
     with pytest.raises(TaskDeferred):
         watch.on_failure(ctx, {"state": "failed", "txid": 1})
     begin.claim(_context(1))
-    log.fail("ops", 1, 3, error="still broken")
+    txlog.fail("ops", 1, 3, error="still broken")
     with pytest.raises(TaskDeferred) as stop:
         watch.on_failure(ctx, {"state": "failed", "txid": 1})
     # a poison batch: the run is not restarted; it stays (keeping its slot) with a note saying why
@@ -323,7 +323,7 @@ def test_failure_sensor_restarts_its_run_then_stops_a_poison_batch(dag, clears):
     assert "txid=1 attempt=3: POISON BATCH" in note and "failed 3 times" in note
     assert "still broken" in note and "Clear this run" in note
     assert stop.value.trigger.attempt == 3  # a new attempt (a rerun) is still watched
-    assert log.history("ops", 1)[-1].response is FailureResponse.STOP
+    assert txlog.history("ops", 1)[-1].response is FailureResponse.STOP
     # a retry of the stopped sensor keeps watching, says nothing twice, restarts nothing
     with pytest.raises(TaskDeferred):
         watch.on_failure(ctx, {"state": "failed", "txid": 1})
@@ -331,10 +331,10 @@ def test_failure_sensor_restarts_its_run_then_stops_a_poison_batch(dag, clears):
 
     # a person fixes the cause and clears the run: the rerun has a fresh max_attempts
     begin.claim(_context(1))
-    log.fail("ops", 1, 4, error="one more")
+    txlog.fail("ops", 1, 4, error="one more")
     with pytest.raises(TaskDeferred):
         watch.on_failure(ctx, {"state": "failed", "txid": 1})
-    assert log.history("ops", 1)[-1].response is FailureResponse.REQUEUE
+    assert txlog.history("ops", 1)[-1].response is FailureResponse.REQUEUE
 
 
 def test_failure_sensor_skips_manual_runs(dag):
@@ -399,9 +399,9 @@ def test_the_claim_records_the_dag_that_runs_the_pipeline(dag):
     it, and registers the pipeline once per declaration (a second claim reads, writes nothing)."""
     begin = dag.get_task(CLAIMER)
     begin.claim(_context(1))
-    log = begin.txlog()
+    txlog = begin.txlog()
     assert (
-        log.ensure_pipeline(
+        txlog.ensure_pipeline(
             "ops",
             source_kind="transactional",
             max_pending=2,
@@ -411,7 +411,7 @@ def test_the_claim_records_the_dag_that_runs_the_pipeline(dag):
         is False
     )
     assert (
-        log.ensure_pipeline(
+        txlog.ensure_pipeline(
             "ops",
             source_kind="transactional",
             max_pending=3,

@@ -53,7 +53,7 @@ def commit(txlog, pipeline, state, txid):
 
 
 @pytest.fixture
-def log(txlog):
+def seeded(txlog):
     """``busy``: txids 1-2 committed, 3 processing; ``quiet``: txid 1 committed, nothing else."""
     for name in DAGS:
         txlog.register_pipeline(name, source_kind="transactional", max_pending=2)
@@ -65,8 +65,8 @@ def log(txlog):
     return txlog
 
 
-def test_a_moving_pipeline_is_ok_and_an_idle_one_idle(log):
-    answer = client(log, Reader()).get("/transactions/api/health")
+def test_a_moving_pipeline_is_ok_and_an_idle_one_idle(seeded):
+    answer = client(seeded, Reader()).get("/transactions/api/health")
     assert answer.status_code == 200, answer.text
     body = answer.json()
     assert body["status"] == "ok" and body["stalled"] == []
@@ -78,30 +78,30 @@ def test_a_moving_pipeline_is_ok_and_an_idle_one_idle(log):
     assert 0 <= busy["stalled_for"] < 60
 
 
-def test_a_txid_that_does_not_move_stalls_its_pipeline_503(log):
+def test_a_txid_that_does_not_move_stalls_its_pipeline_503(seeded):
     time.sleep(1.2)
-    answer = client(log, Reader()).get("/transactions/api/health?stall_after=1")
+    answer = client(seeded, Reader()).get("/transactions/api/health?stall_after=1")
     assert answer.status_code == 503, answer.text
     assert answer.json()["stalled"] == ["busy"]
-    one = client(log, Reader()).get("/transactions/api/pipelines/busy/health?stall_after=1")
+    one = client(seeded, Reader()).get("/transactions/api/pipelines/busy/health?stall_after=1")
     assert one.status_code == 503 and one.json()["stalled_for"] > 1
-    quiet = client(log, Reader()).get("/transactions/api/pipelines/quiet/health?stall_after=1")
+    quiet = client(seeded, Reader()).get("/transactions/api/pipelines/quiet/health?stall_after=1")
     assert quiet.status_code == 200 and quiet.json()["status"] == "idle"
     # it moves again: ok
-    commit(log, "busy", MapState.load(log.engine, "busy_counts"), 3)
-    again = client(log, Reader()).get("/transactions/api/health?stall_after=1")
+    commit(seeded, "busy", MapState.load(seeded.engine, "busy_counts"), 3)
+    again = client(seeded, Reader()).get("/transactions/api/health?stall_after=1")
     assert again.status_code == 200 and again.json()["stalled"] == []
 
 
-def test_only_what_the_user_may_read_is_judged(log):
+def test_only_what_the_user_may_read_is_judged(seeded):
     time.sleep(1.2)
-    mine = client(log, Reader({"quiet_dag"})).get("/transactions/api/health?stall_after=1")
+    mine = client(seeded, Reader({"quiet_dag"})).get("/transactions/api/health?stall_after=1")
     assert mine.status_code == 200  # busy is stalled, but not theirs to see
     assert [p["pipeline"] for p in mine.json()["pipelines"]] == ["quiet"]
-    other = client(log, Reader({"quiet_dag"})).get("/transactions/api/pipelines/busy/health")
+    other = client(seeded, Reader({"quiet_dag"})).get("/transactions/api/pipelines/busy/health")
     assert other.status_code == 403
-    assert client(log, None).get("/transactions/api/health").status_code in (401, 403)
-    bad = client(log, Reader()).get("/transactions/api/health?stall_after=0")
+    assert client(seeded, None).get("/transactions/api/health").status_code in (401, 403)
+    bad = client(seeded, Reader()).get("/transactions/api/health?stall_after=0")
     assert bad.status_code == 422
 
 
