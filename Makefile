@@ -92,7 +92,7 @@ test-all: test test-scenarios
 
 # The README's screenshots, taken by the browser test on today's UI (docs/screenshots/).
 screenshots: install
-	TXN_README_SCREENSHOTS=$(CURDIR)/docs/screenshots $(PY) -m pytest tests/integration/test_browser.py $(PYTEST_ARGS)
+	TXN_README_SCREENSHOTS=$(CURDIR)/docs/screenshots $(PY) -m pytest tests/integration/on_airflow/test_browser.py $(PYTEST_ARGS)
 
 test-unit: install
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)

@@ -84,14 +84,17 @@ CHECKS: dict[str, tuple[list[str], str]] = {
         ],
         "the unit suite, and the installed PySpark's files against its jars",
     ),
-    "log": (["tests/integration/test_transaction_log.py"], "the log on a real Postgres"),
+    "log": (
+        ["tests/integration/transactions/test_transaction_log.py"],
+        "the log on a real Postgres",
+    ),
     "spark-submit": (
-        ["-m", "", "tests/integration/test_versions.py", "-k", "submit or cell_runs"],
+        ["-m", "", "tests/integration/project/test_versions.py", "-k", "submit or cell_runs"],
         "a transactional and an opaque txid, and the failure cascade, by the cell's spark-submit "
         "on local[2] and on a standalone master and worker of the cell's Spark",
     ),
     "connect": (
-        ["-m", "", "tests/integration/test_versions.py", "-k", "connect"],
+        ["-m", "", "tests/integration/project/test_versions.py", "-k", "connect"],
         "the same on Spark Connect (PySpark 4.0 and later: skipped on 3.5)",
     ),
     "lake": (
@@ -104,7 +107,7 @@ CHECKS: dict[str, tuple[list[str], str]] = {
     ),
     "airflow": (
         # spark-submit (PySpark 3.5, a JVM per attempt) may take most of an hour on a loaded machine
-        ["-m", "", "--timeout=3600", "tests/integration/test_airflow_e2e.py"],
+        ["-m", "", "--timeout=3600", "tests/integration/on_airflow/test_airflow_e2e.py"],
         "a pipeline on a real Airflow of the cell's version: failures re-queued by the failure "
         "sensors, a poison txid cleared by the UI's REST call, every txid committed in order",
     ),
@@ -113,7 +116,7 @@ CHECKS["spark-submit-one"] = (
     [
         "-m",
         "",
-        "tests/integration/test_versions.py::test_a_transactional_txid_commits[submit-local]",
+        "tests/integration/project/test_versions.py::test_a_transactional_txid_commits[submit-local]",
     ],
     "one transactional txid by the cell's spark-submit on local[2] (--quick)",
 )

@@ -1,5 +1,5 @@
-"""The UI-buttons test's pipelines (tests/integration/test_ui_buttons.py): one word count per
-name in ``$TXN_CLICKS`` (comma-separated), each over its own Parquet folder
+"""The UI-buttons test's pipelines (tests/integration/on_airflow/test_ui_buttons.py): one word
+count per name in ``$TXN_CLICKS`` (comma-separated), each over its own Parquet folder
 ``$TXN_CLICKS_DATA/<name>``, with a job that takes ``$TXN_CLICKS_JOB_SECONDS`` (a click lands
 mid-job) and a 15 s lease, as a person tries every button on a running pipeline."""
 

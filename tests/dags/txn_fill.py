@@ -1,6 +1,6 @@
-"""The fill test's pipeline (tests/integration/test_fill_airflow.py): ``fill_words`` counts
-words (its first txids were committed with the core API before the deployment started). Once the
-file ``$TXN_FILL_ADDED`` exists (the test creates it: a person editing the DAG file), the next
+"""The fill test's pipeline (tests/integration/on_airflow/test_fill_airflow.py): ``fill_words``
+counts words (its first txids were committed with the core API before the deployment started). Once
+the file ``$TXN_FILL_ADDED`` exists (the test creates it: a person editing the DAG file), the next
 parse adds ``fill_words_lengths`` with ``start="history"``, so ``build_dag`` also builds
 ``fill_words__fill``, which fills it from the committed txids."""
 

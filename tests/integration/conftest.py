@@ -69,7 +69,7 @@ FILL_HISTORY = 30
 one (``chunk=1``), long enough for the page to be seen while it fills."""
 CHAOS_DAG = ROOT / "chaos" / "dags" / "chaos_words.py"
 
-# The credentials test's pipeline (see tests/integration/test_credentials.py)
+# The credentials test's pipeline (see tests/integration/on_airflow/test_credentials.py)
 SECRET_PIPELINE = "secret_words"
 SECRET_BATCH = 20
 SECRET_MARK = "leakmarker"

@@ -1,5 +1,6 @@
 """Word count that takes ``$TXN_CLICKS_JOB_SECONDS`` seconds more per batch: the job of the
-UI-buttons test (tests/integration/test_ui_buttons.py), so that a click lands while it runs."""
+UI-buttons test (tests/integration/on_airflow/test_ui_buttons.py), so that a click lands while it
+runs."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ from airflow_txn_provider.sinks import DeltaSink, IcebergSink, list_staged
 from airflow_txn_provider.state import MapState, load_states, stage_states
 from airflow_txn_provider.transactions.commit import commit_registered
 from airflow_txn_provider.transactions.rewind import LogRewind
-from tests.integration.test_rewind import Ranges, new_transform, old_transform, records
+from tests.integration.transactions.test_rewind import Ranges, new_transform, old_transform, records
 
 pytestmark = pytest.mark.integration
 

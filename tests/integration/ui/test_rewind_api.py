@@ -1,8 +1,8 @@
 """The rewind action of the Transactions page's API on a real Postgres log: only a user who may
 edit every DAG of the pipeline rewinds it, the rewind is written to the audit log and the runs
 restarted (both stood in for: the REST API path is tested on a real Airflow by the CLI test,
-tests/integration/test_kafka_airflow.py), a refused rewind changes nothing, and a bad request
-is refused before anything is read. The page's "Rewind to here" is offered on the txids the
+tests/integration/on_airflow/test_kafka_airflow.py), a refused rewind changes nothing, and a bad
+request is refused before anything is read. The page's "Rewind to here" is offered on the txids the
 endpoint accepts, and enabled for the users it lets rewind (the browser test clicks it)."""
 
 from __future__ import annotations

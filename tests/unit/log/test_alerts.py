@@ -1,5 +1,5 @@
 """The alerts' keys and messages (airflow_txn_provider/log/alerts.py); sending, once, on a real
-Postgres and SMTP server: tests/integration/test_alerts.py."""
+Postgres and SMTP server: tests/integration/transactions/test_alerts.py."""
 
 from __future__ import annotations
 

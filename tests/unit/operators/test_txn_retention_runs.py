@@ -2,9 +2,10 @@
 keeps runs in memory: old finished txid runs are deleted (oldest first, bounded), nothing newer,
 running or manual is, and a failing api-server never fails the commit that asked.
 
-A real Airflow test would go beside ``tests/integration/test_airflow_e2e.py``: a pipeline with a
-small ``keep_txids`` (e.g. 20) run past ~40 txids, then ``GET /api/v2/dags/{dag}/dagRuns`` lists
-only the newest ones and the scheduler keeps creating new runs in order.
+A real Airflow test would go beside ``tests/integration/on_airflow/test_airflow_e2e.py``: a
+pipeline with a small ``keep_txids`` (e.g. 20) run past ~40 txids, then ``GET
+/api/v2/dags/{dag}/dagRuns`` lists only the newest ones and the scheduler keeps creating new runs
+in order.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """The history rules with plain values: retention (prune_range) and the rewind (plan_rewind,
-rewind_floor); the rewind on a real Postgres and Spark is tests/integration/test_rewind.py."""
+rewind_floor); the rewind on a real Postgres and Spark is
+tests/integration/transactions/test_rewind.py."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The run keeper on a fake REST API: what it looks at, what it restarts, and the notes it leaves
-(the real api-server is the integration tier's: tests/integration/test_ui_buttons.py)."""
+(the real api-server is the integration tier's: tests/integration/on_airflow/test_ui_buttons.py)."""
 
 from __future__ import annotations
 

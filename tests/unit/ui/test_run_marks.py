@@ -1,5 +1,5 @@
 """The listener that notes a txid's run marked by hand: which calls it answers, and what it
-writes (the real api-server calls it in tests/integration/test_ui_buttons.py)."""
+writes (the real api-server calls it in tests/integration/on_airflow/test_ui_buttons.py)."""
 
 from __future__ import annotations
 

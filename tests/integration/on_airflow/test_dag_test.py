@@ -15,7 +15,7 @@ from airflow_txn_provider.timetables import txid_logical_date
 from tests.conftest import load_dag_file, set_txn_log_connection
 from tests.spark_data import lines_in_ranges, parquet_dataset, random_lines, word_counts
 
-DAGS = Path(__file__).resolve().parents[1] / "dags"
+DAGS = Path(__file__).resolve().parents[2] / "dags"
 
 
 def test_dag_test_commits_each_txid_in_order(

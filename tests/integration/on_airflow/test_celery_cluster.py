@@ -40,7 +40,7 @@ from txn_testing.spark import SparkConnectServer, StandaloneCluster
 
 pytestmark = pytest.mark.scenario  # make test-scenarios: a whole cluster's shape, ~5 minutes
 
-DAGS = Path(__file__).resolve().parents[1] / "dags"
+DAGS = Path(__file__).resolve().parents[2] / "dags"
 PIPELINE = "celery_words"
 TXIDS = 18
 KEEP = 2

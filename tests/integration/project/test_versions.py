@@ -38,7 +38,7 @@ from txn_testing.spark import StandaloneCluster
 
 pytestmark = pytest.mark.scenario
 
-WORD_COUNT = Path(__file__).resolve().parents[2] / "spark_jobs" / "word_count.py"
+WORD_COUNT = Path(__file__).resolve().parents[3] / "spark_jobs" / "word_count.py"
 FAST_CONF = {"spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "2"}
 
 Process = Callable[[BatchJob], None]

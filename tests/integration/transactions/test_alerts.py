@@ -20,7 +20,7 @@ from airflow_txn_provider.log.alerts import (
 )
 from airflow_txn_provider.rules.vocabulary import FailureResponse
 from tests.conftest import wait_until
-from tests.integration.test_transaction_log import Counter
+from tests.integration.transactions.test_transaction_log import Counter
 from txn_testing.smtp import SmtpServer
 
 PASSWORD = "Alert-S3cret-pw"

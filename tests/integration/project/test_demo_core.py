@@ -9,7 +9,7 @@ from pathlib import Path
 
 from txn_testing.postgres import free_port
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def run_demo(datadir: Path, txids: int) -> str:

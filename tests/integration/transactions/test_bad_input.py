@@ -28,7 +28,7 @@ from airflow_txn_provider.ui import reader
 from tests.spark_data import lines_in_ranges, parquet_dataset, random_lines, word_counts
 from txn_testing.postgres import EmbeddedPostgres, postgres_bindir
 
-JOBS = Path(__file__).resolve().parents[2] / "spark_jobs"
+JOBS = Path(__file__).resolve().parents[3] / "spark_jobs"
 
 KINDS = ["non_transactional", "transactional", "opaque"]
 
@@ -228,7 +228,7 @@ def _pg_ctl(pg, *args):
 def test_a_postgres_crash_between_staging_and_record_processed_replays_the_txid():
     """A crash empties UNLOGGED staging tables; record_processed then counted zero rows for
     every state and the txid committed without its data. (A backend killed while the server
-    stays up does the same: tests/integration/test_exactly_once_faults.py.)"""
+    stays up does the same: tests/integration/transactions/test_exactly_once_faults.py.)"""
     with EmbeddedPostgres(durable=True) as pg:  # committed rows survive the crash
         engine = create_engine(pg.url, pool_pre_ping=True)
         txlog = TransactionLog(engine)

@@ -13,7 +13,7 @@ from airflow_txn_provider.state import MapState
 from airflow_txn_provider.transactions.commit import commit_registered
 from tests.spark_data import word_counts
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _python_blocks(markdown: Path) -> list[str]:

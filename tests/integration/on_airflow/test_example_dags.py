@@ -20,7 +20,7 @@ from airflow_txn_provider.transactions.transaction_log import TransactionLog
 from tests.conftest import load_dag_file, set_txn_log_connection
 from txn_examples import landing_lines, set_partition_online
 
-DAGS = Path(__file__).resolve().parents[2] / "dags"
+DAGS = Path(__file__).resolve().parents[3] / "dags"
 EXAMPLES = sorted(p.name for p in DAGS.glob("example_*.py"))  # not txn_examples.py, a helper
 DOWNSTREAM = {"example_txn_lake_downstream"}
 """Example DAGs that are not transaction pipelines (they run on a pipeline's Asset events)."""

@@ -31,7 +31,7 @@ from tests.conftest import new_database, wait_until
 from tests.spark_data import parquet_dataset, random_lines, word_counts
 from txn_testing.airflow import AirflowStack, txn_log_connection_env
 
-DAGS = Path(__file__).resolve().parents[1] / "dags"
+DAGS = Path(__file__).resolve().parents[2] / "dags"
 PIPELINE = "e2e_words"
 TXIDS = 10
 BATCH = 20

@@ -23,7 +23,7 @@ from txn_testing.postgres import free_port
 
 pytestmark = pytest.mark.scenario  # make test-scenarios: `make demo` up, stopped, continued; ~4 min
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DEMO = ROOT / "scripts" / "demo.py"
 COMMITTED = re.compile(r"example_txn_words txid (\d+) committed")
 KAFKA_COMMITTED = re.compile(r"example_txn_kafka_words txid (\d+) committed")
