@@ -1,24 +1,15 @@
 """Build a transaction DAG from a :class:`~airflow_txn_provider.pipeline.TxnPipeline`.
 
-One run per txid, created by the pipeline's waker (:mod:`airflow_txn_provider.triggers.waker`,
-the ``AssetWatcher`` of the DAG's schedule) once the window has room and the source has data for
-that txid: an idle pipeline holds no run. At most ``max_pending`` txids in flight, and a run more
-(``max_active_runs``) for each txid whose claim waits to begin next (``RUNS_AHEAD`` of them), in
-txid order (each run's logical date encodes its txid). Per run::
+One run per txid, in txid order (its logical date encodes the txid), made by the pipeline's waker
+(:mod:`airflow_txn_provider.triggers.waker`) once the window has room and the source has data, so
+an idle pipeline holds no run; ``max_active_runs`` is the window plus ``RUNS_AHEAD``. Per run
+(``commit`` and ``watch_failures`` start in the triggerer: docs/airflow.md, "Tasks of a txid")::
 
     process_<job> >> commit                                  (one job: it claims the txid itself)
     begin >> [process_<job> ...] >> processed >> commit      (several jobs, in parallel)
     watch_failures                           (the failure sensor, beside the work from the start)
 
-A pipeline that fills an output from history (``start={name: "history"}``) gets a second DAG,
-``<dag_id>__fill`` (:func:`build_fill_dag`): one run at a time, one task
-(:class:`~airflow_txn_provider.operators.fill.TxnFillOperator`) that waits in the triggerer while
-nothing fills and fills on a worker when something does.
-
-Three tasks per txid with one job (docs/airflow.md, "Tasks of a txid", says why), of which only
-the processing starts on a worker when the txid commits without failing: ``commit`` and
-``watch_failures`` start and end in the triggerer. A worker-task start costs more CPU than the
-commit's SQL, and on a small machine those starts compete with Spark for the cores.
+A pipeline that fills an output from history also gets ``<dag_id>__fill`` (:func:`build_fill_dag`).
 """
 
 from __future__ import annotations
@@ -70,7 +61,7 @@ def build_dag(
 
     :param triggerer_start: start ``commit`` and ``watch_failures`` in the triggerer (Airflow's
         ``start_from_trigger``): a txid that commits without failing starts one worker task, its
-        processing. ``False``: they start on a worker, then defer (as before issue 27).
+        processing. ``False``: they start on a worker, then defer.
     """
     # retry_delay also paces a task that the failure sensor cleared while it was still finishing
     # (Airflow then puts it up for retry): seconds, not the default five minutes.

@@ -1,23 +1,13 @@
-"""The provider's Airflow plugin, registered once: by the ``airflow.plugins`` entry point, which
-Airflow always loads. (A provider's ``plugins`` info is loaded only with
-``[core] lazy_discover_providers = False``, and then in addition: Airflow reported the second
-registration as a plugin import error, "already registered, skipping".)
+"""The provider's Airflow plugin, registered once, by the ``airflow.plugins`` entry point.
 
-* The txid timetable: DAGs using it must be able to deserialise it in the scheduler and the
-  api-server.
-* The "Transactions" page (:mod:`airflow_txn_provider.ui`): a FastAPI app mounted at
-  ``/transactions``, a nav entry to its list of pipelines, and a tab on every DAG run page showing
-  that txid's attempts. Airflow replaces ``{DAG_ID}`` and ``{RUN_ID}`` in the tab's address; a
-  relative address is shown in an iframe on the same origin, so Airflow's session cookie
-  authenticates it. The address is keyed by DAG id: the app finds the pipeline the transaction
-  log records that DAG as running (a DAG built with ``build_dag(pipeline, dag_id=…)`` is not
-  named like its pipeline).
-* A listener (:mod:`airflow_txn_provider.ui.run_marks`): a note on a txid's run that a person
-  marked success or failed, saying what the log says of the txid.
-
-Every process that loads plugins imports this module (each task too): the app is a
-:class:`~airflow_txn_provider.ui.LazyApp`, built at its first request in the api-server, so this
-import stays cheap and connects to nothing.
+(Not also through the provider info's ``plugins``: Airflow loads those only with ``[core]
+lazy_discover_providers = False``, and reports the second registration as an import error.)
+It adds the txid timetable (the scheduler and the api-server deserialise DAGs that use it); the
+"Transactions" page (:mod:`airflow_txn_provider.ui`) at ``/transactions``, with a nav entry and a
+tab on every DAG run page, keyed by DAG id, in a same-origin iframe that Airflow's session cookie
+authenticates; and a listener (:mod:`airflow_txn_provider.ui.run_marks`) that notes on a run a
+person marked what the log says of its txid. Every process that loads plugins imports this
+module, so it connects to nothing: the app is a :class:`~airflow_txn_provider.ui.LazyApp`.
 """
 
 from __future__ import annotations

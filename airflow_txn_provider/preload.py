@@ -1,25 +1,14 @@
-"""Warm the task processes of an executor: import what a processing task needs once, in the
-process the executor forks its task processes from, instead of once per task.
+"""Warm task processes: import what a processing task needs once, in the process that forks them.
 
-On Linux, Airflow's LocalExecutor forks its workers from the scheduler, and each worker forks one
-process per task; Celery's prefork workers do the same from ``airflow celery worker``. A module
-imported before those forks is already loaded in every task: a fresh task process spent about
-1.5 s importing the Spark Connect client and this provider's job code before its first Spark call,
-one forked from a warmed parent none (``make bench-preload``: 1.57 s against 0.13 s to the first
-answer of a new session, on this 2-core machine). Twenty such tasks at once (a burst of new data
-in twenty pipelines) spent it twenty times on two cores (``make bench-pipelines``).
-
-It happens by itself: the package declares an ``airflow.policy`` entry point
-(:mod:`airflow_txn_provider.preload_at_start`), which Airflow loads at the start of each of its
-processes, just before ``airflow_local_settings.py``. ``[txn_provider] preload_task_processes =
-False`` turns it off. Calling :func:`warm_task_processes` from ``airflow_local_settings.py`` as
-well (what deployments were told to do before) is harmless: a module is imported once.
-
-It only imports (no connection, no thread), so a fork after it is safe, and it does so only in
-the processes that fork task processes (``airflow scheduler``, ``airflow celery worker``) and in
-the dag-processor, which forks a process per DAG file parse and per batch of task callbacks (it
-gets :data:`PARSE_MODULES` only): the api-server, the triggerer and the CLI start as fast as
-before. Without pyspark installed it skips the Spark modules.
+Airflow's LocalExecutor forks its workers from the scheduler and each worker forks one process per
+task (Celery's prefork workers likewise), so what is imported before those forks is loaded in
+every task: the Spark Connect client and this provider's job code are not imported per txid.
+The package's ``airflow.policy`` entry point (:mod:`airflow_txn_provider.preload_at_start`) runs it
+at the start of each Airflow process; ``[txn_provider] preload_task_processes = False`` turns it
+off, and calling :func:`warm_task_processes` from ``airflow_local_settings.py`` too is harmless.
+It only imports (no connection, no thread: a fork after it is safe), only in ``airflow
+scheduler``, ``airflow celery worker`` and the dag-processor (:data:`PARSE_MODULES` only), and
+skips the Spark modules without pyspark. docs/airflow.md, "Warm task processes", says what it saves.
 """
 
 from __future__ import annotations
@@ -93,8 +82,8 @@ def warm_at_start(argv: Sequence[str] | None = None) -> list[str]:
 
 def warm_asset_handlers() -> None:
     """Make one Asset, as a pipeline's DAG file does (its waker's): the first Asset of a process
-    loads every provider's asset URI handlers and Airflow's asset models, about 0.06 CPU-s that a
-    forked parse would otherwise pay each time."""
+    loads every provider's asset URI handlers and Airflow's asset models, which a forked parse
+    would otherwise pay for each time."""
     from airflow.sdk import Asset
 
     Asset(name="txn:preload", uri="txn-waker://preload")

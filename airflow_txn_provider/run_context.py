@@ -119,7 +119,7 @@ def start_in_triggerer(
     """Start ``task`` in the triggerer (``start_from_trigger``), waiting on ``trigger``, whose
     txid and attempt the trigger reads from its run (``RUN_TXID``, ``FIRST_WATCHED``): no worker
     process unless the trigger wakes ``next_method``. Most txids then need one worker-task start
-    in all, their processing: a task start costs more CPU than the commit's SQL (issue 27).
+    in all, their processing: a task start costs more CPU than the commit's SQL.
     ``dag.test()`` and a worker that runs such a task anyway call ``execute``, which waits the
     classic way (deferring from the worker), as every task does on Airflow 3.1 and 3.2, whose
     scheduler ignores ``start_from_trigger`` (``compat.airflow.STARTS_FROM_TRIGGER``)."""
@@ -239,9 +239,8 @@ def commit_in_turn(
 
     The wait costs a worker slot for about one txid's processing; not waiting costs the run's
     ``commit`` and ``watch_failures`` a trigger each and their ends in the triggerer, which
-    Airflow answers with a DAG-file parse in the dag-processor (``make bench-peer``'s floor
-    table). Without a free slot, or once a txid before it fails, the run's commit task commits
-    it, as before."""
+    Airflow answers with a DAG-file parse in the dag-processor. Without a free slot, or once a
+    txid before it fails, the run's commit task commits it."""
     from airflow_txn_provider.log.advisory import held_slot
     from airflow_txn_provider.rules.coordinator import committable
     from airflow_txn_provider.rules.waiting import awaits_its_turn, may_end_turn_wait
@@ -307,9 +306,9 @@ def window_moved(txlog: TransactionLog, pipeline: str, txid: int, deadline: floa
     (``time.monotonic``) passes or the txid is no longer ahead (a txid before it failed).
 
     The slots bound the worker slots that waits hold: with many pipelines backlogged, runs ahead
-    waiting in workers would take the slots of the processing tasks whose commits they wait for
-    (``make bench-pipelines``, N = 100). The wait itself costs no CPU: it blocks until the log
-    notifies a change of the pipeline (:mod:`airflow_txn_provider.log.changes`).
+    waiting in workers would take the slots of the processing tasks whose commits they wait for.
+    The wait itself costs no CPU: it blocks until the log notifies a change of the pipeline
+    (:mod:`airflow_txn_provider.log.changes`).
     """
     from airflow_txn_provider.rules.waiting import may_begin_now, may_end_ahead_wait, runs_ahead
 

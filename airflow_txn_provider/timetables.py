@@ -1,25 +1,13 @@
-"""One DAG run per txid, in txid order: the timetable behind every transaction DAG.
+"""The txid grid: one DAG run per txid, in txid order, dated by its txid.
 
-Txid ``n``'s run has run id ``txid-00000n`` and logical date ``TXID_EPOCH + (n - 1) ms``.
-A logical date makes Airflow order the grid by txid and makes "Clear → Future" mean "replay this
-txid and every later one"; all of them lie in the past, so the scheduler creates them at once
-(catch-up) as ``max_active_runs`` (= ``max_pending``) admits them, oldest first. One millisecond
-a txid: txid 10^9 is 2000-01-12, so every txid up to ~8e11 is schedulable today (a browser's
-dates are exact to the millisecond, so the UI orders runs exactly as the scheduler does). A
-run's ``run_after`` is real time, the moment it became due: the grid and the DAG header show it,
-so a run says when it ran as well as which txid it is.
-
-Pipelines from before 0.2 ran one txid a *minute* (a calendar cap: ~14 million txids up to 2026,
-then one run a minute). :func:`migrate_minute_runs` re-dates their runs onto this grid, once
-(``python -m airflow_txn_provider.timetables migrate-runs``, docs/deployment.md); until then the
-timetable creates no new run for such a DAG and says why in the scheduler's log.
-
-Why a timetable and not a coordinator task that triggers runs: the scheduler already creates runs
-in order, admits exactly ``max_active_runs`` at a time, first in first out, and needs nothing
-running when idle (DESIGN.md, measured on Airflow 3.3.2). A coordinator would re-implement that
-with REST calls and a long-running task, and its runs would have no logical date unless it set
-them itself. Whether a txid has data, may begin, or must wait is the begin task's business
-(deferred, no worker slot), decided by the transaction log's rules.
+Txid ``n``'s run has run id ``txid-00000n`` and logical date ``TXID_EPOCH + (n - 1) ms``, so
+Airflow orders the grid by txid and "Clear → Future" means "replay this txid and every later
+one". Every txid lies in the past (txid 10^9 is 2000-01-12), and a browser's dates are exact to
+the millisecond, so the UI orders runs as the scheduler does. A run's ``run_after`` is real
+time, when it became due. :class:`TxidTimetable` schedules a DAG's runs on this grid;
+:func:`migrate_minute_runs` (``python -m airflow_txn_provider.timetables migrate-runs``) re-dates
+runs of the minute grid onto it (docs/deployment.md), and until then the timetable makes no new
+run for such a DAG.
 """
 
 from __future__ import annotations

@@ -3,24 +3,12 @@
 - 3.2 moved the task exceptions to ``airflow.sdk.exceptions`` and ``Stats`` to
   ``airflow.sdk.observability`` (set up by the caller); 3.1 has them in ``airflow.exceptions`` and
   ``airflow.stats`` (set up by itself on first use).
-- 3.3 starts a task with ``start_from_trigger`` in the triggerer; 3.1 and 3.2 accept the flag and
-  run the task on a worker, whose ``execute`` then defers: so the flag is set on 3.3 only, and a
-  txid costs two more worker-task starts below it (docs/deployment.md, "Supported versions").
-- A process's requests to its Airflow supervisor (a connection, a Variable, a secret to mask) are
-  thread-safe from 3.3 on (its channel serializes them with a lock), not below: in 3.1's triggerer
-  a thread's request is answered out of order and the trigger runner dies ("Response read out of
-  order"; the same request made on the loop is bridged by greenback), and in a 3.1 task process
-  two threads asking at once each wait forever for an answer the other read. So a trigger's
-  blocking calls run in a thread from 3.3 on (tested) and on the loop below it, and a processing
-  task creates the next txid's run beside its own work from 3.3 on and before it below
-  (``triggers.waker.start_making_runs``).
-- 3.3's execution API creates a run a task asks its supervisor for (``TriggerDagRun``) with the
-  logical date and ``run_after`` it names, as an ``operator_triggered`` run: a claim makes the
-  later txids' runs that way from 3.3 on (no HTTP client or token of the task's own), and through
-  the REST API below it.
-- 3.3's ``retry_exponential_backoff`` is a multiplier; 3.1's a switch (True: doubling).
-- 3.3's ``clearTaskInstances`` takes a ``note`` (put on each task instance cleared); 3.1 and 3.2
-  refuse the field (422), so a re-queue's clear says nothing there (its task's log says why).
+- Only from 3.3 on: a task starts in the triggerer (``start_from_trigger``); a process's requests
+  to its supervisor are thread-safe, so blocking calls may run in a thread (a trigger's, and
+  ``triggers.waker.start_making_runs``); a task asks its supervisor for a run (``TriggerDagRun``,
+  not the REST API); ``clearTaskInstances`` takes a ``note`` (3.1 and 3.2 refuse it, 422);
+  ``retry_exponential_backoff`` is a multiplier (3.1: a switch). What each costs below 3.3:
+  docs/deployment.md, "Supported versions".
 """
 
 from __future__ import annotations

@@ -69,8 +69,8 @@ def shared_ssl_context() -> ssl.SSLContext:
 
 def shared_client(timeout: float) -> httpx.Client:
     """The process's HTTP client for calls with ``timeout``: one connection pool (the next call
-    reuses the open connection), on :func:`shared_ssl_context` (httpx would build a context per
-    client, tens of milliseconds of CPU: ``make bench-peer``'s per-group CPU)."""
+    reuses the open connection), on :func:`shared_ssl_context` (httpx would build a context,
+    and load its CAs, per client)."""
     with _shared_lock:
         client = _clients.get(timeout)
         if client is None:

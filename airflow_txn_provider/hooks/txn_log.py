@@ -26,7 +26,7 @@ ASYNC_DRIVER = SYNC_DRIVER
 
 _ENGINES: dict[str, Engine] = {}
 """One engine (and connection pool) per log URL and process: a task opens the log several times
-(claim, lease renewals, staging, commit) and each hook used to build, and never dispose, its own."""
+(claim, lease renewals, staging, commit): its hooks share one instead of each building its own."""
 # A forked child must not share the parent's pooled connections: it starts with no engine.
 os.register_at_fork(after_in_child=_ENGINES.clear)
 

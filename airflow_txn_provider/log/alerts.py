@@ -1,25 +1,14 @@
 """Alerts: the pipeline's notifiers told, once, when a person is needed.
 
-``TxnPipeline(alert_notifiers=[...])`` takes Airflow notifiers (``BaseNotifier``: the SMTP
-provider's ``SmtpNotifier``, Slack's, your own). They are called with the task's Airflow context
-plus ``txn_alert`` (:meth:`Alert.as_context`: pipeline, kind, txid, attempt, subject, message),
-for two events:
-
-* **poisoned**: a txid failed on its own ``max_attempts`` times and the failure sensor stopped
-  the pipeline at it; once per poisoned attempt (a person's rerun that is poisoned again is a new
-  alert). Sent by that sensor as it stops.
-* **stalled**: txids wait and nothing has moved for ``stall_alert_after`` seconds (the health
-  endpoint's rule, :func:`~airflow_txn_provider.log.health.judge`); once per stall: a commit ends
-  it, and a later stall is a new alert.
-
-Whatever is due and unsent (a stall, or a poison alert whose send failed) is found by the failure
-sensor's trigger of the oldest uncommitted txid, which polls the log anyway and looks every
-``ALERT_CHECK_EVERY`` seconds (:func:`due_alerts`); it wakes its sensor on a worker to send.
-
-**Once**: each alert is recorded in the log (``txn_alert``, keyed by pipeline, kind and key) in
-the database transaction that sends it. A second sender finds it recorded and sends nothing; a
-send that fails rolls the record back, and the next wake sends again. A process killed between
-a send and its commit sends it again: at least once, never lost.
+``TxnPipeline(alert_notifiers=[...])`` takes Airflow notifiers (``BaseNotifier``), called with the
+task's context plus ``txn_alert`` (:meth:`Alert.as_context`) for two events: **poisoned**, once
+per poisoned attempt, sent by the failure sensor as it stops the pipeline; **stalled**, once per
+stall (nothing moved for ``stall_alert_after`` seconds, by the rule of
+:func:`~airflow_txn_provider.log.health.judge`). What is due and unsent is found every
+``ALERT_CHECK_EVERY`` seconds (:func:`due_alerts`) by the failure sensor's trigger of the oldest
+uncommitted txid, which wakes its sensor to send it. Each alert is recorded in ``txn_alert`` in
+the database transaction that sends it: a second sender sends nothing, a failed send rolls its
+record back and the next wake sends it again. At least once, never lost.
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
 """Wake-ups when a pipeline's txids change: Postgres ``LISTEN``/``NOTIFY``, not polls.
 
-Every write of a txid's row (its begin, processed, committed or failed: the one writer,
-:class:`~airflow_txn_provider.log.rows.TxidRows`) notifies :data:`CHANNEL` with the pipeline's
-name, the txid and the status it reached, in the writing transaction (:func:`notify_changed`):
-Postgres delivers it at the commit, and never for a transaction rolled back. A task that waits in
-its worker for the log to move (a run ahead for the window, a processed txid for its turn) blocks
-on :class:`PipelineChanges` instead of reading the log every tenth of a second: the wait costs no
-CPU, and ends the moment a change that can end it arrives (the rules of
-:mod:`airflow_txn_provider.rules.waiting`, e.g. :func:`~airflow_txn_provider.rules.waiting.
-may_end_ahead_wait`): with three runs ahead and a txid waiting for its turn, each write woke every
-waiter of the pipeline, and each woken waiter read the log.
-
-The wake-up is a hint, never the truth: the waiter reads the log after each one, and at least
-every :data:`RECHECK` seconds without one (a writer that notifies nothing, a connection pooler in
-transaction mode whose ``LISTEN`` hears nothing: then it polls at that pace); once its connection
-has delivered a notification, at least every :data:`RECHECK_HEARD` seconds.
+Every write of a txid's row (:class:`~airflow_txn_provider.log.rows.TxidRows`) notifies
+:data:`CHANNEL` with the pipeline, the txid and the status it reached, in the writing transaction
+(:func:`notify_changed`: delivered at the commit, never for a rollback). A task that waits in its
+worker blocks on :class:`PipelineChanges`, at no CPU, until a change that can end its wait
+arrives (:mod:`airflow_txn_provider.rules.waiting`). The wake-up is a hint, never the truth: the
+waiter reads the log after each one, and at least every :data:`RECHECK` seconds
+(:data:`RECHECK_HEARD` once its connection has delivered one), so a ``LISTEN`` that hears nothing
+(a connection pooler in transaction mode) degrades to polling.
 """
 
 from __future__ import annotations

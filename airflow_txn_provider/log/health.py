@@ -1,22 +1,13 @@
-"""Whether a pipeline is healthy: the rule behind the plugin's health endpoint
-(``GET /transactions/api/health``, :mod:`airflow_txn_provider.ui.app`), for load balancers and
-monitors. Pure: it judges what the log says, read by :func:`read_health`.
+"""Whether a pipeline is healthy: the rule behind the plugin's health endpoint.
 
-Beside its status, each pipeline's outputs say from which txid each is complete (an output
-added to the running pipeline holds only the txids after it: a monitor can look for
-``"partial": true``).
-
-A pipeline is **stalled** when it has txids waiting to commit and nothing has moved for
-``stall_after`` seconds: no commit since then, and its oldest uncommitted txid began (its first
-attempt) before then. A poison batch the failure sensor stopped at, a dead scheduler, a lost
-worker whose lease nobody expires all end up here. A pipeline with nothing uncommitted is
-**idle** (healthy: a source with no new data); otherwise it is **ok**.
-
-Two things stall it sooner, after ``STUCK_AFTER`` seconds whatever ``stall_after`` says, because
-they never mend by waiting: a txid processing past its lease that nobody expired (its run's
-failure sensor is gone, and the waker could not restart it), and the *run trouble* the waker
-recorded (a due txid whose run cannot be created: :mod:`airflow_txn_provider.triggers.waker`).
-``reason`` says which.
+``GET /transactions/api/health`` (:mod:`airflow_txn_provider.ui.app`) serves load balancers and
+monitors. Pure: it judges what the log says, read by :func:`read_health`. A pipeline is
+**stalled** when txids wait to commit and nothing has moved for ``stall_after`` seconds (no
+commit, and its oldest uncommitted txid began before then), or after ``STUCK_AFTER`` seconds for
+what never mends by waiting: a txid past its lease that nobody expired, or the waker's *run
+trouble* (:mod:`airflow_txn_provider.triggers.waker`); ``reason`` says which. With nothing
+uncommitted it is **idle**, otherwise **ok**. Each output says from which txid it is complete
+(``"partial": true`` for one added to the running pipeline).
 """
 
 from __future__ import annotations

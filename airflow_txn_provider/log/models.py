@@ -1,25 +1,14 @@
-"""SQLAlchemy 2 models of the transaction log.
+"""SQLAlchemy 2 models of the transaction log, for queries (``migrations/`` owns the schema).
 
-The schema is created and upgraded by the Alembic migrations in ``migrations/``; these models
-describe it for queries. The tables:
-
-* ``txn_pipeline``: one row per pipeline. Its row lock serialises every transition of the pipeline
-  (begin, fail, commit), which is what makes "one commit at a time" hold in Postgres, not only in
-  Airflow.
-* ``txn_transaction``: one row per txid, holding its *current* attempt, status and batch metadata.
-* ``txn_attempt``: one row per attempt of a txid, the history a user reads to see every replay.
-* ``txn_state_registry``: which pipeline owns which state table, and how it was declared.
-* ``txn_pipeline_dag``: which Airflow DAGs run which pipeline.
-* ``txn_rewind``: one row per rewind (who, when, to which txid; migration 0009).
-* ``txn_alert``: one row per alert sent to the pipeline's notifiers (migration 0010).
-* ``txn_output``: one row per output (state or lake sink) of a pipeline: from which txid it is
-  complete, and its retirement (migration 0011).
-* ``txn_map_summary``: per map state, its key count and value sum, kept by each commit (the
-  Transactions page reads them instead of scanning the state).
-
-Retention (migration 0007): ``txn_pipeline.keep_txids`` of the newest committed txids keep their
-rows in ``txn_transaction`` and ``txn_attempt``; the commit deletes older ones, a bounded batch at a
-time, and adds them to the pipeline's ``pruned_*`` totals.
+* ``txn_pipeline``: one row per pipeline; its row lock serialises the pipeline's transitions, so
+  "one commit at a time" holds in Postgres, not only in Airflow. Retention: the newest
+  ``keep_txids`` committed txids keep their rows; commits delete older ones in bounded batches
+  and count them in ``pruned_*``.
+* ``txn_transaction``: a txid's current attempt, status and batch; ``txn_attempt``: every attempt.
+* ``txn_state_registry``: which pipeline owns which state; ``txn_pipeline_dag``: which DAGs run
+  which pipeline; ``txn_rewind`` and ``txn_alert``: one row per rewind, per alert sent.
+* ``txn_output``: each output's completeness and retirement; ``txn_map_summary``: each map
+  state's key count and value sum, kept by each commit.
 """
 
 from __future__ import annotations

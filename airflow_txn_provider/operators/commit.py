@@ -44,7 +44,7 @@ class TxnCommitOperator(TxnOperator):
     It runs once processing ended, failed tasks too (``trigger_rule="none_skipped"``): a task
     that recorded its output and then could not report success (the api-server away) leaves a
     processed txid that must still commit. Whether the output was recorded is the log's to say.
-    Skipped, as before, when the claim skipped the run (a rerun of a committed txid).
+    Skipped when the claim skipped the run (a rerun of a committed txid).
     """
 
     commits = True  # its lineage has outputs once its attempt committed

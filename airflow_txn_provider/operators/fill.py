@@ -1,17 +1,12 @@
 """The fill DAG's task: fill a pipeline's outputs from history, beside its live txids.
 
-A pipeline that declares an output with ``start={name: "history"}`` gets a fill DAG
-(:func:`~airflow_txn_provider.dag_builder.build_fill_dag`), one run at a time, each one task:
-this operator. It declares the pipeline as its DAG file says (so a fill starts even while no
-txid begins), then, while no output fills, waits in the triggerer
-(:class:`~airflow_txn_provider.triggers.fill.TxnFillDueTrigger`); once one does, it fills every
-filling output on a worker (:func:`~airflow_txn_provider.spark.fill.fill_pipeline`), each step a
-line in its log, until they joined the live commits. Killed or failed, Airflow retries it with
-backoff, and the retry takes the fill over from its fenced progress in the log.
-
-The fill's Spark: the pipeline's Spark Connect server (``spark="connect"``), or, for
-``spark="submit"``, a driver in this task's process on the master of the pipeline's ``spark``
-connection (``local[*]`` without one).
+One run at a time of the fill DAG (:func:`~airflow_txn_provider.dag_builder.build_fill_dag`): it
+declares the pipeline as its DAG file says, waits in the triggerer while no output fills
+(:class:`~airflow_txn_provider.triggers.fill.TxnFillDueTrigger`), then fills every filling output
+on a worker (:func:`~airflow_txn_provider.spark.fill.fill_pipeline`) until they join the live
+commits. Airflow retries it with backoff, and a retry takes the fill over from its fenced progress
+in the log. Its Spark: the pipeline's Spark Connect server, or, for ``spark="submit"``, a driver
+in this process on the ``spark`` connection's master (``local[*]`` without one).
 """
 
 from __future__ import annotations

@@ -1,23 +1,15 @@
 """Running a processing job: ``spark-submit`` through the Spark provider, or the Spark Connect path.
 
-* :class:`SparkSubmitRunner` submits a job file in ``spark_jobs/`` with
-  :class:`~airflow_txn_provider.hooks.spark_submit.TxnSparkSubmitHook` (the provider's
-  ``SparkSubmitHook``, imported when a job is submitted) and a ``spark`` connection:
-  ``local[*]`` when the connection does not exist, ``spark://host:7077`` or any other master
-  unchanged. One JVM per txid (~9 s here): robust, isolated, the path to a cluster.
-* :class:`SparkConnectRunner` runs the same job's ``transform`` in this process against a
-  long-running Spark Connect server named by the provider's ``spark_connect`` connection: no JVM
-  start per txid (~0.3 s for a session).
-
-Both stop their Spark work when the task is killed (:meth:`kill`, called from an operator's
-``on_kill``): the submit path signals the whole process group of ``spark-submit`` (the driver JVM
-and its Python children). The Connect path interrupts only its own operations, by a tag unique to
-the run (:func:`operation_tag`: pipeline, txid, attempt and a nonce), and only while the session
-is still its own: a server session is a slot's, reused by the pipeline's next txids
-(:mod:`~airflow_txn_provider.spark.connect_sessions`), so interrupting "the session" after the
-slot is released would cancel whichever txid leased it next. A killed run reports no failure
-(:attr:`SparkConnectRunner.stopped`): whoever stopped it decides (see :meth:`SparkConnectRunner.
-kill`).
+:class:`SparkSubmitRunner` submits a job file in ``spark_jobs/`` with
+:class:`~airflow_txn_provider.hooks.spark_submit.TxnSparkSubmitHook` and a ``spark`` connection
+(``local[*]`` without one): one JVM per txid, isolated, the path to a cluster.
+:class:`SparkConnectRunner` runs the job's ``transform`` in this process against the
+``spark_connect`` connection's server: no JVM start per txid. Killed (:meth:`kill`, from an
+operator's ``on_kill``), the first signals ``spark-submit``'s process group; the second interrupts
+only its own operations (:func:`operation_tag`), and only while the session is still its own: a
+slot's session serves the pipeline's next txids
+(:mod:`~airflow_txn_provider.spark.connect_sessions`). A killed run reports no failure
+(:attr:`SparkConnectRunner.stopped`): whoever stopped it decides.
 """
 
 from __future__ import annotations

@@ -118,8 +118,8 @@ class TxnOperator(TxidLineage, BaseOperator):
         seen_oids: set[int] | None = None,
     ) -> Any:
         """Airflow's rendering, except for a string with no Jinja in it (a pipeline's name, a job
-        path), which is its own rendering: Airflow compiles every templated string, a few ms of
-        a task's CPU per field and txid (``make bench-peer``'s profile of a processing task)."""
+        path), which is its own rendering: Airflow compiles every templated string, at a cost in
+        a task's CPU per field and txid."""
         if isinstance(content, str) and is_plain_text(content, jinja_env, self):
             return content
         return super().render_template(content, context, jinja_env, seen_oids)
@@ -340,7 +340,7 @@ class TxnProcessOperator(TxnOperator):
         """Whether this task ends its run once it committed its own txid: the run's commit would
         find it committed and end in the triggerer, and its failure watch has nothing left to
         watch, yet each would cost Airflow a trigger and a success callback, which the
-        dag-processor answers by parsing the DAG file (``make bench-peer``'s floor table). Not
+        dag-processor answers by parsing the DAG file. Not
         when the commit has work of its own (Asset events of lake sinks, OpenLineage), nor
         outside a txid's scheduled run (``dag.test``)."""
         return is_scheduled_txid_run(context) and not self.pipeline.sinks and not lineage_enabled()

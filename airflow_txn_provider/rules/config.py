@@ -45,8 +45,8 @@ RUNS_AHEAD = 3
 waiting in its worker to begin (:func:`~airflow_txn_provider.rules.waiting.runs_ahead`). Airflow's
 scheduler starts a new run's task up to about a second after the run is made (its idle sleep,
 ``[scheduler] scheduler_idle_sleep_time``, 1 s by default) and the task takes a few tenths more to
-claim: at half-second txids one run ahead began after the window had room, three begin as it moves
-(``make bench-peer`` shape (b), docs/benchmarks.md)."""
+claim: one run ahead began only after the window had room, three begin as it moves
+(docs/airflow.md)."""
 RUN_LEAD = 1.5
 """Seconds from a DAG run's creation to its claim, about (the scheduler's idle sleep and the task's
 start): a claim makes as many runs ahead as txids begin in that time
@@ -65,13 +65,8 @@ def spark_work_slots(window: int) -> int:
 def fitted_window(spark_cores: int, bound: int = FITTED_WINDOW_BOUND) -> int:
     """The window that fits a Spark offering ``spark_cores`` cores (its default parallelism):
     :data:`TXIDS_PER_CORE` txids in flight per core and :data:`TXIDS_BESIDE_SPARK` more, at
-    least one, at most ``bound``.
-
-    Measured on Spark ``local[2]`` with the runs of a window made at once (one run each, ``make
-    bench-peer``, docs/spark.md): 3 in flight reached 0.69x Structured Streaming at 1e5-row
-    batches and 0.87x at 1e6, with Spark's CPU per 1e6-row batch that of the same batches one at
-    a time; 2 starved Spark (0.57x at 1e5); 4 shared the cores (0.61x at 1e6, Spark's CPU per
-    batch 1.4x)."""
+    least one, at most ``bound``: fewer leave the cores idle, more only share them
+    (docs/spark.md, "How many txids process at once", has the measurements)."""
     if isinstance(spark_cores, bool) or not isinstance(spark_cores, int):
         raise TypeError(f"spark_cores must be an int, got {spark_cores!r}")
     if spark_cores < 1:

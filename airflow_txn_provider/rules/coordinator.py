@@ -1,22 +1,14 @@
 """The coordinator rules: which transaction may do what, decided from its pipeline's snapshot.
 
-This module is pure: no I/O, no clock, no Airflow, no SQL. The Postgres transaction log
+Pure: no I/O, no clock, no Airflow, no SQL. The log
 (:mod:`airflow_txn_provider.transactions.transaction_log`) loads a :class:`PipelineView` under a
-lock, asks one of the ``plan_*`` functions below, and writes the answer. Keeping the rules here
-means each one lives in exactly one place and is tested with plain values. Their one sibling is the
-attempt fence (:mod:`airflow_txn_provider.rules.fencing`): the rules that need only one txid's
-record (is this attempt still current?), so the log applies them under that txid's row lock alone.
-
-The model is Storm's transactional topology (``TransactionalSpoutCoordinator``):
-
-* txids 1, 2, 3, … are allocated in order and never reused; each (re-)emission of a txid gets a new
-  **attempt**, which fences every older attempt of that txid;
-* txids in flight form the **window** ``[oldest uncommitted, oldest uncommitted + max_pending)``;
-* processing may run for every txid in the window at once, but txid ``k`` commits only after ``k-1``
-  committed;
-* a failure of txid ``k`` fails ``k`` and every later txid in flight, so they re-emit with new
-  attempts in order (for an opaque source a replay of ``k`` may end elsewhere, and a later txid that
-  kept its old start would skip or repeat records).
+lock, asks a ``plan_*`` function and writes the answer; rules that need only one txid's record
+are the attempt fence's (:mod:`airflow_txn_provider.rules.fencing`). The model is Storm's
+transactional topology (``TransactionalSpoutCoordinator``): txids are allocated in order and never
+reused, each (re-)emission a new **attempt** that fences the older ones; every txid of the
+**window** ``[oldest uncommitted, + max_pending)`` may process at once, but ``k`` commits only
+after ``k-1``; a failure of ``k`` fails every later txid in flight, so they re-emit in order (an
+opaque source's replay of ``k`` may end elsewhere).
 """
 
 from __future__ import annotations

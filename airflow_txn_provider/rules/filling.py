@@ -1,24 +1,15 @@
 """Filling an output from history: the rules, pure.
 
-An output (a state or a lake sink) added to a pipeline that has committed txids may be declared
-``start={name: "history"}`` (:class:`~airflow_txn_provider.rules.vocabulary.OutputStart`). Then:
-
-* The declaration records the first txid to begin after it, ``live_from``: from that txid on the
-  live processing knows the output and stages its rows with every other output's. The live
-  commits leave it out while it fills
-  (:func:`~airflow_txn_provider.rules.outputs.skipped_at_commit`): its staged rows wait.
-* A fill, beside the live pipeline, applies the committed txids to it in txid order
-  (:func:`next_step`): below ``live_from`` by computing them with its own jobs over the batches the
-  log recorded (:attr:`Step.COMPUTE`, in chunks of txids), from ``live_from`` on by applying the
-  rows the live processing staged (:attr:`Step.APPLY_STAGED`). Its progress (``filled_through``)
-  is fenced by its own attempt, so a fill that took over stops an older one.
-* When it has applied every committed txid it joins the live commits, under the pipeline's lock
-  (:func:`join_gap`): the commits after that apply it with the other outputs. It is then complete
-  from txid 1, as if it had been declared with the pipeline.
-
-Only a source that reads a committed txid's batch again exactly may fill (:func:`refuse_fill`);
-retention keeps the txids a fill still needs (:func:`retention_floor`); a rewind takes the
-progress back with the states (:func:`rewound_progress`).
+An output declared ``start={name: "history"}``
+(:class:`~airflow_txn_provider.rules.vocabulary.OutputStart`) records ``live_from``, the first
+txid to begin after it: from there the live processing stages its rows, which the live commits
+leave waiting (:func:`~airflow_txn_provider.rules.outputs.skipped_at_commit`). A fill applies the
+committed txids in order (:func:`next_step`), computed by its own jobs below ``live_from``
+(:attr:`Step.COMPUTE`), from the staged rows from it on (:attr:`Step.APPLY_STAGED`), its progress
+fenced by its attempt; then it joins the live commits under the pipeline's lock (:func:`join_gap`),
+complete from txid 1. Only a source that re-reads a batch exactly may fill (:func:`refuse_fill`);
+retention keeps what a fill needs (:func:`retention_floor`); a rewind takes its progress back
+(:func:`rewound_progress`).
 """
 
 from __future__ import annotations

@@ -1,21 +1,15 @@
 """The one validator of names that reach SQL, a file path or a lake table's predicate.
 
-Every such name is checked against its rule here, when the object that carries it is built
-(a pipeline, a state, a lake sink), and then quoted where it is used (:func:`quote_ident`).
-The rules are ASCII only: a Unicode look-alike (a Cyrillic "a", U+0430; a full-width slash,
-U+FF0F) is refused rather than normalised, so the name a user reads is the name the database
-and the disk hold.
+Each name is checked against its rule when the object carrying it is built (a pipeline, a state,
+a lake sink), and quoted where used (:func:`quote_ident`). ASCII only: a Unicode look-alike (a
+Cyrillic "a", U+0430) is refused, not normalised, so the name a user reads is the one stored.
 
-=================  ============================================  =================================
-rule               where the name goes                           why it is narrow
-=================  ============================================  =================================
-``PIPELINE``       the lake staging directory, the DAG id        ``.``/``..``/``/`` would leave the
-                                                                 table's directory
-``SQL_NAME``       Postgres table and column names (states)      a table name is at most 63 bytes
-``COLUMN``         lake sink names, merge keys, txid columns,    pasted into a merge predicate
-                   Iceberg namespaces and table names            and a warehouse path
-``CONN_ID``        an ``AIRFLOW_CONN_<ID>`` environment variable a ``=`` or NUL would break it
-=================  ============================================  =================================
+* ``PIPELINE`` (the lake staging directory, the DAG id): ``.``/``..``/``/`` would leave the
+  table's directory;
+* ``SQL_NAME`` (states' Postgres tables and columns): a table name is at most 63 bytes;
+* ``COLUMN`` (lake sink names, merge keys, txid columns, Iceberg names): pasted into a merge
+  predicate and a warehouse path;
+* ``CONN_ID`` (an ``AIRFLOW_CONN_<ID>`` environment variable): a ``=`` or NUL would break it.
 """
 
 from __future__ import annotations

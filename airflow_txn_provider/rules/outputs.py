@@ -1,29 +1,16 @@
-"""A pipeline's outputs, its states and lake sinks: the rules, pure. From which txid each is
-complete, how one joins a pipeline that has begun txids, and how one leaves; the log's rows of
-them are :mod:`airflow_txn_provider.log.outputs`'s (``txn_output``, migration 0011).
+"""A pipeline's outputs, its states and lake sinks: the rules, pure.
 
-An output declared before its pipeline began any txid holds every txid: complete from txid 1.
-One added later would hold only the txids after it, short of all history, so the declaration
-must say so (:class:`~airflow_txn_provider.rules.vocabulary.OutputStart`: ``start={name:
-"next_txid"}``), or it is refused (:class:`OutputStartRequiredError`). It then holds exactly the
-txids from the next one to begin on, ``N``: every txid from ``N`` on began after it was declared
-(a begin takes the pipeline's lock, which the declaration holds), so its processing knew the
-output; a txid below ``N`` that commits later (one in flight, one replayed, a rewind's) is not
-applied to it (:func:`skipped_at_commit`). The log records ``N`` (``complete_from_txid``); the
-Transactions page and the health endpoint show it for every output (:func:`completeness`).
-
-An output may instead be filled from history (``start={name: "history"}``): recorded complete
-from txid 1 with ``N`` as the txid from which the live processing stages it (``live_from_txid``),
-left out of the live commits while a fill applies the committed txids to it in order, and
-applied by them once it joins (:mod:`airflow_txn_provider.rules.filling` has the rules,
-:mod:`airflow_txn_provider.log.fill_progress` its rows). Only a source that replays a committed
-batch exactly may fill, and only while retention has pruned none of its history
-(:class:`~airflow_txn_provider.rules.exceptions.FillRefusedError` otherwise).
-
-An output the declaration no longer names is retired by the choice ``retired={name: "keep" |
-"drop"}`` (:class:`~airflow_txn_provider.rules.vocabulary.OutputRetirement`); without one, removing
-an output that holds committed txids is refused (:class:`OutputRemovedError`), and one that holds
-none is let go without asking (a state's empty tables dropped, a lake table never touched).
+From which txid each is complete (:func:`completeness`), how one joins a pipeline that has begun
+txids, and how one leaves; their rows are :mod:`airflow_txn_provider.log.outputs`'s. An output
+declared before any txid began is complete from txid 1. One added later must say how it starts
+(:class:`~airflow_txn_provider.rules.vocabulary.OutputStart`), else
+:class:`OutputStartRequiredError`: ``"next_txid"`` holds exactly the txids from the next to begin,
+``N`` (each began after the declaration, which holds the pipeline's lock; a txid below ``N`` that
+commits later is not applied to it: :func:`skipped_at_commit`); ``"history"`` is filled below
+``N`` by a fill (:mod:`airflow_txn_provider.rules.filling`). An output no longer declared that
+holds committed txids needs ``retired={name: "keep" | "drop"}``
+(:class:`~airflow_txn_provider.rules.vocabulary.OutputRetirement`), else
+:class:`OutputRemovedError`; one that holds none is let go.
 """
 
 from __future__ import annotations

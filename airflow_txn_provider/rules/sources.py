@@ -1,21 +1,13 @@
 """Source contracts: how a pipeline turns "the previous batch ended here" into the next batch.
 
-A source is Storm's transactional spout *coordinator*: given a txid and the metadata of the txid
-before it, it returns this txid's metadata (for example per-partition offset ranges), or ``None``
-when there is no new data yet. Reading the batch described by the metadata is the processing job's
-business (see ``spark_jobs/``), not the source's.
-
-* :class:`TransactionalSource`: a txid's batch never changes. The log stores the metadata at first
-  emission and every replay reuses it; the source is asked only once per txid.
-* :class:`OpaqueSource`: a replay may differ (a partition went away, files were compacted). The log
-  asks the source again on every replay, always starting from the previous txid's metadata, and the
-  opaque state helpers keep results exact.
-
-Metadata is stored as JSON. It must come back from JSON *equal* to what the source returned (no
-tuples, no integer keys, no NaN, no objects) and fit in Postgres JSONB (no NUL character, in keys
-either): anything else is refused with
-:class:`~airflow_txn_provider.rules.exceptions.UnreadableMetadataError` at begin time, before it is
-stored, instead of being silently changed (STORM-2675).
+A source is Storm's transactional spout *coordinator*: from a txid and the previous txid's
+metadata it returns this txid's (e.g. per-partition offset ranges), or ``None`` when there is no
+new data; the processing job reads the batch. A :class:`TransactionalSource`'s batch never
+changes: it is asked once per txid and replays reuse the stored metadata. An
+:class:`OpaqueSource`'s replay may differ: it is asked again on every replay, from the previous
+txid's metadata, and opaque state keeps results exact. Metadata must come back from JSON *equal*
+(no tuples, integer keys, NaN or objects) and fit in JSONB (no NUL), or it is refused at begin
+with :class:`~airflow_txn_provider.rules.exceptions.UnreadableMetadataError` (STORM-2675).
 """
 
 from __future__ import annotations

@@ -1,26 +1,18 @@
-"""The lake sink protocol, what every lake sink shares: the declaration, the staged files of an
-attempt, the ordered exactly-once commit, reads "as of txid N", and cleanup.
+"""The lake sink protocol: staged files, an exactly-once commit in txid order, reads as of txid N.
 
-The protocol, for one txid (docs/lake.md has the picture):
+1. **Stage** (:mod:`airflow_txn_provider.sinks.staging`): executors write the attempt's Parquet
+   into ``<staging root>/<pipeline>/<txid>/a<attempt>-<run>/``; the job records the files with
+   the attempt's output, fenced by the attempt.
+2. **Commit** (:meth:`LakeSink.commit`, in the log's commit, under its pipeline lock): add (or
+   merge) exactly the recorded files in ONE table commit that records ``(pipeline, txid)``, or
+   nothing if the table holds the txid already, from a crash between its commit and the log's
+   (:func:`~airflow_txn_provider.rules.coordinator.plan_sink_commit`).
+3. **Clean up** (:meth:`LakeSink.cleanup`, after the log's commit): delete the txid's other
+   directories (failed attempts, duplicate runs, merged-away files).
 
-1. **Stage** (the processing job, :mod:`airflow_txn_provider.sinks.staging`): Spark's executors
-   write the attempt's output as Parquet into its own directory,
-   ``<staging root>/<pipeline>/<txid>/a<attempt>-<run>/``; the job lists the files it wrote (names,
-   sizes, row counts from the footers) and records that list with the attempt's output in the
-   log, fenced by the attempt like every staged output.
-2. **Commit** (:meth:`LakeSink.commit`, the last step of the log's commit, under its pipeline
-   lock): the table's own record says which txid of this pipeline it holds. The coordinator's
-   :func:`~airflow_txn_provider.rules.coordinator.plan_sink_commit` decides: add exactly the
-   recorded files (or merge them by key) in ONE table commit that records ``(pipeline, txid)`` (a
-   Delta app transaction, an Iceberg snapshot property), or, if the table holds the txid already (a
-   commit that crashed between the table commit and the log's), add nothing and let the log
-   complete.
-3. **Clean up** (:meth:`LakeSink.cleanup`, after the log's commit): every other directory of
-   the txid (failed attempts, duplicate runs, merged-away files) is deleted.
-
-The schema check is in :mod:`~airflow_txn_provider.sinks.schema`, and the formats' rule for
-rewinding a table in :mod:`~airflow_txn_provider.sinks.rewind`. Nothing here imports Spark; a
-sink's table library (``deltalake``, ``pyiceberg``) is imported only when a table is opened.
+docs/lake.md has the picture; the schema check is :mod:`~airflow_txn_provider.sinks.schema`, the
+rewind rule :mod:`~airflow_txn_provider.sinks.rewind`. Nothing here imports Spark, and a table
+library (``deltalake``, ``pyiceberg``) is imported only when a table is opened.
 """
 
 from __future__ import annotations

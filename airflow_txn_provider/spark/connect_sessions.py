@@ -1,31 +1,16 @@
 """Spark Connect server sessions that a pipeline's txids reuse, each used by one process at a time.
 
-A new server session per txid cost ~0.5 CPU-s of the server's JVM and ~0.25 s per 1e5-row txid
-here (its first query builds the session's analyzer and catalog state; ``make bench-peer``). An
-Airflow task process lives for one txid, so the reuse is on the server's side: a txid's process
-attaches to a session by its id.
-
-* **One process at a time.** A pipeline has :data:`SLOTS` session slots. A process *leases* one
-  with a Postgres advisory lock, held on a connection of its own for as long as its Spark work
-  runs (a process that dies drops it with its connection), so two live processes never share a
-  session's temporary views, settings or operations. With every slot taken, the txid gets a
-  session of its own, as before.
-* **Only one's own operations.** A killed run interrupts the operations tagged with its own tag
-  (pipeline, txid, attempt, a nonce), and only until it gives its session up, never every
-  operation of the session: the slot's next lessee shares the server session id
-  (:meth:`~airflow_txn_provider.operators.spark_runner.SparkConnectRunner.kill`).
-* **Fenced cleanup.** After a failed attempt, its process releases the slot's server session:
-  nothing the failed transform left there (a view, a setting, a running operation) reaches a
-  later txid. The server keeps a released id closed, so the next lessee moves to the slot's next
-  *generation*, a new id (:func:`slot_session_id`).
-* **Rotation.** Ids change every :data:`ROTATION_SECONDS`, so the generations probed stay few and
-  what successful txids leave in a session lives at most that long. A session the server expired
-  (idle) is closed too: the next generation again.
-
-What a transform must not rely on, then: a session with nothing in it. Temporary views and
-settings it makes may still be there at a later txid of the same pipeline (the built-in jobs make
-none; the lake staging sets one Parquet setting, always to the same value). ``reuse_sessions=False``
-on the runner gives a session per txid.
+A task process lives for one txid, and a new server session costs the server's JVM its first
+query's set-up (analyzer, catalog state), so a txid's process attaches to a slot's session by
+its id. It *leases* one of :data:`SLOTS` slots with a Postgres advisory lock held for its Spark
+work (a dead process drops it with its connection); with every slot taken, the txid gets a
+session of its own. A killed run interrupts only its own tagged operations
+(:meth:`~airflow_txn_provider.operators.spark_runner.SparkConnectRunner.kill`). A failed attempt
+releases the slot's server session, and the slot moves to its next *generation*, a new id
+(:func:`slot_session_id`), as it does every :data:`ROTATION_SECONDS` and after the server
+expired the session. So a transform may find an earlier txid's temporary views or settings of
+its pipeline (the lake staging sets one Parquet setting, always to the same value);
+``reuse_sessions=False`` on the runner gives a session per txid.
 """
 
 from __future__ import annotations
@@ -101,11 +86,11 @@ def connect_session(url: str) -> Iterator[SparkSession]:
 def bound_client_retries(session: Any) -> None:
     """Bound how long ``session``'s client waits for an unreachable server.
 
-    PySpark's default policy tolerates 10 minutes, its waits growing fourfold to a minute: a
-    server back 15 s after a restart was seen ~50 s later (a test fixture's first session, the
-    chaos tier's killed Connect server). Here the waits double up to :data:`RETRY_MAX_BACKOFF_MS`,
-    for about half a minute in all; the runner's own retry (``connect_timeout``) waits longer
-    for a session, and a job whose server went away fails and is replayed.
+    PySpark's default policy tolerates 10 minutes, its waits growing fourfold to a minute, so a
+    client may notice a restarted server long after it is back. Here the waits double up to
+    :data:`RETRY_MAX_BACKOFF_MS`, for about half a minute in all; the runner's own retry
+    (``connect_timeout``) waits longer for a session, and a job whose server went away fails and
+    is replayed.
     """
     from pyspark.sql.connect.client.retries import DefaultPolicy
 

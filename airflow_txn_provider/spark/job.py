@@ -364,7 +364,7 @@ def _observe_counts(
     spark: SparkSession, job: BatchJob, batch: DataFrame, counts: Mapping[str, Any] | None
 ) -> tuple[Any, DataFrame]:
     """On Spark Connect, the batch with the source's completeness ``counts`` observed while the
-    transform runs: one pass over the batch instead of two (``make bench-read``). Classic
+    transform runs: one pass over the batch instead of two. Classic
     sessions count in a pass of their own: there, reading an observation the transform never
     ran would block forever."""
     if not counts or not is_connect(spark):

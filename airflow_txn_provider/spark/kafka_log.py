@@ -1,23 +1,14 @@
 """Which log a Kafka txid's offsets belong to, and the check that it is still the same one.
 
-Offsets alone do not name a log: a broker that lost its data, or a topic deleted and created
-again, starts each partition at offset 0, and once producers have written past the old end the
-same offsets hold other records. Kafka's own clients tell such a log apart by its **topic id**
-(a UUID a topic gets at creation) and by the **leader epoch** a position was read at (KIP-320: a
-consumer validates a fetch position against the epoch's end offset and reports a truncation).
-This module records both with each txid's metadata, and one thing more that any cluster can be
-asked, librdkafka's mock included (it models neither a topic id nor a new epoch after a restart):
-an **anchor** per partition, a record of the log (its offset, epoch and a fingerprint of its
-timestamp, key and value). A record at an offset never changes while its log lives, so a record
-of another fingerprint at the anchor's offset is another log.
-
-The metadata's :data:`LOG` note: ``{"topic_id": "<uuid>" | None, "anchors": {"words-0":
-[offset, epoch, fingerprint, txid]}}``; ``txid`` is the txid that took the anchor (the newest
-record of its range when it began; a partition without new records keeps its anchor).
-
-The rules of what counts as another log (:func:`log_changes`) are pure; :func:`read_anchors`
-asks the cluster. An anchor deleted by the topic's retention or removed by compaction cannot be
-checked: that is no change (the offsets check of the source and the topic id still hold).
+Offsets alone do not name a log: a broker that lost its data, or a topic created again, starts
+each partition at offset 0 again. Kafka tells such logs apart by the **topic id** and the
+**leader epoch** (KIP-320); this module records both with each txid's metadata, and an
+**anchor** per partition that any cluster can be asked (librdkafka's mock too): a record's
+offset, epoch and fingerprint (timestamp, key, value). Another fingerprint at the anchor's offset
+means another log. The :data:`LOG` note: ``{"topic_id": "<uuid>" | None, "anchors": {"words-0":
+[offset, epoch, fingerprint, txid]}}`` (``txid``: the txid that took the anchor).
+:func:`log_changes` is pure; :func:`read_anchors` asks the cluster. An anchor that retention or
+compaction removed cannot be checked, and counts as no change.
 """
 
 from __future__ import annotations

@@ -1,22 +1,13 @@
 """Reading Kafka offset ranges exactly, in Spark's Python workers, without Spark's Kafka jar.
 
-A batch is a small DataFrame of ranges (one row per topic-partition: ``[start, end)``) mapped
-by :func:`range_reader` with ``mapInArrow``: each task assigns its partitions to a
-confluent-kafka consumer at ``start`` and reads up to ``end``, exactly. No consumer group is
-joined and nothing is committed to Kafka (the transaction log holds the offsets). The rows have
-the columns of Spark's own Kafka source (:data:`RECORD_SCHEMA`), so a transform reads the same
-frame from either reader.
-
-A range is read whole or the task fails, so a batch never commits with records missing:
-
-* records already deleted by the topic's retention (the consumer is refused its start offset):
-  :class:`~airflow_txn_provider.rules.exceptions.OffsetsDeletedError`;
-* no progress for ``timeout`` seconds (a broker down, paused, unreachable): a ``TimeoutError``
-  naming the partition and how far it got. The txid fails and is replayed, from the same offsets.
-
-A consumer's position, not a count of records, says when a range is done: offsets of a
-compacted topic, or a transactional producer's commit markers, leave gaps a count would take for
-lost records.
+A batch is a small DataFrame of ranges (one row per topic-partition, ``[start, end)``) mapped by
+:func:`range_reader` with ``mapInArrow``: each task assigns its partitions to a confluent-kafka
+consumer and reads exactly its range, joining no group and committing nothing to Kafka. The rows
+have the columns of Spark's own Kafka source (:data:`RECORD_SCHEMA`). A range is read whole or
+the task fails: records deleted by retention raise
+:class:`~airflow_txn_provider.rules.exceptions.OffsetsDeletedError`, no progress for ``timeout``
+seconds a ``TimeoutError`` (the txid replays from the same offsets). A consumer's position, not a
+count of records, ends a range: compaction and transaction markers leave gaps in the offsets.
 """
 
 from __future__ import annotations

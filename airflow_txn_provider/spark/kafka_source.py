@@ -1,26 +1,14 @@
-"""Kafka topics as sources: transactional and opaque, after storm-kafka-client's
-``KafkaTridentSpoutTransactional`` and ``KafkaTridentSpoutOpaque``.
+"""Kafka topics as sources, after storm-kafka-client's transactional and opaque Trident spouts.
 
-A txid's metadata is ``{"<topic>-<partition>": [start, end)}``: per partition, the offsets of its
-batch. The Airflow side decides it at begin from the partitions' watermarks (a ``list_offsets``
-of the earliest and latest offsets, through the Apache Kafka provider's admin client), at most
-``max_per_partition`` records each; partitions new since the last txid are picked up then, from
-their earliest record. The Spark side reads exactly those offsets (``spark/kafka_read.py``, or
-Spark's own Kafka reader when its jar is on the classpath: ``reader="spark"``).
-
-* :class:`KafkaSource` (transactional): a replay reads the same offsets. Records that the
-  topic's retention deleted before any txid read them stop the pipeline with
-  :class:`~airflow_txn_provider.rules.exceptions.OffsetsDeletedError`: skipping them would lose
-  them.
-* :class:`OpaqueKafkaSource` (opaque): a replay starts again from the previous txid's end, and
-  may take more records. Deleted records are skipped: the txid's metadata notes them under
-  :data:`SKIPPED` (``{"skipped": {"<topic>-<partition>": [start, end)}}``, shown with its offsets
-  on the Transactions page) and a warning names the txid and the offsets lost; pair it with
-  opaque state.
-
-Credentials come from the Airflow connection ``kafka_conn_id`` (type ``kafka``, its Config Dict:
-librdkafka settings, SASL and SSL included); no setting goes on a command line
-(:func:`~airflow_txn_provider.utils.credentials.kafka_config`).
+A txid's metadata is ``{"<topic>-<partition>": [start, end)}``, decided at begin from the
+partitions' watermarks (the Apache Kafka provider's admin client), at most ``max_per_partition``
+each, a new partition from its earliest record; the Spark side reads exactly those offsets
+(:mod:`~airflow_txn_provider.spark.kafka_read`, or Spark's Kafka reader: ``reader="spark"``).
+A :class:`KafkaSource` replay reads the same offsets, and records deleted by retention before a
+txid read them stop the pipeline (``OffsetsDeletedError``). An :class:`OpaqueKafkaSource` replay
+starts from the previous txid's end; deleted records are skipped, noted under :data:`SKIPPED` and
+warned about (pair it with opaque state). Credentials come from the ``kafka_conn_id`` connection,
+never a command line (:func:`~airflow_txn_provider.utils.credentials.kafka_config`).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ given its schema with the partition column as a string: then the value is the di
 written, a constant Spark attaches per file (no work per row). That holds for a plain name; a name
 Spark would decode differently than the source did (a ``%`` escape, Hive's null partition, an
 empty value, a ``k=v`` folder under the partition's) is not read this way: the caller then labels
-each row by the file it came from (a lookup per row, ``make bench-read``).
+each row by the file it came from (a lookup per row).
 """
 
 from __future__ import annotations

@@ -85,8 +85,8 @@ class PartitionedParquetSource(TransactionalSource, SparkSource):
         names instead of listing a changed partition folder (``docs/sources.md``).
     :param schema: the files' columns as a Spark DDL string, without the partition column
         (``"offset BIGINT, line STRING"``), as Structured Streaming's file source asks for; a
-        batch is then read without the schema round trip and footer read first (``make
-        bench-read``: no difference at 1e6 rows). ``None``: the schema of a footer of each batch.
+        batch is then read without the schema round trip and footer read first.
+        ``None``: the schema of a footer of each batch.
     """
 
     path: str
@@ -326,7 +326,7 @@ class PartitionedParquetSource(TransactionalSource, SparkSource):
     def batch_counts(self, metadata: Metadata) -> dict[str, Column] | None:
         """The records read of each partition of the batch (``n_0``, ``n_1``, … in partition
         order); ``None`` when its read found them in the files' footers already (every file
-        read whole, their row counts adding up to each range: ``make bench-read``)."""
+        read whole, their row counts adding up to each range)."""
         if _footers_prove.get(self._proof_key(metadata)):
             return None
         from pyspark.sql import functions as F

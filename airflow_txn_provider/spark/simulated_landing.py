@@ -1,17 +1,13 @@
 """A landing folder whose producers are simulated: what the landing examples (opaque, Iceberg) read.
 
-:class:`SimulatedLandingSource` is a :class:`~airflow_txn_provider.spark.landing_source.
-LandingDirectorySource` with a producer built in: whenever a batch is chosen, or the pipeline's
-waker asks whether one is due, it first lands the files producers would have written since, into
-every partition folder that is online. Like :class:`~airflow_txn_provider.spark.generated_source.
-GeneratedTextSource`, it is here so that the examples run out of the box, and so that every
-process that chooses batches can import it: the claim's task, and the waker in the triggerer
-(where the DAGs folder is not importable). With the producer only in the DAGs folder, the waker
-saw the plain folder, which nobody filled: a landing pipeline stopped after its first txid (found
-by the container stack test).
-
-A file's lines are :func:`landing_lines`: the same for the same partition and number every time,
-so tests recount them in plain Python.
+:class:`SimulatedLandingSource` is a
+:class:`~airflow_txn_provider.spark.landing_source.LandingDirectorySource` that, whenever a batch
+is chosen or the waker asks whether one is due, first lands the files producers would have
+written since into every online partition folder. It lives in the provider, like
+:class:`~airflow_txn_provider.spark.generated_source.GeneratedTextSource`, so that the examples
+run out of the box and every process that chooses batches imports it, the waker in the triggerer
+(where the DAGs folder is not importable) included. A file's lines are :func:`landing_lines`: the
+same for the same partition and number every time, so tests recount them in plain Python.
 """
 
 from __future__ import annotations

@@ -1,20 +1,14 @@
 """The interface of a source that Spark reads, and how one is rebuilt in a Spark job.
 
 A :class:`SparkSource` is a :class:`~airflow_txn_provider.rules.sources.Source` (it decides each
-txid's metadata, on the Airflow side, without Spark) that can also *read* the batch its metadata
-describes (on the Spark side, in the processing job): the two halves of Storm's transactional spout.
-To write your own, subclass one of the two kinds and implement three methods; ``docs/sources.md``
-walks through one. The built-in sources live one to a module:
-
-* :class:`~airflow_txn_provider.spark.parquet_source.PartitionedParquetSource` (transactional): a
-  Parquet dataset partitioned by ``p`` with an increasing ``offset`` column.
-* :class:`~airflow_txn_provider.spark.landing_source.LandingDirectorySource` (opaque): a landing
-  folder of numbered JSON-lines files, one sub-folder per partition.
-* :class:`~airflow_txn_provider.spark.generated_source.GeneratedTextSource` (transactional):
-  generated lines of words, so a replay is identical and no data set is needed (the examples).
-
-Sources are plain frozen dataclasses: :meth:`SparkSource.to_spec` turns one into JSON that a
-``spark-submit`` command line carries, and :func:`source_from_spec` rebuilds it in the job.
+txid's metadata on the Airflow side, without Spark) that can also *read* its batch in the
+processing job: the two halves of Storm's transactional spout. To write one, subclass one of the
+two kinds and implement three methods (``docs/sources.md``). Sources are frozen dataclasses:
+:meth:`SparkSource.to_spec` makes one JSON for a ``spark-submit`` command line, and
+:func:`source_from_spec` rebuilds it in the job. The built-in sources live one to a module, e.g.
+:class:`~airflow_txn_provider.spark.parquet_source.PartitionedParquetSource`,
+:class:`~airflow_txn_provider.spark.landing_source.LandingDirectorySource` and
+:class:`~airflow_txn_provider.spark.generated_source.GeneratedTextSource`.
 """
 
 from __future__ import annotations

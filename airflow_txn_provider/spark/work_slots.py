@@ -1,16 +1,12 @@
 """At most one txid's Spark work per core of the Spark a fitted window follows.
 
-A pipeline that declares no ``max_pending`` keeps a core's worth of txids in flight per core and
-one more (:func:`~airflow_txn_provider.rules.config.fitted_window`): that one is to start, stage or
-commit while the others compute, so no core waits for it. Without a bound its Spark work would
-start at once too and share the cores with the others: on a one-core Spark the two txids of the
-window then computed side by side, finished together, and left the core idle while both staged,
-committed and the next two started (``make bench-peer`` shape (b)). So a txid's Spark work (read,
-transform, collect, the lake sinks' writes) holds one of the pipeline's
+A fitted window (:func:`~airflow_txn_provider.rules.config.fitted_window`) keeps one txid per core
+in flight and one more, to start, stage or commit while the others compute; unbounded, that one's
+Spark work would share the cores instead (docs/spark.md, "How many txids process at once"). So a
+txid's Spark work (read, transform, collect, the lake sinks' writes) holds one of the pipeline's
 :func:`~airflow_txn_provider.rules.config.spark_work_slots`: a Postgres advisory lock on a
-connection of its own, waited for in Postgres (no CPU) when all are taken, and let go the moment
-its Spark work ends, before its staging and commit. A pipeline with an explicit ``max_pending``
-has no such bound: the user's window is the number of Spark jobs at once.
+connection of its own, waited for in Postgres (no CPU) and let go as its Spark work ends, before
+its staging and commit. A pipeline with an explicit ``max_pending`` has no such bound.
 """
 
 from __future__ import annotations

@@ -81,9 +81,9 @@ class MapState:
     :param value_type: SQL type of the value: bigint (default), integer, numeric, double precision.
     :param combiner: how deltas combine: ``sum`` (default), ``max`` or ``min``.
     :param fillfactor: storage fill factor of the state table (10-100, default 50). Space left free
-        on each page lets Postgres update a key in place (a HOT update, no new index entry): with
-        every key of a batch updated, 50 took bench-core's 1e5-key apply from 0.72 s to ~0.45 s,
-        at up to twice the table size. A storage setting only: not part of the stored definition.
+        on each page lets Postgres update a key in place (a HOT update, no new index entry), a
+        faster apply at up to twice the table size (docs/benchmarks.md). A storage setting only:
+        not part of the stored definition.
     """
 
     pipeline: str

@@ -1,22 +1,15 @@
-"""Staging a batch of partial results: the value domain, checked before anything is staged, and
-one binary ``COPY`` (psycopg 3) for Python rows and Arrow tables alike, with no text round trip:
-every key is stored exactly as given (a carriage return, a quote, a backslash included).
+"""Staging a batch of partial results: the value domain checked, then one binary ``COPY``.
 
-The value domain (README, "Keys and values"); a batch outside it is refused whole, before
-anything is staged, with :class:`~airflow_txn_provider.rules.exceptions.MalformedOutputError` naming
-the pipeline, txid, attempt, state and the first offending row:
-
-* a **key** column is never null. A text key holds any Unicode text but NUL (Postgres text cannot
-  hold it), of at most :data:`KEY_BYTES_LIMIT` UTF-8 bytes over all text columns of the key (the
-  state table's primary key is a btree, whose entries Postgres caps at about 2 700 bytes);
-* a **delta** is never null and is of the state's value type: an integer state (``bigint``,
-  ``integer``, ``smallint``) takes integers within the type's range, and refuses a fractional
-  number, NaN or an infinity rather than rounding it; ``double precision`` and ``numeric``
-  states refuse NaN and infinities;
-* with the ``sum`` combiner, a batch whose deltas for one key already sum out of an integer
-  type's range is refused. A sum that leaves the range only with the committed value is caught
-  at commit (:class:`~airflow_txn_provider.rules.exceptions.StateValueOutOfRangeError`, a permanent
-  error: the txid fails at once).
+The ``COPY`` (psycopg 3) takes Python rows and Arrow tables alike, with no text round trip, so
+every key is stored exactly as given. A batch outside the value domain (README, "Keys and
+values") is refused whole, before anything is staged, with
+:class:`~airflow_txn_provider.rules.exceptions.MalformedOutputError` naming its first bad row:
+a null key; a text key with a NUL or over :data:`KEY_BYTES_LIMIT` UTF-8 bytes (a btree entry's
+cap); a null delta, or one the state's type cannot hold exactly (a fraction, an out-of-range
+integer, NaN or an infinity for an integer state; NaN or an infinity for any); with ``sum``, a
+key whose deltas already sum out of an integer type's range. A sum out of range only with the
+committed value fails at commit
+(:class:`~airflow_txn_provider.rules.exceptions.StateValueOutOfRangeError`, permanent).
 """
 
 from __future__ import annotations

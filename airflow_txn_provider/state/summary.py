@@ -47,8 +47,8 @@ def start_summary(conn: Connection, name: str, *, fresh: bool) -> None:
     A table created just now starts a summary of its own (one left by a dropped table of the
     same name is stale); an existing one without a summary (created by an earlier version)
     gets one on its next commit. No index on the value: it would make every update of a key
-    a non-HOT update (``make bench-core``: 1e5-key update apply ~0.45 s → ~0.72 s), on the
-    commit path that runs one txid at a time; the page's top keys are a scan, rate-limited."""
+    a non-HOT update (docs/ui.md), on the commit path that runs one txid at a time; the page's
+    top keys are a scan, rate-limited."""
     if fresh:
         conn.execute(delete(MAP_SUMMARY).where(MAP_SUMMARY.c.name == name))
 

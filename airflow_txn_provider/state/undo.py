@@ -33,8 +33,8 @@ class UndoRecords:
     def create(self, conn: Connection) -> None:
         """The undo table, if missing: one row per committed txid, holding its batch's keys and
         each key's row as it was before the commit (``existed`` false: the key was new), as
-        parallel arrays. One row a commit, not one a key: a row per key cost the commit up to
-        1.4x its time (``make bench-undo``), a row of arrays (compressed, out of line) far less.
+        parallel arrays. One row a commit, not one a key: a row of arrays (compressed, out of
+        line) costs the commit far less than a row per key.
         Logged, like the state: a rewind after a crash needs it."""
         t = self.table
         keys = zip(t.quoted_keys, t.key_types(), strict=True)

@@ -1,18 +1,14 @@
-"""Applying one txid to a set of outputs (the one routine a live commit and a fill share), and
-undoing the txids after one from every output of a pipeline (a rewind's).
+"""Applying one txid to a set of outputs (a live commit's and a fill's), and a rewind's inverse.
 
-Inside the caller's Postgres transaction, :func:`apply_txid` applies a txid
-
-* to each state by its kind's rule, from the rows staged under an attempt, whose count must equal
-  the one recorded or computed (a lost UNLOGGED staging table fails instead of applying part);
-* to each lake sink by one table commit that records the txid and attempt, never twice
-  (:func:`~airflow_txn_provider.rules.coordinator.plan_sink_commit`);
-
-and patches the txid's recorded output with each sink's commit and spec (a rewind over the txid
-opens the table from it). Once that transaction has committed, :func:`clean_up` deletes the
-staged files no table references. A rewind puts the states back from their undo records
-(:func:`rewind_states`) and each lake table back to the version of the txid it keeps
-(:func:`rewind_tables`). A new kind of output is applied and undone here, in one place.
+Inside the caller's Postgres transaction, :func:`apply_txid` applies a txid to each state by its
+kind's rule, from the rows staged under an attempt (their count must equal the one recorded or
+computed: a lost UNLOGGED staging table fails instead of applying part), and to each lake sink by
+one table commit that records the txid and attempt, never twice
+(:func:`~airflow_txn_provider.rules.coordinator.plan_sink_commit`); it patches the txid's
+recorded output with each sink's commit and spec. After that transaction, :func:`clean_up`
+deletes the staged files no table references. A rewind puts states back from their undo records
+(:func:`rewind_states`) and lake tables to the kept txid's version (:func:`rewind_tables`).
+A new kind of output is applied and undone here, in one place.
 """
 
 from __future__ import annotations

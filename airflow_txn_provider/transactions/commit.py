@@ -1,39 +1,21 @@
 """The commit protocol of a txid, in one place: from its processed output to its committed state.
 
-A txid's processing job stages its output fenced by its attempt (state rows in Postgres staging
-tables, :mod:`airflow_txn_provider.state`; lake files beside their table,
-:mod:`airflow_txn_provider.sinks`) and records it: the log's
-:meth:`~airflow_txn_provider.transactions.transaction_log.TransactionLog.stage_output`, or
-:func:`record_processed` after several jobs. Then its commit (:func:`commit_registered`), strictly
-in txid order, is ONE Postgres transaction holding the pipeline's row lock
-(:meth:`~airflow_txn_provider.transactions.transaction_log.TransactionLog.commit`, which refuses a
-stale attempt, an unprocessed txid or a commit out of order: the rule is
-:func:`~airflow_txn_provider.rules.coordinator.plan_commit`):
+A processing job stages its output fenced by its attempt and records it (the log's
+``stage_output``, or :func:`record_processed` after several jobs). Its commit
+(:func:`commit_registered`) is then ONE Postgres transaction under the pipeline's row lock,
+strictly in txid order (:func:`~airflow_txn_provider.rules.coordinator.plan_commit`):
 
-0. an output complete from a later txid (added to the running pipeline,
-   :mod:`airflow_txn_provider.log.outputs`) is left out, so is one filling from history (its
-   staged rows and files wait for its fill, :mod:`airflow_txn_provider.transactions.fill`), and
-   one never declared is refused (complete from txid 1 when this is txid 1);
-1. derived states compute their batch from the committed values before this txid
-   (:meth:`~airflow_txn_provider.state.BucketCountState.derive`);
-2. every state applies the attempt's staged rows by its kind's rule, and its staged row count
-   must equal the recorded one (an UNLOGGED staging table lost in a crash fails the commit instead
-   of committing part of a batch);
-3. every lake sink commits the attempt's recorded files into its table, recording the txid and
-   attempt in the table's own commit
-   (:func:`~airflow_txn_provider.rules.coordinator.plan_sink_commit`: a table that holds this
-   attempt of the txid already is not written twice; one that holds another attempt's, from a
-   commit that failed after its table commit, or txids a rewind undid, is rewound to the txid
-   before and then written, so every table holds the committed attempts' rows only);
-4. the log marks the txid committed and moves the pipeline's last committed txid (and prunes old
-   txids' rows, by the retention rule).
+0. outputs complete from a later txid or filling from history are left out, and one never
+   declared is refused past txid 1 (:mod:`airflow_txn_provider.log.outputs`);
+1. derived states compute their batch from the committed values before this txid;
+2. every state applies the attempt's staged rows by its kind's rule, their count checked;
+3. every lake sink commits the recorded files in a table commit that records txid and attempt,
+   never twice, after rewinding a table that holds another attempt's or undone txids' rows
+   (:func:`~airflow_txn_provider.rules.coordinator.plan_sink_commit`);
+4. the log marks the txid committed, moves the last committed txid, prunes old txids' rows.
 
-Any error in 1-3 rolls all of it back and fails the txid with the cascade: it replays whole. After
-the Postgres transaction, each sink deletes the txid's staging leftovers (best effort).
-
-After a commit, a task of the txid's DAG run commits what else may commit now, in order
-(:func:`commit_ready`): the commit-time steps the operators share. (Deleting old DAG runs after a
-commit is Airflow's side: :mod:`airflow_txn_provider.operators.run_retention`.)
+An error in 1-3 rolls it all back and fails the txid with the cascade. After it, each sink deletes
+its staging leftovers (best effort), and :func:`commit_ready` commits what else may, in order.
 """
 
 from __future__ import annotations

@@ -1,26 +1,16 @@
 """Filling outputs from history, beside the live pipeline: the loop of one fill process.
 
-The rules are :mod:`airflow_txn_provider.rules.filling`'s (what comes next, when to join); the
-rows :mod:`airflow_txn_provider.log.fill_progress`'s; the Spark side (a chunk computed)
-:mod:`airflow_txn_provider.spark.fill`'s, given as ``compute``. :func:`fill_outputs` takes
-every filling output of a pipeline over (raising its fencing token) and, step by step until each
-has joined:
-
-* computes the next chunk of committed txids with the pipeline's own ``transform`` (Spark), then
-  applies them to the filling outputs in txid order in ONE Postgres transaction that holds the
-  outputs' rows (its fence) and the chunk's txid rows (``FOR SHARE``: a rewind waits for it, or
-  came first and the chunk is planned again);
-* applies the rows the live processing staged (txids begun after the declaration), the same way,
-  with no Spark at all; where they are gone (UNLOGGED staging after a Postgres crash, a lake
-  directory cleaned) it computes those txids instead;
-* joins under the pipeline's lock once nothing, or at most ``JOIN_GAP`` staged txids, is left:
-  the live commits then apply the outputs with every other one.
-
-A crash anywhere loses at most the chunk in progress: the progress is the log's, and the chunk's
-writes commit with it or not at all (a lake table's commit of a txid is found there by the
-retry, which does not write it twice). Each txid is applied as a live commit applies it
-(:func:`~airflow_txn_provider.transactions.apply.apply_txid`), so the states' bookkeeping columns
-and undo records are exactly those its live commits would have written.
+The rules are :mod:`airflow_txn_provider.rules.filling`'s, the rows
+:mod:`airflow_txn_provider.log.fill_progress`'s, a chunk's Spark work
+:mod:`airflow_txn_provider.spark.fill`'s (given as ``compute``). :func:`fill_outputs` takes every
+filling output of a pipeline over (raising its fencing token) and, until each has joined, computes
+the next chunk of committed txids with the pipeline's ``transform``, or takes the rows the live
+processing staged (computing where they are gone), and applies them in txid order in ONE
+Postgres transaction that holds the outputs' rows (its fence) and the chunk's txid rows
+(``FOR SHARE``: a rewind waits, or came first and the chunk is planned again). It joins under
+the pipeline's lock once at most ``JOIN_GAP`` staged txids are left. A crash loses at most the
+chunk in progress; each txid is applied as a live commit applies it
+(:func:`~airflow_txn_provider.transactions.apply.apply_txid`).
 """
 
 from __future__ import annotations

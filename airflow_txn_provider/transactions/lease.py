@@ -1,22 +1,13 @@
 """Keeping a processing attempt's lease while its work runs.
 
-Whatever processes a txid (an Airflow task, a loop without Airflow) wraps the work in a
-:class:`LeaseKeeper`: a daemon thread renews the attempt's lease in the log every
-``timeout / 5`` seconds. If the process dies (SIGKILL, out of memory, a lost machine) the renewals
-stop and, ``timeout`` seconds later, the failure sensor fails the attempt and the txid replays. A
-long Spark job is never failed while alive: the lease is renewed however long the job runs.
-
-A renewal that finds the attempt no longer current (the txid was failed by a cascade, or replaced)
-calls ``on_lost``, e.g. to interrupt the Spark work that nothing will use. One that finds its output
-recorded stops renewing and leaves the work alone: the job may still be shutting Spark down.
-
-A block that ends without an error hands the lease over for ``handover`` seconds: after one of
-several jobs of a txid the attempt is still processing, and the next task (the next job, or the
-one recording the output) needs time to start before it renews the lease itself.
-
-A process told to stop (Airflow's SIGTERM: the operator's ``on_kill``) abandons the lease
-(:meth:`LeaseKeeper.abandon`): it renews no more, so a later try of the task that resumed the
-attempt holds it alone (and only its failure reports count), or else the lease runs out.
+Whatever processes a txid wraps its work in a :class:`LeaseKeeper`: a daemon thread renews the
+attempt's lease every ``timeout / 5`` seconds, however long the job runs. If the process dies the
+renewals stop and, ``timeout`` seconds later, the failure sensor fails the attempt and the txid
+replays. A renewal that finds the attempt no longer current calls ``on_lost`` (e.g. to interrupt
+its Spark work); one that finds the output recorded stops renewing. A block that ends without an
+error hands the lease over for ``handover`` seconds, for the txid's next task to start and renew
+it; a process told to stop (SIGTERM: ``on_kill``) abandons it (:meth:`LeaseKeeper.abandon`), so a
+later try that resumed the attempt holds it alone, or else the lease runs out.
 """
 
 from __future__ import annotations

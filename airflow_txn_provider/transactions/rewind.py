@@ -1,42 +1,20 @@
 """Rewind: recompute a pipeline from txid N, its states restored exactly to after N - 1.
 
-The most common reason to reprocess is a transform that was wrong from txid N on. A rewind, in
-one database transaction under the pipeline's lock (so no commit runs beside it, and a crash
-leaves either the old log and states or the rewound ones):
+In one database transaction under the pipeline's lock (a crash leaves the old log and states or
+the rewound ones), a rewind:
 
-1. asks the coordinator (:func:`~airflow_txn_provider.rules.history.plan_rewind`) whether ``N``
-   can be restored exactly: no further back than retention and the undo records reach
-   (:func:`~airflow_txn_provider.rules.history.rewind_floor`);
-2. puts every Postgres map state of the pipeline back as it was after ``N - 1``'s commit, from
-   the undo records each commit writes in its apply statement (a key's row before the commit:
-   :meth:`~airflow_txn_provider.state.MapState.rewind`);
-3. fails the current attempt of every txid from ``N`` on, committed or in flight, and moves the
-   last committed txid to ``N - 1``: each replays in order with a new attempt (a transactional
-   source reads the same batch, an opaque one reads again from where ``N - 1`` ended), and a
-   stale attempt still running can commit nothing (its attempt is no longer current);
-4. records who rewound, when, from which txid, with which job version (``txn_rewind``).
+1. checks that ``N`` can be restored exactly, within reach of retention and the undo records
+   (:func:`~airflow_txn_provider.rules.history.plan_rewind`);
+2. puts every Postgres map state back as after ``N - 1``, from the commits' undo records
+   (:meth:`~airflow_txn_provider.state.MapState.rewind`);
+3. fails the current attempt of every txid from ``N`` on and moves the last committed txid to
+   ``N - 1``: each replays in order with a new attempt, and a stale one commits nothing;
+4. records who, when, from which txid, with which job version (``txn_rewind``).
 
-Then the txids recompute through the normal path, possibly with a changed job: on Airflow,
-:func:`~airflow_txn_provider.rewind.restart_runs` puts their runs back in the queue, every
-task cleared, through the REST API. From a shell where Airflow's connections are configured (a
-scheduler's or a worker's)::
-
-    python -m airflow_txn_provider.rewind PIPELINE --to N [--by WHO] [--job-version V]
-        [--reason WHY] [--txn-log-conn-id ID] [--airflow-api-conn-id ID] [--no-restart]
-
-or from the plugin's API (:mod:`airflow_txn_provider.ui.actions`).
-
-**Lake tables** (Delta, Iceberg) go back too, to the version stamped ``N - 1``
-(:meth:`~airflow_txn_provider.sinks.base.LakeTable.rewind`: Delta's RESTORE, Iceberg's current
-snapshot set back), each in one table commit that records ``N - 1`` as the pipeline's newest
-txid. A table is not in the database's transaction, so the log's rewind, committed first, is the
-durable intent, and the tables follow it (:meth:`LogRewind.follow_lake_tables`), under the
-pipeline's lock, to wherever the log's last committed txid then is. If that step cannot run (a
-crash, a store out of reach), nothing is lost: the log records which txids the rewind undid
-(:func:`read_rewound_through`), and the next commit into each table rolls it back first
-(:func:`~airflow_txn_provider.rules.coordinator.plan_sink_commit` answers ``REPLACE``). Meanwhile a
-reader "as of" the log's last committed txid
-(:meth:`~airflow_txn_provider.sinks.base.LakeSink.read_as_of`) reads the table as after N - 1.
+On Airflow, :func:`~airflow_txn_provider.rewind.restart_runs` then restarts their runs. Lake tables
+follow to the version stamped ``N - 1`` (:meth:`LogRewind.follow_lake_tables`), or their next
+commit rolls them back (:func:`read_rewound_through`); until then a read as of the last committed
+txid sees them as after N - 1.
 """
 
 from __future__ import annotations

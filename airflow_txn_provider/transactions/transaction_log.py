@@ -1,40 +1,17 @@
 """The durable transaction log in Postgres: :class:`TransactionLog`, the one object callers use.
 
-It is made of rooms, each owning one kind of call; every transition is one explicit database
-transaction:
-
-* :mod:`~airflow_txn_provider.transactions.pipeline_transitions`: ``begin``, ``commit``, ``fail``,
-  ``recover`` and ``expire_lease`` lock the pipeline's row (``rows.lock_pipeline``), read a
-  :class:`~airflow_txn_provider.rules.records.PipelineView`, ask the pure coordinator, and write its
-  answer. The lock makes "one commit at a time per pipeline" and "metadata initialised in txid
-  order" hold in Postgres, whoever calls (Airflow may run the same task twice, #23520).
-  ``commit`` runs the caller's ``apply`` (the states' and lake sinks' steps of the commit
-  protocol, :mod:`airflow_txn_provider.transactions.commit`) on the same connection, so the state
-  change and the "committed" mark are one database transaction: both happen or neither.
-* :mod:`~airflow_txn_provider.log.txid_transitions`: ``mark_processed``, ``stage_output``, ``stage``
-  and ``renew_lease`` lock only the txid's own row, so many txids record their processed output
-  in parallel; a commit or failure of that txid waits for the row and sees the result.
-* :mod:`~airflow_txn_provider.transactions.retention`: a commit also deletes the rows of txids
-  older than the newest ``keep_txids`` committed ones (a bounded batch, under the pipeline's lock it
-  holds anyway) and adds them to the pipeline's ``pruned_*`` totals
-  (:meth:`TransactionLog.retention`). Nothing a rule reads is pruned
-  (:func:`~airflow_txn_provider.rules.history.retention_horizon`).
-* :mod:`~airflow_txn_provider.transactions.rewind`: ``rewind`` undoes the commits of txid N and
-  later (every Postgres state restored from the undo records each commit writes) and re-queues every
-  txid from N, in one database transaction under the pipeline's lock.
-* :mod:`~airflow_txn_provider.transactions.declaration`: ``register_pipeline``, ``ensure_pipeline``
-  and the DAGs recorded as running a pipeline.
-* :mod:`~airflow_txn_provider.log.reads`: ``view``, ``transactions``, ``attempts``, ``history``
-  and the other reads, without a lock.
-
-A processing attempt holds a **lease** (``renew_lease``) while its process is alive; once it runs
-out, ``expire_lease`` fails the attempt (with the cascade) so the txid replays: an attempt whose
-process died is never left in flight. Leases are judged by the database's clock, and again once
-the expiry holds the txid's row: a staging that recorded the output meanwhile is not failed.
-
-A txid's rows are written by one writer (:class:`~airflow_txn_provider.log.rows.TxidRows`), and a
-pipeline is read by one reader (:func:`~airflow_txn_provider.log.rows.load_view`). Every public
-call waits out a restarting database (:mod:`airflow_txn_provider.utils.retries`).
+Each transition is one explicit database transaction, in one of its rooms.
+:mod:`~airflow_txn_provider.transactions.pipeline_transitions` holds the pipeline's row lock, so
+"one commit at a time" and "metadata initialised in txid order" hold whoever calls (Airflow may
+run a task twice, #23520), and its ``commit`` runs the caller's ``apply`` in that transaction.
+:mod:`~airflow_txn_provider.log.txid_transitions` holds only the txid's row, so txids stage in
+parallel. Then :mod:`~airflow_txn_provider.transactions.retention`,
+:mod:`~airflow_txn_provider.transactions.rewind`,
+:mod:`~airflow_txn_provider.transactions.declaration` and :mod:`~airflow_txn_provider.log.reads`.
+A txid's rows have one writer (:class:`~airflow_txn_provider.log.rows.TxidRows`), a pipeline one
+reader (:func:`~airflow_txn_provider.log.rows.load_view`). ``expire_lease`` fails an attempt whose
+lease ran out, by the database's clock. Every public call waits out a restarting database
+(:mod:`airflow_txn_provider.utils.retries`).
 """
 
 from __future__ import annotations

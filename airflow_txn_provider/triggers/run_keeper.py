@@ -1,19 +1,14 @@
-"""The run keeper: what the waker does, through Airflow's REST API, so that every txid in flight
-has a DAG run whose tasks can move it, whatever a person clicked in the UI.
+"""The run keeper: every txid in flight keeps a DAG run whose tasks can move it.
 
-Blocking (the waker calls it in a thread). Two questions, each answered by looking at Airflow,
-never by trusting it:
+What the waker does through Airflow's REST API (blocking: it calls it in a thread), whatever a
+person clicked in the UI; each answer comes from looking at Airflow, never from trusting it:
 
-* :func:`ensure_txid_run`: the run of a txid due to begin. A run that exists answers 409, but so
-  does a *slot* held by another run: Airflow allows one run per logical date, and a person's
-  "Trigger DAG" may take the txid's date. The keeper looks at which run holds it. Its own run
-  ended by hand before the claim began the txid is restarted; another run is deleted once it has
-  ended (it is no transaction: its tasks fail at once and say so), and the txid's run is created.
-* :func:`keep_alive`: the run of a txid that waits for a task (:mod:`airflow_txn_provider.rules.
-  liveness`). A run marked success or failed, or one of its tasks marked so, has that task
-  cleared (its run put back in the queue); a deleted run is created again. The restarted failure
-  sensor then does what it always does (expire the lease, re-queue, stop at a poison batch); a
-  restarted commit commits.
+* :func:`ensure_txid_run`: the run of a txid due to begin. A 409 means the run exists or another
+  run (a person's "Trigger DAG") holds the txid's logical date: its own run ended by hand is
+  restarted; another is deleted once it has ended, and the txid's run created.
+* :func:`keep_alive`: the run of a txid that waits for a task
+  (:mod:`airflow_txn_provider.rules.liveness`): a task or run marked success or failed has the
+  task cleared; a deleted run is created again.
 
 Each action leaves a note on the run, saying what the log showed and what was done.
 """

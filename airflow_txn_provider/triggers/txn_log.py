@@ -1,21 +1,12 @@
 """One trigger that waits, without a worker slot, until the transaction log reaches a condition.
 
-Triggers may run more than once, so this one only *reads* the log; every transition happens in
-the operators' ``execute``/``execute_complete``. Each poll loads the pipeline's view through an
-async (psycopg 3) connection and asks the coordinator's pure rules whether to wake.
-
-A trigger outlives the processes it watches, which makes it the place that notices an attempt
-whose process died: the failure sensor's trigger wakes its task when the attempt's lease runs out.
-It also rides out a restarting database (polls that fail to connect are retried with backoff for
-``outage_timeout`` seconds: :func:`outage_backoff`, a
-:class:`~airflow_txn_provider.utils.retries.Backoff`) instead of failing the task it waits for.
-
-Every trigger of one triggerer polls through one shared pool per log (:func:`shared_engine`,
-``[txn_provider] trigger_pool_size`` connections): a poll holds a connection for milliseconds, so
-a triggerer's connections to a log stay bounded whatever max_pending and however many pipelines.
-And the triggers of one pipeline share its view (:func:`shared_view`): one look at the log per
-pipeline per ``poll_interval``, however many of its tasks wait (a commit wait and a failure watch
-per txid in flight, a claim waiting for its turn, the pipeline's waker).
+Triggers may run more than once, so it only *reads* the log (the operators make every
+transition); each poll loads the pipeline's view (async psycopg 3) and asks the pure rules
+whether to wake. As it outlives the processes it watches, the failure sensor's trigger notices an
+attempt whose lease ran out. It rides out a restarting database for ``outage_timeout`` seconds
+(:func:`outage_backoff`) instead of failing its task. A triggerer's triggers poll through one
+pool per log (:func:`shared_engine`, ``[txn_provider] trigger_pool_size``), and a pipeline's
+triggers share one look at its log per ``poll_interval`` (:func:`shared_view`).
 """
 
 from __future__ import annotations

@@ -1,36 +1,16 @@
-"""The waker: a pipeline's one always-on watch, which creates a txid's DAG run once there is work
-for it, so that an idle pipeline holds no DAG run at all.
+"""The waker: a pipeline's always-on watch, which makes a txid's DAG run once there is work.
 
-Airflow runs it as the ``AssetWatcher`` of the pipeline DAG's schedule (event-driven scheduling:
-the triggerer runs it while the DAG is unpaused, and only then). It never fires an event: an
-asset-triggered run has no logical date, and a txid's run needs one (it orders the grid by txid
-and makes "Clear → Future" mean "replay this txid and every later one"). So it creates the run
-itself, through the REST API, as ``txid-00000N`` with the txid's logical date: idempotent (a run
-that exists answers 409), as a trigger's work must be (triggers may run twice).
-
-Every ``poll_interval`` it asks the coordinator's rule which new txid is due
-(:func:`~airflow_txn_provider.rules.waiting.new_txid_due`: the next txid, if the window has room)
-and, if there is one, whether the source has data for it: the same question a begin asks, asked
-without recording anything. The log is read on every poll while txids are in flight, and every
-``QUIET_LOG_EVERY`` seconds when none is (nothing but a person's rewind or rerun changes it then,
-and those restart their runs themselves); the source, which is where new data appears, on every
-poll. So a pipeline costs one look at its source per interval when idle, plus one at its log
-while busy, however many txids it has in flight: no parked runs, no per-txid polling.
-
-Once a run exists, its txid's tasks do the rest (claim, process, commit, the failure watch), as
-before. A claim also makes the runs of the txids after its own that the window admits and the
-source has data for (:func:`make_runs_ahead`), and notes the newest in the log: the waker asks
-for such a run only if its txid has not begun ``RECREATE_AFTER`` seconds later.
-
-Replays never need the waker: a failed txid's run exists, and its failure sensor restarts it.
-
-The waker is also the pipeline's liveness watch, the one that outlives every run: a txid that
-waits for a task of its run (its failure sensor, its commit: :mod:`airflow_txn_provider.rules.
-liveness`) for more than a grace gets its run looked at, and the task restarted if a person
-ended it in the UI, or the run created again if deleted (:mod:`~airflow_txn_provider.triggers.
-run_keeper`). A run created for a new txid is checked the same way: a 409 may come from another
-run holding the txid's logical date. What cannot be mended at once (a slot still held) is
-recorded in the log as the pipeline's *run trouble*, which the health endpoint reports.
+Airflow runs it as the ``AssetWatcher`` of the pipeline DAG's schedule, while the DAG is unpaused.
+It fires no event (an asset-triggered run has no logical date): it creates ``txid-00000N`` with
+the txid's logical date through the REST API, idempotently (409 if it exists). Every
+``poll_interval`` it asks :func:`~airflow_txn_provider.rules.waiting.new_txid_due` and whether the
+source has data for that txid (the log only every ``QUIET_LOG_EVERY`` seconds with none in
+flight), so an idle pipeline holds no run. A claim makes the runs after its own
+(:func:`make_runs_ahead`); the waker asks for one only if its txid has not begun
+``RECREATE_AFTER`` seconds later. It is also the liveness watch: a txid that waits too long for a
+task (:mod:`airflow_txn_provider.rules.liveness`) gets it restarted or its run made again
+(:mod:`~airflow_txn_provider.triggers.run_keeper`), and what cannot be mended is recorded as the
+pipeline's *run trouble*. docs/airflow.md, "Who creates the runs: the waker", has the rest.
 """
 
 from __future__ import annotations

@@ -2,15 +2,11 @@
 
 ``POST /transactions/api/pipelines/{pipeline}/rewind`` with ``{"to_txid": N}`` (and optionally
 ``job_version``, ``reason``, ``restart_runs``) rewinds the pipeline to txid N
-(:mod:`airflow_txn_provider.transactions.rewind`): every Postgres state back to after N - 1, every
-txid from N re-queued, then their runs restarted through the REST API as the failure sensor does.
-
-Who may: a user who may **edit** every DAG that runs the pipeline (the auth manager's
-``is_authorized_dag`` with ``PUT``, the right Airflow asks to clear a DAG's runs); a pipeline
-with no known DAG only a user who may edit all DAGs. Reading it is not enough (403). The rewind
-is written to Airflow's audit log (``Log``, event :data:`AUDIT_EVENT`, one row per DAG) with who
-did it, from which txid, with which job version. A JSON body is required, so a form on another
-site cannot post one.
+(:mod:`airflow_txn_provider.transactions.rewind`) and restarts the runs as the failure sensor
+does. Only a user who may **edit** every DAG that runs the pipeline may (``is_authorized_dag``
+with ``PUT``; all DAGs for a pipeline with no known DAG): reading is not enough (403). It is
+written to Airflow's audit log (event :data:`AUDIT_EVENT`, one row per DAG). A JSON body is
+required, so a form on another site cannot post one.
 """
 
 from __future__ import annotations

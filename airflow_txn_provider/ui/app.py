@@ -1,22 +1,13 @@
 """The FastAPI app behind the Transactions page, mounted by the plugin at ``/transactions``.
 
 Thin on purpose: each route checks who asks, reads through :mod:`~airflow_txn_provider.ui.reader`
-and renders a Jinja template (HTML escaped) or returns the same payload as JSON.
-
-Who may see what is Airflow's decision: every route depends on Airflow's own ``get_user`` (a
-Bearer token, or the ``_token`` cookie the Airflow UI sets, which the page's iframe sends since it
-is served from the same origin), so an anonymous request gets 401/403 and no data. A pipeline is
-shown to users who may read a DAG that runs it (the auth manager's ``get_authorized_dag_ids``,
-against the DAGs that run the pipeline now, :func:`~airflow_txn_provider.ui.reader.pipeline_dags`:
-not a DAG that merely has its name); a pipeline without a known DAG only to users who may read all
-DAGs. The DAG run tab is keyed by the DAG id Airflow fills in: it needs read access to that DAG,
-and shows the pipeline that DAG runs.
-
-Authorisation comes first: a route asks the auth manager before it opens the log (:class:`Reading`
-opens it on first use), so a user who may read no DAG gets the empty list or a 403 whatever state
-the log's database is in. Error pages are generic: a 503 says :data:`~airflow_txn_provider.ui.
-errors.LOG_UNAVAILABLE` (with the schema advice, the one cause that names nothing secret), a 500
-that reading failed; what went wrong (host, role, the driver's words) goes to the server log.
+and renders an HTML-escaped Jinja template or returns the same payload as JSON. Who may see what
+is Airflow's decision: every route depends on Airflow's ``get_user`` (a Bearer token, or the UI's
+``_token`` cookie that the same-origin iframe sends), and a pipeline is shown to users who may
+read a DAG that runs it now (:func:`~airflow_txn_provider.ui.reader.pipeline_dags`; with no known
+DAG, only to users who may read all DAGs). Authorisation comes before the log is opened
+(:class:`Reading`), so a user who may read no DAG learns nothing of the log's state. Error pages
+are generic (:data:`~airflow_txn_provider.ui.errors.LOG_UNAVAILABLE`); details go to the server log.
 """
 
 from __future__ import annotations

@@ -1,30 +1,14 @@
 """OpenLineage for a txid's run: what a lineage catalog (Marquez, DataHub) receives.
 
-The OpenLineage provider's listener asks each task of a txid's run for its lineage when it ends
-(``get_openlineage_facets_on_complete`` / ``_on_failure`` of the pipeline's operators); the
-answers are built here:
-
-* every task that knows its txid: the run facet ``airflowTxn_transaction`` (pipeline, txid,
-  attempt, and whether the txid committed);
-* the tasks that read the batch (the claim and the processing jobs): the source as an input, with
-  the attempt's batch (partitions and offsets, as the log fixed them) in the input facet
-  ``airflowTxn_batch``;
-* the commit task, once its txid committed: every state table and lake table as outputs, a lake
-  table with the version the txid committed (facet ``version``) and the rows it added or changed
-  (``outputStatistics``).
-
-Nothing else ever names an output: an attempt that did not commit wrote nothing a reader can see.
-
-The two custom facets follow the spec's custom facet naming (``<prefix>_<name>``, prefix
-``airflowTxn``); their JSON schemas ship in the package (``lineage_schemas/``), each file's
-``$id`` the ``_schemaURL`` the facet names, and their ``_producer`` is this provider.
-
-Dataset names follow OpenLineage's naming spec: ``postgres://host:port`` and
-``database.schema.table`` for a state, ``file`` and the path for a local file or table,
-``scheme://authority`` and the path for other stores, ``kafka://bootstrap-server`` and the topic.
-A lake table is named by its storage location, as OpenLineage's Spark integration names it; an
-Iceberg table's catalog name goes in its ``symlinks`` facet.
-This module imports the OpenLineage client only when a listener asks (the provider is optional).
+The OpenLineage provider's listener asks each task of a txid's run for its lineage when it ends;
+the answers are built here. Every task that knows its txid adds the run facet
+``airflowTxn_transaction``; the claim and the processing jobs name the source as input, with the
+attempt's batch in ``airflowTxn_batch``; the commit, once its txid committed, names every state
+and lake table as outputs (a lake table with its version and ``outputStatistics``). An attempt
+that did not commit names no output. The custom facets' schemas ship in ``lineage_schemas/``.
+Datasets follow OpenLineage's naming spec, a lake table named by its storage location as its
+Spark integration does (an Iceberg table's catalog name in ``symlinks``). The OpenLineage client
+is imported only when a listener asks.
 """
 
 from __future__ import annotations

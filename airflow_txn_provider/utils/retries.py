@@ -1,28 +1,15 @@
 """Waiting out a database that is restarting: one retry policy for every call to the log.
 
-The transaction log's Postgres may restart (a failover, an upgrade, a crash) for seconds to a
-minute. A transition that hits a dropped connection is retried on a new one with random
-exponential backoff, for a bounded time, each wait logged; only then does the error reach the
-caller. Retrying is safe because every transition is one database transaction that either
-committed or did not, and each is idempotent or fenced when it did commit but its answer was lost:
-``begin`` resumes the attempt it claimed, ``commit`` of a committed txid is a no-op, ``fail`` of a
-failed attempt fails nothing more, a repeated ``stage_output`` is a duplicate.
-
-This is the shape of Airflow's own ``run_with_db_retries`` (``airflow/utils/retries.py``):
-tenacity, random exponential backoff, ``reraise=True``.
-
-Every retry loop of the provider takes its backoff from :class:`Backoff`, here: the log's calls
-(:func:`retrying`), the triggers' polls of an unreachable log
-(:mod:`airflow_txn_provider.triggers.txn_log`), the REST hook
-(:mod:`airflow_txn_provider.hooks.airflow_api`) and the Spark Connect runner's first session
-(:mod:`airflow_txn_provider.operators.spark_runner`). Each loop keeps its own numbers, what it
-retries and its log lines. The two with rules of their own between tries (the trigger yields its
-event and waits out an unregistered pipeline; the REST hook returns its last answer when out of time
-and never resends a POST that may have been processed) call :meth:`Backoff.wait` and
-:meth:`Backoff.out_of_time` themselves; the others run tenacity through :meth:`Backoff.retrying`.
-Not ours: PySpark's client retries within a Spark Connect call (bounded by
-:func:`~airflow_txn_provider.spark.connect_sessions.bound_client_retries`) and Airflow's task
-retries (:mod:`airflow_txn_provider.dag_builder`).
+A transition that hits a dropped connection (a failover, an upgrade, a crash) is retried on a
+new one with random exponential backoff for a bounded time, each wait logged, in the shape of
+Airflow's ``run_with_db_retries``. Safe because each transition is one database transaction,
+idempotent or fenced should it commit and its answer be lost: ``begin`` resumes its attempt,
+``commit`` of a committed txid is a no-op, ``fail`` of a failed attempt fails nothing more.
+Every retry loop of the provider (the log's :func:`retrying`, the triggers' polls, the REST hook,
+the Spark Connect runner's first session) takes its backoff from :class:`Backoff`, with its own
+numbers: through :meth:`Backoff.retrying` (tenacity), or, with rules of its own between tries,
+:meth:`Backoff.wait` and :meth:`Backoff.out_of_time`. Not ours: PySpark's client retries
+(:func:`~airflow_txn_provider.spark.connect_sessions.bound_client_retries`) and Airflow's.
 """
 
 from __future__ import annotations
