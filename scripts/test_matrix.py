@@ -135,7 +135,9 @@ CHECKS["unit-compat"] = (
         "tests/unit/test_house.py",  # imports every module of the package
         "tests/unit/test_supported_versions.py",
         "tests/unit/test_dag_builder.py",
+        "tests/unit/test_timetables.py",
         "tests/unit/sensors",
+        "tests/unit/test_failure_injection.py",
         "tests/unit/spark/test_connect_sessions.py",
         "tests/unit/utils",
     ],

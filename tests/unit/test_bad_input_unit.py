@@ -3,7 +3,6 @@ poll interval."""
 
 from __future__ import annotations
 
-import functools
 import math
 
 import pytest
@@ -16,7 +15,6 @@ from airflow_txn_provider.rules.sources import next_offset_ranges, validate_meta
 from airflow_txn_provider.spark.generated_source import GeneratedTextSource
 from airflow_txn_provider.spark.landing_source import LandingDirectorySource
 from airflow_txn_provider.state import BucketCountState, GlobalState, MapState
-from txn_examples import SimulatedLandingSource
 
 # -- item 5: names -------------------------------------------------------------------------------
 
@@ -112,24 +110,6 @@ def test_generated_source_tolerates_a_clock_behind_the_previous_batch():
     source = GeneratedTextSource(partitions=1)
     ahead = source.latest_offsets()["p0"] + 10_000
     assert source.initialize_transaction(2, {"p0": [ahead - 5, ahead]}) is None
-
-
-def test_landing_producer_never_renumbers_after_consumed_files_are_deleted(tmp_path):
-    """It numbered from max(files present) + 1: from 0 again once consumed files were deleted,
-    files the source had gone past, so never read."""
-    source = SimulatedLandingSource(str(tmp_path), partitions=1, files_per_minute=60)
-    begin = functools.partial(LandingDirectorySource.initialize_transaction, source)  # no produce
-    started = 1000.0
-    source.produce(now=started)
-    source.produce(now=started + 3)  # files 0..3
-    first = begin(1, None)
-    assert first == {"p0": [0, 4]}
-    for f in (tmp_path / "p0").glob("*.jsonl"):  # the consumer cleans up what it read
-        f.unlink()
-    assert begin(2, first) is None  # an empty folder: nothing new, and no error
-    source.produce(now=started + 5)
-    assert sorted(int(f.stem) for f in (tmp_path / "p0").glob("*.jsonl")) == [4, 5]
-    assert begin(2, first) == {"p0": [4, 6]}
 
 
 def test_a_landing_partition_renumbered_from_zero_stops_visibly(tmp_path):

@@ -20,7 +20,7 @@ from fastapi.testclient import TestClient
 
 from airflow_txn_provider.plugins import TxnProviderPlugin
 from airflow_txn_provider.timetables import TxidTimetable, txid_run_id
-from airflow_txn_provider.ui import LazyApp, model, reader
+from airflow_txn_provider.ui import LazyApp, reader
 from airflow_txn_provider.ui import access as ui_access
 from airflow_txn_provider.ui import app as ui_app
 
@@ -150,16 +150,6 @@ class FakeAuthManager:
     def get_authorized_dag_ids(self, *, user, method="GET", session=None):
         self.calls.append(("get_authorized_dag_ids", method))
         return set(self.dag_ids)
-
-
-def test_access_asks_the_auth_manager():
-    everything = ui_access.access_for(FakeAuthManager(all_dags=True), user="admin")
-    assert everything == model.DagAccess(all_dags=True)
-    manager = FakeAuthManager(dag_ids=frozenset({"words"}))
-    assert ui_access.access_for(manager, user="viewer") == model.DagAccess(
-        dag_ids=frozenset({"words"})
-    )
-    assert manager.calls == [("is_authorized_dag", None), ("get_authorized_dag_ids", "GET")]
 
 
 @pytest.fixture

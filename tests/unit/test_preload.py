@@ -1,5 +1,6 @@
 """Warming task processes: only the processes that fork tasks import the task modules, Airflow
-does it at start through the package's ``airflow.policy`` entry point, and it can be turned off."""
+does it at start through the package's ``airflow.policy`` entry point (preload_at_start.py:
+test_preload_at_start.py), and it can be turned off."""
 
 from __future__ import annotations
 
@@ -105,21 +106,6 @@ def test_a_module_that_is_missing_is_skipped(monkeypatch):
     monkeypatch.setattr(preload, "TASK_MODULES", ("json", "no_such_module_here"))
     monkeypatch.setattr(preload, "PARSE_MODULES", ("no_such_parser_module",))
     assert warm_task_processes(force=True) == ["json"]
-
-
-def test_airflow_loads_the_preload_at_start_through_its_policy_entry_point():
-    from importlib.metadata import entry_points
-
-    (point,) = [e for e in entry_points(group="airflow.policy") if e.name == "airflow_txn_provider"]
-    assert point.value == "airflow_txn_provider.preload_at_start"
-    # what Airflow's settings.initialize() does: pluggy loads the entry points of the group
-    started = "import sys; sys.argv = ['airflow', 'scheduler']\nimport airflow.settings\n"
-    at_start = _modules_after(started)
-    assert set(TASK_MODULES) <= at_start
-    assert "airflow.models.asset" in at_start  # an Asset can be made that early
-    assert not set(TASK_MODULES) & _modules_after(
-        "import sys; sys.argv = ['airflow', 'api-server']\nimport airflow.settings\n"
-    )
 
 
 def test_the_preload_can_be_turned_off(monkeypatch):

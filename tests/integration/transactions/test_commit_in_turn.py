@@ -90,23 +90,3 @@ def test_no_slot_no_wait(txlog, monkeypatch):
     started = time.monotonic()
     assert run_context.commit_in_turn(txlog, pipeline, 2, LOG) == (False, [])
     assert time.monotonic() - started < 2
-
-
-def test_commit_ready_starts_from_the_view_given_and_reads_the_log_after_it(txlog):
-    pipeline = _two_processing(txlog, "t")
-    txlog.mark_processed("t", 1, 1, {"rows": 10})
-    before = txlog.view("t")  # both processed: the first commit needs no read of its own
-    reads: list[str] = []
-    real_view = txlog.view
-
-    def counted(name):
-        reads.append(name)
-        return real_view(name)
-
-    txlog.view = counted
-    try:
-        assert commit_ready(txlog, pipeline, LOG, view=before) == [1, 2]
-    finally:
-        del txlog.view
-    assert len(reads) == 2  # after txid 1 and after txid 2: none for the first look
-    assert txlog.view("t").last_committed == 2

@@ -13,7 +13,6 @@ import pytest
 from airflow.providers.postgres.hooks.postgres import PostgresHook
 from sqlalchemy.engine import make_url
 
-from airflow_txn_provider.get_provider_info import get_provider_info
 from airflow_txn_provider.hooks.txn_log import TxnLogHook
 from airflow_txn_provider.rules.exceptions import TxnConfigError
 
@@ -131,24 +130,3 @@ def test_a_postgres_hook_of_its_own_connection_type(monkeypatch):
     assert hook.get_sqlalchemy_engine() is engine
     assert TxnLogHook("t_engine").get_engine() is engine
     assert engine.url.render_as_string(hide_password=False) == hook.log_url()
-
-
-def test_provider_info_registers_the_hooks():
-    info = get_provider_info()
-    modules = {m for h in info["hooks"] for m in h["python-modules"]}
-    assert {
-        "airflow_txn_provider.hooks.txn_log",
-        "airflow_txn_provider.hooks.spark_submit",
-    } <= modules
-    types = {c["connection-type"]: c for c in info["connection-types"]}
-    assert "spark" not in types  # the Spark provider's type: TxnSparkSubmitHook registers none
-    txn_log = types["txn_log"]
-    assert txn_log["hook-class-name"] == "airflow_txn_provider.hooks.txn_log.TxnLogHook"
-    assert txn_log["hook-name"] == TxnLogHook.hook_name
-    # the UI reads this without importing the hook: the same as the hook's own answer
-    behaviour = TxnLogHook.get_ui_field_behaviour()
-    assert txn_log["ui-field-behaviour"] == {
-        "hidden-fields": behaviour["hidden_fields"],
-        "relabeling": behaviour["relabeling"],
-        "placeholders": behaviour["placeholders"],
-    }

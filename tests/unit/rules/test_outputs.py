@@ -1,7 +1,8 @@
 """The rules of a pipeline's outputs, with plain values (issue 46): an output added once txids
 began needs a start choice, one removed while holding committed txids a keep-or-drop choice; a
 commit leaves out an output complete from a later txid; what the page and the health endpoint
-say of each. The declaration's choices on ``TxnPipeline`` and in its fingerprint."""
+say of each (the declaration's choices on ``TxnPipeline`` and in its fingerprint:
+tests/unit/transactions/test_declaration.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from datetime import datetime
 import pytest
 
 from airflow_txn_provider.compat.python import UTC
-from airflow_txn_provider.pipeline import TxnPipeline
 from airflow_txn_provider.rules.exceptions import (
     OutputDeclarationError,
     OutputRemovedError,
@@ -25,10 +25,6 @@ from airflow_txn_provider.rules.outputs import (
     skipped_at_commit,
 )
 from airflow_txn_provider.rules.vocabulary import OutputKind, OutputRetirement, OutputStart
-from airflow_txn_provider.sinks import DeltaSink
-from airflow_txn_provider.spark.generated_source import GeneratedTextSource
-from airflow_txn_provider.state import MapState
-from airflow_txn_provider.transactions.declaration import declaration_fingerprint
 
 STATE, SINK = OutputKind.STATE, OutputKind.LAKE_SINK
 KEEP, DROP, NEXT = OutputRetirement.KEEP, OutputRetirement.DROP, OutputStart.NEXT_TXID
@@ -207,40 +203,3 @@ def test_every_output_says_from_which_txid_it_is_complete(record, sentence, part
     assert said["complete_from_txid"] == record.complete_from_txid
     assert said["retired"] is (record.retirement is not None)
     assert said["declared_at"] == "2026-11-23T12:00:00+00:00"
-
-
-# -- the declaration ------------------------------------------------------------------------------
-
-
-def pipeline(**kw):
-    states = [MapState("p", "a", keys={"k": "text"}), MapState("p", "b", keys={"k": "text"})]
-    return TxnPipeline(name="p", source=GeneratedTextSource(), jobs=["j.py"], states=states, **kw)
-
-
-def test_the_pipeline_checks_its_output_choices():
-    p = pipeline(start={"b": "next_txid"}, retired={"old": "drop"})
-    assert p.start == {"b": NEXT} and p.retired == {"old": DROP}
-    with pytest.raises(ValueError, match=r"start= names \['c'\]"):
-        pipeline(start={"c": "next_txid"})
-    with pytest.raises(ValueError, match=r"\['a'\] both declared and retired"):
-        pipeline(retired={"a": "keep"})
-    with pytest.raises(
-        ValueError, match=r"start takes \{output name: one of \['next_txid', 'history'\]\}"
-    ):
-        pipeline(start={"b": "fill_history"})
-    with pytest.raises(ValueError, match=r"retired takes .*\['keep', 'drop'\]"):
-        pipeline(retired={"old": "archive"})
-
-
-def test_the_fingerprint_covers_the_sinks_and_the_choices():
-    states = pipeline().states
-    sink = DeltaSink("t", table_uri="/lake/t")
-
-    def fp(**kw):
-        return declaration_fingerprint("transactional", 4, "d", states, **kw)
-
-    assert fp() == fp(sinks=(), start={}, retired={})
-    assert (
-        len({fp(), fp(sinks=[sink]), fp(start={"b": "next_txid"}), fp(retired={"c": "keep"})}) == 4
-    )
-    assert fp(start={"b": "next_txid"}) == fp(start={"b": NEXT})

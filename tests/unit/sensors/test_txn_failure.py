@@ -1,5 +1,6 @@
 """The failure sensor's rules: what it re-queues, what counts toward a poison batch, where a watch
-starts; the failure-injection switch; and the trigger ending a committed watch by itself."""
+starts; and the trigger ending a committed watch by itself (the failure-injection switch:
+tests/unit/test_failure_injection.py)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,6 @@ from dataclasses import replace
 import pytest
 from airflow.triggers.base import TaskSuccessEvent, TriggerEvent
 
-from airflow_txn_provider.failure_injection import InjectedFailureRule as Rule
-from airflow_txn_provider.failure_injection import (
-    injected_failure,
-    parse_failure_injection,
-)
 from airflow_txn_provider.rules.coordinator import plan_failure
 from airflow_txn_provider.rules.records import PipelineView, TxRecord
 from airflow_txn_provider.rules.vocabulary import FailureResponse
@@ -116,34 +112,6 @@ def test_a_watch_starting_with_its_run_counts_the_current_attempt_even_failed():
     assert first_watched_attempt(view((3, 2, PROC), last=2), 3) == 1
     # its claim failed at once, before the watch started: still this run's failure to handle
     assert first_watched_attempt(view((3, 2, FAIL), last=2), 3) == 1
-
-
-@pytest.mark.parametrize(
-    ("spec", "expected"),
-    [
-        ("3", {3: Rule(1)}),
-        ("3:2, 7:*", {3: Rule(2), 7: Rule(None)}),
-        ("", {}),
-        (" 4 ,", {4: Rule(1)}),
-        ("3@8,6:*@0.5", {3: Rule(1, 8.0), 6: Rule(None, 0.5)}),
-    ],
-)
-def test_parse_failure_injection(spec, expected):
-    assert parse_failure_injection(spec) == expected
-
-
-@pytest.mark.parametrize("spec", ["x", "3:y", "0", "3:0", "3:-1", "3@x", "3@-1"])
-def test_bad_failure_injection_is_refused_with_its_text(spec):
-    with pytest.raises(ValueError, match="failure injection"):
-        parse_failure_injection(spec)
-
-
-def test_injected_failure_by_attempt():
-    assert injected_failure("3", 3, 1) == Rule(1) and injected_failure("3", 3, 2) is None
-    assert injected_failure("3:2", 3, 2) and injected_failure("3:2", 3, 3) is None
-    assert injected_failure("3:*@2", 3, 50) == Rule(None, 2.0)
-    assert injected_failure("3:*", 4, 1) is None
-    assert injected_failure(None, 3, 1) is None
 
 
 def _run_trigger_once(trigger, monkeypatch, v):

@@ -1,4 +1,5 @@
-"""The lake sinks' pure parts: the commit rule, the schema check, declarations and specs."""
+"""The lake sinks' pure parts: the commit rule, declarations and specs (the schema check:
+test_schema.py; how far a rewind takes a table back: test_rewind.py)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,10 @@ import pytest
 
 from airflow_txn_provider.pipeline import TxnPipeline
 from airflow_txn_provider.rules.coordinator import plan_sink_commit
-from airflow_txn_provider.rules.exceptions import LakeSchemaMismatchError, LakeTableOutOfSyncError
+from airflow_txn_provider.rules.exceptions import LakeTableOutOfSyncError
 from airflow_txn_provider.rules.vocabulary import SinkAction
 from airflow_txn_provider.sinks import DeltaSink, IcebergSink, StagedFiles, sink_from_spec
 from airflow_txn_provider.sinks.base import schema_to_hex
-from airflow_txn_provider.sinks.rewind import first_undone_commit, held_versions
-from airflow_txn_provider.sinks.schema import check_schema, schema_problems
 from airflow_txn_provider.spark.generated_source import GeneratedTextSource
 from airflow_txn_provider.spark.job import BatchJob
 
@@ -77,88 +76,6 @@ class TestPlanSinkCommit:
             plan_sink_commit(10, 5, rewound_through=9, **WHERE)
         with pytest.raises(LakeTableOutOfSyncError, match="already holds txid 7"):
             plan_sink_commit(7, 5, **WHERE)  # never rewound
-
-
-class TestHeldVersions:
-    """Which table version holds each txid now: ``(version, pipeline, txid)``, newest first."""
-
-    def test_each_txids_newest_commit_and_not_a_replaced_attempts(self):
-        commits = [(5, "p", 3), (4, "p", 2), (3, "p", 2), (2, "q", 7), (1, "p", 1)]
-        assert held_versions(commits, pipeline="p") == [(1, 1), (2, 4), (3, 5)]
-
-    def test_commits_a_rewind_went_back_past_hold_nothing(self):
-        # 6: a rewind stamped txid 1 (Delta's RESTORE); 7, 8: txids 2 and 3 recomputed on it.
-        commits = [(8, "p", 3), (7, "p", 2), (6, "p", 1), (5, "p", 4), (4, "p", 3), (3, "p", 2)]
-        commits += [(2, "p", 1)]
-        assert held_versions(commits, pipeline="p") == [(1, 6), (2, 7), (3, 8)]
-        # Iceberg's rewind to txid 0 is a delete on top of the undone snapshots
-        assert held_versions([(9, "p", 0), (8, "p", 2), (7, "p", 1)], pipeline="p") == []
-
-
-class TestFirstUndoneCommit:
-    """Which commits a rewind undoes: ``(version, pipeline, txid)``, newest first."""
-
-    def test_the_pipelines_commits_above_the_txid_back_to_its_commit_of_the_txid(self):
-        commits = [(7, "p", 3), (6, "p", 2), (5, "p", 1), (4, None, None)]
-        assert first_undone_commit(commits, pipeline="p", keep_txid=1, sink="s") == 6
-        assert first_undone_commit(commits, pipeline="p", keep_txid=0, sink="s") == 5
-        assert first_undone_commit(commits, pipeline="p", keep_txid=3, sink="s") is None
-
-    def test_a_rewind_commit_stamped_with_the_kept_txid_stops_the_walk(self):
-        # 9: txid 2 again after a rewind (8) that took the table back to txid 1.
-        commits = [(9, "p", 2), (8, "p", 1), (7, "p", 2), (6, "p", 1)]
-        assert first_undone_commit(commits, pipeline="p", keep_txid=1, sink="s") == 9
-
-    def test_another_writer_before_the_undone_commits_is_kept(self):
-        commits = [(7, "p", 2), (6, "q", 9), (5, "p", 1)]
-        assert first_undone_commit(commits, pipeline="p", keep_txid=1, sink="s") == 7
-
-    def test_another_writer_after_them_is_refused(self):
-        # Positions, not versions, order commits: Iceberg's snapshot ids are random.
-        commits = [(11, "q", 1), (99, "p", 2), (3, "p", 1)]
-        with pytest.raises(LakeTableOutOfSyncError, match=r"another writer .*\[11\]"):
-            first_undone_commit(commits, pipeline="p", keep_txid=1, sink="s")
-
-    def test_a_table_ahead_of_the_log_is_refused_naming_the_txid(self):
-        with pytest.raises(LakeTableOutOfSyncError) as err:
-            plan_sink_commit(9, 5, **WHERE)
-        assert "pipeline=p txid=5 attempt=2" in str(err.value)
-        assert "already holds txid 9" in str(err.value)
-
-
-class TestSchemaCheck:
-    TABLE = pa.schema(
-        [("word", pa.string()), ("delta", pa.int64()), ("at", pa.timestamp("us", tz="UTC"))]
-    )
-
-    def test_string_flavours_and_column_order_do_not_matter(self):
-        batch = pa.schema(
-            [
-                ("at", pa.timestamp("us", tz="UTC")),
-                ("delta", pa.int64()),
-                ("word", pa.large_string()),
-            ]
-        )
-        assert schema_problems(self.TABLE, batch) == []
-
-    def test_missing_extra_and_retyped_columns_are_each_named(self):
-        batch = pa.schema([("word", pa.string()), ("delta", pa.int32()), ("txid", pa.int64())])
-        problems = schema_problems(self.TABLE, batch)
-        assert problems == [
-            "missing column 'at' (timestamp with time zone)",
-            "extra column 'txid' (int64)",
-            "column 'delta' is int32, the table has int64",
-        ]
-        with pytest.raises(LakeSchemaMismatchError, match="pipeline=p txid=3 attempt=1"):
-            check_schema(self.TABLE, batch, sink="s", pipeline="p", txid=3, attempt=1)
-
-    def test_a_timestamp_without_zone_is_not_one_with(self):
-        batch = pa.schema(
-            [("word", pa.string()), ("delta", pa.int64()), ("at", pa.timestamp("us"))]
-        )
-        assert schema_problems(self.TABLE, batch) == [
-            "column 'at' is timestamp, the table has timestamp with time zone"
-        ]
 
 
 class TestDeclarations:

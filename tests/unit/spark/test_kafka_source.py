@@ -15,7 +15,6 @@ from airflow_txn_provider.rules.exceptions import (
     TxnConfigError,
 )
 from airflow_txn_provider.rules.vocabulary import SourceKind
-from airflow_txn_provider.spark.kafka_read import consumer_settings
 from airflow_txn_provider.spark.kafka_source import (
     SKIPPED,
     KafkaSource,
@@ -189,12 +188,3 @@ class TestKafkaConfig:
         )
         with pytest.raises(TxnConfigError, match=r"no bootstrap\.servers"):
             credentials.kafka_config("events")
-
-
-def test_the_reader_joins_no_group_commits_nothing_and_never_jumps():
-    settings = consumer_settings({"bootstrap.servers": "b:1", "enable.auto.commit": True})
-    assert settings["enable.auto.commit"] is False
-    assert settings["enable.auto.offset.store"] is False
-    assert settings["auto.offset.reset"] == "error"
-    assert settings["isolation.level"] == "read_committed"
-    assert settings["bootstrap.servers"] == "b:1"

@@ -1,18 +1,15 @@
-"""Credentials stay out of arguments (credentials.py) and of every text stored or shown
-(redaction.py)."""
+"""Credentials stay out of arguments (credentials.py: looked up by Airflow, handed to a driver in
+its environment; an Iceberg catalog's: tests/unit/sinks/test_iceberg.py), and the passwords looked
+up are known to the redaction of every text stored or shown (its own rules: test_redaction.py)."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
 import pytest
 
-from airflow_txn_provider.rules.exceptions import InvalidNameError, TxnConfigError
-from airflow_txn_provider.sinks import IcebergSink, sink_from_spec
-from airflow_txn_provider.spark.generated_source import GeneratedTextSource
-from airflow_txn_provider.spark.job import BatchJob
+from airflow_txn_provider.rules.exceptions import TxnConfigError
 from airflow_txn_provider.utils import credentials, redaction
 
 SECRET = "pl4nted-S3cret"
@@ -21,67 +18,6 @@ SECRET = "pl4nted-S3cret"
 @pytest.fixture(autouse=True)
 def _fresh_registry(monkeypatch):
     monkeypatch.setattr(redaction, "_secrets", set())
-
-
-class TestRedact:
-    @pytest.mark.parametrize(
-        "text",
-        [
-            f"postgresql://ice:{SECRET}@db:5432/cat",
-            f"postgresql+psycopg://ice:{SECRET}@db/cat?sslmode=require",
-            f"could not open catalog (jdbc:postgresql://u:{SECRET}@h/x): refused",
-            f"host=db user=ice password={SECRET} dbname=cat",
-            f"host=db password='{SECRET}' dbname=cat",
-            f"...?user=ice&password={SECRET}&sslmode=require",
-        ],
-    )
-    def test_passwords_in_urls_and_keyword_strings(self, text):
-        out = redaction.redact(text)
-        assert SECRET not in out and "***" in out
-
-    def test_a_registered_secret_anywhere_in_a_text(self):
-        text = f"the job printed {SECRET} in its error"
-        assert redaction.redact(text) == text  # not known yet, not URL-shaped
-        redaction.register_secret(SECRET)
-        assert redaction.redact(text) == "the job printed *** in its error"
-
-    def test_texts_without_secrets_are_kept(self):
-        text = "pipeline=p txid=3 attempt=1: processing failed: ValueError: bad row 'a:b@c'"
-        assert redaction.redact(text) == text
-        assert redaction.redact_optional(None) is None
-
-    def test_very_short_secrets_are_not_replaced_everywhere(self):
-        redaction.register_secret("ab")
-        assert redaction.redact("table abc") == "table abc"
-
-
-class TestIcebergCatalogCredentials:
-    def test_a_catalog_url_with_a_password_is_refused(self):
-        for uri in (
-            f"postgresql://ice:{SECRET}@db/cat",
-            f"postgresql://db/cat?password={SECRET}",
-        ):
-            with pytest.raises(TxnConfigError, match="catalog_conn_id") as err:
-                IcebergSink("s", table="ns.t", warehouse="/wh", catalog_uri=uri)
-            assert SECRET not in str(err.value)
-
-    def test_a_url_without_one_and_a_connection_id_are_kept(self):
-        IcebergSink("s", table="ns.t", warehouse="/wh", catalog_uri="postgresql://ice@db/cat")
-        with pytest.raises(TxnConfigError, match="not both"):
-            IcebergSink(
-                "s", table="ns.t", warehouse="/wh", catalog_uri="sqlite://", catalog_conn_id="c"
-            )
-        with pytest.raises(InvalidNameError):
-            IcebergSink("s", table="ns.t", warehouse="/wh", catalog_conn_id="x=y\x00")
-
-    def test_the_job_arguments_carry_the_connection_id_only(self, monkeypatch):
-        monkeypatch.setenv("AIRFLOW_CONN_ICE_CAT", f"postgresql://ice:{SECRET}@127.0.0.1/cat")
-        sink = IcebergSink("s", table="ns.t", warehouse="/wh", catalog_conn_id="ice_cat")
-        args = BatchJob("p", 1, 1, GeneratedTextSource(), sinks=(sink,)).to_args()
-        assert SECRET not in " ".join(args)
-        spec = json.loads(args[args.index("--sinks") + 1])[0]
-        assert spec["args"]["catalog_conn_id"] == "ice_cat" and spec["args"]["catalog_uri"] is None
-        assert sink_from_spec(spec) == sink and sink.conn_ids == ("ice_cat",)
 
 
 def test_a_connection_is_looked_up_by_airflow_from_the_environment_and_registered(tmp_path):
@@ -150,19 +86,3 @@ def test_a_task_hands_its_driver_the_url_in_the_environment(monkeypatch, tmp_pat
         [sys.executable, "-c", code], env=child_env, capture_output=True, text=True, check=True
     ).stdout.splitlines()
     assert out == [env["TXN_CONN_URL__ICE_CAT"], "driver said: ***", "False"]
-
-
-def test_a_driver_log_line_is_redacted_before_it_leaves_the_process(caplog):
-    import logging
-
-    redaction.register_secret(SECRET)
-    logger = logging.getLogger("txn.test.redacting")
-    handler = logging.StreamHandler()
-    handler.addFilter(redaction.RedactingFilter())
-    caplog.handler.addFilter(redaction.RedactingFilter())
-    logger.addHandler(handler)
-    try:
-        logger.warning("catalog %s said %s", f"postgresql://u:{SECRET}@h/db", SECRET)
-    finally:
-        logger.removeHandler(handler)
-    assert caplog.messages == ["catalog postgresql://u:***@h/db said ***"]
