@@ -12,12 +12,12 @@ import argparse
 import getpass
 import sys
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
+from airflow_txn_provider.hooks.airflow_api import AirflowApiHook
+from airflow_txn_provider.hooks.txn_log import TxnLogHook
+from airflow_txn_provider.rules.exceptions import TxnError
+from airflow_txn_provider.timetables import TXID_STEP, txid_logical_date
 from airflow_txn_provider.transactions.rewind import RewindResult, span
-
-if TYPE_CHECKING:
-    from airflow_txn_provider.hooks.airflow_api import AirflowApiHook
 
 
 def restart_runs(api: AirflowApiHook, dag_ids: Iterable[str], result: RewindResult) -> list[str]:
@@ -30,8 +30,6 @@ def restart_runs(api: AirflowApiHook, dag_ids: Iterable[str], result: RewindResu
     before it, and with every slot so held the queued ones would never start: so, with the DAG
     paused meanwhile (no run is started or created halfway), the unfinished runs from
     ``to_txid`` on are ended first (their attempts were fenced by the rewind already)."""
-    from airflow_txn_provider.timetables import TXID_STEP, txid_logical_date
-
     if not result.rewound:
         return []
     start = txid_logical_date(result.to_txid)
@@ -77,9 +75,6 @@ def main(argv: list[str] | None = None) -> int:
         "--no-restart", action="store_true", help="rewind the log only; restart no Airflow run"
     )
     args = parser.parse_args(argv)
-    from airflow_txn_provider.hooks.airflow_api import AirflowApiHook
-    from airflow_txn_provider.hooks.txn_log import TxnLogHook
-    from airflow_txn_provider.rules.exceptions import TxnError
 
     try:
         txlog = TxnLogHook(args.txn_log_conn_id).get_log()

@@ -23,9 +23,10 @@ from urllib.parse import quote
 import httpx
 from airflow.sdk import BaseHook
 
-from airflow_txn_provider.compat.airflow import CLEAR_TAKES_NOTE
+from airflow_txn_provider.compat.airflow import CLEAR_TAKES_NOTE, trigger_run_from_task
 from airflow_txn_provider.compat.python import UTC
 from airflow_txn_provider.rules.exceptions import RequeueError
+from airflow_txn_provider.timetables import txid_from_run_id, txid_logical_date, txid_run_id
 from airflow_txn_provider.utils.retries import Backoff
 
 RETRY_STATUS = frozenset({500, 502, 503, 504})
@@ -189,8 +190,6 @@ class AirflowApiHook(BaseHook):
         grid, ``run_after`` now, so the grid says when it became due). Returns False if that run
         exists already (409): creating it twice is harmless, so the request may be sent again.
         A running task creates it with :func:`create_txid_run_from_task` instead."""
-        from airflow_txn_provider.timetables import txid_logical_date, txid_run_id
-
         path = f"/api/v2/dags/{quote(dag_id)}/dagRuns"
         body: dict[str, Any] = {
             "dag_run_id": txid_run_id(txid),
@@ -314,8 +313,6 @@ class AirflowApiHook(BaseHook):
     def prune_txid_runs(self, dag_id: str, through_txid: int, *, limit: int = 50) -> list[str]:
         """Retention: delete up to ``limit`` finished runs of txids up to ``through_txid``, oldest
         first (one list request, one delete per run); returns the run ids deleted."""
-        from airflow_txn_provider.timetables import txid_from_run_id, txid_logical_date
-
         if through_txid < 1:
             return []
         deleted = []
@@ -428,9 +425,6 @@ def create_txid_run_from_task(dag_id: str, txid: int) -> bool:
     """:meth:`AirflowApiHook.create_txid_run`, asked of the running task's supervisor
     (:func:`~airflow_txn_provider.compat.airflow.trigger_run_from_task`): the same run, without
     a connection, an HTTP client or a token of the task's own."""
-    from airflow_txn_provider.compat.airflow import trigger_run_from_task
-    from airflow_txn_provider.timetables import txid_logical_date, txid_run_id
-
     return trigger_run_from_task(
         dag_id,
         txid_run_id(txid),

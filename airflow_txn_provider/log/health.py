@@ -18,6 +18,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from airflow_txn_provider.compat.python import StrEnum
+from airflow_txn_provider.log.models import ATTEMPTS, PIPELINES, TRANSACTIONS
+from airflow_txn_provider.log.outputs import read_completeness
 from airflow_txn_provider.rules.vocabulary import TxStatus
 
 if TYPE_CHECKING:
@@ -134,8 +136,6 @@ def read_run_trouble(conn: Connection, pipeline: str) -> tuple[str, datetime] | 
     """The pipeline's run trouble and since when (see the module's doc), if any."""
     from sqlalchemy import select
 
-    from airflow_txn_provider.log.models import PIPELINES
-
     row = conn.execute(
         select(PIPELINES.c.run_trouble, PIPELINES.c.run_trouble_since).where(
             PIPELINES.c.name == pipeline
@@ -150,8 +150,6 @@ def progress_times(conn: Connection, view: PipelineView) -> tuple[datetime | Non
     """What :func:`judge` reads besides the view: when the last committed txid committed (``None``:
     none yet, or pruned), and when the oldest uncommitted txid's first attempt began."""
     from sqlalchemy import func, select
-
-    from airflow_txn_provider.log.models import ATTEMPTS, TRANSACTIONS
 
     last_commit_at = None
     if view.last_committed:
@@ -192,8 +190,6 @@ def read_health(
     txlog: TransactionLog, pipeline: str, now: datetime, stall_after: float = STALL_AFTER
 ) -> PipelineHealth:
     """:func:`judge` the pipeline as the log has it now (its clock where it gives one)."""
-    from airflow_txn_provider.log.outputs import read_completeness
-
     view = txlog.view(pipeline)
     with txlog.engine.connect() as conn:
         judged = judge_from_log(conn, view, now, stall_after)

@@ -15,6 +15,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from airflow_txn_provider.log.models import OUTPUTS, PIPELINES, STATE_REGISTRY, TRANSACTIONS
 from airflow_txn_provider.rules.exceptions import OutputDeclarationError
+from airflow_txn_provider.rules.names import quote_ident, state_tables
 from airflow_txn_provider.rules.outputs import (
     DeclaredOutput,
     OutputPlan,
@@ -200,8 +201,6 @@ def _retire(
             )
         )
         if choice is OutputRetirement.DROP:
-            from airflow_txn_provider.rules.names import quote_ident, state_tables
-
             for table in state_tables(rec.name):
                 conn.execute(text(f"DROP TABLE IF EXISTS {quote_ident(table)}"))
     values: dict[str, Any] = {"retirement": choice}

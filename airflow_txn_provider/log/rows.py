@@ -25,6 +25,7 @@ from airflow_txn_provider.log.changes import notify_changed, notify_rewound
 from airflow_txn_provider.log.models import ATTEMPTS, PIPELINES, TRANSACTIONS
 from airflow_txn_provider.rules.config import LEASE_HOLDER_CHARS
 from airflow_txn_provider.rules.exceptions import CorruptLogError, UnknownPipelineError
+from airflow_txn_provider.rules.history import REWOUND_BY
 from airflow_txn_provider.rules.records import PipelineView, TxRecord
 from airflow_txn_provider.rules.vocabulary import FailureResponse, TxStatus
 from airflow_txn_provider.utils.redaction import redact_optional
@@ -279,8 +280,6 @@ class TxidRows:
         (a rewind: :mod:`airflow_txn_provider.transactions.rewind`), both rows, with ``error`` and
         ``failed_by`` :data:`~airflow_txn_provider.rules.history.REWOUND_BY`; a committed txid
         loses its commit time. Returns how many txids. The caller holds the pipeline's lock."""
-        from airflow_txn_provider.rules.history import REWOUND_BY
-
         result = conn.execute(
             text(
                 """

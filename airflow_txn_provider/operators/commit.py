@@ -11,6 +11,11 @@ from airflow_txn_provider.operators.run_retention import prune_airflow_runs
 from airflow_txn_provider.operators.txn import TxnOperator
 from airflow_txn_provider.rules.waiting import GateState, commit_gate
 from airflow_txn_provider.run_context import start_in_triggerer
+from airflow_txn_provider.transactions.commit import (
+    commit_ready,
+    commit_registered,
+    record_processed,
+)
 from airflow_txn_provider.triggers.txn_log import RUN_TXID, WaitFor
 from airflow_txn_provider.utils.lineage import lineage_enabled
 
@@ -24,8 +29,6 @@ class TxnRecordProcessedOperator(TxnOperator):
     """After several jobs of one txid: record the processed output (staged counts)."""
 
     def execute(self, context: Context) -> str:
-        from airflow_txn_provider.transactions.commit import commit_ready, record_processed
-
         claim = self.claimed(context)
         action = record_processed(self.txlog(), self.pipeline.name, claim["txid"], claim["attempt"])
         committed = commit_ready(self.txlog(), self.pipeline, self.log)
@@ -78,8 +81,6 @@ class TxnCommitOperator(TxnOperator):
         return self._commit_or_wait(context)
 
     def _commit_or_wait(self, context: Context) -> dict[str, Any]:
-        from airflow_txn_provider.transactions.commit import commit_ready, commit_registered
-
         p = self.pipeline
         claim = self.claimed(context, from_log=True)
         txid, attempt = claim["txid"], claim["attempt"]

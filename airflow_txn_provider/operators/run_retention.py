@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from airflow_txn_provider.hooks.airflow_api import AirflowApiHook
 from airflow_txn_provider.rules.history import airflow_runs_prune_due, retention_horizon
 
 if TYPE_CHECKING:
@@ -34,8 +35,6 @@ def prune_airflow_runs(
     if through < 1:
         return []
     try:
-        from airflow_txn_provider.hooks.airflow_api import AirflowApiHook
-
         hook = AirflowApiHook(
             pipeline.airflow_api_conn_id,
             timeout=RUN_PRUNE_TIMEOUT,

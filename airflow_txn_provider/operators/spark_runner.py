@@ -27,15 +27,24 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, cast
 
+from airflow_txn_provider.compat.spark import PYSPARK_VERSION, SUPPORTS_CONNECT
 from airflow_txn_provider.rules.exceptions import TxnConfigError
-from airflow_txn_provider.spark.connect_sessions import keep_classic_mode
+from airflow_txn_provider.spark.connect_sessions import (
+    bound_client_retries,
+    is_session_closed,
+    keep_classic_mode,
+    leased_slot,
+    with_session_id,
+)
 from airflow_txn_provider.spark.job import (
     CONNECT_MODE_ENV,
     LOG_URL_ENV,
     BatchJob,
     ProcessOutcome,
     Transform,
+    process_batch,
 )
+from airflow_txn_provider.utils.retries import Backoff
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -97,6 +106,8 @@ class SparkSubmitRunner:
         self.hook: TxnSparkSubmitHook | None = None
 
     def make_hook(self, job: BatchJob) -> TxnSparkSubmitHook:
+        # at call time: this module imports without Airflow (test_spark_submit.py), and the hook
+        # is the Spark provider's
         from airflow_txn_provider.hooks.spark_submit import TxnSparkSubmitHook
 
         conf = {"spark.pyspark.python": sys.executable, **self.conf}
@@ -171,8 +182,6 @@ class SparkConnectRunner:
         connect_timeout: float = 180.0,
         reuse_sessions: bool = True,
     ) -> None:
-        from airflow_txn_provider.compat.spark import PYSPARK_VERSION, SUPPORTS_CONNECT
-
         if not SUPPORTS_CONNECT:
             raise TxnConfigError(
                 f"Spark Connect (connection {conn_id!r}) needs PySpark 4.0 or later, this is "
@@ -207,8 +216,6 @@ class SparkConnectRunner:
         """Process ``job`` on a session of the pipeline (:meth:`_session`). ``holder``: the
         attempt's lease holder name of this process; a failure it reports is refused once
         another process (a later try of the task) holds the attempt's lease."""
-        from airflow_txn_provider.spark.job import process_batch
-
         with keep_classic_mode(), self._session(job, txlog) as (session, connect):
             tag = operation_tag(job)
             session.addTag(tag)  # every operation of this run (thread-local: this thread's)
@@ -239,8 +246,6 @@ class SparkConnectRunner:
         failure releases it on the server, so nothing the failed attempt left there reaches
         another txid; a success leaves a slot's session to the slot's next txid."""
         from pyspark.sql import SparkSession
-
-        from airflow_txn_provider.spark.connect_sessions import leased_slot
 
         url = self.connection_url()
         started = time.monotonic()
@@ -275,8 +280,6 @@ class SparkConnectRunner:
         restarting: a replay then runs once it is back,
         instead of failing again at once and counting toward the poison-batch limit."""
         from tenacity import retry_if_exception
-
-        from airflow_txn_provider.utils.retries import Backoff
 
         backoff = Backoff(first=0.5, cap=4.0, deadline=self.connect_timeout)
         for attempt in backoff.retrying(
@@ -339,12 +342,6 @@ def operation_tag(job: BatchJob) -> str:
 def _open_session(session_class: Any, url: str, slot: SessionSlot | None) -> tuple[Any, bool]:
     """The slot's session at its first generation the server has not closed, else (no slot, or
     every generation closed) a session of its own; and whether it is the slot's."""
-    from airflow_txn_provider.spark.connect_sessions import (
-        bound_client_retries,
-        is_session_closed,
-        with_session_id,
-    )
-
     candidates = [with_session_id(url, s) for s in slot.session_ids()] if slot else []
     for candidate in [*candidates, url]:
         session = session_class.builder.remote(candidate).create()

@@ -9,9 +9,18 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from airflow.sdk.bases.sensor import BaseSensorOperator
 
 from airflow_txn_provider.compat.airflow import AirflowSkipException
+from airflow_txn_provider.hooks.airflow_api import AirflowApiHook
 from airflow_txn_provider.log.alerts import due_alerts, poisoned_alert, send_once
-from airflow_txn_provider.rules.vocabulary import EventState, TxStatus
-from airflow_txn_provider.rules.waiting import TxnEvent, first_watched_attempt
+from airflow_txn_provider.rules.exceptions import PoisonBatchError, RequeueError
+from airflow_txn_provider.rules.vocabulary import EventState, FailureResponse, TxStatus
+from airflow_txn_provider.rules.waiting import (
+    TxnEvent,
+    first_watched_attempt,
+    known_failed_attempt,
+    own_failures,
+    requeue_set,
+    respond_to_failure,
+)
 from airflow_txn_provider.run_context import (
     BEGIN_TASK_ID,
     is_scheduled_txid_run,
@@ -20,7 +29,7 @@ from airflow_txn_provider.run_context import (
     run_txid,
     start_in_triggerer,
 )
-from airflow_txn_provider.timetables import txid_run_id
+from airflow_txn_provider.timetables import txid_logical_date, txid_run_id
 from airflow_txn_provider.triggers.txn_log import FIRST_WATCHED, RUN_TXID, TxnLogTrigger, WaitFor
 from airflow_txn_provider.utils import metrics
 from airflow_txn_provider.utils.lineage import lineage_enabled
@@ -153,14 +162,6 @@ class TxnFailureSensor(BaseSensorOperator):
     def on_failure(self, context: Context, event: dict[str, Any], **_legacy: Any) -> None:
         """Answer a failed attempt of the run's txid (``_legacy``: a deferral made by an older
         version of this sensor carried ``own_failures``; the log counts them now)."""
-        from airflow_txn_provider.rules.vocabulary import FailureResponse
-        from airflow_txn_provider.rules.waiting import (
-            known_failed_attempt,
-            own_failures,
-            requeue_set,
-            respond_to_failure,
-        )
-
         p = self.pipeline
         woke = TxnEvent.from_payload(event, pipeline=p.name)
         if woke.state is EventState.MANUAL_RUN:  # started in the triggerer: it knows no txid
@@ -251,10 +252,6 @@ class TxnFailureSensor(BaseSensorOperator):
         behind the runs waiting for it. The stop is recorded in the log last: a person's rerun
         after it starts a new count of the txid's own failures.
         """
-        from airflow_txn_provider.rules.exceptions import PoisonBatchError
-        from airflow_txn_provider.rules.vocabulary import FailureResponse
-        from airflow_txn_provider.rules.waiting import requeue_set
-
         p = self.pipeline
         txlog = self.txlog()
         last = last_error(txlog, p.name, txid)
@@ -303,8 +300,6 @@ class TxnFailureSensor(BaseSensorOperator):
     def _awaits_requeue(self, txlog: TransactionLog, txid: int, attempt: int) -> bool:
         """Whether the watch of ``attempt`` restarts its run if nobody does (as after answering
         its failure): it failed and was answered by a re-queue, not by a poison batch's stop."""
-        from airflow_txn_provider.rules.vocabulary import FailureResponse
-
         last = txlog.history(self.pipeline.name, txid)[-1:]
         return bool(
             last
@@ -314,8 +309,6 @@ class TxnFailureSensor(BaseSensorOperator):
         )
 
     def _api(self) -> Any:
-        from airflow_txn_provider.hooks.airflow_api import AirflowApiHook
-
         return AirflowApiHook(self.pipeline.airflow_api_conn_id)
 
     def _restart_runs(
@@ -331,9 +324,6 @@ class TxnFailureSensor(BaseSensorOperator):
         makes theirs fail with ``StaleDataError``, which kills that Airflow component. Runs
         beyond them are not touched: their begins wait, and go on by themselves.
         """
-        from airflow_txn_provider.rules.exceptions import RequeueError
-        from airflow_txn_provider.timetables import txid_logical_date
-
         dag = context["dag"]
         origin = failed_by or txids[0]
         work = [t for t in dag.task_ids if t != self.task_id]

@@ -25,11 +25,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from airflow_txn_provider.rules.coordinator import plan_sink_commit
-from airflow_txn_provider.rules.exceptions import InvalidNameError, LakeSinkError
+from airflow_txn_provider.rules.exceptions import (
+    InvalidNameError,
+    LakeSinkError,
+    TxidNotReadableError,
+)
 from airflow_txn_provider.rules.names import COLUMN, PIPELINE, check_name
 from airflow_txn_provider.rules.specs import from_spec, to_spec
 from airflow_txn_provider.rules.vocabulary import LAKE_OUTPUT_PREFIX, SinkAction
 from airflow_txn_provider.sinks.schema import check_schema
+from airflow_txn_provider.utils.lineage import path_dataset
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -178,8 +183,6 @@ class LakeSink(abc.ABC):
 
     def lineage_dataset(self) -> tuple[str, str]:
         """OpenLineage's ``(namespace, name)`` of the table: its storage location."""
-        from airflow_txn_provider.utils.lineage import path_dataset
-
         return path_dataset(self.uri)
 
     def lineage_symlinks(self, log_url: str | None) -> list[tuple[str, str, str]]:
@@ -399,8 +402,6 @@ class LakeTable(abc.ABC):
         return next((v for t, v in reversed(self.versions(pipeline)) if t == txid), None)
 
     def version_as_of(self, pipeline: str, txid: int) -> int:
-        from airflow_txn_provider.rules.exceptions import TxidNotReadableError
-
         found = [v for t, v in self.versions(pipeline) if t <= txid]
         if not found:
             raise TxidNotReadableError(

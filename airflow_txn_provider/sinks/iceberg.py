@@ -24,6 +24,7 @@ from airflow_txn_provider.rules.names import COLUMN, CONN_ID, check_name
 from airflow_txn_provider.sinks.base import LakeSink, LakeTable, require
 from airflow_txn_provider.sinks.rewind import first_undone_commit, held_versions
 from airflow_txn_provider.utils.credentials import connection_url
+from airflow_txn_provider.utils.lineage import path_dataset
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -106,8 +107,6 @@ class IcebergSink(LakeSink):
         """Its location, as OpenLineage's Spark integration names an Iceberg table: one dataset
         with what other engines report of it (``uri``'s catalog label is in no convention, and
         is the same in every deployment by default)."""
-        from airflow_txn_provider.utils.lineage import path_dataset
-
         return path_dataset(self.location)
 
     def lineage_symlinks(self, log_url: str | None) -> list[tuple[str, str, str]]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from airflow_txn_provider.rules.exceptions import LakeTableOutOfSyncError
+
 
 def first_undone_commit(
     commits: Sequence[tuple[int, str | None, int | None]],
@@ -28,8 +30,6 @@ def first_undone_commit(
         ``txid`` are ``None`` for another writer's commit.
     Raises :class:`LakeTableOutOfSyncError` when another writer committed after the oldest of
     them: going back would lose its rows."""
-    from airflow_txn_provider.rules.exceptions import LakeTableOutOfSyncError
-
     undone: list[int] = []  # positions in ``commits``: versions need not be ordered (Iceberg)
     foreign: list[int] = []
     for i, (_, by, txid) in enumerate(commits):

@@ -17,9 +17,11 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import reduce
 from typing import TYPE_CHECKING
 
+from airflow_txn_provider.compat.spark import to_arrow
 from airflow_txn_provider.rules.exceptions import FillError
 from airflow_txn_provider.rules.filling import FILL_CHUNK
 from airflow_txn_provider.sinks.base import LakeSink, StagedFiles
+from airflow_txn_provider.sinks.staging import stage_frame
 from airflow_txn_provider.spark.job import BatchJob, Transform, results_by_output
 from airflow_txn_provider.spark.sources import SparkSource
 from airflow_txn_provider.state import MapState
@@ -114,9 +116,6 @@ def compute_chunk(
     transform returns one of them."""
     import pyarrow.compute as pc
     from pyspark.sql import functions as F
-
-    from airflow_txn_provider.compat.spark import to_arrow
-    from airflow_txn_provider.sinks.staging import stage_frame
 
     frames: dict[MapState, list[DataFrame]] = {state: [] for state in states}
     staged: dict[int, dict[LakeSink, StagedFiles]] = {}

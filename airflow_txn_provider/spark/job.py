@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import make_url
 
+from airflow_txn_provider.compat.spark import to_arrow
 from airflow_txn_provider.log.rows import TxidRows
 from airflow_txn_provider.rules.exceptions import (
     IncompleteBatchError,
@@ -41,6 +42,7 @@ from airflow_txn_provider.rules.fencing import attempt_may_stage
 from airflow_txn_provider.rules.records import TxRecord
 from airflow_txn_provider.rules.vocabulary import ProcessedAction
 from airflow_txn_provider.sinks.base import LakeSink, StagedFiles, sink_from_spec
+from airflow_txn_provider.sinks.staging import stage_frame
 from airflow_txn_provider.spark.cores import is_connect, tell_spark_cores
 from airflow_txn_provider.spark.sources import LOCATION, RECORD, SparkSource, source_from_spec
 from airflow_txn_provider.spark.work_slots import spark_work_slot
@@ -324,7 +326,6 @@ def _compute(
         _refuse_mismatch(job, job.source.batch_mismatch(batch, metadata))
     results = transform(job.source.records(observed))
     by_state, by_sink = results_by_output(results, states, job)
-    from airflow_txn_provider.compat.spark import to_arrow
 
     tables = {}
     for state, frame in by_state.items():
@@ -332,8 +333,6 @@ def _compute(
         tables[state] = to_arrow(frame)
     staged = {}
     if by_sink:
-        from airflow_txn_provider.sinks.staging import stage_frame
-
         log_url = txlog.engine.url.render_as_string(hide_password=False)
         for sink, frame in by_sink.items():
             check()

@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from airflow_txn_provider.rules.exceptions import OffsetsDeletedError, SourceLogChangedError
+
 RANGE_SCHEMA = "topic STRING, partition INT, start BIGINT, end BIGINT"
 """The ranges frame: one row per topic-partition of the batch."""
 RECORD_SCHEMA = (
@@ -109,8 +111,6 @@ def read_range(
     import pyarrow as pa
     from confluent_kafka import KafkaError, TopicPartition
 
-    from airflow_txn_provider.rules.exceptions import OffsetsDeletedError
-
     if end <= start:
         return
     name = f"{topic}-{partition}"
@@ -162,8 +162,6 @@ def read_range(
 
 
 def _check_anchor(name: str, anchor: tuple[int, str], found: str) -> None:
-    from airflow_txn_provider.rules.exceptions import SourceLogChangedError
-
     if found != anchor[1]:
         raise SourceLogChangedError(
             f"Kafka partition {name}: the record at offset {anchor[0]} is not the one the txid "

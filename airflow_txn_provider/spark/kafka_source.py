@@ -39,6 +39,7 @@ from airflow_txn_provider.spark.kafka_log import (
     read_anchors,
     split_key,
 )
+from airflow_txn_provider.spark.kafka_read import RANGE_SCHEMA, RECORD_SCHEMA, range_reader
 from airflow_txn_provider.spark.sources import SparkSource
 from airflow_txn_provider.utils.credentials import kafka_config, kafka_connection_env
 
@@ -315,8 +316,6 @@ class _KafkaTopic(SparkSource):
     # Spark side ---------------------------------------------------------------------------------
 
     def read_batch(self, spark: SparkSession, metadata: Metadata) -> DataFrame:
-        from airflow_txn_provider.spark.kafka_read import RANGE_SCHEMA, RECORD_SCHEMA, range_reader
-
         ranges = [(*split_key(k), s, e) for k, (s, e) in sorted(offset_ranges(metadata).items())]
         if self.reader == "spark":
             return self._spark_reader(spark, ranges)

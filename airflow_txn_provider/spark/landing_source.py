@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from airflow_txn_provider.rules.sources import Metadata, OpaqueSource, next_offset_ranges
 from airflow_txn_provider.spark.file_index import INDEX_MARGIN_NS, DiscoveryIndex
 from airflow_txn_provider.spark.sources import LOCATION, RECORD, SparkSource, local_path
+from airflow_txn_provider.utils.lineage import path_dataset
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -187,8 +188,6 @@ class LandingDirectorySource(OpaqueSource, SparkSource):
         return paths
 
     def lineage_dataset(self) -> tuple[str, str]:
-        from airflow_txn_provider.utils.lineage import path_dataset
-
         return path_dataset(self.path)
 
     def read_batch(self, spark: SparkSession, metadata: Metadata) -> DataFrame:

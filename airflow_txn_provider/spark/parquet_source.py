@@ -25,6 +25,7 @@ from airflow_txn_provider.spark.parquet_discovery import OffsetNames, discover
 from airflow_txn_provider.spark.parquet_index import ParquetPartition
 from airflow_txn_provider.spark.parquet_read import read_with_partition_column
 from airflow_txn_provider.spark.sources import LOCATION, RECORD, SparkSource, local_path
+from airflow_txn_provider.utils.lineage import path_dataset
 
 if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
@@ -198,8 +199,6 @@ class PartitionedParquetSource(TransactionalSource, SparkSource):
         return {str(p): (int(r[0]), int(r[1])) for p, r in dict(metadata).items() if r[1] > r[0]}
 
     def lineage_dataset(self) -> tuple[str, str]:
-        from airflow_txn_provider.utils.lineage import path_dataset
-
         return path_dataset(self.path)
 
     def read_batch(self, spark: SparkSession, metadata: Metadata) -> DataFrame:

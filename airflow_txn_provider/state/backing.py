@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import text
 
+from airflow_txn_provider.log.models import Base
+from airflow_txn_provider.log.schema import VERSION_TABLE
 from airflow_txn_provider.rules.names import SQL_NAME, check_name, quote_ident, state_tables
 from airflow_txn_provider.state.kinds import KindRule
 from airflow_txn_provider.state.staging import STAGE_JOB_COLUMN, copy_rows
@@ -59,9 +61,6 @@ DDL_LOCK_KEY = 0x7478_6E5F_7374_61  # "txn_sta"
 
 def _log_tables() -> frozenset[str]:
     """The transaction log's own tables, which no state table may take the name of."""
-    from airflow_txn_provider.log.models import Base
-    from airflow_txn_provider.log.schema import VERSION_TABLE
-
     return frozenset([*Base.metadata.tables, VERSION_TABLE])
 
 

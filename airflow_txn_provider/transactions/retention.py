@@ -22,6 +22,8 @@ from airflow_txn_provider.log.rows import TxidRows, lock_pipeline
 from airflow_txn_provider.rules.config import PRUNE_BATCH
 from airflow_txn_provider.rules.exceptions import UnknownPipelineError
 from airflow_txn_provider.rules.history import prune_range, rewind_floor
+from airflow_txn_provider.state import load_states
+from airflow_txn_provider.state.undo import UndoRecords
 from airflow_txn_provider.utils.retries import retry_transient
 
 if TYPE_CHECKING:
@@ -57,9 +59,6 @@ def prune_locked(conn: Connection, pipeline: str, due: range) -> int:
     to the pipeline's totals, in one statement; then the states' undo records of those txids.
     Only committed rows at or below the last committed txid go: an in-flight txid is never
     touched, whatever ``due`` says."""
-    from airflow_txn_provider.state import load_states
-    from airflow_txn_provider.state.undo import UndoRecords
-
     pruned = TxidRows.prune(conn, pipeline, due)
     for state in load_states(conn, pipeline).values():  # a rewind reaches no further back
         UndoRecords(state.backing).prune(conn, due[-1])

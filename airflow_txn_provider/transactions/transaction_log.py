@@ -22,6 +22,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.engine import make_url
 
 from airflow_txn_provider.log import schema
+from airflow_txn_provider.log.models import PIPELINES
 from airflow_txn_provider.log.reads import LogReads
 from airflow_txn_provider.log.txid_transitions import TxidTransitions
 from airflow_txn_provider.rules.coordinator import expired_lease
@@ -109,8 +110,6 @@ class TransactionLog(
         again); the time it began is kept while the trouble lasts, for the health endpoint."""
         from sqlalchemy import case, func, update
 
-        from airflow_txn_provider.log.models import PIPELINES
-
         row = PIPELINES.c
         since = (
             None
@@ -130,8 +129,6 @@ class TransactionLog(
         for the next claim and the waker: :func:`~airflow_txn_provider.rules.waiting.
         runs_to_make`). One statement, never lowering it."""
         from sqlalchemy import update
-
-        from airflow_txn_provider.log.models import PIPELINES
 
         row = PIPELINES.c
         with self.engine.begin() as conn:

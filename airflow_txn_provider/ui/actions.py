@@ -22,6 +22,7 @@ from fastapi import APIRouter, Depends
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
+from airflow_txn_provider.hooks.airflow_api import AirflowApiHook
 from airflow_txn_provider.rewind import restart_runs
 from airflow_txn_provider.rules.exceptions import RewindError
 from airflow_txn_provider.transactions.rewind import RewindResult
@@ -50,8 +51,6 @@ def run_restarter() -> RunRestarter:
     REST API, as the connection ``airflow_api_default`` says (the failure sensor's)."""
 
     def restart(dag_ids: Iterable[str], result: RewindResult) -> list[str]:
-        from airflow_txn_provider.hooks.airflow_api import AirflowApiHook
-
         return restart_runs(AirflowApiHook(), dag_ids, result)
 
     return restart

@@ -21,15 +21,19 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import text
 from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
 
+from airflow_txn_provider.hooks.txn_log import TxnLogHook
 from airflow_txn_provider.log.health import judge_from_log
 from airflow_txn_provider.log.outputs import read_completeness
+from airflow_txn_provider.operators.txn import PIPELINE_FIELD
 from airflow_txn_provider.rules.exceptions import (
     SchemaTooNewError,
     SchemaTooOldError,
     TxnError,
     UnknownPipelineError,
 )
+from airflow_txn_provider.state import GlobalState, load_states, quote_ident
 from airflow_txn_provider.timetables import txid_run_id
+from airflow_txn_provider.transactions.transaction_log import TransactionLog, engine_from_url
 from airflow_txn_provider.ui import model, rewind_options
 from airflow_txn_provider.ui.errors import LogUnavailableError
 
@@ -39,7 +43,6 @@ if TYPE_CHECKING:
     from airflow_txn_provider.rules.records import PipelineView
     from airflow_txn_provider.state import MapState
     from airflow_txn_provider.transactions.retention import RetentionInfo
-    from airflow_txn_provider.transactions.transaction_log import TransactionLog
 
 log = logging.getLogger(__name__)
 
@@ -92,12 +95,6 @@ class LogProvider:
 
     @staticmethod
     def _open(conn_id: str) -> TransactionLog:
-        from airflow_txn_provider.hooks.txn_log import TxnLogHook
-        from airflow_txn_provider.transactions.transaction_log import (
-            TransactionLog,
-            engine_from_url,
-        )
-
         hook = TxnLogHook(conn_id)
         try:
             url = hook.log_url()
@@ -189,8 +186,6 @@ def airflow_dag_pipelines(dag_ids: Collection[str]) -> dict[str, frozenset[str]]
     A DAG Airflow does not have (deleted, or never parsed) is left out."""
     from airflow.models.serialized_dag import SerializedDagModel
     from airflow.utils.session import create_session
-
-    from airflow_txn_provider.operators.txn import PIPELINE_FIELD
 
     found: dict[str, frozenset[str]] = {}
     with create_session() as session:
@@ -334,8 +329,6 @@ def state_summaries(
 
 
 def _read_state_summaries(engine: Engine, pipeline: str) -> list[dict[str, Any]]:
-    from airflow_txn_provider.state import load_states
-
     summaries = []
     url = engine.url.render_as_string(hide_password=True)
     for state in load_states(engine, pipeline).values():
@@ -354,8 +347,6 @@ def _state_summary(conn: Any, state: MapState, url: str = "") -> dict[str, Any]:
     """One state's numbers: the key count and sum each commit keeps (:meth:`MapState.summary`,
     one row) and the top keys (see ``TOP_KEYS_EXACT_UP_TO``). A state no commit summarised
     yet (created by an earlier version) is counted once, in SQL."""
-    from airflow_txn_provider.state import GlobalState, quote_ident
-
     kind = str(state.kind)
     if isinstance(state, GlobalState):
         return model.global_state_summary(state.name, kind, state.value(conn))

@@ -16,6 +16,9 @@ from typing import Any
 
 from airflow.listeners import hookimpl
 
+from airflow_txn_provider.rules.liveness import mark_note
+from airflow_txn_provider.timetables import txid_from_run_id
+
 log = logging.getLogger(__name__)
 
 BY_HAND = "state was manually set"
@@ -35,8 +38,6 @@ def on_dag_run_failed(dag_run: Any, msg: str) -> None:
 def note_mark(dag_run: Any, msg: str | None, state: str) -> str | None:
     """Set the note of ``dag_run`` if a person marked it ``state`` and it is a txid's run of a
     transaction pipeline; returns the note (``None``: not one)."""
-    from airflow_txn_provider.timetables import txid_from_run_id
-
     if BY_HAND not in (msg or ""):
         return None
     txid = txid_from_run_id(str(getattr(dag_run, "run_id", "")))
@@ -44,7 +45,7 @@ def note_mark(dag_run: Any, msg: str | None, state: str) -> str | None:
     if txid is None or pipeline is None:
         return None
     try:
-        from airflow_txn_provider.rules.liveness import mark_note
+        # at call time: every Airflow process loads the plugin; the page's access imports FastAPI
         from airflow_txn_provider.ui.access import provider
 
         note = mark_note(provider.get().view(pipeline), txid, state)
@@ -66,6 +67,7 @@ def note_mark(dag_run: Any, msg: str | None, state: str) -> str | None:
 
 def _pipeline_of(dag: Any) -> str | None:
     """The one pipeline ``dag``'s tasks declare, if it is a transaction DAG."""
+    # at call time: every Airflow process loads the plugin; the operators add 0.2 CPU-s to that
     from airflow_txn_provider.operators.txn import PIPELINE_FIELD
 
     names = {getattr(task, PIPELINE_FIELD, None) for task in getattr(dag, "tasks", ()) or ()}

@@ -19,6 +19,7 @@ import re
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from airflow_txn_provider.rules.exceptions import TxnConfigError
 from airflow_txn_provider.utils.redaction import register_secret
 
 if TYPE_CHECKING:
@@ -55,8 +56,6 @@ def connection_url(conn_id: str, *, what: str = "a Postgres database") -> str:
 
 
 def _looked_up_url(conn_id: str, what: str) -> str:
-    from airflow_txn_provider.rules.exceptions import TxnConfigError
-
     try:
         return postgres_url(conn_id).render_as_string(hide_password=False)
     except Exception as err:  # its text may quote the URL: the type alone says which way it failed
@@ -131,8 +130,6 @@ def kafka_config(conn_id: str) -> dict[str, Any]:
 
 
 def _looked_up_kafka_config(conn_id: str) -> dict[str, Any]:
-    from airflow_txn_provider.rules.exceptions import TxnConfigError
-
     try:
         from airflow.sdk import BaseHook
 

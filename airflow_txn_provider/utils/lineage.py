@@ -24,6 +24,7 @@ from urllib.parse import urlsplit
 import attrs
 
 from airflow_txn_provider import __version__
+from airflow_txn_provider.rules.vocabulary import TxStatus
 
 if TYPE_CHECKING:
     from airflow_txn_provider.pipeline import TxnPipeline
@@ -227,7 +228,6 @@ class TxidLineage:
         claim, p = self._lineage_claim, self.pipeline
         if not self.commits or claim is None:
             return task_lineage(p, claim, reads_batch=self.reads_batch)
-        from airflow_txn_provider.rules.vocabulary import TxStatus
 
         info = self.txlog().transaction(p.name, claim["txid"])
         committed = (

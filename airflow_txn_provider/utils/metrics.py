@@ -65,6 +65,7 @@ def _stats() -> Any:
     processes do: a commit runs in the triggerer, whose trigger runner has not set it up."""
     global _initialized_in, _client
     if _initialized_in != os.getpid():
+        # at call time: it imports Airflow, which the core and a spark-submit driver run without
         from airflow_txn_provider.compat.airflow import stats
 
         _client = stats()
@@ -74,6 +75,7 @@ def _stats() -> Any:
 
 def _send(kind: str, name: str, pipeline: str, value: float, extra: Mapping[str, str]) -> None:
     try:
+        # at call time: it imports Airflow, which the core and a spark-submit driver run without
         from airflow_txn_provider.compat.airflow import legacy_stat_name
 
         stats = _stats()

@@ -24,6 +24,8 @@ from typing import Any, TypeVar
 from sqlalchemy.exc import DBAPIError, DisconnectionError, InterfaceError, OperationalError
 from tenacity import RetryCallState, Retrying, stop_after_delay
 
+from airflow_txn_provider.utils import metrics
+
 log = logging.getLogger(__name__)
 
 DEFAULT_OUTAGE_TIMEOUT = 180.0
@@ -169,8 +171,6 @@ def retrying(
     def before_sleep(state: RetryCallState) -> None:
         err = state.outcome.exception() if state.outcome else None
         if pipeline is not None:
-            from airflow_txn_provider.utils import metrics
-
             metrics.incr(metrics.RETRIES, pipeline, kind=type(err).__name__)
         first_line = str(err).strip().splitlines()[0] if err and str(err).strip() else ""
         log.warning(

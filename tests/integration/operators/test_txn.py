@@ -257,11 +257,14 @@ class ClearRecorder:
 
 @pytest.fixture
 def clears(monkeypatch):
-    import airflow_txn_provider.hooks.airflow_api as api
+    import airflow_txn_provider.operators.run_retention as run_retention
+    import airflow_txn_provider.sensors.txn_failure as sensor
+    import airflow_txn_provider.triggers.waker as waker
 
     ClearRecorder.calls = []
     ClearRecorder.notes = []
-    monkeypatch.setattr(api, "AirflowApiHook", ClearRecorder)
+    for module in (sensor, run_retention, waker):  # where the REST API's hook is looked up
+        monkeypatch.setattr(module, "AirflowApiHook", ClearRecorder)
     return ClearRecorder.calls
 
 

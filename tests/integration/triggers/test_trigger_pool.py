@@ -93,6 +93,7 @@ def test_the_triggers_of_a_pipeline_share_one_look_at_the_log_per_interval(
     per poll_interval between them, not twelve times: what an idle or busy pipeline costs the
     log does not grow with the tasks that wait on it."""
     from airflow_txn_provider.log import rows as log_rows
+    from airflow_txn_provider.triggers import txn_log as txn_log_triggers
 
     set_txn_log_connection(monkeypatch, "txn_share", db_url)
     txlog.register_pipeline("share", source_kind="transactional", max_pending=TRIGGERS)
@@ -105,7 +106,7 @@ def test_the_triggers_of_a_pipeline_share_one_look_at_the_log_per_interval(
         reads.append(pipeline)
         return real(conn, pipeline, **kw)
 
-    monkeypatch.setattr(log_rows, "load_view", counted)
+    monkeypatch.setattr(txn_log_triggers, "load_view", counted)
     interval, seconds = 0.2, 3.0
     triggers = [
         TxnLogTrigger(

@@ -136,7 +136,7 @@ class Pipeline:
 def test_the_commit_path_prunes_every_few_txids_and_never_raises(airflow, monkeypatch, caplog):
     server, hook = airflow(txid_runs(40))
     monkeypatch.setattr(
-        "airflow_txn_provider.hooks.airflow_api.AirflowApiHook", lambda *a, **k: hook
+        "airflow_txn_provider.operators.run_retention.AirflowApiHook", lambda *a, **k: hook
     )
     logger = logging.getLogger("test")
     assert run_retention.prune_airflow_runs(Pipeline(), "words", [PRUNE_EVERY + 1], logger) == []

@@ -55,7 +55,6 @@ def _context(run_id):
 
 def _run_execute(task, context, committed, monkeypatch, in_turn=(False, []), waited=None):
     import airflow_txn_provider.operators.txn as txn
-    import airflow_txn_provider.transactions.commit as commit
 
     def commit_in_turn(log, pipeline, txid, logger):
         if waited is not None:
@@ -72,7 +71,7 @@ def _run_execute(task, context, committed, monkeypatch, in_turn=(False, []), wai
     monkeypatch.setattr(type(task), "claim", fake_claim)
     monkeypatch.setattr(type(task), "_process", lambda self, ctx, c: {"status": "processed"})
     monkeypatch.setattr(type(task), "txlog", lambda self: None)
-    monkeypatch.setattr(commit, "commit_ready", lambda log, p, logger: committed)
+    monkeypatch.setattr(txn, "commit_ready", lambda log, p, logger: committed)
     monkeypatch.setattr(txn, "prune_airflow_runs", lambda *a: None)
     return task.execute(context)
 

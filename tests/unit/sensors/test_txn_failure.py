@@ -188,7 +188,7 @@ def test_a_watch_with_nothing_to_answer_ends_skipped_which_costs_no_callback(mon
         states=[MapState("p", "p_counts", keys={"word": "text"})],
     )
     # as on Airflow 3.3 (compat.airflow): 3.1 and 3.2 start the sensor on a worker
-    monkeypatch.setattr("airflow_txn_provider.compat.airflow.STARTS_FROM_TRIGGER", True)
+    monkeypatch.setattr("airflow_txn_provider.run_context.STARTS_FROM_TRIGGER", True)
     sensor = TxnFailureSensor(task_id="watch_failures", pipeline=pipeline)
     kwargs = sensor.start_trigger_args.trigger_kwargs
     assert kwargs["end_skipped"] is True and kwargs["end_task_on_commit"] is True

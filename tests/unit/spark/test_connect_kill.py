@@ -12,10 +12,10 @@ import pytest
 
 from airflow_txn_provider.compat.spark import SUPPORTS_CONNECT
 from airflow_txn_provider.dag_builder import build_dag
+from airflow_txn_provider.operators import spark_runner
 from airflow_txn_provider.operators.spark_runner import SparkConnectRunner, operation_tag
 from airflow_txn_provider.pipeline import TxnPipeline
 from airflow_txn_provider.run_context import fail_attempt_on_task_failure
-from airflow_txn_provider.spark import job as job_module
 from airflow_txn_provider.spark.generated_source import GeneratedTextSource
 from airflow_txn_provider.spark.job import BatchJob, ProcessOutcome
 from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
@@ -54,7 +54,7 @@ def _runner(monkeypatch, session, during=lambda runner: None):
         return ProcessOutcome(job, "stopped" if kwargs["stopped"]() else "processed")
 
     monkeypatch.setattr(runner, "_session", fake_session)
-    monkeypatch.setattr(job_module, "process_batch", fake_process_batch)
+    monkeypatch.setattr(spark_runner, "process_batch", fake_process_batch)
     return runner
 
 

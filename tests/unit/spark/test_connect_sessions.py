@@ -61,8 +61,8 @@ def test_the_connect_runner_refuses_pyspark_3_5_with_a_typed_error(monkeypatch):
     from airflow_txn_provider.operators.spark_runner import SparkConnectRunner
     from airflow_txn_provider.rules.exceptions import TxnConfigError
 
-    monkeypatch.setattr("airflow_txn_provider.compat.spark.SUPPORTS_CONNECT", False)
-    monkeypatch.setattr("airflow_txn_provider.compat.spark.PYSPARK_VERSION", "3.5.9")
+    monkeypatch.setattr("airflow_txn_provider.operators.spark_runner.SUPPORTS_CONNECT", False)
+    monkeypatch.setattr("airflow_txn_provider.operators.spark_runner.PYSPARK_VERSION", "3.5.9")
     with pytest.raises(TxnConfigError, match=r"'spark_connect_default'.*PySpark 4.0 .*3\.5\.9"):
         SparkConnectRunner(lambda batch: batch)
 

@@ -375,7 +375,7 @@ def test_the_next_run_is_created_beside_the_claim_only_where_its_supervisor_take
 
     monkeypatch.setattr(waker, "SUPERVISOR_COMMS_THREAD_SAFE", thread_safe)
     monkeypatch.setattr(waker, "make_runs_ahead", make_runs_ahead)
-    monkeypatch.setattr("airflow_txn_provider.spark.sources.source_from_spec", lambda spec: spec)
+    monkeypatch.setattr("airflow_txn_provider.triggers.waker.source_from_spec", lambda spec: spec)
     pipeline = SimpleNamespace(
         name="p", airflow_api_conn_id="api", source=SimpleNamespace(to_spec=lambda: {})
     )
@@ -400,7 +400,7 @@ def test_a_claim_makes_the_runs_through_its_supervisor_where_airflow_lets_it(
 
     asked: list[tuple[str, str, int]] = []
     monkeypatch.setattr(
-        airflow_api,
+        waker,
         "create_txid_run_from_task",
         lambda dag_id, txid: asked.append(("supervisor", dag_id, txid)) or True,
     )
@@ -416,7 +416,7 @@ def test_a_claim_makes_the_runs_through_its_supervisor_where_airflow_lets_it(
         return [n for n in (2, 3) if create(n)]
 
     monkeypatch.setattr(waker, "make_runs_ahead", make_runs_ahead)
-    monkeypatch.setattr("airflow_txn_provider.spark.sources.source_from_spec", lambda spec: spec)
+    monkeypatch.setattr("airflow_txn_provider.triggers.waker.source_from_spec", lambda spec: spec)
     pipeline = SimpleNamespace(
         name="p", airflow_api_conn_id="api", source=SimpleNamespace(to_spec=lambda: {})
     )

@@ -285,7 +285,7 @@ def test_a_woken_failure_sensor_ends_on_a_worker_only_when_lineage_is_on(monkeyp
 def test_an_unwoken_failure_sensor_still_starts_and_ends_in_the_triggerer(monkeypatch, lineage_on):
     """No worker start per txid, lineage on or off: a sensor no failure woke sent no START."""
     monkeypatch.setattr("airflow_txn_provider.utils.lineage.lineage_enabled", lambda: lineage_on)
-    monkeypatch.setattr("airflow_txn_provider.compat.airflow.STARTS_FROM_TRIGGER", True)
+    monkeypatch.setattr("airflow_txn_provider.run_context.STARTS_FROM_TRIGGER", True)
     sensor = build_dag(_pipeline()).get_task("watch_failures")
     assert sensor.start_from_trigger
     assert sensor.start_trigger_args.trigger_kwargs["end_task_on_commit"] is True

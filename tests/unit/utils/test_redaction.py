@@ -7,7 +7,7 @@ import pytest
 
 from airflow_txn_provider.utils import redaction
 
-SECRET = "pl4nted-S3cret"
+SECRET = "r3dacted-0nly-S3cret"  # not test_credentials.py's: Airflow's masker keeps what it saw
 
 
 @pytest.fixture(autouse=True)
