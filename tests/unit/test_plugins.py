@@ -23,6 +23,7 @@ from airflow_txn_provider.timetables import TxidTimetable, txid_run_id
 from airflow_txn_provider.ui import LazyApp, reader
 from airflow_txn_provider.ui import access as ui_access
 from airflow_txn_provider.ui import app as ui_app
+from tests.unit.ui.test_access import FakeAuthManager
 
 
 @pytest.fixture(autouse=True)
@@ -135,21 +136,6 @@ def test_an_invalid_token_is_refused(monkeypatch):
     assert with_cookie.get("/transactions/api/pipelines").status_code == 403
     response = mounted().get("/transactions/api/pipelines", headers={"Authorization": "Bearer x"})
     assert response.status_code == 403
-
-
-class FakeAuthManager:
-    def __init__(self, *, all_dags: bool = False, dag_ids: frozenset[str] = frozenset()):
-        self.all_dags = all_dags
-        self.dag_ids = dag_ids
-        self.calls: list[tuple[str, object]] = []
-
-    def is_authorized_dag(self, *, method, user, access_entity=None, details=None):
-        self.calls.append(("is_authorized_dag", details))
-        return self.all_dags
-
-    def get_authorized_dag_ids(self, *, user, method="GET", session=None):
-        self.calls.append(("get_authorized_dag_ids", method))
-        return set(self.dag_ids)
 
 
 @pytest.fixture

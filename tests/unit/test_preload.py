@@ -53,7 +53,7 @@ def test_the_dag_processor_preloads_what_a_dag_file_imports(argv, expected):
     assert modules_to_preload(argv) == expected
 
 
-def _modules_after(code: str) -> set[str]:
+def modules_after(code: str) -> set[str]:
     out = subprocess.run(
         [sys.executable, "-c", f"{code}\nimport sys; print(' '.join(sorted(sys.modules)))"],
         capture_output=True,
@@ -65,11 +65,11 @@ def _modules_after(code: str) -> set[str]:
 
 def test_warming_imports_the_task_modules_and_nothing_otherwise():
     warm = "from airflow_txn_provider.preload import warm_task_processes as w\n"
-    assert set(TASK_MODULES) <= _modules_after(warm + "w(['airflow', 'scheduler'])")
-    cold = _modules_after(warm + "w(['airflow', 'api-server'])")
+    assert set(TASK_MODULES) <= modules_after(warm + "w(['airflow', 'scheduler'])")
+    cold = modules_after(warm + "w(['airflow', 'api-server'])")
     assert not set(TASK_MODULES + PARSE_MODULES) & cold
     assert "pyspark" not in cold
-    parsers = _modules_after(warm + "w(['airflow', 'dag-processor'])")
+    parsers = modules_after(warm + "w(['airflow', 'dag-processor'])")
     assert set(PARSE_MODULES) <= parsers and "pyspark" not in parsers
     # what the preload is for: the Postgres provider, most of a DAG file's parse
     assert "airflow.providers.postgres.hooks.postgres" in parsers
@@ -113,6 +113,6 @@ def test_the_preload_can_be_turned_off(monkeypatch):
 
     off = "import os; os.environ['AIRFLOW__TXN_PROVIDER__PRELOAD_TASK_PROCESSES'] = 'False'\n"
     started = "import sys; sys.argv = ['airflow', 'scheduler']\nimport airflow.settings\n"
-    assert not set(TASK_MODULES) & _modules_after(off + started)
+    assert not set(TASK_MODULES) & modules_after(off + started)
     monkeypatch.setenv("AIRFLOW__TXN_PROVIDER__PRELOAD_TASK_PROCESSES", "False")
     assert warm_at_start(["airflow", "scheduler"]) == []

@@ -3,20 +3,8 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 from airflow_txn_provider.preload import TASK_MODULES
-
-
-def _modules_after(code: str) -> set[str]:
-    out = subprocess.run(
-        [sys.executable, "-c", f"{code}\nimport sys; print(' '.join(sorted(sys.modules)))"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return set(out.split())
+from tests.unit.test_preload import modules_after
 
 
 def test_airflow_loads_the_preload_at_start_through_its_policy_entry_point():
@@ -26,9 +14,9 @@ def test_airflow_loads_the_preload_at_start_through_its_policy_entry_point():
     assert point.value == "airflow_txn_provider.preload_at_start"
     # what Airflow's settings.initialize() does: pluggy loads the entry points of the group
     started = "import sys; sys.argv = ['airflow', 'scheduler']\nimport airflow.settings\n"
-    at_start = _modules_after(started)
+    at_start = modules_after(started)
     assert set(TASK_MODULES) <= at_start
     assert "airflow.models.asset" in at_start  # an Asset can be made that early
-    assert not set(TASK_MODULES) & _modules_after(
+    assert not set(TASK_MODULES) & modules_after(
         "import sys; sys.argv = ['airflow', 'api-server']\nimport airflow.settings\n"
     )

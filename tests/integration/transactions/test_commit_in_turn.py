@@ -26,7 +26,7 @@ class Tens(TransactionalSource):
         return {"start": (prev or {"end": 0})["end"], "end": txid * 10}
 
 
-def _two_processing(txlog, name: str) -> SimpleNamespace:
+def two_processing(txlog, name: str) -> SimpleNamespace:
     """Txids 1 and 2 begun; 2 processed first: its task waits for 1."""
     txlog.register_pipeline(name, source_kind="transactional", max_pending=4)
     for txid in (1, 2):
@@ -53,7 +53,7 @@ def _waiting(txlog, pipeline) -> tuple[threading.Thread, list]:
 
 
 def test_a_task_waits_until_the_task_before_commits_its_txid_too(txlog):
-    pipeline = _two_processing(txlog, "p")
+    pipeline = two_processing(txlog, "p")
     waiter, got = _waiting(txlog, pipeline)
     time.sleep(0.3)
     assert waiter.is_alive() and txlog.view("p").last_committed == 0
@@ -68,7 +68,7 @@ def test_a_task_waits_until_the_task_before_commits_its_txid_too(txlog):
 
 
 def test_the_waiting_task_commits_what_became_ready_itself(txlog):
-    pipeline = _two_processing(txlog, "q")
+    pipeline = two_processing(txlog, "q")
     waiter, got = _waiting(txlog, pipeline)
     txlog.mark_processed("q", 1, 1, {"rows": 10})  # its task ended before committing
     waiter.join(10)
@@ -76,7 +76,7 @@ def test_the_waiting_task_commits_what_became_ready_itself(txlog):
 
 
 def test_a_failure_before_it_ends_the_wait(txlog):
-    pipeline = _two_processing(txlog, "r")
+    pipeline = two_processing(txlog, "r")
     waiter, got = _waiting(txlog, pipeline)
     started = time.monotonic()
     txlog.fail("r", 1, 1, error="boom")
@@ -86,7 +86,7 @@ def test_a_failure_before_it_ends_the_wait(txlog):
 
 def test_no_slot_no_wait(txlog, monkeypatch):
     monkeypatch.setenv("AIRFLOW__TXN_PROVIDER__COMMIT_WAITS", "0")
-    pipeline = _two_processing(txlog, "s")
+    pipeline = two_processing(txlog, "s")
     started = time.monotonic()
     assert run_context.commit_in_turn(txlog, pipeline, 2, LOG) == (False, [])
     assert time.monotonic() - started < 2

@@ -4,40 +4,13 @@ by a begin that finds new files: test_parquet_index.py)."""
 
 from __future__ import annotations
 
-import os
-
-import pyarrow as pa
-import pyarrow.parquet as pq
-import pytest
-
-from airflow_txn_provider.spark import file_index
 from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
-
-
-def _write(path, offsets):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    table = pa.table({"offset": pa.array(offsets, pa.int64()), "line": ["x"] * len(offsets)})
-    pq.write_table(table, path)
-
-
-@pytest.fixture
-def footers_read(monkeypatch):
-    """The files whose footer was opened, in order."""
-    opened: list[str] = []
-    real = pq.ParquetFile
-
-    def counting(file, *args, **kwargs):
-        opened.append(os.path.basename(str(file)))
-        return real(file, *args, **kwargs)
-
-    file_index.file_offsets.cache_clear()
-    monkeypatch.setattr(pq, "ParquetFile", counting)
-    return opened
+from tests.unit.spark.files_given import write_offsets
 
 
 def test_footers_are_read_once_per_file_until_it_changes(tmp_path, footers_read):
-    _write(tmp_path / "p=0" / "a.parquet", range(0, 10))
-    _write(tmp_path / "p=1" / "b.parquet", range(0, 5))
+    write_offsets(tmp_path / "p=0" / "a.parquet", range(0, 10))
+    write_offsets(tmp_path / "p=1" / "b.parquet", range(0, 5))
     source = PartitionedParquetSource(str(tmp_path), 100)
     assert source.latest_offsets() == {"0": 10, "1": 5}
     assert sorted(footers_read) == ["a.parquet", "b.parquet"]
@@ -45,17 +18,17 @@ def test_footers_are_read_once_per_file_until_it_changes(tmp_path, footers_read)
     assert source.latest_offsets() == {"0": 10, "1": 5}
     assert len(footers_read) == 2  # nothing new: no footer read again
 
-    _write(tmp_path / "p=0" / "c.parquet", range(10, 30))
+    write_offsets(tmp_path / "p=0" / "c.parquet", range(10, 30))
     assert source.latest_offsets() == {"0": 30, "1": 5}
     assert footers_read[2:] == ["c.parquet"]  # only the new file
 
-    _write(tmp_path / "p=1" / "b.parquet", range(0, 7))  # rewritten: another size
+    write_offsets(tmp_path / "p=1" / "b.parquet", range(0, 7))  # rewritten: another size
     assert source.latest_offsets() == {"0": 30, "1": 7}
     assert footers_read[3:] == ["b.parquet"]
 
 
 def test_prefetch_fills_the_cache_the_locked_read_uses(tmp_path, footers_read):
-    _write(tmp_path / "p=0" / "a.parquet", range(0, 10))
+    write_offsets(tmp_path / "p=0" / "a.parquet", range(0, 10))
     source = PartitionedParquetSource(str(tmp_path), 4)
     source.prefetch()
     assert footers_read == ["a.parquet"]

@@ -8,31 +8,14 @@ from __future__ import annotations
 import json
 import os
 import random
-import time
 from pathlib import Path
 
 import pytest
 
 from airflow_txn_provider.rules.exceptions import OffsetsWentBackError
 from airflow_txn_provider.rules.sources import next_offset_ranges
-from airflow_txn_provider.spark import file_index, parquet_index
 from airflow_txn_provider.spark.landing_source import LandingDirectorySource
-
-SEEDS = [1, 2, 3, 4, 5, 6, 7, 8]
-OLD = time.time_ns() - 3600 * 10**9  # an hour ago: old enough for the index to keep
-
-
-def new_process() -> None:
-    """What a new task process starts with: no footer read, no index loaded, no prefetch."""
-    file_index.file_offsets.cache_clear()
-    file_index.loaded_indexes.clear()
-    parquet_index.loaded_partitions.clear()
-    file_index.prefetched.clear()
-
-
-def age(path: Path, tick: int) -> None:
-    """Set a distinct modification time in the past (each write gets its own)."""
-    os.utime(path, ns=(OLD + tick * 1000, OLD + tick * 1000))
+from tests.unit.spark.files_given import SEEDS, age, new_process
 
 
 def land(root: Path, partition: str, seq: int, tick: int) -> None:

@@ -10,34 +10,11 @@ import os
 import time
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from airflow_txn_provider.spark import file_index, parquet_discovery, parquet_index
 from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
-
-
-def _write(path, offsets):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    table = pa.table({"offset": pa.array(offsets, pa.int64()), "line": ["x"] * len(offsets)})
-    pq.write_table(table, path)
-
-
-@pytest.fixture
-def footers_read(monkeypatch):
-    """The files whose footer was opened, in order."""
-    opened: list[str] = []
-    real = pq.ParquetFile
-
-    def counting(file, *args, **kwargs):
-        opened.append(os.path.basename(str(file)))
-        return real(file, *args, **kwargs)
-
-    file_index.file_offsets.cache_clear()
-    monkeypatch.setattr(pq, "ParquetFile", counting)
-    return opened
-
+from tests.unit.spark.files_given import write_offsets
 
 OLD = time.time_ns() - 3600 * 10**9  # an hour ago: old enough for a listing to be kept
 
@@ -54,7 +31,7 @@ def aged(path: Path, tick: int) -> Path:
 
 
 def land(root: Path, name: str, offsets: range, tick: int) -> None:
-    _write(root / "p=0" / name, offsets)
+    write_offsets(root / "p=0" / name, offsets)
     aged(root / "p=0" / name, tick)
     aged(root / "p=0", tick)
 

@@ -5,26 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_txn_provider.rules.records import PipelineView, TxRecord
-from airflow_txn_provider.rules.vocabulary import SourceKind, TxStatus
 from airflow_txn_provider.ui import rewind_options
-
-PROC, DONE, COMMIT, FAIL = (
-    TxStatus.PROCESSING,
-    TxStatus.PROCESSED,
-    TxStatus.COMMITTED,
-    TxStatus.FAILED,
-)
-
-
-def view(*records: tuple[int, TxStatus], last: int = 0) -> PipelineView:
-    return PipelineView(
-        pipeline="p",
-        source_kind=SourceKind.TRANSACTIONAL,
-        max_pending=4,
-        last_committed=last,
-        in_flight=tuple(TxRecord(t, 1, s) for t, s in records),
-    )
+from tests.unit.ui.test_model import DONE, FAIL, PROC, view
 
 
 class TestRewind:
