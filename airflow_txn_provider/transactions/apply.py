@@ -51,7 +51,7 @@ class Outputs:
         return cls(pipeline, list(states), list(sinks), {s: s.open(log_url) for s in sinks})
 
     def only(self, names: set[str]) -> Outputs:
-        """These outputs but those named ``names``' (the tables already open)."""
+        """Only the outputs named in ``names`` (their tables already open)."""
         return Outputs(
             self.pipeline,
             [s for s in self.states if s.name in names],
