@@ -65,8 +65,11 @@ FAULTS = STEP_FAULTS + LAKE_FAULTS
 LAKE_FAULT_ENV = "TXN_CHAOS_FILL_LAKE_FAULT"
 """``kind:N``: the fill process faults right after its Nth lake table commit."""
 SINKS = ("words_delta", "words_iceberg")
-BOUND = 300.0
-"""Seconds a run may take to heal and join before it counts as not recovered."""
+STALL = 150.0
+"""Seconds without a new fill step (nor a fill process started) before a run counts as stuck:
+a loaded machine slows every step (CI once took 36 s for a first chunk), a stuck fill makes none."""
+BOUND = 900.0
+"""Seconds a run may take in all to heal and join before it counts as not recovered."""
 
 
 @dataclass(frozen=True)
@@ -314,6 +317,8 @@ def _run(plan: RunPlan, pg, connect_url: str, workdir: Path, spark) -> RunResult
 
     fill = start_fill()
     why = ""
+    progress = (0, starts)  # fill steps logged, fill processes started
+    progressed = time.monotonic()
 
     def logged() -> list[str]:  # the fill's lines so far, over all its processes
         return (log.read_text() if log.exists() else "").splitlines()
@@ -354,7 +359,13 @@ def _run(plan: RunPlan, pg, connect_url: str, workdir: Path, spark) -> RunResult
                 else:  # killed, or failed on an outage: Airflow's retry
                     time.sleep(1.0)
                     fill = start_fill()
-            if time.monotonic() - started > BOUND:
+            now = time.monotonic()
+            if (steps(), starts) != progress:
+                progress, progressed = (steps(), starts), now
+            if now - progressed > STALL:
+                why = f"stuck: no fill step for {STALL:.0f} s"
+                break
+            if now - started > BOUND:
                 why = "did not heal and join in time"
                 break
             time.sleep(0.1)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from chaos.fill import FAULTS, plan_run, run_suite
+from chaos.fill import BOUND, FAULTS, plan_run, run_suite
 from txn_testing.postgres import EmbeddedPostgres
 
 pytestmark = pytest.mark.integration
@@ -19,6 +19,7 @@ pytestmark = pytest.mark.integration
 SEED = 2026
 
 
+@pytest.mark.timeout(BOUND + 120)  # the run's own bound reports first, with what it saw
 def test_a_fill_killed_and_its_postgres_crashed_ends_exact_beside_live_commits(
     connect_server, tmp_path
 ):
