@@ -150,7 +150,7 @@ def warm_task_processes(argv: Sequence[str] | None = None, *, force: bool = Fals
     # 3.3), and the one each task supervisor's execution-API client builds
     if set(TASK_MODULES) & set(done):
         # at call time: Airflow's settings.initialize() imports this module (the policy entry
-        # point) before it sets up logging; these would add 0.02 CPU-s to every Airflow process
+        # point) before it sets up logging; these would add to every Airflow process
         from airflow_txn_provider.compat.airflow import warm_execution_api_ssl_context
         from airflow_txn_provider.hooks.airflow_api import shared_ssl_context
 

@@ -96,7 +96,7 @@ def claimed(
 def pipeline_log(pipeline: TxnPipeline) -> TransactionLog:
     """The pipeline's transaction log, as every task of its DAG opens it: the hook shares one
     engine per process and checks the schema once per process."""
-    # at call time: at the top it adds 0.08 CPU-s (the Postgres provider) to every parse of a DAG
+    # at call time: at the top it adds the Postgres provider to every parse of a DAG
     # file, which Airflow repeats in every task start and for every callback
     from airflow_txn_provider.hooks.txn_log import TxnLogHook
 
@@ -122,7 +122,7 @@ def declare_pipeline(txlog: TransactionLog, pipeline: TxnPipeline, dag_id: str) 
 
 def pipeline_log_url(pipeline: TxnPipeline) -> str:
     """The URL of the pipeline's log (its connection's, password included: never logged)."""
-    # at call time: at the top it adds 0.08 CPU-s to a DAG file's parse (the Postgres provider)
+    # at call time: at the top it adds to a DAG file's parse (the Postgres provider)
     from airflow_txn_provider.hooks.txn_log import TxnLogHook
 
     return TxnLogHook(txn_log_conn_id=pipeline.txn_log_conn_id).log_url()
@@ -344,7 +344,7 @@ def fail_attempt_on_task_failure(context: Context) -> None:
         exception = context.get("exception")
         if exception is not None:
             error += f": {type(exception).__name__}: {str(exception)[:500]}"
-        # at call time: at the top it adds 0.08 CPU-s to a DAG file's parse (the Postgres provider)
+        # at call time: at the top it adds to a DAG file's parse (the Postgres provider)
         from airflow_txn_provider.hooks.txn_log import TxnLogHook
 
         TxnLogHook(txn_log_conn_id=pipeline.txn_log_conn_id).get_log(migrate=False).fail(

@@ -67,7 +67,7 @@ class TxnFillOperator(BaseOperator):
         self._session: SparkSession | None = None
 
     def execute(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
-        # at call time: at the top it adds 0.02 CPU-s to a DAG file's parse (the fill, the job and
+        # at call time: at the top it adds to a DAG file's parse (the fill, the job and
         # the log's write side: 10 modules)
         from airflow_txn_provider.spark.fill import fill_pipeline
 
@@ -114,7 +114,7 @@ class TxnFillOperator(BaseOperator):
         }
 
     def _transforms(self) -> list[Transform]:
-        # at call time: at the top it adds 0.01 CPU-s to a DAG file's parse (the runners, the job
+        # at call time: at the top it adds to a DAG file's parse (the runners, the job
         # and the log's write side: 9 modules)
         from airflow_txn_provider.operators.spark_runner import load_job_module
 
@@ -132,8 +132,8 @@ class TxnFillOperator(BaseOperator):
             # must not refuse it); execute undoes the process's Connect marks after the fill
             self._session = SparkSession.builder.remote(url).create()
         else:
-            # at call time: at the top they add to a DAG file's parse 0.08 CPU-s (the Spark
-            # provider) and 0.01 CPU-s (the job and the log's write side: 8 modules)
+            # at call time: at the top they add to a DAG file's parse the Spark
+            # provider's hook and the job and the log's write side (8 modules)
             from airflow_txn_provider.hooks.spark_submit import TxnSparkSubmitHook
             from airflow_txn_provider.spark.job import CONNECT_MODE_ENV
 

@@ -345,7 +345,7 @@ class TxnProcessOperator(TxnOperator):
         return is_scheduled_txid_run(context) and not self.pipeline.sinks and not lineage_enabled()
 
     def _process(self, context: Context, claim: dict[str, Any]) -> dict[str, Any]:
-        # at call time: at the top they add 0.01 CPU-s to a DAG file's parse (the runners, the
+        # at call time: at the top they add to a DAG file's parse (the runners, the
         # job and the log's write side: 9 modules)
         from airflow_txn_provider.operators import spark_runner
         from airflow_txn_provider.spark.job import BatchJob
@@ -360,7 +360,7 @@ class TxnProcessOperator(TxnOperator):
             sinks=tuple(p.sinks),
             fit_window=p.fits_window,
         )
-        # at call time: at the top it adds 0.08 CPU-s to a DAG file's parse (the Postgres provider)
+        # at call time: at the top it adds to a DAG file's parse (the Postgres provider)
         from airflow_txn_provider.hooks.txn_log import TxnLogHook
 
         hook = TxnLogHook(txn_log_conn_id=p.txn_log_conn_id)

@@ -55,7 +55,7 @@ def keep_classic_mode() -> Iterator[None]:
     after itself. PySpark's functions dispatch on the marks, so they stay for the block."""
     import os
 
-    # at call time: at the top it adds 0.01 CPU-s to a DAG file's parse (the job and the log's
+    # at call time: at the top it adds to a DAG file's parse (the job and the log's
     # write side: 8 modules)
     from airflow_txn_provider.spark.job import CONNECT_MODE_ENV
 

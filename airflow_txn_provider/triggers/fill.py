@@ -55,7 +55,7 @@ class TxnFillDueTrigger(BaseTrigger):
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        # at call time: at the top it adds 0.08 CPU-s to a DAG file's parse (the Postgres provider)
+        # at call time: at the top it adds to a DAG file's parse (the Postgres provider)
         from airflow_txn_provider.hooks.txn_log import TxnLogHook
 
         url = await TxnLogHook(txn_log_conn_id=self.txn_log_conn_id).async_sqlalchemy_url()

@@ -281,7 +281,7 @@ class TxnLogTrigger(BaseTrigger):
         )
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        # at call time: at the top it adds 0.08 CPU-s to a DAG file's parse (the Postgres provider)
+        # at call time: at the top it adds to a DAG file's parse (the Postgres provider)
         from airflow_txn_provider.hooks.txn_log import TxnLogHook
 
         txid = self.txid or txid_from_run_id(getattr(self.task_instance, "run_id", "") or "")

@@ -229,7 +229,7 @@ class TxnWakerTrigger(BaseEventTrigger):
 
     async def wake_forever(self) -> None:
         """The waker's loop on the real log, source and REST API (:meth:`wake`)."""
-        # at call time: at the top it adds 0.08 CPU-s to a DAG file's parse (the Postgres provider)
+        # at call time: at the top it adds to a DAG file's parse (the Postgres provider)
         from airflow_txn_provider.hooks.txn_log import TxnLogHook
 
         read_view = await self.log_reader()
@@ -263,7 +263,7 @@ class TxnWakerTrigger(BaseEventTrigger):
         pipeline is declared: its first claim declares it, so txid 1 is due). Its first call
         brings the log's schema to head, as a claim's begin does: on a new deployment the log
         has no tables yet, and the first claim's run is the waker's to create."""
-        # at call time: at the top it adds 0.08 CPU-s to a DAG file's parse (the Postgres provider)
+        # at call time: at the top it adds to a DAG file's parse (the Postgres provider)
         from airflow_txn_provider.hooks.txn_log import TxnLogHook
 
         hook = TxnLogHook(txn_log_conn_id=self.txn_log_conn_id)

@@ -67,7 +67,7 @@ def note_mark(dag_run: Any, msg: str | None, state: str) -> str | None:
 
 def _pipeline_of(dag: Any) -> str | None:
     """The one pipeline ``dag``'s tasks declare, if it is a transaction DAG."""
-    # at call time: every Airflow process loads the plugin; the operators add 0.2 CPU-s to that
+    # at call time: every Airflow process loads the plugin; the operators add to that
     from airflow_txn_provider.operators.txn import PIPELINE_FIELD
 
     names = {getattr(task, PIPELINE_FIELD, None) for task in getattr(dag, "tasks", ()) or ()}
