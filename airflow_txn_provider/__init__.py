@@ -25,12 +25,12 @@ API: dict[str, str] = {
     "TransactionalSource": "airflow_txn_provider.rules.sources",
     "OpaqueSource": "airflow_txn_provider.rules.sources",
     "next_offset_ranges": "airflow_txn_provider.rules.sources",
-    "SparkSource": "airflow_txn_provider.spark.sources",
-    "PartitionedParquetSource": "airflow_txn_provider.spark.parquet_source",
-    "LandingDirectorySource": "airflow_txn_provider.spark.landing_source",
-    "KafkaSource": "airflow_txn_provider.spark.kafka_source",
-    "OpaqueKafkaSource": "airflow_txn_provider.spark.kafka_source",
-    "GeneratedTextSource": "airflow_txn_provider.spark.generated_source",
+    "SparkSource": "airflow_txn_provider.sources.base",
+    "PartitionedParquetSource": "airflow_txn_provider.sources.parquet",
+    "LandingDirectorySource": "airflow_txn_provider.sources.landing",
+    "KafkaSource": "airflow_txn_provider.sources.kafka",
+    "OpaqueKafkaSource": "airflow_txn_provider.sources.kafka",
+    "GeneratedTextSource": "airflow_txn_provider.sources.generated",
     # outputs: Postgres states and lake tables
     "MapState": "airflow_txn_provider.state",
     "GlobalState": "airflow_txn_provider.state",
@@ -81,19 +81,19 @@ if TYPE_CHECKING:  # what type checkers see (``X as X``: re-exported); a test ke
     from airflow_txn_provider.rules.sources import next_offset_ranges as next_offset_ranges
     from airflow_txn_provider.sinks import DeltaSink as DeltaSink
     from airflow_txn_provider.sinks import IcebergSink as IcebergSink
-    from airflow_txn_provider.spark.fill import fill_pipeline as fill_pipeline
-    from airflow_txn_provider.spark.generated_source import (
+    from airflow_txn_provider.sources.base import SparkSource as SparkSource
+    from airflow_txn_provider.sources.generated import (
         GeneratedTextSource as GeneratedTextSource,
     )
-    from airflow_txn_provider.spark.kafka_source import KafkaSource as KafkaSource
-    from airflow_txn_provider.spark.kafka_source import OpaqueKafkaSource as OpaqueKafkaSource
-    from airflow_txn_provider.spark.landing_source import (
+    from airflow_txn_provider.sources.kafka import KafkaSource as KafkaSource
+    from airflow_txn_provider.sources.kafka import OpaqueKafkaSource as OpaqueKafkaSource
+    from airflow_txn_provider.sources.landing import (
         LandingDirectorySource as LandingDirectorySource,
     )
-    from airflow_txn_provider.spark.parquet_source import (
+    from airflow_txn_provider.sources.parquet import (
         PartitionedParquetSource as PartitionedParquetSource,
     )
-    from airflow_txn_provider.spark.sources import SparkSource as SparkSource
+    from airflow_txn_provider.spark.fill import fill_pipeline as fill_pipeline
     from airflow_txn_provider.state import BucketCountState as BucketCountState
     from airflow_txn_provider.state import GlobalState as GlobalState
     from airflow_txn_provider.state import MapState as MapState

@@ -33,7 +33,7 @@ from airflow_txn_provider.rules.filling import FILL_CHUNK
 from airflow_txn_provider.rules.names import PIPELINE, check_name
 from airflow_txn_provider.rules.vocabulary import OutputRetirement, OutputStart
 from airflow_txn_provider.sinks.base import LakeSink
-from airflow_txn_provider.spark.sources import SparkSource
+from airflow_txn_provider.sources.base import SparkSource
 from airflow_txn_provider.state import MapState
 from airflow_txn_provider.transactions.declaration import output_choices
 

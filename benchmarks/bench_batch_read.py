@@ -42,7 +42,7 @@ from unittest import mock
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
+from airflow_txn_provider.sources.parquet import PartitionedParquetSource
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                 counts = source.batch_counts(metadata(b)) or {}
                 obs = Observation(f"bench_file_{b}_{time.monotonic_ns()}")
                 with mock.patch(
-                    "airflow_txn_provider.spark.parquet_source.read_with_partition_column",
+                    "airflow_txn_provider.sources.parquet.read_with_partition_column",
                     return_value=None,  # as before: the partition looked up per row
                 ):
                     batch = source.read_batch(spark, metadata(b))

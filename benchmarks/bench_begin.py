@@ -58,7 +58,7 @@ KINDS = {
 CHILD = """
 import json, sys, time
 import pyarrow.parquet  # a task process has its imports done: only the begin is timed
-from airflow_txn_provider.spark.sources import source_from_spec
+from airflow_txn_provider.sources.base import source_from_spec
 args = json.loads(sys.argv[1])
 source = source_from_spec(args["spec"])
 started = time.perf_counter()
@@ -167,8 +167,8 @@ def measure(
     cache: Path, kind: str, files: int, args: argparse.Namespace
 ) -> tuple[float, list[float], list[float]]:
     """(first begin's seconds, steady begins' seconds, idle polls' seconds) for one dataset."""
-    from airflow_txn_provider.spark.landing_source import LandingDirectorySource
-    from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
+    from airflow_txn_provider.sources.landing import LandingDirectorySource
+    from airflow_txn_provider.sources.parquet import PartitionedParquetSource
 
     root = dataset(cache, kind, files, args.partitions, args.seed)
     reset(root, kind, files, args.partitions)

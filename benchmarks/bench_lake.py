@@ -242,7 +242,7 @@ class LakeSide:
         name: str,
     ) -> None:
         from airflow_txn_provider.operators.spark_runner import SparkConnectRunner
-        from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
+        from airflow_txn_provider.sources.parquet import PartitionedParquetSource
 
         self.kind, self.log, self.name, self.rows = kind, txlog, name, batch_rows
         self.label = f"this project, {kind.capitalize()}"

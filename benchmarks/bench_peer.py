@@ -318,8 +318,8 @@ def run_core(
 ) -> dict[str, Any]:
     """Begin, process (Spark Connect), commit, one txid after another, in this process."""
     from airflow_txn_provider.operators.spark_runner import SparkConnectRunner
+    from airflow_txn_provider.sources.parquet import PartitionedParquetSource
     from airflow_txn_provider.spark.job import BatchJob
-    from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
     from airflow_txn_provider.transactions.commit import commit_registered
 
     source = PartitionedParquetSource(

@@ -25,8 +25,8 @@ from pathlib import Path
 import psutil
 
 from airflow_txn_provider.operators.spark_runner import SparkConnectRunner
+from airflow_txn_provider.sources.parquet import PartitionedParquetSource
 from airflow_txn_provider.spark.job import BatchJob
-from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
 from airflow_txn_provider.state import MapState
 from airflow_txn_provider.transactions.commit import commit_registered
 from airflow_txn_provider.transactions.transaction_log import TransactionLog

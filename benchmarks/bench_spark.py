@@ -30,8 +30,8 @@ from airflow_txn_provider.operators.spark_runner import (
     SparkSubmitRunner,
     load_job_module,
 )
+from airflow_txn_provider.sources.parquet import PartitionedParquetSource
 from airflow_txn_provider.spark.job import BatchJob, process_batch
-from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
 from airflow_txn_provider.state import MapState
 from airflow_txn_provider.transactions.commit import commit_registered
 from airflow_txn_provider.transactions.transaction_log import TransactionLog

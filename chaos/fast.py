@@ -90,9 +90,9 @@ from airflow_txn_provider.rules.exceptions import StagedOutputMismatchError, Txn
 from airflow_txn_provider.rules.records import PipelineView  # noqa: E402
 from airflow_txn_provider.rules.vocabulary import BeginAction, TxStatus  # noqa: E402
 from airflow_txn_provider.sinks import DeltaSink, IcebergSink, LakeSink, StagedFiles  # noqa: E402
+from airflow_txn_provider.sources.landing import LandingDirectorySource  # noqa: E402
+from airflow_txn_provider.sources.parquet import PartitionedParquetSource  # noqa: E402
 from airflow_txn_provider.spark.job import LOG_URL_ENV  # noqa: E402
-from airflow_txn_provider.spark.landing_source import LandingDirectorySource  # noqa: E402
-from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource  # noqa: E402
 from airflow_txn_provider.state import MapState  # noqa: E402
 from airflow_txn_provider.transactions.commit import commit_registered  # noqa: E402
 from airflow_txn_provider.transactions.transaction_log import TransactionLog  # noqa: E402

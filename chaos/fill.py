@@ -184,9 +184,9 @@ def arm_lake_fault(spec: str) -> None:
 def child(argv: Sequence[str]) -> int:
     """The fill's process: what the fill DAG's task runs."""
     from airflow_txn_provider.sinks.base import sink_from_spec
+    from airflow_txn_provider.sources.parquet import PartitionedParquetSource
     from airflow_txn_provider.spark.connect_sessions import connect_session
     from airflow_txn_provider.spark.fill import fill_pipeline
-    from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
     from airflow_txn_provider.transactions.transaction_log import TransactionLog
 
     url, connect, data, chunk, sinks = argv
@@ -236,8 +236,8 @@ def _run(plan: RunPlan, pg, connect_url: str, workdir: Path, spark) -> RunResult
 
     from airflow_txn_provider.log.fill_progress import filling_outputs
     from airflow_txn_provider.rules.exceptions import TxnError
+    from airflow_txn_provider.sources.parquet import PartitionedParquetSource
     from airflow_txn_provider.spark.job import BatchJob, process_batch
-    from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
     from airflow_txn_provider.transactions.commit import commit_registered
     from airflow_txn_provider.transactions.transaction_log import TransactionLog
     from tests.spark_data import parquet_dataset

@@ -391,8 +391,8 @@ def _process_again(d: Deployment, plan: Plan, txid: int, attempt: int, log: Any)
     """Run ``(txid, attempt)``'s processing once more, in this process, while its task runs: what
     Airflow does when it runs one task instance twice (apache/airflow#23520)."""
     from airflow_txn_provider.operators.spark_runner import SparkConnectRunner
+    from airflow_txn_provider.sources.parquet import PartitionedParquetSource
     from airflow_txn_provider.spark.job import BatchJob
-    from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
 
     source = PartitionedParquetSource(str(d.workdir / "data" / plan.name), max_per_partition=BATCH)
     sink = lake_sink(d.workdir, plan)  # with a sink, a second staging of the attempt's files

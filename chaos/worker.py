@@ -46,8 +46,8 @@ from typing import TYPE_CHECKING
 from airflow_txn_provider.operators.spark_runner import SparkConnectRunner, load_job_module
 from airflow_txn_provider.rules.exceptions import TxnError
 from airflow_txn_provider.sinks import LakeSink, sink_from_spec
+from airflow_txn_provider.sources.base import source_from_spec
 from airflow_txn_provider.spark.job import LOG_URL_ENV, BatchJob, ProcessOutcome, Transform
-from airflow_txn_provider.spark.sources import source_from_spec
 from airflow_txn_provider.transactions.lease import LeaseKeeper, holder_name
 from airflow_txn_provider.transactions.transaction_log import TransactionLog
 

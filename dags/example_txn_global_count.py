@@ -5,7 +5,7 @@ lines of its batch on Spark and the commit adds that count to a single
 :class:`~airflow_txn_provider.state.GlobalState`, in the same Postgres transaction as the txid's
 "committed" mark. The state stores the txid that last updated it, so a replayed commit of the
 same txid cannot add twice. Lines come from
-:class:`~airflow_txn_provider.spark.generated_source.GeneratedTextSource` (3 partitions x 10
+:class:`~airflow_txn_provider.sources.generated.GeneratedTextSource` (3 partitions x 10
 lines a second), so the DAG runs out of the box.
 
 Failure injection: the Airflow Variable ``txn_inject_failure__example_txn_global_count`` (``5``,

@@ -1,7 +1,7 @@
 """Word count from a Kafka topic: Storm's transactional spout, over Kafka as the seed describes it.
 
 Each txid's batch is a range of offsets per partition of the topic ``words``
-(:class:`~airflow_txn_provider.spark.kafka_source.KafkaSource`, at most 10 000 records a
+(:class:`~airflow_txn_provider.sources.kafka.KafkaSource`, at most 10 000 records a
 partition), decided at begin from the partitions' watermarks and stored in the transaction log:
 a replay reads exactly the same records. Each record's value is a line of text; the word counts
 are a transactional state (``spark_jobs/kafka_word_count.py``).

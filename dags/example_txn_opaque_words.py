@@ -2,9 +2,9 @@
 
 Storm's opaque transactional spout. The source is a landing folder with one sub-folder per
 partition of numbered JSON-lines files
-(:class:`~airflow_txn_provider.spark.landing_source.LandingDirectorySource`); here a simulated
+(:class:`~airflow_txn_provider.sources.landing.LandingDirectorySource`); here a simulated
 producer lands files as batches are chosen
-(:class:`~airflow_txn_provider.spark.simulated_landing.SimulatedLandingSource`, 3 partitions, 30
+(:class:`~airflow_txn_provider.sources.simulated_landing.SimulatedLandingSource`, 3 partitions, 30
 files a minute each, in ``opaque_landing`` under ``$TXN_EXAMPLES_DATA``, by default
 ``$AIRFLOW_HOME/txn_examples``).
 

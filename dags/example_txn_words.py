@@ -1,7 +1,7 @@
 """Words: counts per word and counts per count-bucket, updated in one transaction.
 
 Storm's ``TransactionalWords``. Each txid reads a batch of generated lines (no data set needed:
-:class:`~airflow_txn_provider.spark.generated_source.GeneratedTextSource` writes 2 x 20 lines a
+:class:`~airflow_txn_provider.sources.generated.GeneratedTextSource` writes 2 x 20 lines a
 second, and a replay reads exactly the same lines), Spark counts its words, and the commit applies
 two states in one Postgres transaction with the txid's "committed" mark:
 

@@ -4,9 +4,9 @@ A helper module of the examples, not a DAG file (``.airflowignore`` keeps Airflo
 and not part of the provider: copy it with the examples into the dags folder, which Airflow puts
 on ``sys.path``, so ``from txn_examples import ...`` finds it there.
 
-The words and global-count examples read :class:`~airflow_txn_provider.spark.generated_source.
+The words and global-count examples read :class:`~airflow_txn_provider.sources.generated.
 GeneratedTextSource`, which needs no data at all. The opaque example reads a landing folder of
-files, like a real opaque source; :class:`~airflow_txn_provider.spark.simulated_landing.
+files, like a real opaque source; :class:`~airflow_txn_provider.sources.simulated_landing.
 SimulatedLandingSource` (re-exported here) is that source with a producer built in: before
 choosing each batch it writes the files that "producers" would have landed since the last batch,
 into every partition folder that is online. It lives in the provider, not here, because the
@@ -30,7 +30,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from airflow_txn_provider.spark.simulated_landing import (  # noqa: F401 - the examples' imports
+from airflow_txn_provider.sources.simulated_landing import (  # noqa: F401 - the examples' imports
     SimulatedLandingSource,
     landing_lines,
 )

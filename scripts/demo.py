@@ -144,7 +144,7 @@ class KafkaFeed(threading.Thread):
     count is in :data:`KAFKA_FED_FILE`), so that each record sits at the offset it had. Line
     ``n`` always has the same timestamp (:data:`EPOCH_MS` + ``n``): the log written again is
     record for record the log it replaces, so the source's log identity check
-    (``spark/kafka_log.py``) finds the same log and the pipeline continues."""
+    (``sources/kafka_log.py``) finds the same log and the pipeline continues."""
 
     EPOCH_MS = 1_767_225_600_000
     """2026-01-01T00:00Z: line ``n``'s timestamp is this plus ``n`` milliseconds."""

@@ -1,7 +1,7 @@
 """Word count over a Kafka topic's records: each record's value is a line of text.
 
 The same transform as ``word_count.py``, on the ``value`` column that both Kafka readers give
-(``airflow_txn_provider/spark/kafka_read.py``). Run by ``spark-submit`` (see ``main``) or, on the
+(``airflow_txn_provider/sources/kafka_read.py``). Run by ``spark-submit`` (see ``main``) or, on the
 Spark Connect fast path, imported for :func:`transform` alone.
 """
 

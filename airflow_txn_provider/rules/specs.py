@@ -23,6 +23,21 @@ def to_spec(obj: Any) -> dict[str, Any]:
     return {"class": f"{cls.__module__}:{cls.__qualname__}", "args": dataclasses.asdict(obj)}
 
 
+MOVED_MODULES = {
+    f"airflow_txn_provider.spark.{old}": f"airflow_txn_provider.sources.{new}"
+    for old, new in {
+        "sources": "base",
+        "parquet_source": "parquet",
+        "landing_source": "landing",
+        "kafka_source": "kafka",
+        "generated_source": "generated",
+        "simulated_landing": "simulated_landing",
+    }.items()
+}
+"""Where the built-in sources' modules went (``spark/`` → ``sources/``): a spec written before
+the move, kept by Airflow in a deferred trigger's arguments, still loads after an upgrade."""
+
+
 def from_spec(spec: Mapping[str, Any] | str, base: type[Any], *, what: str) -> Any:
     """The object ``spec`` (a mapping, or its JSON text) describes, which must be a ``base``;
     ``what`` names it in errors (``source``, ``lake sink``)."""
@@ -31,6 +46,7 @@ def from_spec(spec: Mapping[str, Any] | str, base: type[Any], *, what: str) -> A
         raise ValueError(f"cannot load {what} from spec {spec!r}: not a mapping")
     try:
         module_name, _, qualname = str(value["class"]).partition(":")
+        module_name = MOVED_MODULES.get(module_name, module_name)
         obj: Any = importlib.import_module(module_name)
         for part in qualname.split("."):
             obj = getattr(obj, part)

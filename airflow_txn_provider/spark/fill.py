@@ -22,8 +22,8 @@ from airflow_txn_provider.rules.exceptions import FillError
 from airflow_txn_provider.rules.filling import FILL_CHUNK
 from airflow_txn_provider.sinks.base import LakeSink, StagedFiles
 from airflow_txn_provider.sinks.staging import stage_frame
+from airflow_txn_provider.sources.base import SparkSource
 from airflow_txn_provider.spark.job import BatchJob, Transform, results_by_output
-from airflow_txn_provider.spark.sources import SparkSource
 from airflow_txn_provider.state import MapState
 from airflow_txn_provider.transactions.fill import (
     ChunkResults,

@@ -43,8 +43,8 @@ from airflow_txn_provider.rules.records import TxRecord
 from airflow_txn_provider.rules.vocabulary import ProcessedAction
 from airflow_txn_provider.sinks.base import LakeSink, StagedFiles, sink_from_spec
 from airflow_txn_provider.sinks.staging import stage_frame
+from airflow_txn_provider.sources.base import LOCATION, RECORD, SparkSource, source_from_spec
 from airflow_txn_provider.spark.cores import is_connect, tell_spark_cores
-from airflow_txn_provider.spark.sources import LOCATION, RECORD, SparkSource, source_from_spec
 from airflow_txn_provider.spark.work_slots import spark_work_slot
 from airflow_txn_provider.state import MapState, counted_states, load_states
 from airflow_txn_provider.transactions.transaction_log import TransactionLog

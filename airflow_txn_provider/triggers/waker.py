@@ -36,7 +36,7 @@ from airflow_txn_provider.rules.liveness import Need, Overdue
 from airflow_txn_provider.rules.records import PipelineView, TxRecord
 from airflow_txn_provider.rules.waiting import new_txid_due, runs_to_make
 from airflow_txn_provider.run_context import COMMIT_TASK_ID, WATCH_TASK_ID, ahead_wait_slots_free
-from airflow_txn_provider.spark.sources import source_from_spec
+from airflow_txn_provider.sources.base import source_from_spec
 from airflow_txn_provider.triggers.run_keeper import ensure_txid_run, keep_alive
 from airflow_txn_provider.triggers.txn_log import shared_engine, shared_view
 from airflow_txn_provider.utils.retries import Backoff
@@ -176,7 +176,7 @@ class TxnWakerTrigger(BaseEventTrigger):
     :param airflow_api_conn_id: the connection to Airflow's REST API (creates the runs).
     :param pipeline: the pipeline's name in the log.
     :param dag_id: the DAG whose runs it creates.
-    :param source: the pipeline's source, as :meth:`~airflow_txn_provider.spark.sources.
+    :param source: the pipeline's source, as :meth:`~airflow_txn_provider.sources.base.
         SparkSource.to_spec` gives it.
     :param poll_interval: seconds between looks (the pipeline's ``poll_interval``).
     """

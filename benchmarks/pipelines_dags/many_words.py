@@ -14,7 +14,7 @@ from typing import Any
 
 from airflow_txn_provider.dag_builder import build_dag
 from airflow_txn_provider.pipeline import TxnPipeline
-from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
+from airflow_txn_provider.sources.parquet import PartitionedParquetSource
 from airflow_txn_provider.state import MapState
 
 JOB = Path(__file__).resolve().parents[2] / "spark_jobs" / "word_count.py"

@@ -12,7 +12,7 @@ from pathlib import Path
 from airflow_txn_provider.dag_builder import build_dag
 from airflow_txn_provider.pipeline import TxnPipeline
 from airflow_txn_provider.sinks import IcebergSink
-from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
+from airflow_txn_provider.sources.parquet import PartitionedParquetSource
 from airflow_txn_provider.state import MapState
 
 ROOT = Path(__file__).resolve().parents[2]

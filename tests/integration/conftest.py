@@ -261,7 +261,7 @@ def commit_fill_history(db_url: str, folder: Path) -> Path:
     """``fill_words``' first ``FILL_HISTORY`` txids, committed with the core API before its DAG
     file is parsed: word counts only (computed in Python, as a job of the version before this
     one staged them); returns the data's folder."""
-    from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
+    from airflow_txn_provider.sources.parquet import PartitionedParquetSource
     from airflow_txn_provider.state import MapState, stage_states
     from airflow_txn_provider.transactions.commit import commit_registered
     from airflow_txn_provider.transactions.transaction_log import TransactionLog

@@ -12,8 +12,8 @@ from airflow_txn_provider.log.schema import VERSION_TABLE
 from airflow_txn_provider.pipeline import TxnPipeline
 from airflow_txn_provider.rules.exceptions import OffsetsWentBackError, UnreadableMetadataError
 from airflow_txn_provider.rules.sources import next_offset_ranges, validate_metadata
-from airflow_txn_provider.spark.generated_source import GeneratedTextSource
-from airflow_txn_provider.spark.landing_source import LandingDirectorySource
+from airflow_txn_provider.sources.generated import GeneratedTextSource
+from airflow_txn_provider.sources.landing import LandingDirectorySource
 from airflow_txn_provider.state import BucketCountState, GlobalState, MapState
 
 # -- item 5: names -------------------------------------------------------------------------------

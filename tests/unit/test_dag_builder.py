@@ -19,7 +19,7 @@ from airflow_txn_provider.dag_builder import (
 )
 from airflow_txn_provider.pipeline import TxnPipeline
 from airflow_txn_provider.rules.config import RUNS_AHEAD
-from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
+from airflow_txn_provider.sources.parquet import PartitionedParquetSource
 from airflow_txn_provider.state import MapState
 
 

@@ -15,7 +15,7 @@ from airflow_txn_provider.pipeline import TxnPipeline
 from airflow_txn_provider.rules.exceptions import MalformedEventError
 from airflow_txn_provider.rules.vocabulary import EventState
 from airflow_txn_provider.rules.waiting import ATTEMPT_NEEDED, TxnEvent
-from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
+from airflow_txn_provider.sources.parquet import PartitionedParquetSource
 from airflow_txn_provider.state import MapState
 
 

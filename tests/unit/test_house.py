@@ -133,11 +133,12 @@ LAYERS = {
     "log": 2,
     "state": 3,
     "sinks": 3,
+    "sources": 3,
     "transactions": 4,
     "spark": 5,
 }
 """Each internal folder's height (docs/architecture.md, "Layers"): a module imports its own folder
-or a lower one. ``state`` and ``sinks`` stand side by side: neither imports the other."""
+or a lower one. ``state``, ``sinks`` and ``sources`` stand side by side: none imports another."""
 FACE = {"hooks", "operators", "sensors", "triggers", "ui"}
 """The Airflow face, with the package's top-level modules: above every layer, imported by none."""
 FACE_HEIGHT = max(LAYERS.values()) + 1

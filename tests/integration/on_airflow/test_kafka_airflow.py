@@ -38,7 +38,7 @@ from openlineage.client.serde import Serde
 from airflow_txn_provider.compat.python import UTC
 from airflow_txn_provider.rules.exceptions import UnknownPipelineError
 from airflow_txn_provider.rules.vocabulary import TxStatus
-from airflow_txn_provider.spark.kafka_source import offset_ranges
+from airflow_txn_provider.sources.kafka import offset_ranges
 from airflow_txn_provider.state import MapState
 from airflow_txn_provider.timetables import txid_run_id
 from airflow_txn_provider.transactions.transaction_log import TransactionLog

@@ -18,7 +18,7 @@ from airflow_txn_provider.dag_builder import build_dag
 from airflow_txn_provider.operators import txn as txn_operators
 from airflow_txn_provider.pipeline import TxnPipeline
 from airflow_txn_provider.rules.vocabulary import FailureResponse
-from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
+from airflow_txn_provider.sources.parquet import PartitionedParquetSource
 from airflow_txn_provider.state import MapState
 from airflow_txn_provider.triggers.txn_log import TxnLogTrigger, WaitFor
 from tests.conftest import set_txn_log_connection

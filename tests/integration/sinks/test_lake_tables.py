@@ -35,7 +35,7 @@ def _sink(kind, tmp_path, name="words", **kw):
 
 
 def _source(tmp_path, seed=0):
-    from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
+    from airflow_txn_provider.sources.parquet import PartitionedParquetSource
 
     data = {str(i): random_lines(seed + i, n) for i, n in enumerate((70, 50))}
     return data, PartitionedParquetSource(str(parquet_dataset(tmp_path / "ds", data)), 20)

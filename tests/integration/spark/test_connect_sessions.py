@@ -9,6 +9,7 @@ from sqlalchemy import text
 
 from airflow_txn_provider.operators.spark_runner import SparkConnectRunner
 from airflow_txn_provider.rules.exceptions import ProcessingError
+from airflow_txn_provider.sources.parquet import PartitionedParquetSource
 from airflow_txn_provider.spark.connect_sessions import (
     _SLOT_LOCK_CLASS,
     SLOTS,
@@ -16,7 +17,6 @@ from airflow_txn_provider.spark.connect_sessions import (
     leased_slot,
 )
 from airflow_txn_provider.spark.job import BatchJob
-from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
 from airflow_txn_provider.state import MapState
 from airflow_txn_provider.transactions.commit import commit_registered
 from tests.conftest import wait_until

@@ -25,8 +25,8 @@ import pytest
 
 from airflow_txn_provider.operators.spark_runner import SparkConnectRunner, load_job_module
 from airflow_txn_provider.rules.vocabulary import TxStatus
+from airflow_txn_provider.sources.parquet import PartitionedParquetSource
 from airflow_txn_provider.spark.job import LOG_URL_ENV, BatchJob
-from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
 from airflow_txn_provider.state import MapState
 from airflow_txn_provider.transactions.commit import commit_registered
 from airflow_txn_provider.transactions.lease import LeaseKeeper

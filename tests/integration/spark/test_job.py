@@ -23,9 +23,9 @@ from airflow_txn_provider.operators.spark_runner import (
 )
 from airflow_txn_provider.rules.exceptions import MalformedRecordError, ProcessingError
 from airflow_txn_provider.rules.vocabulary import TxStatus
+from airflow_txn_provider.sources.landing import LandingDirectorySource
+from airflow_txn_provider.sources.parquet import PartitionedParquetSource
 from airflow_txn_provider.spark.job import BatchJob, process_batch
-from airflow_txn_provider.spark.landing_source import LandingDirectorySource
-from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
 from airflow_txn_provider.state import MapState
 from airflow_txn_provider.transactions.commit import commit_registered
 from tests.spark_data import (

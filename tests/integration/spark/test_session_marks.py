@@ -16,9 +16,9 @@ import os
 import pytest
 
 from airflow_txn_provider.operators.spark_runner import SparkConnectRunner, load_job_module
+from airflow_txn_provider.sources.parquet import PartitionedParquetSource
 from airflow_txn_provider.spark.connect_sessions import connect_session
 from airflow_txn_provider.spark.job import CONNECT_MODE_ENV, BatchJob, process_batch
-from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
 from airflow_txn_provider.state import MapState
 from airflow_txn_provider.transactions.commit import commit_registered
 from tests.spark_data import lines_in_ranges, parquet_dataset, random_lines, word_counts

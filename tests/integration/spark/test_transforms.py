@@ -10,10 +10,10 @@ from pyspark.sql import Row
 from pyspark.testing import assertDataFrameEqual
 
 from airflow_txn_provider.operators.spark_runner import load_job_module
+from airflow_txn_provider.sources.base import source_from_spec
+from airflow_txn_provider.sources.landing import LandingDirectorySource
+from airflow_txn_provider.sources.parquet import PartitionedParquetSource
 from airflow_txn_provider.spark.job import BatchJob, run_job
-from airflow_txn_provider.spark.landing_source import LandingDirectorySource
-from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
-from airflow_txn_provider.spark.sources import source_from_spec
 from tests.spark_data import (
     lines_in_ranges,
     parquet_dataset,

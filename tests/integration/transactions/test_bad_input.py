@@ -305,8 +305,8 @@ def _word_count():
 def test_zero_padded_partition_directories_are_read_whole(txlog, tmp_path, spark):
     """Spark read ``p=01`` as 1, the filter on "01" matched nothing and the txid committed an
     empty batch (also ``p=1.50`` and ``p=+5``)."""
+    from airflow_txn_provider.sources.parquet import PartitionedParquetSource
     from airflow_txn_provider.spark.job import BatchJob, process_batch
-    from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
     from airflow_txn_provider.transactions.commit import commit_registered
 
     data = {"01": random_lines(1, 30), "1.50": random_lines(2, 20), "+5": random_lines(3, 10)}
@@ -331,7 +331,7 @@ def test_one_scan_labels_each_row_with_its_partition_exactly(tmp_path, any_sessi
     """A batch is one scan of its files, each row labelled by the file it came from: names a URI
     escapes (``a b``, ``5%``, ``x#y``), a padded one, and partitions at different offsets read the
     same rows as a scan per partition, each row under its own partition."""
-    from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
+    from airflow_txn_provider.sources.parquet import PartitionedParquetSource
 
     data = {
         "a b": random_lines(4, 30),
@@ -362,8 +362,8 @@ def test_partition_values_come_from_their_directories_when_spark_reads_them_back
     escape), the scan takes each row's partition from its directory, as a string (``01`` stays
     ``01``), with no lookup per row; the rows equal the metadata's, partitions at different
     offsets included. A batch with a ``%`` name is labelled by file instead, as exactly."""
-    from airflow_txn_provider.spark.parquet_read import read_with_partition_column
-    from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
+    from airflow_txn_provider.sources.parquet import PartitionedParquetSource
+    from airflow_txn_provider.sources.parquet_read import read_with_partition_column
 
     data = {
         "01": random_lines(8, 40),
@@ -428,8 +428,8 @@ def test_a_batch_that_reads_fewer_records_than_its_metadata_fails_the_txid(
     txlog, tmp_path, any_session, transform
 ):
     from airflow_txn_provider.rules.exceptions import IncompleteBatchError
+    from airflow_txn_provider.sources.parquet import PartitionedParquetSource
     from airflow_txn_provider.spark.job import BatchJob, process_batch
-    from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
 
     data = {"0": random_lines(4, 100), "1": random_lines(5, 20)}
     root = parquet_dataset(tmp_path / "ds", data)
@@ -461,8 +461,8 @@ def test_offsets_written_twice_are_refused_though_the_footers_are_read_first(
     import shutil
 
     from airflow_txn_provider.rules.exceptions import IncompleteBatchError
+    from airflow_txn_provider.sources.parquet import PartitionedParquetSource
     from airflow_txn_provider.spark.job import BatchJob, process_batch
-    from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
 
     data = {"0": random_lines(8, 100), "1": random_lines(9, 20)}
     root = parquet_dataset(tmp_path / "ds", data)
@@ -492,8 +492,8 @@ def test_two_spark_jobs_staging_one_state_are_both_committed(txlog, tmp_path, sp
     """The second job's rows replaced the first's and the count check passed."""
     from pyspark.sql import functions as F
 
+    from airflow_txn_provider.sources.parquet import PartitionedParquetSource
     from airflow_txn_provider.spark.job import BatchJob, process_batch
-    from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
     from airflow_txn_provider.transactions.commit import commit_registered
 
     data = {"0": random_lines(6, 40), "1": random_lines(7, 25)}
@@ -529,7 +529,7 @@ def test_a_partition_renumbered_from_zero_stops_begin_visibly(txlog, tmp_path):
     import shutil
 
     from airflow_txn_provider.rules.exceptions import OffsetsWentBackError
-    from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
+    from airflow_txn_provider.sources.parquet import PartitionedParquetSource
 
     root = parquet_dataset(tmp_path / "ds", {"0": random_lines(8, 30), "1": random_lines(9, 5)})
     source = PartitionedParquetSource(str(root), 100)

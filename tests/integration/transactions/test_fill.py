@@ -25,9 +25,9 @@ from airflow_txn_provider.rules.filling import FillProgress
 from airflow_txn_provider.rules.names import quote_ident
 from airflow_txn_provider.rules.sources import OpaqueSource
 from airflow_txn_provider.sinks import DeltaSink
+from airflow_txn_provider.sources.parquet import PartitionedParquetSource
 from airflow_txn_provider.spark.fill import fill_pipeline
 from airflow_txn_provider.spark.job import BatchJob, process_batch
-from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
 from airflow_txn_provider.state import MapState
 from airflow_txn_provider.transactions.commit import commit_registered
 from tests.spark_data import parquet_dataset, random_lines

@@ -30,7 +30,7 @@ from airflow_txn_provider.log import schema
 from airflow_txn_provider.pipeline import TxnPipeline
 from airflow_txn_provider.plugins import TxnProviderPlugin
 from airflow_txn_provider.rules.sources import TransactionalSource
-from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
+from airflow_txn_provider.sources.parquet import PartitionedParquetSource
 from airflow_txn_provider.state import GlobalState, MapState, stage_states
 from airflow_txn_provider.timetables import txid_run_id
 from airflow_txn_provider.transactions.commit import commit_states

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from airflow_txn_provider.operators.spark_runner import SparkSubmitRunner
-from airflow_txn_provider.spark.generated_source import GeneratedTextSource
+from airflow_txn_provider.sources.generated import GeneratedTextSource
 from airflow_txn_provider.spark.job import LOG_URL_ENV, BatchJob
 
 JOB = Path(__file__).resolve().parents[3] / "spark_jobs" / "word_count.py"

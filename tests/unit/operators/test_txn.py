@@ -34,7 +34,7 @@ def test_is_airflow_retry(try_number, max_tries, retries, expected):
 def _process_task(**pipeline_kw):
     from airflow_txn_provider.dag_builder import build_dag
     from airflow_txn_provider.pipeline import TxnPipeline
-    from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
+    from airflow_txn_provider.sources.parquet import PartitionedParquetSource
     from airflow_txn_provider.state import MapState
 
     pipeline_kw.setdefault("states", [MapState("words", "word_counts", keys={"word": "text"})])

@@ -12,7 +12,7 @@ from airflow_txn_provider.pipeline import TxnPipeline
 from airflow_txn_provider.rules.exceptions import InvalidNameError
 from airflow_txn_provider.rules.names import COLUMN, PIPELINE, SQL_NAME, check_name, quote_ident
 from airflow_txn_provider.sinks import DeltaSink, IcebergSink
-from airflow_txn_provider.spark.generated_source import GeneratedTextSource
+from airflow_txn_provider.sources.generated import GeneratedTextSource
 from airflow_txn_provider.state import MapState
 
 HOSTILE = [

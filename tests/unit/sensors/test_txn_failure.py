@@ -178,7 +178,7 @@ def test_a_watch_with_nothing_to_answer_ends_skipped_which_costs_no_callback(mon
 
     from airflow_txn_provider.pipeline import TxnPipeline
     from airflow_txn_provider.sensors.txn_failure import TxnFailureSensor
-    from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
+    from airflow_txn_provider.sources.parquet import PartitionedParquetSource
     from airflow_txn_provider.state import MapState
 
     pipeline = TxnPipeline(

@@ -12,7 +12,7 @@ from airflow_txn_provider.rules.exceptions import LakeTableOutOfSyncError
 from airflow_txn_provider.rules.vocabulary import SinkAction
 from airflow_txn_provider.sinks import DeltaSink, IcebergSink, StagedFiles, sink_from_spec
 from airflow_txn_provider.sinks.base import schema_to_hex
-from airflow_txn_provider.spark.generated_source import GeneratedTextSource
+from airflow_txn_provider.sources.generated import GeneratedTextSource
 from airflow_txn_provider.spark.job import BatchJob
 
 WHERE = {"pipeline": "p", "attempt": 2, "sink": "s"}

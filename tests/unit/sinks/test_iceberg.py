@@ -9,7 +9,7 @@ import pytest
 
 from airflow_txn_provider.rules.exceptions import InvalidNameError, TxnConfigError
 from airflow_txn_provider.sinks import IcebergSink, sink_from_spec
-from airflow_txn_provider.spark.generated_source import GeneratedTextSource
+from airflow_txn_provider.sources.generated import GeneratedTextSource
 from airflow_txn_provider.spark.job import BatchJob
 from airflow_txn_provider.utils import redaction
 

@@ -16,9 +16,9 @@ from airflow_txn_provider.operators import spark_runner
 from airflow_txn_provider.operators.spark_runner import SparkConnectRunner, operation_tag
 from airflow_txn_provider.pipeline import TxnPipeline
 from airflow_txn_provider.run_context import fail_attempt_on_task_failure
-from airflow_txn_provider.spark.generated_source import GeneratedTextSource
+from airflow_txn_provider.sources.generated import GeneratedTextSource
+from airflow_txn_provider.sources.parquet import PartitionedParquetSource
 from airflow_txn_provider.spark.job import BatchJob, ProcessOutcome
-from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
 from airflow_txn_provider.state import MapState
 
 pytestmark = pytest.mark.skipif(not SUPPORTS_CONNECT, reason="Spark Connect: PySpark 4.0 and later")

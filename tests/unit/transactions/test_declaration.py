@@ -8,7 +8,7 @@ import pytest
 from airflow_txn_provider.pipeline import TxnPipeline
 from airflow_txn_provider.rules.vocabulary import OutputRetirement, OutputStart
 from airflow_txn_provider.sinks import DeltaSink
-from airflow_txn_provider.spark.generated_source import GeneratedTextSource
+from airflow_txn_provider.sources.generated import GeneratedTextSource
 from airflow_txn_provider.state import MapState
 from airflow_txn_provider.transactions.declaration import declaration_fingerprint
 

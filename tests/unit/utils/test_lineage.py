@@ -19,7 +19,7 @@ from airflow_txn_provider.dag_builder import build_dag
 from airflow_txn_provider.pipeline import TxnPipeline
 from airflow_txn_provider.rules.vocabulary import TxStatus
 from airflow_txn_provider.sinks import DeltaSink, IcebergSink
-from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
+from airflow_txn_provider.sources.parquet import PartitionedParquetSource
 from airflow_txn_provider.state import MapState
 from airflow_txn_provider.utils.lineage import (
     BATCH_FACET,

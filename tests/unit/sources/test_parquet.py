@@ -17,9 +17,9 @@ import pytest
 
 from airflow_txn_provider.rules.exceptions import OffsetsWentBackError
 from airflow_txn_provider.rules.sources import next_offset_ranges
-from airflow_txn_provider.spark import file_index, parquet_index
-from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
-from tests.unit.spark.files_given import SEEDS, age, new_process
+from airflow_txn_provider.sources import file_index, parquet_index
+from airflow_txn_provider.sources.parquet import PartitionedParquetSource
+from tests.unit.sources.files_given import SEEDS, age, new_process
 
 
 @pytest.fixture
@@ -416,7 +416,7 @@ def test_a_declared_schema_is_the_files_columns_only(tmp_path, schema):
 
 def test_a_declared_schema_travels_in_the_spec(tmp_path):
     from airflow_txn_provider.rules.specs import from_spec, to_spec
-    from airflow_txn_provider.spark.sources import SparkSource
+    from airflow_txn_provider.sources.base import SparkSource
 
     source = PartitionedParquetSource(str(tmp_path), schema="offset BIGINT, pid STRING")
     again = from_spec(json.dumps(to_spec(source)), SparkSource, what="source")

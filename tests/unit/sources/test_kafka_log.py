@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from airflow_txn_provider.rules.exceptions import SourceLogChangedError
-from airflow_txn_provider.spark.kafka_log import (
+from airflow_txn_provider.sources.kafka import KafkaSource, OpaqueKafkaSource, offset_ranges
+from airflow_txn_provider.sources.kafka_log import (
     LOG,
     RESET,
     Anchor,
@@ -15,8 +16,7 @@ from airflow_txn_provider.spark.kafka_log import (
     Seen,
     log_changes,
 )
-from airflow_txn_provider.spark.kafka_source import KafkaSource, OpaqueKafkaSource, offset_ranges
-from tests.unit.spark.kafka_given import given_topic
+from tests.unit.sources.kafka_given import given_topic
 
 
 def _recorded(topic_id=None, **anchors):
@@ -189,7 +189,7 @@ def test_spark_s_kafka_reader_reads_committed_records_only(monkeypatch):
     """``reader="spark"`` passes ``kafka.isolation.level=read_committed``, whatever the
     connection says, as the default reader does."""
     monkeypatch.setattr(
-        "airflow_txn_provider.spark.kafka_source.kafka_config",
+        "airflow_txn_provider.sources.kafka.kafka_config",
         lambda conn_id: {"bootstrap.servers": "127.0.0.1:1", "isolation.level": "read_uncommitted"},
     )
 

@@ -4,8 +4,8 @@ by a begin that finds new files: test_parquet_index.py)."""
 
 from __future__ import annotations
 
-from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
-from tests.unit.spark.files_given import write_offsets
+from airflow_txn_provider.sources.parquet import PartitionedParquetSource
+from tests.unit.sources.files_given import write_offsets
 
 
 def test_footers_are_read_once_per_file_until_it_changes(tmp_path, footers_read):

@@ -1,8 +1,8 @@
-"""Reading Kafka offset ranges (spark/kafka_read.py): the consumer's settings, with no cluster."""
+"""Reading Kafka offset ranges (sources/kafka_read.py): the consumer's settings, with no cluster."""
 
 from __future__ import annotations
 
-from airflow_txn_provider.spark.kafka_read import consumer_settings
+from airflow_txn_provider.sources.kafka_read import consumer_settings
 
 
 def test_the_reader_joins_no_group_commits_nothing_and_never_jumps():

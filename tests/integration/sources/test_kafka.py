@@ -19,9 +19,9 @@ import pytest
 from airflow_txn_provider.operators.spark_runner import SparkConnectRunner
 from airflow_txn_provider.rules.exceptions import SourceError, SourceLogChangedError
 from airflow_txn_provider.rules.vocabulary import TxStatus
+from airflow_txn_provider.sources.kafka import KafkaSource, OpaqueKafkaSource, offset_ranges
 from airflow_txn_provider.spark.connect_sessions import keep_classic_mode
 from airflow_txn_provider.spark.job import BatchJob
-from airflow_txn_provider.spark.kafka_source import KafkaSource, OpaqueKafkaSource, offset_ranges
 from airflow_txn_provider.state import MapState
 from airflow_txn_provider.transactions.commit import commit_registered
 from tests.spark_data import random_lines, word_counts

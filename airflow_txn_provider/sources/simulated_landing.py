@@ -1,10 +1,10 @@
 """A landing folder whose producers are simulated: what the landing examples (opaque, Iceberg) read.
 
 :class:`SimulatedLandingSource` is a
-:class:`~airflow_txn_provider.spark.landing_source.LandingDirectorySource` that, whenever a batch
+:class:`~airflow_txn_provider.sources.landing.LandingDirectorySource` that, whenever a batch
 is chosen or the waker asks whether one is due, first lands the files producers would have
 written since into every online partition folder. It lives in the provider, like
-:class:`~airflow_txn_provider.spark.generated_source.GeneratedTextSource`, so that the examples
+:class:`~airflow_txn_provider.sources.generated.GeneratedTextSource`, so that the examples
 run out of the box and every process that chooses batches imports it, the waker in the triggerer
 (where the DAGs folder is not importable) included. A file's lines are :func:`landing_lines`: the
 same for the same partition and number every time, so tests recount them in plain Python.
@@ -20,8 +20,8 @@ import time
 from pathlib import Path
 
 from airflow_txn_provider.rules.sources import Metadata
-from airflow_txn_provider.spark.generated_source import DEFAULT_VOCABULARY
-from airflow_txn_provider.spark.landing_source import LandingDirectorySource
+from airflow_txn_provider.sources.generated import DEFAULT_VOCABULARY
+from airflow_txn_provider.sources.landing import LandingDirectorySource
 
 _STARTED = "_producer.json"
 _NEXT_SEQ = ".next_seq"

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_txn_provider.spark.generated_source import (
+from airflow_txn_provider.sources.base import source_from_spec
+from airflow_txn_provider.sources.generated import (
     DEFAULT_VOCABULARY,
     GENERATED_EPOCH,
     GeneratedTextSource,
 )
-from airflow_txn_provider.spark.sources import source_from_spec
 
 
 def rows(spark, source, metadata):

@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from airflow_txn_provider.rules.exceptions import OffsetGapError
-from airflow_txn_provider.spark.file_index import INDEX_MARGIN_NS, file_offsets
-from airflow_txn_provider.spark.parquet_index import (
+from airflow_txn_provider.sources.file_index import INDEX_MARGIN_NS, file_offsets
+from airflow_txn_provider.sources.parquet_index import (
     CorruptIndexError,
     ParquetPartition,
     ParquetPartitionIndex,

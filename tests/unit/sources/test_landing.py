@@ -1,4 +1,4 @@
-"""A begin's cost does not grow with the landing folder's history (spark/landing_source.py): the
+"""A begin's cost does not grow with the landing folder's history (sources/landing.py): the
 source looks up the files after where the previous batch ended instead of listing every file ever
 landed, and gives exactly what a full listing gives; a partition missing, unreadable or
 renumbered is handled as before."""
@@ -14,8 +14,8 @@ import pytest
 
 from airflow_txn_provider.rules.exceptions import OffsetsWentBackError
 from airflow_txn_provider.rules.sources import next_offset_ranges
-from airflow_txn_provider.spark.landing_source import LandingDirectorySource
-from tests.unit.spark.files_given import SEEDS, age, new_process
+from airflow_txn_provider.sources.landing import LandingDirectorySource
+from tests.unit.sources.files_given import SEEDS, age, new_process
 
 
 def land(root: Path, partition: str, seq: int, tick: int) -> None:

@@ -21,7 +21,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from airflow_txn_provider.spark.file_index import default_index_dir, write_whole
+from airflow_txn_provider.sources.file_index import default_index_dir, write_whole
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The simulated landing producers (spark/simulated_landing.py), the landing examples' source,
+"""The simulated landing producers (sources/simulated_landing.py), the landing examples' source,
 without a database: once consumed files are deleted, a producer keeps numbering after the files
 it landed, never from 0 again (issue 11). Imported, as before, from the examples' helper
 (dags/txn_examples.py)."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 
-from airflow_txn_provider.spark.landing_source import LandingDirectorySource
+from airflow_txn_provider.sources.landing import LandingDirectorySource
 from txn_examples import SimulatedLandingSource
 
 

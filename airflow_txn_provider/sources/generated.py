@@ -11,7 +11,7 @@ import functools
 from typing import TYPE_CHECKING
 
 from airflow_txn_provider.rules.sources import Metadata, TransactionalSource, next_offset_ranges
-from airflow_txn_provider.spark.sources import SparkSource
+from airflow_txn_provider.sources.base import SparkSource
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession

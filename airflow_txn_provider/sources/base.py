@@ -6,9 +6,9 @@ processing job: the two halves of Storm's transactional spout. To write one, sub
 two kinds and implement three methods (``docs/sources.md``). Sources are frozen dataclasses:
 :meth:`SparkSource.to_spec` makes one JSON for a ``spark-submit`` command line, and
 :func:`source_from_spec` rebuilds it in the job. The built-in sources live one to a module, e.g.
-:class:`~airflow_txn_provider.spark.parquet_source.PartitionedParquetSource`,
-:class:`~airflow_txn_provider.spark.landing_source.LandingDirectorySource` and
-:class:`~airflow_txn_provider.spark.generated_source.GeneratedTextSource`.
+:class:`~airflow_txn_provider.sources.parquet.PartitionedParquetSource`,
+:class:`~airflow_txn_provider.sources.landing.LandingDirectorySource` and
+:class:`~airflow_txn_provider.sources.generated.GeneratedTextSource`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The per-partition index of a Parquet dataset (spark/parquet_index.py) is appended to, not
+"""The per-partition index of a Parquet dataset (sources/parquet_index.py) is appended to, not
 rewritten, by a begin that finds new files: a corrupt last change is ignored, a racing writer
 keeps the first change, and the changes are compacted once they outgrow the base."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from airflow_txn_provider.spark import file_index, parquet_discovery, parquet_index
-from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
-from tests.unit.spark.files_given import write_offsets
+from airflow_txn_provider.sources import file_index, parquet_discovery, parquet_index
+from airflow_txn_provider.sources.parquet import PartitionedParquetSource
+from tests.unit.sources.files_given import write_offsets
 
 OLD = time.time_ns() - 3600 * 10**9  # an hour ago: old enough for a listing to be kept
 

@@ -1,5 +1,5 @@
 """The Spark side of
-:class:`~airflow_txn_provider.spark.parquet_source.PartitionedParquetSource`: one scan of a batch's
+:class:`~airflow_txn_provider.sources.parquet.PartitionedParquetSource`: one scan of a batch's
 files, each row carrying the partition value of its directory.
 
 The partition value is what the txid's metadata names, exactly, as a string. Spark's partition

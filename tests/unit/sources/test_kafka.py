@@ -15,16 +15,16 @@ from airflow_txn_provider.rules.exceptions import (
     TxnConfigError,
 )
 from airflow_txn_provider.rules.vocabulary import SourceKind
-from airflow_txn_provider.spark.kafka_source import (
+from airflow_txn_provider.sources.base import source_from_spec
+from airflow_txn_provider.sources.kafka import (
     SKIPPED,
     KafkaSource,
     OpaqueKafkaSource,
     partition_key,
     split_key,
 )
-from airflow_txn_provider.spark.sources import source_from_spec
 from airflow_txn_provider.utils import credentials, redaction
-from tests.unit.spark.kafka_given import given_topic
+from tests.unit.sources.kafka_given import given_topic
 
 SECRET = "k4fka-S3cret"
 

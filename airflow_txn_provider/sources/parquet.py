@@ -1,7 +1,7 @@
 """The partitioned Parquet source: a dataset with an increasing offset column (transactional).
 
 A txid's metadata is ``{p: [start, end)}``, one offset range per partition. The Airflow side finds
-new offsets from Parquet footers (``spark/parquet_discovery.py``); the Spark side reads a batch
+new offsets from Parquet footers (``sources/parquet_discovery.py``); the Spark side reads a batch
 with partition pruning and offset pushdown, never by scanning the dataset.
 """
 
@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from airflow_txn_provider.rules.sources import Metadata, TransactionalSource, next_offset_ranges
-from airflow_txn_provider.spark.file_index import prefetched, take_prefetched
-from airflow_txn_provider.spark.parquet_discovery import OffsetNames, discover
-from airflow_txn_provider.spark.parquet_index import ParquetPartition
-from airflow_txn_provider.spark.parquet_read import read_with_partition_column
-from airflow_txn_provider.spark.sources import LOCATION, RECORD, SparkSource, local_path
+from airflow_txn_provider.sources.base import LOCATION, RECORD, SparkSource, local_path
+from airflow_txn_provider.sources.file_index import prefetched, take_prefetched
+from airflow_txn_provider.sources.parquet_discovery import OffsetNames, discover
+from airflow_txn_provider.sources.parquet_index import ParquetPartition
+from airflow_txn_provider.sources.parquet_read import read_with_partition_column
 from airflow_txn_provider.utils.lineage import path_dataset
 
 if TYPE_CHECKING:
@@ -129,7 +129,7 @@ class PartitionedParquetSource(TransactionalSource, SparkSource):
         offset range: a partition folder unchanged since it was listed is not listed again; a
         changed one is listed by name, and only new names are looked at (``stat``, footer);
         with ``file_name_template``, the names after the partition's end are looked up instead
-        of a listing (``spark/parquet_discovery.py``). The
+        of a listing (``sources/parquet_discovery.py``). The
         files holding the newest offsets are looked at on every call (a rewrite in place of one
         of them is seen; of an older file, not: ``docs/sources.md``)."""
         return self._latest(None)

@@ -34,7 +34,7 @@ CONSUMER_GROUP = "airflow-txn-provider-unused"
 def record_fingerprint(message: Any) -> str:
     """What a record holds, in a few characters: its timestamp, key and value (CRC-32). A log's
     record at an offset never changes, so another fingerprint there is another log
-    (:mod:`~airflow_txn_provider.spark.kafka_log`)."""
+    (:mod:`~airflow_txn_provider.sources.kafka_log`)."""
     import zlib
 
     kind, millis = message.timestamp()

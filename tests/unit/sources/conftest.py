@@ -7,7 +7,7 @@ import os
 import pyarrow.parquet as pq
 import pytest
 
-from airflow_txn_provider.spark import file_index
+from airflow_txn_provider.sources import file_index
 
 
 @pytest.fixture

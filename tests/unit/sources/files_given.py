@@ -10,7 +10,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from airflow_txn_provider.spark import file_index, parquet_index
+from airflow_txn_provider.sources import file_index, parquet_index
 
 SEEDS = [1, 2, 3, 4, 5, 6, 7, 8]
 OLD = time.time_ns() - 3600 * 10**9  # an hour ago: old enough for the index to keep

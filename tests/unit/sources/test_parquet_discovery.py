@@ -18,8 +18,8 @@ import pytest
 
 from airflow_txn_provider.rules.exceptions import OffsetGapError
 from airflow_txn_provider.rules.sources import next_offset_ranges
-from airflow_txn_provider.spark import file_index, parquet_index
-from airflow_txn_provider.spark.parquet_source import PartitionedParquetSource
+from airflow_txn_provider.sources import file_index, parquet_index
+from airflow_txn_provider.sources.parquet import PartitionedParquetSource
 
 OLD = time.time_ns() - 3600 * 10**9
 TEMPLATE = "part-{offset:06d}.parquet"

@@ -3,7 +3,7 @@
 A txid's metadata is ``{"<topic>-<partition>": [start, end)}``, decided at begin from the
 partitions' watermarks (the Apache Kafka provider's admin client), at most ``max_per_partition``
 each, a new partition from its earliest record; the Spark side reads exactly those offsets
-(:mod:`~airflow_txn_provider.spark.kafka_read`, or Spark's Kafka reader: ``reader="spark"``).
+(:mod:`~airflow_txn_provider.sources.kafka_read`, or Spark's Kafka reader: ``reader="spark"``).
 A :class:`KafkaSource` replay reads the same offsets, and records deleted by retention before a
 txid read them stop the pipeline (``OffsetsDeletedError``). An :class:`OpaqueKafkaSource` replay
 starts from the previous txid's end; deleted records are skipped, noted under :data:`SKIPPED` and
@@ -30,7 +30,8 @@ from airflow_txn_provider.rules.sources import (
     TransactionalSource,
     next_offset_ranges,
 )
-from airflow_txn_provider.spark.kafka_log import (
+from airflow_txn_provider.sources.base import SparkSource
+from airflow_txn_provider.sources.kafka_log import (
     LOG,
     RESET,
     LogIdentity,
@@ -39,8 +40,7 @@ from airflow_txn_provider.spark.kafka_log import (
     read_anchors,
     split_key,
 )
-from airflow_txn_provider.spark.kafka_read import RANGE_SCHEMA, RECORD_SCHEMA, range_reader
-from airflow_txn_provider.spark.sources import SparkSource
+from airflow_txn_provider.sources.kafka_read import RANGE_SCHEMA, RECORD_SCHEMA, range_reader
 from airflow_txn_provider.utils.credentials import kafka_config, kafka_connection_env
 
 if TYPE_CHECKING:
@@ -162,7 +162,7 @@ class _KafkaTopic(SparkSource):
         txid: int,
     ) -> dict[str, Seen]:
         """What the partitions' logs hold at ``positions`` now
-        (:func:`~airflow_txn_provider.spark.kafka_log.read_anchors`)."""
+        (:func:`~airflow_txn_provider.sources.kafka_log.read_anchors`)."""
         if not positions:
             return {}
         try:

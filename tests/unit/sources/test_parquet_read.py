@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from airflow_txn_provider.spark.parquet_read import _reads_back
+from airflow_txn_provider.sources.parquet_read import _reads_back
 
 BASE = "/data/ds"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from airflow_txn_provider.spark.kafka_log import Anchor, Seen
+from airflow_txn_provider.sources.kafka_log import Anchor, Seen
 
 
 def given_topic(cls, marks, logs=None, *, topic_id=None, **kw):

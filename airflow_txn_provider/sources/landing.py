@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow_txn_provider.rules.sources import Metadata, OpaqueSource, next_offset_ranges
-from airflow_txn_provider.spark.file_index import INDEX_MARGIN_NS, DiscoveryIndex
-from airflow_txn_provider.spark.sources import LOCATION, RECORD, SparkSource, local_path
+from airflow_txn_provider.sources.base import LOCATION, RECORD, SparkSource, local_path
+from airflow_txn_provider.sources.file_index import INDEX_MARGIN_NS, DiscoveryIndex
 from airflow_txn_provider.utils.lineage import path_dataset
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from airflow_txn_provider.spark.kafka_read import consumer_settings, record_fingerprint
+from airflow_txn_provider.sources.kafka_read import consumer_settings, record_fingerprint
 
 LOG = "log"
 """The metadata key of a Kafka txid's log identity (never a partition's key: those end in
