@@ -1,6 +1,6 @@
 """The Kafka sources' Airflow side (a txid's offsets from the partitions' watermarks) and their
 connection settings, with the watermarks given: no cluster. The integration tests
-(tests/integration/spark/test_kafka.py) read real batches from a Kafka wire-protocol cluster."""
+(tests/integration/sources/test_kafka.py) read real batches from a Kafka wire-protocol cluster."""
 
 from __future__ import annotations
 

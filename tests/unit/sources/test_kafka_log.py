@@ -1,6 +1,6 @@
 """A Kafka txid's log identity, with recorded identities and logs given as plain values: what
 counts as another log (``log_changes``), and what a begin, a replay and a declared reset do with
-it. A refilled log on a real (mock) cluster is tests/integration/spark/test_kafka.py."""
+it. A refilled log on a real (mock) cluster is tests/integration/sources/test_kafka.py."""
 
 from __future__ import annotations
 
