@@ -9,14 +9,15 @@ each) is generated once and kept under ``--cache`` (the system temp dir by defau
 each dataset:
 
 * a first begin (the previous txid's, untimed in the table's p50/p95 but printed as "first")
-  runs in a fresh process against an empty temp dir (``TMPDIR``), so no on-disk cache exists;
+  runs in a fresh process against an empty catalog (what discovery found is kept in the log's
+  Postgres: a throwaway one the benchmark starts, durable as a log's, on 127.0.0.1);
 * ``--repeat`` times: ``--new-files`` files land in every partition, then a fresh Python process
   (no in-process cache warm; ``pyarrow.parquet`` imported before the clock starts, as a task
   process has its imports done) runs the begin path exactly as a task process does:
   ``source.prefetch()`` then ``source.initialize_transaction(txid, prev_metadata)``, with the
   previous txid's metadata. Its result is checked against the batch expected;
 * then the idle poll ("no new data"): once the folders are more than 2 s old (the discovery
-  index trusts only listings made well after a folder's last change), one untimed begin, then
+  catalog trusts only listings made well after a folder's last change), one untimed begin, then
   ``--repeat`` timed begins in fresh processes with nothing new (each must return ``None``).
 
 Printed: p50 and p95 (nearest rank) begin seconds per history size, side by side, and the ratio
@@ -45,6 +46,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run as a script: the repository's txn_testing
+from airflow_txn_provider.transactions.transaction_log import TransactionLog  # noqa: E402
+from txn_testing.postgres import EmbeddedPostgres  # noqa: E402
+
 ROWS_PER_FILE = 5
 SEED = 11
 NAMED = "part-{offset:010d}.parquet"
@@ -58,9 +64,14 @@ KINDS = {
 CHILD = """
 import json, sys, time
 import pyarrow.parquet  # a task process has its imports done: only the begin is timed
+from sqlalchemy import create_engine, text
 from airflow_txn_provider.sources.base import source_from_spec
+from airflow_txn_provider.sources.catalog import with_log_catalog
 args = json.loads(sys.argv[1])
-source = source_from_spec(args["spec"])
+engine = create_engine(args["url"], pool_pre_ping=True)
+with engine.connect() as conn:  # as a task process's begin has the log's connection open
+    conn.execute(text("SELECT 1"))
+source = with_log_catalog(source_from_spec(args["spec"]), engine)
 started = time.perf_counter()
 source.prefetch()
 metadata = source.initialize_transaction(args["txid"], args["prev"])
@@ -144,10 +155,13 @@ def reset(root: Path, kind: str, files: int, partitions: int) -> None:
 # -- one begin in a fresh process ---------------------------------------------------------------
 
 
-def begin_in_fresh_process(spec: dict[str, Any], txid: int, prev: Any, tmpdir: str) -> Any:
+def begin_in_fresh_process(
+    spec: dict[str, Any], txid: int, prev: Any, tmpdir: str, url: str
+) -> Any:
     env = dict(os.environ, TMPDIR=tmpdir)
+    child = {"spec": spec, "txid": txid, "prev": prev, "url": url}
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, json.dumps({"spec": spec, "txid": txid, "prev": prev})],
+        [sys.executable, "-c", CHILD, json.dumps(child)],
         capture_output=True,
         text=True,
         env=env,
@@ -164,7 +178,7 @@ def p95(values: list[float]) -> float:
 
 
 def measure(
-    cache: Path, kind: str, files: int, args: argparse.Namespace
+    cache: Path, kind: str, files: int, args: argparse.Namespace, url: str
 ) -> tuple[float, list[float], list[float]]:
     """(first begin's seconds, steady begins' seconds, idle polls' seconds) for one dataset."""
     from airflow_txn_provider.sources.landing import LandingDirectorySource
@@ -191,7 +205,7 @@ def measure(
     prev: Any = {p: [max(end - 1, 0), end] for p, end in ends.items()}
     seconds: list[float] = []
     with tempfile.TemporaryDirectory(prefix="bench-begin-tmp-") as tmpdir:
-        first = begin_in_fresh_process(spec, 1, prev, tmpdir)  # nothing new yet
+        first = begin_in_fresh_process(spec, 1, prev, tmpdir, url)  # nothing new yet
         if first["metadata"] is not None:
             raise AssertionError(f"{kind} {files}: first begin {first['metadata']}, not None")
         added = 0
@@ -211,7 +225,7 @@ def measure(
                         end += 1
                     added += 1
                 expected[p] = [ends.get(p, 0), end]
-            result = begin_in_fresh_process(spec, txid, prev, tmpdir)
+            result = begin_in_fresh_process(spec, txid, prev, tmpdir, url)
             if result["metadata"] != expected:
                 raise AssertionError(
                     f"{kind} {files} txid {txid}: {result['metadata']} != {expected}"
@@ -222,7 +236,7 @@ def measure(
         time.sleep(2.2)  # the folders' last change is now old enough for a listing to be kept
         idle: list[float] = []
         for txid in range(args.repeat + 2, 2 * args.repeat + 3):
-            result = begin_in_fresh_process(spec, txid, prev, tmpdir)
+            result = begin_in_fresh_process(spec, txid, prev, tmpdir, url)
             if result["metadata"] is not None:
                 raise AssertionError(f"{kind} {files} idle: {result['metadata']}, not None")
             if txid > args.repeat + 2:  # the first lists the folders once more, untimed
@@ -258,17 +272,32 @@ def main(argv: list[str] | None = None) -> int:
     )
     args.cache.mkdir(parents=True, exist_ok=True)
     results: dict[tuple[str, int], tuple[float, list[float], list[float]]] = {}
-    for kind in kinds:
-        for files in sizes:
-            results[kind, files] = measure(args.cache, kind, files, args)
-            first, values, idle = results[kind, files]
-            print(
-                f"  {kind} {files} files: first {first * 1000:.1f} ms, "
-                f"p50 {statistics.median(values) * 1000:.1f} ms, "
-                f"idle p50 {statistics.median(idle) * 1000:.1f} ms",
-                flush=True,
-            )
+    with EmbeddedPostgres() as pg:  # the log's Postgres, where the catalog lives
+        url = pg.url
+        TransactionLog.from_url(url).engine.dispose()  # its schema at head
+        for kind in kinds:
+            for files in sizes:
+                results[kind, files] = measure(args.cache, kind, files, args, url)
+                _progress(kind, files, results[kind, files])
+    _table(kinds, sizes, results)
+    return 0
 
+
+def _progress(kind: str, files: int, result: tuple[float, list[float], list[float]]) -> None:
+    first, values, idle = result
+    print(
+        f"  {kind} {files} files: first {first * 1000:.1f} ms, "
+        f"p50 {statistics.median(values) * 1000:.1f} ms, "
+        f"idle p50 {statistics.median(idle) * 1000:.1f} ms",
+        flush=True,
+    )
+
+
+def _table(
+    kinds: list[str],
+    sizes: list[int],
+    results: dict[tuple[str, int], tuple[float, list[float], list[float]]],
+) -> None:
     header = " | ".join(f"{n} files p50 / p95" for n in sizes)
     print(
         f"\n| begin, ms (fresh process) | {header} | first begin at {sizes[-1]} | "
@@ -287,7 +316,6 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"| {KINDS[kind]}{suffix} | {' | '.join(cells)} | {first} | {large / small:.1f}x |"
             )
-    return 0
 
 
 if __name__ == "__main__":

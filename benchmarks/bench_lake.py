@@ -259,7 +259,6 @@ class LakeSide:
         self.source = PartitionedParquetSource(
             str(data),
             max_per_partition=batch_rows // PARTITIONS,
-            index_dir=str(workdir / "index"),
         )
         txlog.register_pipeline(name, source_kind="transactional", max_pending=1)
         self.runner = SparkConnectRunner(JOB, url=connect_url)

@@ -372,7 +372,6 @@ class ChaosRun:
             self.source = LandingDirectorySource(
                 str(self.dir / "landing"),
                 max_files_per_partition=LINES_PER_TXID // LINES_PER_FILE,
-                index_dir=str(self.dir / "index"),
             )
             self._produce()
         else:

@@ -9,6 +9,7 @@
   which pipeline; ``txn_rewind`` and ``txn_alert``: one row per rewind, per alert sent.
 * ``txn_output``: each output's completeness and retirement; ``txn_map_summary``: each map
   state's key count and value sum, kept by each commit.
+* ``txn_source_partition`` and ``txn_source_file``: what file sources' discovery found.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from sqlalchemy import (
     Dialect,
     ForeignKeyConstraint,
     Identity,
+    Index,
     Integer,
     MetaData,
     Numeric,
@@ -335,6 +337,39 @@ class MapSummaryRow(Base):
     )
 
 
+class SourcePartitionRow(Base):
+    """A file source's partition as its discovery last saw it
+    (:mod:`airflow_txn_provider.sources.catalog`): shared by every host's begins and jobs."""
+
+    __tablename__ = "txn_source_partition"
+
+    source: Mapped[str] = mapped_column(Text, primary_key=True)
+    """The dataset's key (e.g. ``parquet:<path>:<offset column>``)."""
+    partition: Mapped[str] = mapped_column(Text, primary_key=True)
+    folders: Mapped[Any] = mapped_column(JSONB)
+    """Each folder of the partition -> ``[inode, mtime_ns, listed_at_ns]`` at its last listing."""
+    end_offset: Mapped[int] = mapped_column(BigInteger)
+    newest: Mapped[Any] = mapped_column(JSONB)
+    """The files holding ``end_offset - 1`` -> ``[size, mtime_ns]``."""
+
+
+class SourceFileRow(Base):
+    """A file a source's discovery looked at: its offset range, read once from its footer."""
+
+    __tablename__ = "txn_source_file"
+
+    source: Mapped[str] = mapped_column(Text, primary_key=True)
+    partition: Mapped[str] = mapped_column(Text, primary_key=True)
+    name: Mapped[str] = mapped_column(Text, primary_key=True)
+    """Relative to the partition's folder."""
+    size: Mapped[int] = mapped_column(BigInteger)
+    mtime_ns: Mapped[int] = mapped_column(BigInteger)
+    first_offset: Mapped[int] = mapped_column(BigInteger)
+    last_offset: Mapped[int] = mapped_column(BigInteger)
+
+    __table_args__ = (Index("ix_txn_source_file_last", "source", "partition", "last_offset"),)
+
+
 # The tables, for SQLAlchemy Core statements (the log and the states write with Core: explicit
 # locking and RETURNING, no unit of work between a rule's answer and the rows).
 PIPELINES = cast(Table, PipelineRow.__table__)
@@ -346,3 +381,5 @@ MAP_SUMMARY = cast(Table, MapSummaryRow.__table__)
 REWINDS = cast(Table, RewindRow.__table__)
 ALERTS = cast(Table, AlertRow.__table__)
 OUTPUTS = cast(Table, OutputRow.__table__)
+SOURCE_PARTITIONS = cast(Table, SourcePartitionRow.__table__)
+SOURCE_FILES = cast(Table, SourceFileRow.__table__)

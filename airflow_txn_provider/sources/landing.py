@@ -14,11 +14,11 @@ import stat
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from airflow_txn_provider.rules.sources import Metadata, OpaqueSource, next_offset_ranges
 from airflow_txn_provider.sources.base import LOCATION, RECORD, SparkSource, local_path
-from airflow_txn_provider.sources.file_index import INDEX_MARGIN_NS, DiscoveryIndex
+from airflow_txn_provider.sources.catalog import Look, Partition, UsesCatalog, trusted
 from airflow_txn_provider.utils.lineage import path_dataset
 
 if TYPE_CHECKING:
@@ -31,7 +31,7 @@ _CORRUPT = "_corrupt_record"
 
 
 @dataclasses.dataclass(frozen=True)
-class LandingDirectorySource(OpaqueSource, SparkSource):
+class LandingDirectorySource(UsesCatalog, OpaqueSource, SparkSource):
     """A landing folder ``<path>/<partition>/<seq>.jsonl`` of numbered JSON-lines files.
 
     Writers add files with increasing sequence numbers per partition, each written whole (write to
@@ -48,9 +48,9 @@ class LandingDirectorySource(OpaqueSource, SparkSource):
     :param schema: Spark DDL of a record, e.g. ``"line STRING"``. A line that is not a JSON
         object of this schema is a malformed record.
     :param max_files_per_partition: batch size cap per partition, in files.
-    :param index_dir: folder of the discovery index (the newest file of each partition whose
-        folder has not changed since it was listed); ``None``: a private folder under the
-        system temp dir (:func:`default_index_dir`).
+    :param index_dir: ignored (a listing's answer is kept in the log's Postgres:
+        :mod:`~airflow_txn_provider.sources.catalog`); accepted so that DAG files and stored
+        specs of earlier versions load.
     """
 
     path: str
@@ -116,9 +116,8 @@ class LandingDirectorySource(OpaqueSource, SparkSource):
         a gap in the numbering, a renumbered producer, an empty folder) is listed, as
         :meth:`latest_offsets` does, unless its folder is unchanged since an earlier listing
         (the index says what that listing found). Missing or unreadable folders are skipped."""
-        index = DiscoveryIndex(self.index_dir, "landing", self.path)
-        entries = index.load()
-        kept: dict[str, Any] = {}
+        known: dict[str, Partition] | None = None  # asked only when a partition is listed
+        looks: dict[str, Look] = {}
         latest = {}
         for entry in sorted(os.scandir(self.path), key=lambda e: e.name):
             if entry.name.startswith((".", "_")) or not entry.is_dir():
@@ -129,15 +128,20 @@ class LandingDirectorySource(OpaqueSource, SparkSource):
                 if found:
                     latest[entry.name] = start + found
                     continue
-                newest = self._newest(entry.name, entries.get(entry.name), kept)
+                if known is None:
+                    known = self.catalog.partitions(self.catalog_key())
+                newest = self._newest(entry.name, known.get(entry.name), looks)
             except OSError as err:
                 log.warning("landing partition %s unavailable, skipped: %s", entry.path, err)
                 continue
             if newest >= 0:
                 latest[entry.name] = newest + 1
-        if kept != entries:
-            index.save(kept)
+        if looks:
+            self.catalog.record_all(self.catalog_key(), looks)
         return latest
+
+    def catalog_key(self) -> str:
+        return f"landing:{os.path.abspath(self.path)}"
 
     def _probe(self, folder: str, start: int) -> int:
         """How many files ``start``, ``start + 1``, … are there (at most the batch cap)."""
@@ -154,25 +158,24 @@ class LandingDirectorySource(OpaqueSource, SparkSource):
             count += 1
         return count
 
-    def _newest(self, partition: str, known: Any, kept: dict[str, Any]) -> int:
-        """The partition's highest file number (-1: none), from the index while its folder is
-        unchanged since a listing that began well after the folder's last change, else listed."""
-        folder_mtime = os.stat(os.path.join(self.path, partition)).st_mtime_ns
-        if (
-            type(known) is list
-            and len(known) == 3
-            and all(type(v) is int for v in known)
-            and known[0] == folder_mtime
-            and known[0] < known[1] - INDEX_MARGIN_NS
-        ):
-            kept[partition] = known
-            return int(known[2])
+    def _newest(self, partition: str, known: Partition | None, looks: dict[str, Look]) -> int:
+        """The partition's highest file number (-1: none), from the catalog while its folder is
+        unchanged since a listing that began well after the folder's last change, else listed
+        (the listing added to ``looks``: its folder's stamps and newest file)."""
+        st = os.stat(os.path.join(self.path, partition))
+        if known is not None and trusted(known.folders.get(""), st.st_ino, st.st_mtime_ns):
+            return known.end - 1
         listed_at = time.time_ns()
-        newest = max(self.files(partition), default=-1)
-        # A folder changed just before the listing may have changed again within the same
-        # timestamp tick, unseen: such a listing is used now, never kept.
-        if folder_mtime < listed_at - INDEX_MARGIN_NS:
-            kept[partition] = [folder_mtime, listed_at, newest]
+        numbers = self.files(partition)
+        newest = max(numbers, default=-1)
+        folders = {"": (st.st_ino, st.st_mtime_ns, listed_at)}
+        added = {}
+        if newest >= 0:
+            fst = numbers[newest].stat()
+            added[numbers[newest].name] = (fst.st_size, fst.st_mtime_ns, newest, newest)
+        dropped = set(known.newest) - set(added) if known is not None else set()
+        after = Partition(folders, newest + 1, {n: f[:2] for n, f in added.items()})
+        looks[partition] = Look(folders, added, dropped, after)
         return newest
 
     # Spark side ---------------------------------------------------------------------------------

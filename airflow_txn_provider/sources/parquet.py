@@ -1,8 +1,8 @@
 """The partitioned Parquet source: a dataset with an increasing offset column (transactional).
 
 A txid's metadata is ``{p: [start, end)}``, one offset range per partition. The Airflow side finds
-new offsets from Parquet footers (``sources/parquet_discovery.py``); the Spark side reads a batch
-with partition pruning and offset pushdown, never by scanning the dataset.
+new offsets from Parquet footers (``sources/parquet_discovery.py``, kept in the log's catalog);
+the Spark side reads a batch's files only, with offset pushdown, never scanning the dataset.
 """
 
 from __future__ import annotations
@@ -21,9 +21,8 @@ from urllib.parse import unquote
 
 from airflow_txn_provider.rules.sources import Metadata, TransactionalSource, next_offset_ranges
 from airflow_txn_provider.sources.base import LOCATION, RECORD, SparkSource, local_path
-from airflow_txn_provider.sources.file_index import prefetched, take_prefetched
+from airflow_txn_provider.sources.catalog import UsesCatalog
 from airflow_txn_provider.sources.parquet_discovery import OffsetNames, discover
-from airflow_txn_provider.sources.parquet_index import ParquetPartition
 from airflow_txn_provider.sources.parquet_read import read_with_partition_column
 from airflow_txn_provider.utils.lineage import path_dataset
 
@@ -31,6 +30,8 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
 
+PREFETCH_REUSE_S = 60.0
+"""The step under the lock reuses the begin's prefetch at most this old."""
 FOOTER_PROOF_FILES = 64
 """A batch of at most this many files is proven whole by their footers' row counts (a footer read
 each, in the job's process); a larger one is counted while Spark reads it."""
@@ -56,7 +57,7 @@ def _rows_match(files: Mapping[str, list[str]], ranges: Mapping[str, tuple[int, 
 
 
 @dataclasses.dataclass(frozen=True)
-class PartitionedParquetSource(TransactionalSource, SparkSource):
+class PartitionedParquetSource(UsesCatalog, TransactionalSource, SparkSource):
     """A Parquet dataset ``<path>/<partition_column>=<p>/*.parquet`` with an increasing offset.
 
     Each partition's rows carry consecutive offsets: every appended row takes the next one (as in
@@ -76,10 +77,9 @@ class PartitionedParquetSource(TransactionalSource, SparkSource):
     :param partition_column: name of the partition column (directory ``<name>=<value>``).
     :param offset_column: name of the offset column.
     :param required_columns: columns that must not be null; a null is a malformed record.
-    :param index_dir: folder of the discovery index (per partition: its highest offset, its
-        folders as last listed, each file's offset range; so a begin in a new process lists only
-        changed folders and reads only new files' footers); ``None``: a private folder under
-        the system temp dir (:func:`default_index_dir`).
+    :param index_dir: ignored (what discovery finds is kept in the log's Postgres, shared by
+        every host: :mod:`~airflow_txn_provider.sources.catalog`); accepted so that DAG files
+        and stored specs of earlier versions load.
     :param file_name_template: when every file is named by its first offset (Kafka Connect's
         convention), the name of the file holding offset ``{offset}`` of partition
         ``{partition}``, e.g. ``"part-{offset:010d}.parquet"``: a begin then looks up the next
@@ -121,65 +121,67 @@ class PartitionedParquetSource(TransactionalSource, SparkSource):
             raise OSError(f"Parquet dataset {self.path} cannot be listed: {err}") from err
         return {unquote(e.name[len(prefix) :]): Path(e.path) for e in entries}
 
+    def catalog_key(self) -> str:
+        where = self.path if "://" in self.path else os.path.abspath(self.path)
+        return f"parquet:{where}:{self.partition_column}:{self.offset_column}"
+
     def latest_offsets(self) -> dict[str, int]:
         """For each partition, one past its highest offset, from footer statistics.
 
-        Files are immutable once complete (new data is new files; a file may be deleted), so the
-        discovery index (``index_dir``) keeps, per partition, its highest offset and each file's
-        offset range: a partition folder unchanged since it was listed is not listed again; a
-        changed one is listed by name, and only new names are looked at (``stat``, footer);
-        with ``file_name_template``, the names after the partition's end are looked up instead
-        of a listing (``sources/parquet_discovery.py``). The
-        files holding the newest offsets are looked at on every call (a rewrite in place of one
-        of them is seen; of an older file, not: ``docs/sources.md``)."""
+        Files are immutable once complete (new data is new files; a file may be deleted), so
+        the catalog keeps each file's offset range and each folder's stamps at its last listing:
+        an unchanged folder is not listed again; a changed one is listed by name, and only new
+        names are looked at (``stat``, footer); with ``file_name_template``, the names after the
+        partition's end are looked up instead of a listing (``sources/parquet_discovery.py``).
+        The files holding the newest offsets are looked at on every call."""
         return self._latest(None)
 
     def _latest(self, stamps: dict[str, tuple[int, int]] | None) -> dict[str, int]:
         if stamps is not None:
             root = os.stat(self.path)
             stamps[self.path] = (root.st_ino, root.st_mtime_ns)
-        found = self._discover(self.partitions(), complete=True, stamps=stamps)
+        roots = {p: str(d) for p, d in self.partitions().items()}
+        key, names = self.catalog_key(), self._offset_names()
+        found = discover(
+            self.catalog,
+            key,
+            roots,
+            column=self.offset_column,
+            names=names,
+            complete=True,
+            stamps=stamps,
+        )
         return {p: part.end for p, part in found.items()}
 
-    def _discover(
-        self,
-        partitions: Mapping[str, Path],
-        *,
-        complete: bool,
-        stamps: dict[str, tuple[int, int]] | None = None,
-        table: bool = False,
-    ) -> dict[str, ParquetPartition]:
-        """Each partition's discovery state, brought up to date (and saved when it changed).
-        ``complete``: ``partitions`` are all there are (the others' indexes are deleted);
-        ``stamps``: filled with every folder looked at (``(inode, mtime_ns)``); ``table``: with
-        each file's offset range loaded (the Spark side)."""
+    def _offset_names(self) -> OffsetNames | None:
         template = self.file_name_template
-        return discover(
-            partitions,
-            dataset=self.path,
-            column=self.offset_column,
-            index_dir=self.index_dir,
-            names=OffsetNames(template) if template is not None else None,
-            complete=complete,
-            stamps=stamps,
-            table=table,
-        )
-
-    def _prefetch_key(self) -> tuple[str, ...]:
-        return (os.path.realpath(self.path), self.partition_column, self.offset_column)
+        return OffsetNames(template) if template is not None else None
 
     def prefetch(self) -> None:
         """The begin's one pass over the dataset, outside the lock: the step under the lock
-        (:meth:`initialize_transaction`, in the same process) reuses its answer while no folder
+        (:meth:`initialize_transaction`, on the same object) reuses its answer while no folder
         it looked at has changed since (one ``stat`` per folder)."""
-        key = self._prefetch_key()
-        prefetched.pop(key, None)
         stamps: dict[str, tuple[int, int]] = {}
+        object.__setattr__(self, "_prefetched", None)
         latest = self._latest(stamps)
-        prefetched[key] = (time.monotonic(), stamps, latest)
+        object.__setattr__(self, "_prefetched", (time.monotonic(), stamps, latest))
+
+    def _take_prefetched(self) -> dict[str, int] | None:
+        """What :meth:`prefetch` found, if recent and no folder it looked at changed since."""
+        entry = self.__dict__.pop("_prefetched", None)
+        if entry is None or time.monotonic() - entry[0] > PREFETCH_REUSE_S:
+            return None
+        for path, stamp in entry[1].items():
+            try:
+                st = os.stat(path)
+            except OSError:
+                return None
+            if (st.st_ino, st.st_mtime_ns) != stamp:
+                return None
+        return dict(entry[2])
 
     def initialize_transaction(self, txid: int, prev_metadata: Metadata | None) -> Metadata | None:
-        latest = take_prefetched(self._prefetch_key())
+        latest = self._take_prefetched()
         if latest is None:
             latest = self.latest_offsets()
         return next_offset_ranges(
@@ -305,9 +307,16 @@ class PartitionedParquetSource(TransactionalSource, SparkSource):
         check then reports what is missing). With them: whether every one lies wholly inside
         the range (then no row needs filtering out)."""
         directory = f"{base}/{self.partition_column}={partition}"
+        key = self.catalog_key()
         try:
-            found = self._discover({partition: Path(directory)}, complete=False, table=True)
-            ranges = found[partition].ranges()
+            ranges = self.catalog.meeting(key, partition, start, end)
+            top = max((high for _, high in ranges.values()), default=-1)
+            if top < end - 1 or not all(os.path.exists(f"{directory}/{n}") for n in ranges):
+                # Not found yet by this catalog (one without a log), or files gone: a listing
+                # (not a look-up of the next names) drops what is gone.
+                found = {partition: directory}
+                discover(self.catalog, key, found, column=self.offset_column, names=None)
+                ranges = self.catalog.meeting(key, partition, start, end)
         except OSError:
             return [directory], False
         meeting = [

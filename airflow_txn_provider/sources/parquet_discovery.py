@@ -1,9 +1,10 @@
-"""How a Parquet dataset's new files are found: by listing changed folders, or, for files named
-by their first offset, by looking up the next name (docs/sources.md, "How the built-in sources
-find new data").
+"""How a Parquet dataset's new files are found: by listing the folders that changed since some
+begin listed them, or, for files named by their first offset, by looking up the next names
+(docs/sources.md, "How the built-in sources find new data"). What is found is kept in the
+source's catalog (:mod:`~airflow_txn_provider.sources.catalog`), so each footer is read once.
 
-Files are immutable once complete (the transactional-source contract): one rewritten in place is
-caught only if it holds the newest offsets.
+Files are immutable once complete (the transactional-source contract): the files holding a
+partition's newest offsets are looked at on every begin, an older one rewritten in place is not.
 """
 
 from __future__ import annotations
@@ -15,22 +16,24 @@ import stat
 import string
 import time
 from collections.abc import Mapping
-from pathlib import Path
 
 from airflow_txn_provider.rules.exceptions import OffsetGapError
-from airflow_txn_provider.sources.file_index import INDEX_MARGIN_NS, file_offsets
-from airflow_txn_provider.sources.parquet_index import (
-    CorruptIndexError,
-    ParquetPartition,
-    ParquetPartitionIndex,
-    StaleIndexError,
-    parquet_index_folder,
-    prune_parquet_indexes,
+from airflow_txn_provider.sources.catalog import (
+    MARGIN_NS,
+    FileCatalog,
+    FileFacts,
+    Folder,
+    Look,
+    Partition,
+    trusted,
 )
 
 log = logging.getLogger(__name__)
 
 _OFFSET_SPEC = re.compile(r"0?[1-9][0-9]*d|d?")
+RELIST_NAMED_NS = 3600 * 10**9
+"""A folder of offset-named files is listed at least this often, so files deleted meanwhile
+(retention) leave the catalog; between listings a begin looks up the next names only."""
 
 
 class OffsetNames:
@@ -49,8 +52,7 @@ class OffsetNames:
         except ValueError as err:
             raise ValueError(f"file_name_template {template!r}: {err}") from None
         problems = []
-        offsets = [f for f in fields if f[0] == "offset"]
-        if len(offsets) != 1:
+        if len([f for f in fields if f[0] == "offset"]) != 1:
             problems.append("must hold {offset} exactly once")
         for field, spec, conversion in fields:
             if field not in ("offset", "partition"):
@@ -69,158 +71,206 @@ class OffsetNames:
         return self.template.format(offset=offset, partition=partition)
 
 
-def discover(
-    partitions: Mapping[str, Path],
-    *,
-    dataset: str,
-    column: str,
-    index_dir: str | None,
-    names: OffsetNames | None,
-    complete: bool,
-    stamps: dict[str, tuple[int, int]] | None = None,
-    table: bool = False,
-) -> dict[str, ParquetPartition]:
-    """Each partition's discovery state, brought up to date (and saved when it changed).
-    ``names``: files named by their first offset (probed, not listed); ``complete``:
-    ``partitions`` are all there are (the others' indexes are deleted); ``stamps``: filled with
-    every folder looked at (``(inode, mtime_ns)``); ``table``: with each file's offset range
-    loaded (the Spark side)."""
-    folder = parquet_index_folder(index_dir, dataset, column)
-    found: dict[str, ParquetPartition] = {}
-    for p, directory in partitions.items():
-        index = ParquetPartitionIndex(folder, directory.name, dataset, column)
-        root = str(directory)
-        part = index.load(table=table)
-        for again in (False, True):
-            try:
-                if names is None:
-                    changed = refresh_by_listing(part, root, column, stamps)
-                else:
-                    changed = refresh_by_name(part, root, column, stamps, names, p)
-                    if changed and part.at is not None and index.compaction_due(part):
-                        # Written whole anyway: list once, so files deleted since (retention)
-                        # leave the table; amortised over the appends before it.
-                        refresh_by_listing(part, root, column, stamps, relist=True)
+def file_offsets(file: str, column: str) -> tuple[int, int]:
+    """The lowest and highest ``column`` value of one Parquet file (``(-1, -1)`` if it has none),
+    from its footer's statistics (the column itself where a row group has none)."""
+    import pyarrow.parquet as pq  # (a begin that finds no new file never needs pyarrow)
+
+    meta = pq.ParquetFile(file).metadata
+    names = meta.schema.names
+    if column not in names:
+        raise ValueError(f"{file} has no column {column!r} (columns: {names})")
+    index = names.index(column)
+    lows, highs = [], []
+    for g in range(meta.num_row_groups):
+        stats = meta.row_group(g).column(index).statistics
+        if stats is None or not stats.has_min_max:
+            values = pq.read_table(file, columns=[column]).column(0).to_pylist()
+            present = [int(v) for v in values if v is not None]
+            return (min(present), max(present)) if present else (-1, -1)
+        lows.append(int(stats.min))
+        highs.append(int(stats.max))
+    return (min(lows), max(highs)) if lows else (-1, -1)
+
+
+class PartitionDiscovery:
+    """One partition's folder, looked at (:meth:`look`) against what the catalog knows."""
+
+    def __init__(
+        self,
+        catalog: FileCatalog,
+        source: str,
+        partition: str,
+        root: str,
+        column: str,
+        names: OffsetNames | None,
+        stamps: dict[str, tuple[int, int]] | None,
+    ) -> None:
+        self.catalog, self.source, self.partition = catalog, source, partition
+        self.root, self.column, self.names, self.stamps = root, column, names, stamps
+
+    def look(self, known: Partition) -> Partition | Look:
+        """``known`` when the partition is as the catalog knows it, else what changed."""
+        rewritten = self._newest_changed(known)
+        if self.names is not None and known.folders and not rewritten:
+            found = self._by_name(known)
+            if found is not None:
+                return found
+        folders, added, dropped = self._listing(known, rewritten)
+        if not added and not dropped and folders == known.folders:
+            return known
+        return Look(folders, added, dropped)
+
+    def _stat(self, path: str) -> os.stat_result | None:
+        try:
+            st = os.stat(path)
+        except (FileNotFoundError, NotADirectoryError, PermissionError):
+            return None
+        if self.stamps is not None and stat.S_ISDIR(st.st_mode):
+            self.stamps[path] = (st.st_ino, st.st_mtime_ns)
+        return st
+
+    def _newest_changed(self, known: Partition) -> set[str]:
+        """The files that held the newest offsets and are gone or rewritten (against the
+        contract: read again, so a partition that went back is reported)."""
+        changed = set()
+        for name, (size, mtime_ns) in known.newest.items():
+            st = self._stat(os.path.join(self.root, name))
+            if st is None or (st.st_size, st.st_mtime_ns) != (size, mtime_ns):
+                changed.add(name)
+        return changed
+
+    # -- by name ----------------------------------------------------------------------------
+
+    def _by_name(self, known: Partition) -> Partition | Look | None:
+        """The next names looked up from the partition's end, O(new files); ``None``: the
+        folder must be listed (it changed and no file has the next name, or it is due)."""
+        assert self.names is not None
+        st = self._stat(self.root)
+        if st is None or not stat.S_ISDIR(st.st_mode):
+            return None
+        old = known.folders.get("")
+        if old is None or time.time_ns() - old[2] > RELIST_NAMED_NS:
+            return None
+        same = old[:2] == (st.st_ino, st.st_mtime_ns)
+        if same and trusted(old, st.st_ino, st.st_mtime_ns):
+            return known
+        added: dict[str, FileFacts] = {}
+        end, waiting, last = known.end, False, ""
+        while True:
+            name = self.names.name(self.partition, end)
+            full = os.path.join(self.root, name)
+            fst = self._stat(full)
+            if fst is None or not stat.S_ISREG(fst.st_mode):
                 break
-            except StaleIndexError:  # replaced by another process meanwhile: start from it
-                if again:
-                    raise
-                part = index.load(table=True)
-        if changed or part.rewrite:
-            index.save(part)
-        found[p] = part
-    if complete:
-        prune_parquet_indexes(folder, {d.name for d in partitions.values()})
-    return found
+            try:
+                low, high = file_offsets(full, self.column)
+            except (OSError, ValueError):
+                # No footer yet: still being written. Looked at again next time; one that
+                # stays unreadable past the margin is an error.
+                if fst.st_mtime_ns >= time.time_ns() - MARGIN_NS:
+                    waiting = True
+                    break
+                raise
+            if low != end:
+                raise OffsetGapError(
+                    f"partition {self.partition!r}: {full} is named for offset {end} but its "
+                    f"first offset is {low}: files named by their first offset must hold "
+                    "consecutive offsets",
+                    partition=self.partition,
+                    file=full,
+                )
+            added[name] = (fst.st_size, fst.st_mtime_ns, low, high)
+            end, last = high + 1, name
+        if added:  # probed, not listed: never trusted (listed at most when last modified)
+            folders = {
+                **known.folders,
+                "": (st.st_ino, st.st_mtime_ns, min(old[2], st.st_mtime_ns)),
+            }
+            after = Partition(folders, end, {last: added[last][:2]})
+            return Look(folders, added, after=after)
+        if same or waiting:
+            return known
+        return self._gap_or_listing(known)
 
-
-# -- by name: files named by their first offset ---------------------------------------------
-
-
-def refresh_by_name(
-    part: ParquetPartition,
-    root: str,
-    column: str,
-    stamps: dict[str, tuple[int, int]] | None,
-    names: OffsetNames,
-    partition: str,
-) -> bool:
-    """Bring ``part`` up to date by looking up (``stat``) the file named for its end, then for
-    that file's end, … (O(new files)); the folder is listed only when nothing is known yet, or
-    when it changed and no file has the next name (files deleted, a stray file, a gap)."""
-    try:
-        st = os.stat(root)
-    except (FileNotFoundError, NotADirectoryError, PermissionError):
-        st = None
-    if not part.dirs or st is None or not stat.S_ISDIR(st.st_mode):
-        return refresh_by_listing(part, root, column, stamps)
-    if stamps is not None:
-        stamps[root] = (st.st_ino, st.st_mtime_ns)
-    old = part.dirs.get("")
-    same = old is not None and old[0] == st.st_ino and old[1] == st.st_mtime_ns
-    if same and old is not None and old[1] < old[2] - INDEX_MARGIN_NS:
-        return verify_newest(part, root, column, {}, {}, list(part.newest))
-    before = part.end
-    found, waiting = _probe(part, root, column, names, partition)
-    if found:
-        # Probed, not listed: what else the folder holds is not known, so never trusted.
-        part.dirs = {**part.dirs, "": [st.st_ino, st.st_mtime_ns, 0]}
-        return verify_newest(part, root, column, found, {}, [list(found)[-1]]) or True
-    if same or waiting:
-        return verify_newest(part, root, column, {}, {}, list(part.newest))
-    # The folder changed, yet no file has the next name: list it (drops deleted files).
-    trial = part.copy()
-    changed = refresh_by_listing(trial, root, column, stamps)
-    expected = names.name(partition, before)
-    if trial.end > before and not os.path.exists(os.path.join(root, expected)):
-        if _gap_is_young(trial, root, partition, expected, before):
-            return False  # files landing out of order: kept out, looked at again next time
-    part.__dict__.update(trial.__dict__)
-    return changed
-
-
-def _probe(
-    part: ParquetPartition, root: str, column: str, names: OffsetNames, partition: str
-) -> tuple[dict[str, list[int]], bool]:
-    """The files named for ``part.end`` onwards, added to ``part`` (rel -> ``[size, mtime]``),
-    and whether the next one is there but still being written."""
-    found: dict[str, list[int]] = {}
-    while True:
-        rel = names.name(partition, part.end)
-        full = os.path.join(root, rel)
-        try:
-            fst = os.stat(full)
-        except FileNotFoundError:
-            return found, False
-        if not stat.S_ISREG(fst.st_mode):
-            return found, False
-        try:
-            low, high = file_offsets(full, fst.st_mtime_ns, fst.st_size, column)
-        except (OSError, ValueError):
-            # No footer yet: a file written in place, still being written. Looked at again
-            # next time; one that stays unreadable past the margin is an error.
-            if fst.st_mtime_ns >= time.time_ns() - INDEX_MARGIN_NS:
-                return found, True
-            raise
-        if low != part.end:
+    def _gap_or_listing(self, known: Partition) -> Partition | Look:
+        """The folder changed, yet no file has the next name: files deleted, a stray file, or a
+        gap: an :class:`OffsetGapError` for the first file past it, unless younger than the
+        margin (files landing out of order: the partition as it was, looked at next time)."""
+        assert self.names is not None
+        folders, added, dropped = self._listing(known, set())
+        expected = self.names.name(self.partition, known.end)
+        after = sorted((f[2], n) for n, f in added.items() if f[2] >= known.end)
+        if after and expected not in added:
+            low, name = after[0]
+            if added[name][1] >= time.time_ns() - MARGIN_NS:
+                return known
             raise OffsetGapError(
-                f"partition {partition!r}: {full} is named for offset {part.end} but its first "
-                f"offset is {low}: files named by their first offset must hold consecutive "
-                "offsets",
-                partition=partition,
-                file=full,
+                f"partition {self.partition!r}: no file {expected} (offset {known.end}) but "
+                f"{os.path.join(self.root, name)} holds offsets from {low}: a gap in the files' "
+                "names (every begin fails until the missing file lands)",
+                partition=self.partition,
+                file=os.path.join(self.root, name),
             )
-        part.add(rel, low, high)
-        part.end = high + 1
-        found[rel] = [fst.st_size, fst.st_mtime_ns]
+        return Look(folders, added, dropped)
 
+    # -- by listing -------------------------------------------------------------------------
 
-def _gap_is_young(
-    part: ParquetPartition, root: str, partition: str, expected: str, end: int
-) -> bool:
-    """Raise :class:`OffsetGapError` for the first file after the missing one, unless it is
-    younger than the margin (``True``: files landing out of order, looked at again next time).
-    ``False``: no file after it."""
-    after = sorted((low, rel) for rel, (low, _) in part.ranges().items() if low >= end)
-    if not after:
-        return False
-    low, rel = after[0]
-    full = os.path.join(root, rel)
-    try:
-        young = os.stat(full).st_mtime_ns >= time.time_ns() - INDEX_MARGIN_NS
-    except FileNotFoundError:
-        young = True
-    if young:
-        return True
-    raise OffsetGapError(
-        f"partition {partition!r}: no file {expected} (offset {end}) but {full} holds offsets "
-        f"from {low}: a gap in the files' names (every begin fails until the missing file lands)",
-        partition=partition,
-        file=full,
-    )
-
-
-# -- by listing: folders changed since the index's listing -----------------------------------
+    def _listing(
+        self, known: Partition, reread: set[str]
+    ) -> tuple[dict[str, Folder], dict[str, FileFacts], set[str]]:
+        """The partition's folders listed where they changed since a trusted listing, by name:
+        only names the catalog does not know (and ``reread``) are looked at."""
+        folders: dict[str, Folder] = {}
+        added: dict[str, FileFacts] = {}
+        dropped: set[str] = set(reread)
+        by_folder: dict[str, set[str]] | None = None
+        pending = [""]
+        while pending:
+            rel_dir = pending.pop()
+            path = os.path.join(self.root, rel_dir) if rel_dir else self.root
+            st = self._stat(path)
+            if st is None or not stat.S_ISDIR(st.st_mode):
+                continue
+            old = known.folders.get(rel_dir)
+            suspect = any(r[: r.rfind("/") + 1] == rel_dir for r in reread)
+            if trusted(old, st.st_ino, st.st_mtime_ns) and not suspect:
+                assert old is not None
+                folders[rel_dir] = old
+                pending += [d for d in known.folders if d and _parent(d) == rel_dir]
+                continue
+            listed_at = time.time_ns()
+            try:
+                listed = os.listdir(path)
+            except (FileNotFoundError, NotADirectoryError, PermissionError):
+                continue
+            if by_folder is None:
+                by_folder = _by_folder(self.catalog.names(self.source, self.partition))
+            here = by_folder.get(rel_dir, set())
+            if old is not None and old[0] != st.st_ino:  # replaced: every name looked at again
+                dropped |= {rel_dir + n for n in here}
+                here = set()
+            dropped |= {rel_dir + n for n in here.difference(listed)}
+            for name in listed:
+                rel = rel_dir + name
+                if name.startswith((".", "_")) or (name in here and rel not in reread):
+                    continue  # Spark's and Hadoop's hidden files; a file known already
+                full = os.path.join(path, name)
+                fst = self._stat(full)
+                if fst is None:
+                    continue
+                if stat.S_ISDIR(fst.st_mode):
+                    pending.append(rel + "/")
+                elif name.endswith(".parquet") and stat.S_ISREG(fst.st_mode):
+                    low, high = file_offsets(full, self.column)
+                    added[rel] = (fst.st_size, fst.st_mtime_ns, low, high)
+            folders[rel_dir] = (st.st_ino, st.st_mtime_ns, listed_at)
+        gone = set(known.folders) - set(folders)
+        if gone:  # folders gone: their files too
+            if by_folder is None:
+                by_folder = _by_folder(self.catalog.names(self.source, self.partition))
+            dropped |= {d + n for d in gone for n in by_folder.get(d, ())}
+        return folders, added, dropped - set(added)
 
 
 def _parent(rel_dir: str) -> str:
@@ -228,178 +278,39 @@ def _parent(rel_dir: str) -> str:
     return rel_dir[: rel_dir.rstrip("/").rfind("/") + 1]
 
 
-def refresh_by_listing(
-    part: ParquetPartition,
-    root: str,
-    column: str,
-    stamps: dict[str, tuple[int, int]] | None,
+def _by_folder(names: set[str]) -> dict[str, set[str]]:
+    """File names grouped by their folder: ``{"": {"a.parquet"}, "sub/": {"b.parquet"}}``."""
+    groups: dict[str, set[str]] = {}
+    for name in names:
+        cut = name.rfind("/") + 1
+        groups.setdefault(name[:cut], set()).add(name[cut:])
+    return groups
+
+
+def discover(
+    catalog: FileCatalog,
+    source: str,
+    partitions: Mapping[str, str],
     *,
-    relist: bool = False,
-) -> bool:
-    """Bring ``part`` up to date with the folder ``root``; ``True`` if it changed. A folder
-    unchanged since a trusted listing is not listed again (unless ``relist``); a changed one is
-    listed by name and only names the table does not know are looked at."""
-    try:
-        return _listing(part, root, column, stamps, relist)
-    except CorruptIndexError as err:
-        log.warning("discovery index of %s unusable, rebuilt: %s", root, err)
-        part.reset()
-        return _listing(part, root, column, stamps, relist) or True
-
-
-def _listing(
-    part: ParquetPartition,
-    root: str,
     column: str,
-    stamps: dict[str, tuple[int, int]] | None,
-    relist: bool,
-) -> bool:
-    before = part.dirs
-    visited: dict[str, list[int]] = {}
-    gone: set[str] = set()
-    fresh: dict[str, tuple[int, int, int, int]] = {}  # rel -> size, mtime_ns, low, high
-    pending = [""]
-    while pending:
-        rel_dir = pending.pop()
-        path = os.path.join(root, rel_dir) if rel_dir else root
-        try:
-            st = os.stat(path)
-        except (FileNotFoundError, NotADirectoryError, PermissionError):
-            continue  # gone or unreadable: holds nothing
-        if not stat.S_ISDIR(st.st_mode):
-            continue
-        if stamps is not None:
-            stamps[path] = (st.st_ino, st.st_mtime_ns)
-        old = before.get(rel_dir)
-        if (
-            not relist
-            and old is not None
-            and old[0] == st.st_ino
-            and old[1] == st.st_mtime_ns
-            and old[1] < old[2] - INDEX_MARGIN_NS
-        ):
-            visited[rel_dir] = old  # unchanged since a listing well after its last change
-            pending += [d for d in before if d and _parent(d) == rel_dir]
-            continue
-        listed_at = time.time_ns()
-        try:
-            listed = os.listdir(path)
-        except (FileNotFoundError, NotADirectoryError, PermissionError):
-            continue
-        known = part.known_in(rel_dir)
-        replaced = old is not None and old[0] != st.st_ino
-        if replaced:  # every name is looked at again
-            gone |= {rel_dir + name for name in known}
-            known = set()
-        new = [name for name in listed if name not in known]
-        if len(listed) - len(new) != len(known):  # some known names are gone
-            present = set(listed)
-            gone |= {rel_dir + name for name in known if name not in present}
-        trusted = True
-        for name in new:
-            if name.startswith((".", "_")):
-                continue  # Spark's and Hadoop's hidden files (_SUCCESS, .crc, _temporary)
-            rel = rel_dir + name
-            if rel + "/" in before and not replaced:
-                pending.append(rel + "/")
-                continue
-            full = os.path.join(path, name)
-            try:
-                fst = os.stat(full)
-            except FileNotFoundError:
-                continue
-            if stat.S_ISDIR(fst.st_mode):
-                pending.append(rel + "/")
-            elif name.endswith(".parquet") and stat.S_ISREG(fst.st_mode):
-                low, high = file_offsets(full, fst.st_mtime_ns, fst.st_size, column)
-                fresh[rel] = (fst.st_size, fst.st_mtime_ns, low, high)
-                if "\n" in rel or "\r" in rel:
-                    trusted = False  # cannot be kept in the table: list it every time
-        # A folder changed just before it was listed may change again within its timestamp
-        # tick, unseen: such a listing is used now and listed again next time.
-        if st.st_mtime_ns >= listed_at - INDEX_MARGIN_NS:
-            trusted = False
-        visited[rel_dir] = [st.st_ino, st.st_mtime_ns, listed_at if trusted else 0]
-    for rel_dir in set(before) - set(visited):  # folders gone: their files too
-        gone |= {rel_dir + name for name in part.known_in(rel_dir)}
-    changed = visited != before
-    part.dirs = visited
-    storable = {rel: f for rel, f in fresh.items() if "\n" not in rel and "\r" not in rel}
-    if gone:  # (names found again in a replaced folder are in gone, and fresh)
-        part.drop(gone)
-        changed = True
-    for rel, f in storable.items():
-        part.add(rel, f[2], f[3])
-        changed = True
-    verified = {rel: [f[0], f[1]] for rel, f in fresh.items()}
-    extra = {rel: f[3] for rel, f in fresh.items() if rel not in storable}
-    if gone & part.newest.keys():
-        newest = _recompute(part, extra)
-    else:  # the newest files are still there: the end moves only by new files
-        top = max([part.end - 1, *(f[3] for f in fresh.values())])
-        newest = [r for r in part.newest if part.end - 1 == top] + [
-            r for r, f in fresh.items() if f[3] == top and r not in part.newest
-        ]
-        part.end = top + 1
-        if top < 0:
-            newest = []
-    return verify_newest(part, root, column, verified, extra, newest) or changed
-
-
-def verify_newest(
-    part: ParquetPartition,
-    root: str,
-    column: str,
-    verified: dict[str, list[int]],
-    extra: dict[str, int],
-    newest: list[str],
-) -> bool:
-    """Look at the files holding the newest offsets (``newest``, and those of the previous
-    look): one rewritten in place (against the contract) is read again, so a partition that
-    went back is reported; one gone gives the end back to the next newest. ``verified``: files
-    looked at already (rel -> ``[size, mtime]``); ``extra``: files not kept in the table
-    (rel -> highest offset). Sets ``part.newest``; ``True`` if anything changed."""
-    changed = False
-    previous = [r for r in part.newest if r not in part.dropped or r in part.added]
-    while True:
-        todo = [rel for rel in [*newest, *previous] if rel not in verified]
-        if not todo:
-            break
-        rel = todo[0]
-        full = os.path.join(root, rel)
-        try:
-            fst = os.stat(full)
-        except FileNotFoundError:
-            part.drop({rel})
-            extra.pop(rel, None)
-            verified[rel] = [-1, -1]  # gone: looked at, not looked at again
-            newest, changed = _recompute(part, extra), True
-            continue
-        stamp = [fst.st_size, fst.st_mtime_ns]
-        verified[rel] = stamp
-        if rel in part.newest and part.newest[rel] != stamp:
-            low, high = file_offsets(full, fst.st_mtime_ns, fst.st_size, column)
-            log.warning(
-                "%s was rewritten in place (size or modification time changed): files must "
-                "not change once complete; offsets now [%s, %s]",
-                full,
-                low,
-                high,
-            )
-            part.drop({rel})
-            part.add(rel, low, high)
-            newest, changed = _recompute(part, extra), True
-    newest_stamps = {rel: verified[rel] for rel in newest}
-    if newest_stamps != part.newest:
-        part.newest, changed = newest_stamps, True
-    return changed
-
-
-def _recompute(part: ParquetPartition, extra: Mapping[str, int]) -> list[str]:
-    """``end`` from the whole table (and ``extra`` files, not kept in it); the files holding
-    the highest offset."""
-    highs = {name: high for name, (_, high) in part.ranges().items()}
-    highs.update(extra)
-    top = max(highs.values(), default=-1)
-    part.end = top + 1
-    return [name for name, high in highs.items() if high == top] if top >= 0 else []
+    names: OffsetNames | None,
+    complete: bool = False,
+    stamps: dict[str, tuple[int, int]] | None = None,
+) -> dict[str, Partition]:
+    """Each partition (value -> folder) brought up to date in ``catalog``. ``complete``:
+    ``partitions`` are all there are (what is known of others is forgotten); ``stamps``:
+    filled with every folder looked at (``(inode, mtime_ns)``)."""
+    known = catalog.partitions(source)
+    found: dict[str, Partition] = {}
+    looks: dict[str, Look] = {}
+    for p, root in partitions.items():
+        seen = PartitionDiscovery(catalog, source, p, root, column, names, stamps)
+        answer = seen.look(known.get(p) or Partition())
+        if isinstance(answer, Look):
+            looks[p] = answer
+        else:
+            found[p] = answer
+    found.update(catalog.record_all(source, looks) if looks else {})
+    if complete and set(known) - set(partitions):
+        catalog.forget(source, set(known) - set(partitions))
+    return found

@@ -1,1 +1,1 @@
-"""Spark side: sources Spark reads, the processing job runtime, and the two submission paths."""
+"""Spark side: the processing job runtime, its sessions and work slots, the fill's computation."""

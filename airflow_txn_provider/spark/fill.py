@@ -23,6 +23,7 @@ from airflow_txn_provider.rules.filling import FILL_CHUNK
 from airflow_txn_provider.sinks.base import LakeSink, StagedFiles
 from airflow_txn_provider.sinks.staging import stage_frame
 from airflow_txn_provider.sources.base import SparkSource
+from airflow_txn_provider.sources.catalog import with_log_catalog
 from airflow_txn_provider.spark.job import BatchJob, Transform, results_by_output
 from airflow_txn_provider.state import MapState
 from airflow_txn_provider.transactions.fill import (
@@ -63,6 +64,7 @@ def fill_pipeline(
     called with a line per step (the task log's)."""
     session: list[SparkSession] = []
     log_url = txlog.engine.url.render_as_string(hide_password=False)
+    source = with_log_catalog(source, txlog.engine)  # its files' offsets, as the begins found
 
     def compute(
         txids: Sequence[Committed],

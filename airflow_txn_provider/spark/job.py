@@ -8,8 +8,7 @@ Connect path calls :func:`process_batch` directly with a remote session, in the 
 :func:`process_batch` reads the batch that the log recorded for ``(txid, attempt)``, refuses
 malformed records (naming their location), runs the transform on Spark, collects the partial
 results as Arrow and stages them in Postgres fenced by ``(txid, attempt)``: an attempt that is no
-longer current stages nothing, so an old attempt's output can never be committed. The commit
-(:func:`airflow_txn_provider.transactions.commit.commit_registered`) needs no Spark.
+longer current stages nothing, so an old attempt's output can never be committed.
 """
 
 from __future__ import annotations
@@ -44,6 +43,7 @@ from airflow_txn_provider.rules.vocabulary import ProcessedAction
 from airflow_txn_provider.sinks.base import LakeSink, StagedFiles, sink_from_spec
 from airflow_txn_provider.sinks.staging import stage_frame
 from airflow_txn_provider.sources.base import LOCATION, RECORD, SparkSource, source_from_spec
+from airflow_txn_provider.sources.catalog import with_log_catalog
 from airflow_txn_provider.spark.cores import is_connect, tell_spark_cores
 from airflow_txn_provider.spark.work_slots import spark_work_slot
 from airflow_txn_provider.state import MapState, counted_states, load_states
@@ -306,8 +306,9 @@ def _compute(
     before each Spark action (it raises once the run is stopped)."""
     check()
     states = load_states(txlog.engine, job.pipeline)
-    batch = job.source.read_batch(spark, metadata)
-    malformed = job.source.malformed_records(batch)
+    source = with_log_catalog(job.source, txlog.engine)  # its files, as the begin found them
+    batch = source.read_batch(spark, metadata)
+    malformed = source.malformed_records(batch)
     if malformed is not None:
         check()
         bad = malformed.limit(1).collect()
@@ -318,13 +319,13 @@ def _compute(
                 pipeline=job.pipeline,
                 txid=job.txid,
                 attempt=job.attempt,
-                location=job.source.describe_location(location, record),
+                location=source.describe_location(location, record),
             )
-    counts = job.source.batch_counts(metadata)  # none: nothing to count, or proven already
+    counts = source.batch_counts(metadata)  # none: nothing to count, or proven already
     observation, observed = _observe_counts(spark, job, batch, counts)
     if counts and observation is None:
-        _refuse_mismatch(job, job.source.batch_mismatch(batch, metadata))
-    results = transform(job.source.records(observed))
+        _refuse_mismatch(job, source.batch_mismatch(batch, metadata))
+    results = transform(source.records(observed))
     by_state, by_sink = results_by_output(results, states, job)
 
     tables = {}

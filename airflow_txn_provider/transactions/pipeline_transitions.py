@@ -45,6 +45,7 @@ from airflow_txn_provider.rules.history import prune_range
 from airflow_txn_provider.rules.records import PipelineView, TxRecord
 from airflow_txn_provider.rules.sources import Source, validate_metadata
 from airflow_txn_provider.rules.vocabulary import BeginAction, CommitAction, TxStatus
+from airflow_txn_provider.sources.catalog import with_log_catalog
 from airflow_txn_provider.transactions.retention import prune_locked
 from airflow_txn_provider.utils import metrics
 from airflow_txn_provider.utils.retries import is_transient, retry_transient
@@ -121,6 +122,7 @@ class PipelineTransitions:
         txid has not begun, the window is full, the source has no data, the txid committed, or
         the txid failed and ``replay`` is false).
         """
+        source = with_log_catalog(source, self.engine)
         _prefetch(source)
         with self.engine.begin() as conn:
             view = load_view(conn, pipeline, lock=True)
@@ -132,6 +134,7 @@ class PipelineTransitions:
     def begin_next(self, pipeline: str, source: Source) -> Emission | None:
         """Emit whatever txid should go next (oldest failed first, else a new one); ``None`` if the
         window is full."""
+        source = with_log_catalog(source, self.engine)
         _prefetch(source)
         with self.engine.begin() as conn:
             view = load_view(conn, pipeline, lock=True)

@@ -37,6 +37,7 @@ from airflow_txn_provider.rules.records import PipelineView, TxRecord
 from airflow_txn_provider.rules.waiting import new_txid_due, runs_to_make
 from airflow_txn_provider.run_context import COMMIT_TASK_ID, WATCH_TASK_ID, ahead_wait_slots_free
 from airflow_txn_provider.sources.base import source_from_spec
+from airflow_txn_provider.sources.catalog import with_log_catalog
 from airflow_txn_provider.triggers.run_keeper import ensure_txid_run, keep_alive
 from airflow_txn_provider.triggers.txn_log import shared_engine, shared_view
 from airflow_txn_provider.utils.retries import Backoff
@@ -138,7 +139,7 @@ def start_making_runs(
             else:
                 api = AirflowApiHook(pipeline.airflow_api_conn_id, outage_timeout=10.0)
                 create = functools.partial(api.create_txid_run, dag_id)
-            source = source_from_spec(pipeline.source.to_spec())  # its own: no cache shared
+            source = with_log_catalog(pipeline.source, txlog.engine)
             made = make_runs_ahead(
                 txlog.view(pipeline.name),
                 source,
@@ -234,8 +235,10 @@ class TxnWakerTrigger(BaseEventTrigger):
 
         read_view = await self.log_reader()
         api = AirflowApiHook(self.airflow_api_conn_id, outage_timeout=30.0)
-        source = await run_blocking(source_from_spec, self.source)
         hook = TxnLogHook(txn_log_conn_id=self.txn_log_conn_id)
+        source = with_log_catalog(
+            await run_blocking(source_from_spec, self.source), await run_blocking(hook.get_engine)
+        )
         pipeline = self.pipeline
 
         async def has_data(txid: int, prev: Any) -> bool:

@@ -5,9 +5,11 @@ renumbered is handled as before."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,13 @@ import pytest
 from airflow_txn_provider.rules.exceptions import OffsetsWentBackError
 from airflow_txn_provider.rules.sources import next_offset_ranges
 from airflow_txn_provider.sources.landing import LandingDirectorySource
-from tests.unit.sources.files_given import SEEDS, age, new_process
+from tests.unit.sources.files_given import SEEDS, age
+
+
+def fresh(source: LandingDirectorySource) -> LandingDirectorySource:
+    """The source as another task process builds it from the DAG file, bound to the same
+    catalog (what the log's Postgres is to every process)."""
+    return dataclasses.replace(source).with_catalog(source.catalog)
 
 
 def land(root: Path, partition: str, seq: int, tick: int) -> None:
@@ -57,13 +65,16 @@ def test_landing_probe_gives_the_full_listings_batches(tmp_path, seed, monkeypat
                 for _ in range(rng.randrange(1, 6)):
                     land(root, p, nxt.get(p, 0), tick)
                     nxt[p] = nxt.get(p, 0) + 1
-        new_process()
         expected = next_offset_ranges(prev, source.latest_offsets(), max_per_partition=3)
-        assert source.initialize_transaction(txid, prev) == expected, f"seed {seed} txid {txid}"
+        begin = fresh(source)  # each begin a new process, the catalog shared
+        assert begin.initialize_transaction(txid, prev) == expected, f"seed {seed} txid {txid}"
         prev = expected or prev
 
 
 def test_landing_partition_with_new_files_is_not_listed(tmp_path, monkeypatch):
+    """A partition with files at its next numbers is looked up, not listed; one without is
+    listed once, then not again while its folder is unchanged, by any source object bound to
+    the same catalog (the ``index_dir`` of earlier versions is accepted and ignored)."""
     root = tmp_path / "landing"
     for seq in range(50):
         land(root, "p0", seq, seq)
@@ -75,17 +86,24 @@ def test_landing_partition_with_new_files_is_not_listed(tmp_path, monkeypatch):
         LandingDirectorySource, "files", lambda self, p: listed.append(p) or real(self, p)
     )
     prev = {"p0": [40, 48], "p1": [0, 1]}
-    new_process()
     assert source.initialize_transaction(9, prev) == {"p0": [48, 50], "p1": [1, 1]}
     assert listed == ["p1"]  # p0 looked up by number; p1 has nothing new: listed once
+    assert list(tmp_path.glob("landing-*")) == []  # no index file any more
+    for again in (source, fresh(source), fresh(fresh(source))):
+        listed.clear()
+        assert again.initialize_transaction(9, prev) == {"p0": [48, 50], "p1": [1, 1]}
+        assert listed == []  # p1's folder unchanged: the catalog says it ends at 0
     listed.clear()
-    new_process()
-    assert source.initialize_transaction(9, prev) == {"p0": [48, 50], "p1": [1, 1]}
-    assert listed == []  # p1's folder unchanged: the index says it ends at 0
+    unbound = LandingDirectorySource(str(root), max_files_per_partition=4)
+    assert unbound.initialize_transaction(9, prev) == {"p0": [48, 50], "p1": [1, 1]}
+    assert listed == ["p1"]  # a catalog of its own: it knows nothing yet
     land(root, "p1", 5, 99)  # a gap in p1's numbering: its folder changed, listed again
-    new_process()
-    assert source.initialize_transaction(9, prev) == {"p0": [48, 50], "p1": [1, 5]}
+    listed.clear()
+    assert fresh(source).initialize_transaction(9, prev) == {"p0": [48, 50], "p1": [1, 5]}
     assert listed == ["p1"]
+    listed.clear()
+    assert fresh(source).initialize_transaction(9, prev) == {"p0": [48, 50], "p1": [1, 5]}
+    assert listed == []
 
 
 def test_landing_gap_is_read_one_batch_later_never_skipped(tmp_path):
@@ -127,31 +145,50 @@ def test_landing_empty_and_renumbered_partitions_as_before(tmp_path):
     (root / "p0").mkdir(parents=True)
     age(root / "p0", 0)
     source = LandingDirectorySource(str(root), index_dir=str(tmp_path))
-    for _ in range(2):  # listed, then from the index: the same answer
-        new_process()
+    for _ in range(2):  # listed, then from the catalog: the same answer
         assert source.initialize_transaction(4, {"p0": [3, 5]}) is None
     land(root, "p0", 0, 1)  # numbering from 0 again
     for _ in range(2):
-        new_process()
         with pytest.raises(OffsetsWentBackError, match="partition 'p0' went back"):
             source.initialize_transaction(4, {"p0": [3, 5]})
 
 
-def test_a_corrupt_landing_index_is_rebuilt(tmp_path):
+def test_a_stale_catalog_entry_is_not_believed(tmp_path, monkeypatch):
+    """An entry whose folder stamp no longer matches the folder (another inode, another mtime,
+    or a listing too soon after the folder's change) is ignored: the folder is listed again and
+    the listing's answer given and recorded. One that matches is believed, unlisted."""
     root = tmp_path / "landing"
     for seq in range(3):
         land(root, "p0", seq, seq)
-    source = LandingDirectorySource(str(root), index_dir=str(tmp_path / "ix"))
-    assert source.initialize_transaction(2, {"p0": [0, 3]}) is None
-    (index,) = (tmp_path / "ix").glob("landing-*.json")
-    data = json.loads(index.read_text())
-    assert data["entries"]["p0"][2] == 2
-    data["entries"]["p0"][2] = 7  # a wrong answer, with another folder time: not believed
-    data["entries"]["p0"][0] += 1
-    index.write_text(json.dumps(data))
-    new_process()
-    assert source.initialize_transaction(2, {"p0": [0, 3]}) is None
-    index.write_text("{garbage")
-    new_process()
-    assert source.initialize_transaction(2, {"p0": [0, 3]}) is None
-    assert json.loads(index.read_text())["entries"]["p0"][2] == 2
+    source = LandingDirectorySource(str(root))
+    key, catalog = source.catalog_key(), source.catalog
+    listed: list[str] = []
+    real = LandingDirectorySource.files
+    monkeypatch.setattr(
+        LandingDirectorySource, "files", lambda self, p: listed.append(p) or real(self, p)
+    )
+    st = os.stat(root / "p0")
+    wrong = {"7.jsonl": (1, 1, 7, 7)}  # believed, the batch would be [3, 8)
+
+    def answer_after(folder: tuple[int, int, int]) -> dict | None:
+        catalog.record(key, "p0", {"": folder}, wrong, catalog.names(key, "p0"))
+        listed.clear()
+        return fresh(source).initialize_transaction(2, {"p0": [0, 3]})
+
+    long_after = time.time_ns()
+    assert answer_after((st.st_ino, st.st_mtime_ns, long_after)) == {"p0": [3, 8]}
+    assert listed == []  # its stamp matches: believed (every entry is checked by a stat only)
+    for stale in (
+        (st.st_ino + 1, st.st_mtime_ns, long_after),  # another folder at that path
+        (st.st_ino, st.st_mtime_ns - 1, long_after),  # the folder changed since
+        (st.st_ino, st.st_mtime_ns, st.st_mtime_ns + 1),  # listed as it changed: not trusted
+    ):
+        assert answer_after(stale) is None, stale  # the listing's answer: p0 ends at 3
+        assert listed == ["p0"], stale
+        part = catalog.partitions(key)["p0"]
+        assert part.end == 3 and set(part.newest) == {"2.jsonl"}, stale  # the entry rewritten
+        assert catalog.names(key, "p0") == {"2.jsonl"}, stale
+        assert part.folders[""][:2] == (st.st_ino, st.st_mtime_ns), stale
+        listed.clear()
+        assert fresh(source).initialize_transaction(2, {"p0": [0, 3]}) is None
+        assert listed == [], stale  # the rewritten entry is trusted: not listed again

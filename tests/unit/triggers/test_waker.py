@@ -4,8 +4,10 @@ REST API (the real ones are the integration tier's: every test on a real Airflow
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 import threading
+from typing import Any
 
 import hypothesis
 import hypothesis.strategies as st
@@ -380,7 +382,9 @@ def test_the_next_run_is_created_beside_the_claim_only_where_its_supervisor_take
         name="p", airflow_api_conn_id="api", source=SimpleNamespace(to_spec=lambda: {})
     )
     noted = []
-    log = SimpleNamespace(view=lambda name: None, note_runs_made=lambda *a: noted.append(a))
+    log = SimpleNamespace(
+        view=lambda name: None, note_runs_made=lambda *a: noted.append(a), engine=None
+    )
     thread = waker.start_making_runs(pipeline, "p", 1, log, logging.getLogger(__name__))
     if thread is not None:
         thread.join(10)
@@ -420,7 +424,7 @@ def test_a_claim_makes_the_runs_through_its_supervisor_where_airflow_lets_it(
     pipeline = SimpleNamespace(
         name="p", airflow_api_conn_id="api", source=SimpleNamespace(to_spec=lambda: {})
     )
-    log = SimpleNamespace(view=lambda name: None, note_runs_made=lambda *a: None)
+    log = SimpleNamespace(view=lambda name: None, note_runs_made=lambda *a: None, engine=None)
     waker.start_making_runs(pipeline, "words", 1, log, logging.getLogger(__name__))
     way = "supervisor" if tasks_create_runs else "rest"
     assert asked == [(way, "words", 2), (way, "words", 3)]
@@ -469,3 +473,48 @@ def test_a_run_that_cannot_be_created_is_reported_asked_again_soon_and_cleared(m
         )
     assert fake.created == [4, 4]  # asked again without waiting RECREATE_AFTER
     assert reports == ["slot held by run 'manual__x'", None]
+
+
+STORED_TRIGGERS = {
+    "airflow_txn_provider.triggers.waker.TxnWakerTrigger",
+    "airflow_txn_provider.triggers.fill.TxnFillDueTrigger",
+    "airflow_txn_provider.triggers.txn_log.TxnLogTrigger",
+}
+"""Trigger class paths as Airflow stores them (``serialize()``'s first item) since 0.1."""
+
+
+def import_string(classpath: str) -> Any:
+    """The class at ``classpath``, loaded as the triggerer loads a stored trigger's."""
+    module, _, name = classpath.rpartition(".")
+    return getattr(importlib.import_module(module), name)
+
+
+def test_every_stored_trigger_class_path_still_resolves():
+    for classpath in STORED_TRIGGERS:
+        assert import_string(classpath).__name__ == classpath.rsplit(".", 1)[1]
+
+
+def test_a_waker_stored_before_the_sources_moved_loads_its_source():
+    """A waker deferred by an earlier version, its arguments through Airflow's own
+    serialization as its trigger table keeps them, is rebuilt by the new version and its
+    source spec (naming ``spark.parquet_source``) loads the source from ``sources/``."""
+    from airflow.serialization.serialized_objects import BaseSerialization
+
+    from airflow_txn_provider.sources.base import source_from_spec
+    from airflow_txn_provider.sources.parquet import PartitionedParquetSource
+
+    stored = {
+        "txn_log_conn_id": "txn_log",
+        "airflow_api_conn_id": "airflow_api",
+        "pipeline": "words",
+        "dag_id": "txn_words",
+        "source": {
+            "class": "airflow_txn_provider.spark.parquet_source:PartitionedParquetSource",
+            "args": {"path": "/data/words", "max_per_partition": 1000, "index_dir": None},
+        },
+        "poll_interval": 2.0,
+    }
+    kwargs = BaseSerialization.deserialize(BaseSerialization.serialize(stored))
+    trigger = import_string("airflow_txn_provider.triggers.waker.TxnWakerTrigger")(**kwargs)
+    source = source_from_spec(trigger.serialize()[1]["source"])
+    assert source == PartitionedParquetSource("/data/words", max_per_partition=1000)
