@@ -307,14 +307,15 @@ class PartitionedParquetSource(UsesCatalog, TransactionalSource, SparkSource):
         check then reports what is missing). With them: whether every one lies wholly inside
         the range (then no row needs filtering out)."""
         directory = f"{base}/{self.partition_column}={partition}"
-        key = self.catalog_key()
+        key, found = self.catalog_key(), {partition: directory}
         try:
+            # Looked at as a begin looks (a folder unchanged since a listing: one stat), so a
+            # file landed since with offsets of this batch (written twice) is read and counted.
+            names = self._offset_names()
+            discover(self.catalog, key, found, column=self.offset_column, names=names)
             ranges = self.catalog.meeting(key, partition, start, end)
-            top = max((high for _, high in ranges.values()), default=-1)
-            if top < end - 1 or not all(os.path.exists(f"{directory}/{n}") for n in ranges):
-                # Not found yet by this catalog (one without a log), or files gone: a listing
-                # (not a look-up of the next names) drops what is gone.
-                found = {partition: directory}
+            if not all(os.path.exists(f"{directory}/{n}") for n in ranges):
+                # Files gone that a look-up of the next names does not see: a listing.
                 discover(self.catalog, key, found, column=self.offset_column, names=None)
                 ranges = self.catalog.meeting(key, partition, start, end)
         except OSError:
