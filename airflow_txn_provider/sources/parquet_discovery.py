@@ -224,7 +224,6 @@ class PartitionDiscovery:
         folders: dict[str, Folder] = {}
         added: dict[str, FileFacts] = {}
         dropped: set[str] = set(reread)
-        by_folder: dict[str, set[str]] | None = None
         pending = [""]
         while pending:
             rel_dir = pending.pop()
@@ -244,17 +243,19 @@ class PartitionDiscovery:
                 listed = os.listdir(path)
             except (FileNotFoundError, NotADirectoryError, PermissionError):
                 continue
-            if by_folder is None:
-                by_folder = _by_folder(self.catalog.names(self.source, self.partition))
-            here = by_folder.get(rel_dir, set())
+            cut, flat = len(rel_dir), not any(known.folders.keys() - {""})
+            known_names = self.catalog.names(self.source, self.partition, rel_dir, direct=not flat)
+            here = {n[cut:] for n in known_names} if cut else known_names
             if old is not None and old[0] != st.st_ino:  # replaced: every name looked at again
                 dropped |= {rel_dir + n for n in here}
                 here = set()
-            dropped |= {rel_dir + n for n in here.difference(listed)}
-            for name in listed:
+            present = set(listed)
+            dropped |= {rel_dir + n for n in here - present}
+            again = {r[cut:] for r in reread if r[: r.rfind("/") + 1] == rel_dir}
+            for name in (present - here) | (again & present):
+                if name.startswith((".", "_")):
+                    continue  # Spark's and Hadoop's hidden files (_SUCCESS, .crc, _temporary)
                 rel = rel_dir + name
-                if name.startswith((".", "_")) or (name in here and rel not in reread):
-                    continue  # Spark's and Hadoop's hidden files; a file known already
                 full = os.path.join(path, name)
                 fst = self._stat(full)
                 if fst is None:
@@ -265,26 +266,14 @@ class PartitionDiscovery:
                     low, high = file_offsets(full, self.column)
                     added[rel] = (fst.st_size, fst.st_mtime_ns, low, high)
             folders[rel_dir] = (st.st_ino, st.st_mtime_ns, listed_at)
-        gone = set(known.folders) - set(folders)
-        if gone:  # folders gone: their files too
-            if by_folder is None:
-                by_folder = _by_folder(self.catalog.names(self.source, self.partition))
-            dropped |= {d + n for d in gone for n in by_folder.get(d, ())}
+        for gone in set(known.folders) - set(folders):  # folders gone: their files too
+            dropped |= self.catalog.names(self.source, self.partition, gone, direct=True)
         return folders, added, dropped - set(added)
 
 
 def _parent(rel_dir: str) -> str:
     """``"a/b/"`` -> ``"a/"``, ``"a/"`` -> ``""``."""
     return rel_dir[: rel_dir.rstrip("/").rfind("/") + 1]
-
-
-def _by_folder(names: set[str]) -> dict[str, set[str]]:
-    """File names grouped by their folder: ``{"": {"a.parquet"}, "sub/": {"b.parquet"}}``."""
-    groups: dict[str, set[str]] = {}
-    for name in names:
-        cut = name.rfind("/") + 1
-        groups.setdefault(name[:cut], set()).add(name[cut:])
-    return groups
 
 
 def discover(
