@@ -267,13 +267,15 @@ _UPSERT_FILES = (
 )
 _NEWEST_FILES = (
     "SELECT p.partition, f.name, f.size, f.mtime_ns, f.last_offset"
-    " FROM unnest(%(ps)s::text[]) AS p(partition)"
-    " CROSS JOIN LATERAL (SELECT max(last_offset) AS top FROM txn_source_file"
-    " WHERE source = %(s)s AND partition = p.partition) AS m"
-    " JOIN txn_source_file f ON f.source = %(s)s AND f.partition = p.partition"
-    " AND f.last_offset = m.top WHERE m.top >= 0"
+    " FROM unnest(%(ps)s::text[]) AS p(partition) CROSS JOIN LATERAL ("
+    " SELECT name, size, mtime_ns, last_offset FROM txn_source_file"
+    " WHERE source = %(s)s AND partition = p.partition AND last_offset >= 0 AND last_offset = ("
+    " SELECT max(last_offset) FROM txn_source_file WHERE source = %(s)s"
+    " AND partition = p.partition) OFFSET 0) AS f"
 )
-"""Each partition's files holding its highest offset (the index's last entry: no scan)."""
+"""Each partition's files holding its highest offset: per partition, the index's last entry
+(``OFFSET 0`` keeps the per-partition look-up from being turned into a join the planner may
+order wrongly while a new dataset's rows are not in the statistics yet)."""
 _UPSERT_PARTITIONS = (
     "INSERT INTO txn_source_partition (source, partition, folders, end_offset, newest)"
     " SELECT %(s)s, * FROM unnest(%(p)s::text[], %(f)s::jsonb[], %(e)s::bigint[],"
