@@ -256,6 +256,12 @@ class PartitionDiscovery:
                 if name.startswith((".", "_")):
                     continue  # Spark's and Hadoop's hidden files (_SUCCESS, .crc, _temporary)
                 rel = rel_dir + name
+                if not _storable(rel):
+                    log.warning(  # as bytes: the name's lone surrogates break handlers
+                        "%r: a name that is not UTF-8 is not read",
+                        os.fsencode(os.path.join(path, name)),
+                    )
+                    continue
                 full = os.path.join(path, name)
                 fst = self._stat(full)
                 if fst is None:
@@ -269,6 +275,16 @@ class PartitionDiscovery:
         for gone in set(known.folders) - set(folders):  # folders gone: their files too
             dropped |= self.catalog.names(self.source, self.partition, gone, direct=True)
         return folders, added, dropped - set(added)
+
+
+def _storable(name: str) -> bool:
+    """Whether the catalog (Postgres text) can hold ``name``: a name of bytes that are not
+    UTF-8 (kept by Python as lone surrogates) cannot."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _parent(rel_dir: str) -> str:

@@ -348,3 +348,20 @@ def test_probing_gives_the_full_listings_batches(tmp_path, seed):
 def test_a_bad_template_is_refused_with_what_is_wrong(template, says):
     with pytest.raises(ValueError, match=f"file_name_template .*{re.escape(says)}"):
         PartitionedParquetSource("/data", file_name_template=template)
+
+
+def test_a_name_that_is_not_utf8_is_left_out_with_a_warning(tmp_path, caplog):
+    """Postgres text cannot hold it: the file is not read (a warning names it), the others are;
+    its offsets missing from a batch then fail that batch's count check, never pass unseen."""
+    folder = tmp_path / "ds" / "p=0"
+    folder.mkdir(parents=True)
+    pq.write_table(pa.table({"offset": pa.array([0, 1], pa.int64())}), folder / "a.parquet")
+    pq.write_table(pa.table({"offset": pa.array([2, 3], pa.int64())}), tmp_path / "b.parquet")
+    os.rename(
+        os.fsencode(tmp_path / "b.parquet"), os.path.join(os.fsencode(folder), b"\xff.parquet")
+    )
+    source = PartitionedParquetSource(str(tmp_path / "ds"))
+    with caplog.at_level("WARNING"):
+        assert source.latest_offsets() == {"0": 2}
+    assert "is not UTF-8" in caplog.text
+    assert source.catalog.names(source.catalog_key(), "0") == {"a.parquet"}
