@@ -43,6 +43,7 @@ API: dict[str, str] = {
     "stage_states": "airflow_txn_provider.state",
     "commit_states": "airflow_txn_provider.transactions.commit",
     "fill_pipeline": "airflow_txn_provider.spark.fill",
+    "run_job": "airflow_txn_provider.spark.job",
     # Airflow
     "TxnLogHook": "airflow_txn_provider.hooks.txn_log",
     "warm_task_processes": "airflow_txn_provider.preload",
@@ -94,6 +95,7 @@ if TYPE_CHECKING:  # what type checkers see (``X as X``: re-exported); a test ke
         PartitionedParquetSource as PartitionedParquetSource,
     )
     from airflow_txn_provider.spark.fill import fill_pipeline as fill_pipeline
+    from airflow_txn_provider.spark.job import run_job as run_job
     from airflow_txn_provider.state import BucketCountState as BucketCountState
     from airflow_txn_provider.state import GlobalState as GlobalState
     from airflow_txn_provider.state import MapState as MapState

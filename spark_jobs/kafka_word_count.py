@@ -12,7 +12,7 @@ import sys
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from airflow_txn_provider.spark.job import run_job
+from airflow_txn_provider import run_job
 
 WORD_SPLIT = r"[^\p{L}\p{N}']+"  # as word_count.py's (a job file imports no other job file)
 

@@ -13,7 +13,7 @@ import sys
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from airflow_txn_provider.spark.job import run_job
+from airflow_txn_provider import run_job
 
 
 def transform(batch: DataFrame) -> DataFrame:

@@ -11,7 +11,7 @@ import time
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from airflow_txn_provider.spark.job import run_job
+from airflow_txn_provider import run_job
 
 WORD_SPLIT = r"[^\p{L}\p{N}']+"
 
