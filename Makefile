@@ -55,6 +55,9 @@ $(STAMP): requirements.lock pyproject.toml scripts/system-deps.sh
 	$(UV) pip uninstall -q --python $(PY) pyspark
 	$(UV) pip install -q --python $(PY) --no-deps pyspark==$(PYSPARK_VERSION)
 	$(UV) pip install -q --python $(PY) --no-deps -e .
+	@# A build of pyspark's sdist leaves 1.4 GB in uv's cache, and the matrix builds another:
+	@# without pruning, clone after clone filled the disk until a CI run's tests hit ENOSPC.
+	$(UV) cache prune -q
 	touch $(STAMP)
 
 demo: install

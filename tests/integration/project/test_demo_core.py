@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -36,9 +37,12 @@ def test_demo_runs_and_continues():
     base = Path(tempfile.mkdtemp(prefix="txn-demo-"))
     base.chmod(0o755)  # the server runs as user postgres, which must enter this folder
     datadir = base / "pg"
-    first = run_demo(datadir, 5)
-    assert "committed txids: 5; total words: 200" in first
-    assert "failed with txid 2: injected failure" in first  # the cascade is visible
-    second = run_demo(datadir, 3)
-    assert "committed txids: 8; total words: 320" in second
-    assert not (datadir / "postmaster.pid").exists()  # the demo stopped its server
+    try:
+        first = run_demo(datadir, 5)
+        assert "committed txids: 5; total words: 200" in first
+        assert "failed with txid 2: injected failure" in first  # the cascade is visible
+        second = run_demo(datadir, 3)
+        assert "committed txids: 8; total words: 320" in second
+        assert not (datadir / "postmaster.pid").exists()  # the demo stopped its server
+    finally:
+        shutil.rmtree(base, ignore_errors=True)  # 40 MB a run: left behind, runs fill the disk
