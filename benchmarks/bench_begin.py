@@ -20,6 +20,12 @@ each dataset:
   catalog trusts only listings made well after a folder's last change), one untimed begin, then
   ``--repeat`` timed begins in fresh processes with nothing new (each must return ``None``).
 
+With ``--floor`` (and ``parquet`` among the kinds), after the largest ``parquet`` dataset: what
+the listing of its changed folders cannot do without, each part timed alone in this process
+(p50 of ``--repeat``): listing every partition's folder, reading every partition's known names
+from the catalog in the log's Postgres (what a host compares the listing against), and a stat of
+every file (what telling new files by their ctime, without the known names, would cost).
+
 Printed: p50 and p95 (nearest rank) begin seconds per history size, side by side, and the ratio
 of the largest history's p50 to the smallest's (the goal is flat: 1x), for begins that find new
 files and for idle polls ("no new data" rows). The files added by a run
@@ -27,6 +33,7 @@ are deleted at the start of the next run, so the cached datasets keep their size
 
 Usage: python benchmarks/bench_begin.py [--sizes 10,1000,100000] [--repeat 7] [--new-files 2]
        [--partitions 4] [--seed 11] [--kinds parquet,parquet-named,landing] [--cache DIR]
+       [--floor]
 """
 
 from __future__ import annotations
@@ -245,6 +252,52 @@ def measure(
     return first["seconds"], seconds, idle
 
 
+def floor(cache: Path, files: int, args: argparse.Namespace, url: str) -> dict[str, list[float]]:
+    """Seconds of each part a listing-mode begin cannot do without, on the ``parquet`` dataset
+    of ``files`` files whose catalog :func:`measure` filled."""
+    from sqlalchemy import create_engine
+
+    from airflow_txn_provider.sources.catalog import PostgresCatalog
+    from airflow_txn_provider.sources.parquet import PartitionedParquetSource
+
+    root = dataset(cache, "parquet", files, args.partitions, args.seed)
+    key = PartitionedParquetSource(str(root)).catalog_key()
+    folders = sorted(str(path) for path in root.glob("p=*"))
+    engine = create_engine(url)
+    catalog = PostgresCatalog(engine)
+    known = sorted(catalog.partitions(key))
+    if len(known) != len(folders):
+        raise AssertionError(f"catalog has partitions {known}, the dataset {folders}")
+
+    def listing() -> int:
+        return sum(len(os.listdir(folder)) for folder in folders)
+
+    def names() -> int:
+        return sum(len(catalog.names(key, p)) for p in known)
+
+    def stats() -> int:
+        return sum(
+            entry.stat().st_ctime_ns > 0 for folder in folders for entry in os.scandir(folder)
+        )
+
+    parts: dict[str, list[float]] = {}
+    for label, part in (
+        ("list every folder", listing),
+        ("read the known names from the catalog", names),
+        ("stat every file", stats),
+    ):
+        counted, parts[label] = part(), []  # once untimed: the page cache and the pool warm
+        for _ in range(args.repeat):
+            started = time.perf_counter()
+            if part() != counted:
+                raise AssertionError(f"{label}: the count changed")
+            parts[label].append(time.perf_counter() - started)
+        if counted < files:
+            raise AssertionError(f"{label}: {counted} names, fewer than {files}")
+    engine.dispose()
+    return parts
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="10,1000,100000", help="history sizes, in files")
@@ -258,6 +311,9 @@ def main(argv: list[str] | None = None) -> int:
         type=Path,
         default=Path(tempfile.gettempdir()) / "airflow-txn-bench-begin",
         help="where generated datasets are kept between runs",
+    )
+    parser.add_argument(
+        "--floor", action="store_true", help="time the parts a listing cannot do without"
     )
     args = parser.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -279,7 +335,14 @@ def main(argv: list[str] | None = None) -> int:
             for files in sizes:
                 results[kind, files] = measure(args.cache, kind, files, args, url)
                 _progress(kind, files, results[kind, files])
+        parts = floor(args.cache, sizes[-1], args, url) if args.floor and "parquet" in kinds else {}
     _table(kinds, sizes, results)
+    if parts:
+        at = f"{sizes[-1]} files, {args.partitions} partitions"
+        print(f"\n| a listing's parts at {at} | ms p50 |")
+        print("|---|---|")
+        for label, values in parts.items():
+            print(f"| {label} | {statistics.median(values) * 1000:.1f} |")
     return 0
 
 

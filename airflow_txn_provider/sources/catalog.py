@@ -157,9 +157,9 @@ class PostgresCatalog(FileCatalog):
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    def _rows(self, sql: str, params: Mapping[str, Any]) -> list[Any]:
+    def _rows(self, sql: str, params: Mapping[str, Any], *, binary: bool = False) -> list[Any]:
         with self.engine.connect() as conn:
-            cursor = conn.connection.cursor()
+            cursor = conn.connection.cursor(binary=binary)
             cursor.execute(sql, params)
             return list(cursor.fetchall())
 
@@ -185,7 +185,8 @@ class PostgresCatalog(FileCatalog):
         if direct:
             sql += " AND strpos(substr(name, %(n)s + 1), '/') = 0"
         params = {"s": source, "p": partition, "f": folder, "n": len(folder)}
-        return set(self._rows(sql, params)[0][0])  # one array: one value to fetch, not rows
+        # One array, in binary: one value to fetch, and no array text to parse.
+        return set(self._rows(sql, params, binary=True)[0][0])
 
     def meeting(self, source: str, partition: str, start: int, end: int) -> dict[str, Any]:
         sql = (
