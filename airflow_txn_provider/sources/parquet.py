@@ -210,7 +210,7 @@ class PartitionedParquetSource(UsesCatalog, TransactionalSource, SparkSource):
         if not ranges:
             raise ValueError(f"metadata {metadata!r} names no records")
         base = self.path.rstrip("/")
-        holding = {p: self._batch_files(base, p, a, b) for p, (a, b) in sorted(ranges.items())}
+        holding = self._batch_files(base, ranges)
         files = {p: paths for p, (paths, _) in holding.items()}
         # Every file wholly inside its partition's range (footer statistics): no row to filter
         # out, and the rows read are the files' rows: when their footers' row counts add up to
@@ -294,40 +294,45 @@ class PartitionedParquetSource(UsesCatalog, TransactionalSource, SparkSource):
         return functools.reduce(lambda x, y: x.unionByName(y, allowMissingColumns=True), frames)
 
     def _files_holding(self, base: str, partition: str, start: int, end: int) -> list[str]:
-        """The paths :meth:`_batch_files` finds."""
-        return self._batch_files(base, partition, start, end)[0]
+        """The paths :meth:`_batch_files` finds for one partition."""
+        return self._batch_files(base, {partition: (start, end)})[partition][0]
 
     def _batch_files(
-        self, base: str, partition: str, start: int, end: int
-    ) -> tuple[list[str], bool]:
-        """The files of ``partition`` whose offsets meet ``[start, end)``, from their footers: a
+        self, base: str, ranges: Mapping[str, tuple[int, int]]
+    ) -> dict[str, tuple[list[str], bool]]:
+        """Per partition, the files whose offsets meet its ``[start, end)``, from their footers: a
         batch opens its own files only, however many earlier batches wrote (reading the whole
         directory, Spark opened every file to skip it by its statistics). The directory itself
         when its files cannot be listed here (a remote path) or none qualifies (the completeness
         check then reports what is missing). With them: whether every one lies wholly inside
         the range (then no row needs filtering out)."""
-        directory = f"{base}/{self.partition_column}={partition}"
-        key, found = self.catalog_key(), {partition: directory}
+        folders = {p: f"{base}/{self.partition_column}={p}" for p in sorted(ranges)}
+        key, column = self.catalog_key(), self.offset_column
         try:
             # Looked at as a begin looks (a folder unchanged since a listing: one stat), so a
             # file landed since with offsets of this batch (written twice) is read and counted.
-            names = self._offset_names()
-            discover(self.catalog, key, found, column=self.offset_column, names=names)
-            ranges = self.catalog.meeting(key, partition, start, end)
-            if not all(os.path.exists(f"{directory}/{n}") for n in ranges):
+            discover(self.catalog, key, folders, column=column, names=self._offset_names())
+            found = {p: self.catalog.meeting(key, p, *ranges[p]) for p in folders}
+            if not all(os.path.exists(f"{folders[p]}/{n}") for p in found for n in found[p]):
                 # Files gone that a look-up of the next names does not see: a listing.
-                discover(self.catalog, key, found, column=self.offset_column, names=None)
-                ranges = self.catalog.meeting(key, partition, start, end)
+                discover(self.catalog, key, folders, column=column, names=None)
+                found = {p: self.catalog.meeting(key, p, *ranges[p]) for p in folders}
         except OSError:
-            return [directory], False
-        meeting = [
-            (f"{directory}/{rel}", start <= low and high < end)
-            for rel, (low, high) in sorted(ranges.items(), key=lambda item: item[0].split("/"))
-            if low < end and high >= start
-        ]
-        if not meeting:
-            return [directory], False
-        return [path for path, _ in meeting], all(inside for _, inside in meeting)
+            return {p: ([folder], False) for p, folder in folders.items()}
+        holding = {}
+        for p, folder in folders.items():
+            start, end = ranges[p]
+            meeting = [
+                (f"{folder}/{rel}", start <= low and high < end)
+                for rel, (low, high) in sorted(found[p].items(), key=lambda kv: kv[0].split("/"))
+                if low < end and high >= start
+            ]
+            holding[p] = (
+                ([path for path, _ in meeting], all(inside for _, inside in meeting))
+                if meeting
+                else ([folder], False)
+            )
+        return holding
 
     def records(self, batch: DataFrame) -> DataFrame:
         return batch.drop(LOCATION)

@@ -7,7 +7,6 @@ bound to the log gives the answers of an unbound one."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import random
 import shutil
@@ -32,6 +31,7 @@ from airflow_txn_provider.sources.catalog import (
 )
 from airflow_txn_provider.sources.landing import LandingDirectorySource
 from airflow_txn_provider.sources.parquet import PartitionedParquetSource
+from tests.unit.sources.files_given import LandingHistory
 
 SOURCES = ["parquet:/lake:offset", "landing:/in box"]
 PARTITIONS = ["0", "1", "région=é/x", "it's"]
@@ -399,17 +399,6 @@ def test_a_second_host_reads_no_footer_the_first_read(
     assert PartitionedParquetSource(str(root)).latest_offsets() == {"0": 25, "1": 8}  # unbound
 
 
-OLD = NS - 3600 * 10**9  # an hour before NS: a listing of a folder last changed then is trusted
-
-
-def land(root: Path, partition: str, seq: int, tick: int) -> None:
-    folder = root / partition
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{seq}.jsonl").write_text(json.dumps({"line": f"{partition} {seq}"}) + "\n")
-    for path in (folder / f"{seq}.jsonl", folder):
-        os.utime(path, ns=(OLD + tick * 1000, OLD + tick * 1000))
-
-
 def test_a_landing_source_bound_to_the_log_answers_as_an_unbound_one(
     tmp_path, txlog, other_host, monkeypatch
 ):
@@ -427,30 +416,10 @@ def test_a_landing_source_bound_to_the_log_answers_as_an_unbound_one(
     def bound(engine: Engine) -> LandingDirectorySource:
         return with_log_catalog(dataclasses.replace(unbound), engine)
 
-    nxt: dict[str, int] = {}
+    history = LandingHistory(root, rng, partitions=3, most=4, gaps=True)
     prev: dict | None = None
-    tick = 0
     for txid in range(1, 30):
-        for _ in range(rng.randrange(4)):
-            tick += 1
-            p = f"p{rng.randrange(3)}"
-            roll = rng.random()
-            if roll < 0.1 and (root / p).exists():  # offline
-                (root / p).rename(root / f".{p}.offline")
-            elif roll < 0.2 and (root / f".{p}.offline").exists():  # back online
-                (root / f".{p}.offline").rename(root / p)
-            elif roll < 0.3 and (root / p).exists():  # the consumer deletes what was read
-                done = (prev or {}).get(p, [0, 0])[1]
-                for f in (root / p).glob("*.jsonl"):
-                    if int(f.stem) < done:
-                        f.unlink()
-                os.utime(root / p, ns=(OLD + tick * 1000, OLD + tick * 1000))
-            elif (root / p).exists() or not (root / f".{p}.offline").exists():
-                if roll < 0.35:
-                    nxt[p] = nxt.get(p, 0) + 2  # a gap in the numbering
-                for _ in range(rng.randrange(1, 5)):
-                    land(root, p, nxt.get(p, 0), tick)
-                    nxt[p] = nxt.get(p, 0) + 1
+        history.step(prev)
         where = f"seed {seed} txid {txid}"
         starts = {p: r[1] for p, r in (prev or {}).items()}
         begin = bound(hosts[txid % 2])

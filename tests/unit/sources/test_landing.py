@@ -6,32 +6,22 @@ renumbered is handled as before."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import random
 import time
-from pathlib import Path
 
 import pytest
 
 from airflow_txn_provider.rules.exceptions import OffsetsWentBackError
 from airflow_txn_provider.rules.sources import next_offset_ranges
 from airflow_txn_provider.sources.landing import LandingDirectorySource
-from tests.unit.sources.files_given import SEEDS, age
+from tests.unit.sources.files_given import SEEDS, LandingHistory, age, land
 
 
 def fresh(source: LandingDirectorySource) -> LandingDirectorySource:
     """The source as another task process builds it from the DAG file, bound to the same
     catalog (what the log's Postgres is to every process)."""
     return dataclasses.replace(source).with_catalog(source.catalog)
-
-
-def land(root: Path, partition: str, seq: int, tick: int) -> None:
-    folder = root / partition
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{seq}.jsonl").write_text(json.dumps({"line": f"{partition} {seq}"}) + "\n")
-    age(folder / f"{seq}.jsonl", tick)
-    age(folder, tick)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -43,28 +33,10 @@ def test_landing_probe_gives_the_full_listings_batches(tmp_path, seed, monkeypat
     root = tmp_path / "landing"
     root.mkdir()
     source = LandingDirectorySource(str(root), max_files_per_partition=3, index_dir=str(tmp_path))
-    nxt: dict[str, int] = {}
-    tick = 0
+    history = LandingHistory(root, rng, partitions=4, most=5, gaps=False)
     prev = None
     for txid in range(1, 60):
-        for _ in range(rng.randrange(5)):
-            tick += 1
-            p = f"p{rng.randrange(4)}"
-            action = rng.random()
-            if action < 0.1 and (root / p).exists():  # offline
-                (root / p).rename(root / f".{p}.offline")
-            elif action < 0.2 and (root / f".{p}.offline").exists():  # back online
-                (root / f".{p}.offline").rename(root / p)
-            elif action < 0.3 and (root / p).exists():  # the consumer deletes what was read
-                done = (prev or {}).get(p, [0, 0])[1]
-                for f in (root / p).glob("*.jsonl"):
-                    if int(f.stem) < done:
-                        f.unlink()
-                age(root / p, tick)
-            elif (root / p).exists() or not (root / f".{p}.offline").exists():
-                for _ in range(rng.randrange(1, 6)):
-                    land(root, p, nxt.get(p, 0), tick)
-                    nxt[p] = nxt.get(p, 0) + 1
+        history.step(prev)
         expected = next_offset_ranges(prev, source.latest_offsets(), max_per_partition=3)
         begin = fresh(source)  # each begin a new process, the catalog shared
         assert begin.initialize_transaction(txid, prev) == expected, f"seed {seed} txid {txid}"

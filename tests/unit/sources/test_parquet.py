@@ -505,7 +505,7 @@ def test_the_spark_side_looks_again_when_the_catalog_misses_its_files(
         f"{folder}/a.parquet",
         f"{folder}/b.parquet",
     ]
-    assert job._batch_files(str(root), "0", 10, 20) == ([f"{folder}/b.parquet"], True)
+    assert job._batch_files(str(root), {"0": (10, 20)}) == {"0": ([f"{folder}/b.parquet"], True)}
     assert known_ranges(catalog, source, "0") == full_ranges(source, "0")
 
 
