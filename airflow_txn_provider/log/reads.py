@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import select
 
 from airflow_txn_provider.log.models import ATTEMPTS, PIPELINES, TRANSACTIONS
+from airflow_txn_provider.log.part import LogPart
 from airflow_txn_provider.log.rows import load_view, naming_pipeline
 from airflow_txn_provider.rules.exceptions import UnknownPipelineError
 from airflow_txn_provider.rules.records import PipelineView, TxRecord
@@ -23,7 +24,7 @@ from airflow_txn_provider.rules.vocabulary import FailureResponse, TxStatus
 from airflow_txn_provider.utils.retries import retry_transient
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import Engine, Row
+    from sqlalchemy.engine import Row
 
 SNAPSHOT = "REPEATABLE READ"
 """Isolation level of unlocked reads of a pipeline: its statements see one snapshot."""
@@ -66,11 +67,8 @@ class AttemptInfo:
     """Once failed: what the failure sensor did about it (re-queue, leave, stop the pipeline)."""
 
 
-class LogReads:
+class LogReads(LogPart):
     """Reading the log: pipelines, a pipeline's snapshot, its txids and their attempts."""
-
-    engine: Engine
-    outage_timeout: float
 
     @retry_transient
     def pipelines(self) -> list[str]:

@@ -15,6 +15,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from airflow_txn_provider.log.part import LogPart
 from airflow_txn_provider.log.rows import TxidRows
 from airflow_txn_provider.rules.fencing import (
     attempt_is_current,
@@ -31,18 +32,15 @@ from airflow_txn_provider.rules.vocabulary import (
 from airflow_txn_provider.utils.retries import retry_transient
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import Connection, Engine
+    from sqlalchemy.engine import Connection
 
 log = logging.getLogger(__name__)
 
 StageFn = Callable[["Connection"], "Mapping[str, Any] | None"]
 
 
-class TxidTransitions:
+class TxidTransitions(LogPart):
     """The transitions under one txid's row lock."""
-
-    engine: Engine
-    outage_timeout: float
 
     # -- processed -------------------------------------------------------------------------------
 

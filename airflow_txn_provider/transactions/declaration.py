@@ -24,6 +24,7 @@ from airflow_txn_provider import __version__
 from airflow_txn_provider.log import schema
 from airflow_txn_provider.log.models import PIPELINE_DAGS, PIPELINES
 from airflow_txn_provider.log.outputs import declare_outputs
+from airflow_txn_provider.log.part import LogPart
 from airflow_txn_provider.log.rows import lock_pipeline
 from airflow_txn_provider.rules.config import (
     DEFAULT_KEEP_TXIDS,
@@ -44,7 +45,7 @@ from airflow_txn_provider.state.backing import lock_ddl
 from airflow_txn_provider.utils.retries import retry_transient
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import Connection, Engine
+    from sqlalchemy.engine import Connection
 
 log = logging.getLogger(__name__)
 
@@ -119,11 +120,8 @@ def declaration_fingerprint(
     return hashlib.sha256(json.dumps(declared, sort_keys=True).encode()).hexdigest()
 
 
-class PipelineDeclarations:
+class PipelineDeclarations(LogPart):
     """The log's pipelines as declared: registering one, and which DAGs run it."""
-
-    engine: Engine
-    outage_timeout: float
 
     @retry_transient
     def register_pipeline(

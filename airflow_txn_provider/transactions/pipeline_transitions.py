@@ -23,6 +23,7 @@ from sqlalchemy import func, update
 
 from airflow_txn_provider.log.fill_progress import fill_floor
 from airflow_txn_provider.log.models import PIPELINES
+from airflow_txn_provider.log.part import LogPart
 from airflow_txn_provider.log.rows import TxidRows, load_view
 from airflow_txn_provider.rules.config import CLAIM_TIMEOUT, PRUNE_EVERY
 from airflow_txn_provider.rules.coordinator import (
@@ -51,7 +52,7 @@ from airflow_txn_provider.utils import metrics
 from airflow_txn_provider.utils.retries import is_transient, retry_transient
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import Connection, Engine
+    from sqlalchemy.engine import Connection
 
 log = logging.getLogger(__name__)
 
@@ -93,11 +94,8 @@ class CommitResult:
     details: Mapping[str, Any] | None = None
 
 
-class PipelineTransitions:
+class PipelineTransitions(LogPart):
     """The transitions under the pipeline's row lock."""
-
-    engine: Engine
-    outage_timeout: float
 
     # -- begin -----------------------------------------------------------------------------------
 

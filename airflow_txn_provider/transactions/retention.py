@@ -18,6 +18,7 @@ from sqlalchemy import select
 
 from airflow_txn_provider.log.fill_progress import fill_floor
 from airflow_txn_provider.log.models import PIPELINES
+from airflow_txn_provider.log.part import LogPart
 from airflow_txn_provider.log.rows import TxidRows, lock_pipeline
 from airflow_txn_provider.rules.config import PRUNE_BATCH
 from airflow_txn_provider.rules.exceptions import UnknownPipelineError
@@ -27,7 +28,7 @@ from airflow_txn_provider.state.undo import UndoRecords
 from airflow_txn_provider.utils.retries import retry_transient
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import Connection, Engine
+    from sqlalchemy.engine import Connection
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +67,8 @@ def prune_locked(conn: Connection, pipeline: str, due: range) -> int:
     return pruned
 
 
-class LogRetention:
+class LogRetention(LogPart):
     """Pruning on demand, and what retention pruned so far."""
-
-    engine: Engine
-    outage_timeout: float
 
     @retry_transient
     def prune(self, pipeline: str, *, batch: int = PRUNE_BATCH) -> int:

@@ -28,13 +28,14 @@ from sqlalchemy import insert, select, update
 
 from airflow_txn_provider.log.fill_progress import rewind_fills
 from airflow_txn_provider.log.models import PIPELINES, REWINDS
+from airflow_txn_provider.log.part import LogPart
 from airflow_txn_provider.log.rows import TxidRows, load_view, lock_pipeline
 from airflow_txn_provider.rules.history import plan_rewind, rewind_floor, rewound_through
 from airflow_txn_provider.transactions.apply import rewind_states, rewind_tables
 from airflow_txn_provider.utils.retries import retry_transient
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import Connection, Engine
+    from sqlalchemy.engine import Connection
 
 
 log = logging.getLogger(__name__)
@@ -53,12 +54,8 @@ class RewindResult:
     """Per lake sink the rewound txids wrote: what :meth:`LogRewind.follow_lake_tables` did."""
 
 
-class LogRewind:
-    """The rewind room of
-    :class:`~airflow_txn_provider.transactions.transaction_log.TransactionLog`."""
-
-    engine: Engine
-    outage_timeout: float
+class LogRewind(LogPart):
+    """Rewinding a pipeline to txid N, and the lake tables following it."""
 
     def rewind(
         self,

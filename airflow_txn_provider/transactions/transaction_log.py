@@ -1,17 +1,8 @@
-"""The durable transaction log in Postgres: :class:`TransactionLog`, the one object callers use.
-
-Each transition is one explicit database transaction, in one of its rooms.
-:mod:`~airflow_txn_provider.transactions.pipeline_transitions` holds the pipeline's row lock, so
-"one commit at a time" and "metadata initialised in txid order" hold whoever calls (Airflow may
-run a task twice, #23520), and its ``commit`` runs the caller's ``apply`` in that transaction.
-:mod:`~airflow_txn_provider.log.txid_transitions` holds only the txid's row, so txids stage in
-parallel. Then :mod:`~airflow_txn_provider.transactions.retention`,
-:mod:`~airflow_txn_provider.transactions.rewind`,
-:mod:`~airflow_txn_provider.transactions.declaration` and :mod:`~airflow_txn_provider.log.reads`.
-A txid's rows have one writer (:class:`~airflow_txn_provider.log.rows.TxidRows`), a pipeline one
-reader (:func:`~airflow_txn_provider.log.rows.load_view`). ``expire_lease`` fails an attempt whose
-lease ran out, by the database's clock. Every public call waits out a restarting database
-(:mod:`airflow_txn_provider.utils.retries`).
+"""The durable transaction log in Postgres: :class:`TransactionLog`, the one object callers use,
+put together from named parts, each one module and each call one database transaction (a txid's
+rows have one writer, :class:`~airflow_txn_provider.log.rows.TxidRows`; a pipeline one reader,
+:func:`~airflow_txn_provider.log.rows.load_view`). Every public call waits out a restarting
+database (:mod:`airflow_txn_provider.utils.retries`).
 """
 
 from __future__ import annotations
@@ -22,7 +13,7 @@ from sqlalchemy import create_engine
 from sqlalchemy.engine import make_url
 
 from airflow_txn_provider.log import schema
-from airflow_txn_provider.log.models import PIPELINES
+from airflow_txn_provider.log.part import PartCall
 from airflow_txn_provider.log.reads import LogReads
 from airflow_txn_provider.log.txid_transitions import TxidTransitions
 from airflow_txn_provider.rules.coordinator import expired_lease
@@ -30,6 +21,7 @@ from airflow_txn_provider.transactions.declaration import PipelineDeclarations
 from airflow_txn_provider.transactions.pipeline_transitions import PipelineTransitions
 from airflow_txn_provider.transactions.retention import LogRetention
 from airflow_txn_provider.transactions.rewind import LogRewind
+from airflow_txn_provider.transactions.waker_notes import WakerNotes
 from airflow_txn_provider.utils.credentials import LOG_DRIVER
 from airflow_txn_provider.utils.retries import DEFAULT_OUTAGE_TIMEOUT, retrying
 
@@ -55,9 +47,7 @@ def engine_from_url(url: str, **kwargs: Any) -> Engine:
     return create_engine(parsed, **kwargs)
 
 
-class TransactionLog(
-    PipelineDeclarations, PipelineTransitions, TxidTransitions, LogRetention, LogRewind, LogReads
-):
+class TransactionLog:
     """The transaction log of every pipeline stored in one Postgres database.
 
     :param engine: a SQLAlchemy engine on Postgres (see :func:`engine_from_url`, or
@@ -66,7 +56,25 @@ class TransactionLog(
         ``False``, a database that is behind raises :class:`SchemaTooOldError`.
     :param outage_timeout: seconds each call waits for a restarting database before it raises
         (``0``: no retries).
+
+    Each part is an attribute (``txlog.pipeline_transitions``, ``txlog.reads``, ...); each
+    public call below names the part that does it.
     """
+
+    declarations: PipelineDeclarations
+    """What a DAG file declares: pipelines, their outputs and the DAGs that run them."""
+    pipeline_transitions: PipelineTransitions
+    """What the coordinator does to a pipeline, under its row lock: begin, commit, fail."""
+    txid_transitions: TxidTransitions
+    """What a job does to its txid, under the txid's row lock: stage, processed, lease."""
+    pruning: LogRetention
+    """Retention: pruning committed txids, and what it pruned."""
+    rewinding: LogRewind
+    """Rewinding the pipeline to txid N."""
+    reads: LogReads
+    """What the page, the sensor and the waker read, no lock held."""
+    waker_notes: WakerNotes
+    """What the waker notes on a pipeline's row: runs made, trouble."""
 
     def __init__(
         self,
@@ -80,11 +88,28 @@ class TransactionLog(
                 f"the transaction log needs a postgresql+{DRIVER} engine (it stages with COPY), "
                 f"got {engine.url.drivername!r}; see engine_from_url"
             )
-        self.engine = engine
         self.outage_timeout = outage_timeout
+        self.engine = engine
         for attempt in retrying(outage_timeout):
             with attempt:
                 schema.ensure(engine, migrate=migrate)
+
+    @property
+    def engine(self) -> Engine:
+        return self._engine
+
+    @engine.setter
+    def engine(self, engine: Engine) -> None:
+        """The parts are (re)made on the engine, so every part uses the log's engine."""
+        self._engine = engine
+        on = (engine, self.outage_timeout)
+        self.declarations = PipelineDeclarations(*on)
+        self.pipeline_transitions = PipelineTransitions(*on)
+        self.txid_transitions = TxidTransitions(*on)
+        self.pruning = LogRetention(*on)
+        self.rewinding = LogRewind(*on)
+        self.reads = LogReads(*on)
+        self.waker_notes = WakerNotes(*on)
 
     @classmethod
     def from_url(
@@ -99,44 +124,49 @@ class TransactionLog(
             engine_from_url(url, **engine_kwargs), migrate=migrate, outage_timeout=outage_timeout
         )
 
+    register_pipeline = PartCall("declarations", PipelineDeclarations.register_pipeline)
+    ensure_pipeline = PartCall("declarations", PipelineDeclarations.ensure_pipeline)
+    fit_window = PartCall("declarations", PipelineDeclarations.fit_window)
+    pipeline_dags = PartCall("declarations", PipelineDeclarations.pipeline_dags)
+    forget_pipeline_dags = PartCall("declarations", PipelineDeclarations.forget_pipeline_dags)
+
+    begin = PartCall("pipeline_transitions", PipelineTransitions.begin)
+    begin_next = PartCall("pipeline_transitions", PipelineTransitions.begin_next)
+    commit = PartCall("pipeline_transitions", PipelineTransitions.commit)
+    fail = PartCall("pipeline_transitions", PipelineTransitions.fail)
+    recover = PartCall("pipeline_transitions", PipelineTransitions.recover)
+    expire_lease = PartCall("pipeline_transitions", PipelineTransitions.expire_lease)
+
+    mark_processed = PartCall("txid_transitions", TxidTransitions.mark_processed)
+    stage = PartCall("txid_transitions", TxidTransitions.stage)
+    stage_output = PartCall("txid_transitions", TxidTransitions.stage_output)
+    renew_lease = PartCall("txid_transitions", TxidTransitions.renew_lease)
+    record_response = PartCall("txid_transitions", TxidTransitions.record_response)
+
+    prune = PartCall("pruning", LogRetention.prune)
+    retention = PartCall("pruning", LogRetention.retention)
+
+    rewind = PartCall("rewinding", LogRewind.rewind)
+    follow_lake_tables = PartCall("rewinding", LogRewind.follow_lake_tables)
+
+    pipelines = PartCall("reads", LogReads.pipelines)
+    view = PartCall("reads", LogReads.view)
+    last_committed = PartCall("reads", LogReads.last_committed)
+    transactions = PartCall("reads", LogReads.transactions)
+    transaction = PartCall("reads", LogReads.transaction)
+    attempts = PartCall("reads", LogReads.attempts)
+    history = PartCall("reads", LogReads.history)
+
+    report_run_trouble = PartCall("waker_notes", WakerNotes.report_run_trouble)
+    note_runs_made = PartCall("waker_notes", WakerNotes.note_runs_made)
+
     def expire_leases(self, pipeline: str) -> tuple[int, ...]:
         """Fail the oldest attempt whose lease ran out, if any (with the cascade): what a loop
         that runs the pipeline without Airflow's failure sensors calls now and then."""
-        rec = expired_lease(self.view(pipeline))
-        return () if rec is None else self.expire_lease(pipeline, rec.txid, rec.attempt)
-
-    def report_run_trouble(self, pipeline: str, trouble: str | None) -> None:
-        """Record what the pipeline's waker could not mend in Airflow (``None``: all is well
-        again); the time it began is kept while the trouble lasts, for the health endpoint."""
-        from sqlalchemy import case, func, update
-
-        row = PIPELINES.c
-        since = (
-            None
-            if trouble is None
-            else case((row.run_trouble_since.is_(None), func.now()), else_=row.run_trouble_since)
-        )
-        for attempt in retrying(self.outage_timeout):
-            with attempt, self.engine.begin() as conn:
-                conn.execute(
-                    update(PIPELINES)
-                    .where(row.name == pipeline)
-                    .values(run_trouble=trouble, run_trouble_since=since)
-                )
-
-    def note_runs_made(self, pipeline: str, through: int) -> None:
-        """Note that the DAG runs of the pipeline's txids up to ``through`` were made (a hint
-        for the next claim and the waker: :func:`~airflow_txn_provider.rules.waiting.
-        runs_to_make`). One statement, never lowering it."""
-        from sqlalchemy import update
-
-        row = PIPELINES.c
-        with self.engine.begin() as conn:
-            conn.execute(
-                update(PIPELINES)
-                .where(row.name == pipeline, row.runs_made_through < through)
-                .values(runs_made_through=through)
-            )
+        rec = expired_lease(self.reads.view(pipeline))
+        if rec is None:
+            return ()
+        return self.pipeline_transitions.expire_lease(pipeline, rec.txid, rec.attempt)
 
 
 __all__ = ["TransactionLog", "engine_from_url"]
