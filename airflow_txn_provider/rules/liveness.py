@@ -93,9 +93,13 @@ def mark_note(view: PipelineView, txid: int, state: str) -> str:
     where = f"{head} while txid {txid} attempt {rec.attempt} was {rec.status.value}"
     if rec.status is TxStatus.PROCESSED:
         return f"{where}: it still commits, in order (the pipeline restarts its commit if needed)"
+    # Its job may outlive the mark (Airflow kills it at the task's next heartbeat) and record
+    # its output: then the txid commits (a later txid's task commits what is ready, or the
+    # pipeline restarts this run's commit task) and its lease never runs out.
     return (
-        f"{where}: the pipeline restarts this run's failure sensor once the attempt's lease runs "
-        f"out (within {GRACE:.0f} s), and it re-queues the txid and every later one, in order"
+        f"{where}: if its job still records its output, the txid commits in order; if not, the "
+        f"pipeline restarts this run's failure sensor once the attempt's lease runs out (within "
+        f"{GRACE:.0f} s), and it re-queues the txid and every later one, in order"
     )
 
 

@@ -67,5 +67,6 @@ def test_a_mark_by_hand_is_told_what_the_log_says_of_the_txid():
     processing = mark_note(v, 4, "success")
     assert processing.startswith("Marked success by hand while txid 4 attempt 2 was processing")
     assert "re-queues" in processing
+    assert "if its job still records its output, the txid commits in order" in processing
     assert "it still commits" in mark_note(v, 5, "failed")
     assert "before txid 6 began" in mark_note(v, 6, "success")
