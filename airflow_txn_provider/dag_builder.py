@@ -14,9 +14,11 @@ A pipeline that fills an output from history also gets ``<dag_id>__fill`` (:func
 
 from __future__ import annotations
 
+import warnings
 from datetime import timedelta
 from typing import Any
 
+from airflow.exceptions import AirflowProviderDeprecationWarning
 from airflow.sdk import DAG, Asset, AssetWatcher
 
 from airflow_txn_provider.compat.airflow import DOUBLING_RETRY_BACKOFF
@@ -51,18 +53,21 @@ COORDINATION_MAX_RETRY_DELAY = timedelta(seconds=30)
 
 
 def build_dag(
-    pipeline: TxnPipeline,
+    txn_pipeline: TxnPipeline | None = None,
     *,
     dag_id: str | None = None,
     triggerer_start: bool = True,
     **dag_kwargs: Any,
 ) -> DAG:
-    """The DAG of ``pipeline``; extra keyword arguments go to ``DAG`` (tags, doc_md, …).
+    """The DAG of ``txn_pipeline``; extra keyword arguments go to ``DAG`` (tags, doc_md, …).
 
+    :param txn_pipeline: the pipeline (its keyword was ``pipeline``: still taken, with a
+        deprecation warning; ``pipeline`` is a pipeline's name everywhere else).
     :param triggerer_start: start ``commit`` and ``watch_failures`` in the triggerer (Airflow's
         ``start_from_trigger``): a txid that commits without failing starts one worker task, its
         processing. ``False``: they start on a worker, then defer.
     """
+    txn_pipeline = _the_pipeline(txn_pipeline, dag_kwargs.pop("pipeline", None))
     # retry_delay also paces a task that the failure sensor cleared while it was still finishing
     # (Airflow then puts it up for retry): seconds, not the default five minutes.
     default_args = {
@@ -72,15 +77,15 @@ def build_dag(
     }
     dag_kwargs.setdefault("tags", ["transactions"])
     dag_kwargs.setdefault("dagrun_timeout", None)
-    dag_id = dag_id or pipeline.name
+    dag_id = dag_id or txn_pipeline.name
     with DAG(
         dag_id=dag_id,
-        schedule=waker_asset(pipeline, dag_id),
+        schedule=waker_asset(txn_pipeline, dag_id),
         start_date=TXID_EPOCH,
         catchup=False,
         # RUNS_AHEAD runs more than the window: the txids just past a full window may have
         # their runs already, waiting in their workers to begin (waiting.runs_ahead).
-        max_active_runs=pipeline.window_bound + RUNS_AHEAD,
+        max_active_runs=txn_pipeline.window_bound + RUNS_AHEAD,
         max_consecutive_failed_dag_runs=0,
         default_args=default_args,
         **dag_kwargs,
@@ -90,9 +95,9 @@ def build_dag(
             "retry_exponential_backoff": DOUBLING_RETRY_BACKOFF,
             "max_retry_delay": COORDINATION_MAX_RETRY_DELAY,
         }
-        single = len(pipeline.jobs) == 1
-        claim_task_id = job_task_id(str(pipeline.jobs[0])) if single else BEGIN_TASK_ID
-        common: dict[str, Any] = {"pipeline": pipeline, "claim_task_id": claim_task_id}
+        single = len(txn_pipeline.jobs) == 1
+        claim_task_id = job_task_id(str(txn_pipeline.jobs[0])) if single else BEGIN_TASK_ID
+        common: dict[str, Any] = {"txn_pipeline": txn_pipeline, "claim_task_id": claim_task_id}
         jobs = [
             TxnProcessOperator(
                 task_id=job_task_id(str(job)),
@@ -108,7 +113,7 @@ def build_dag(
                 **(coordination if single else {}),
                 **common,
             )
-            for job in pipeline.jobs
+            for job in txn_pipeline.jobs
         ]
         commit = TxnCommitOperator(
             task_id=COMMIT_TASK_ID, triggerer_start=triggerer_start, **coordination, **common
@@ -122,18 +127,41 @@ def build_dag(
         TxnFailureSensor(
             task_id=WATCH_TASK_ID, triggerer_start=triggerer_start, **coordination, **common
         )
-    if OutputStart.HISTORY in pipeline.start.values():
-        build_fill_dag(pipeline, dag_id=dag_id, tags=dag_kwargs.get("tags"))
+    if OutputStart.HISTORY in txn_pipeline.start.values():
+        build_fill_dag(txn_pipeline, dag_id=dag_id, tags=dag_kwargs.get("tags"))
     return dag
 
 
-def build_fill_dag(pipeline: TxnPipeline, *, dag_id: str | None = None, tags: Any = None) -> DAG:
-    """The fill DAG of ``pipeline`` (whose txid DAG is ``dag_id``): ``<dag_id>__fill``, run
+def _the_pipeline(txn_pipeline: Any, old_keyword: Any) -> TxnPipeline:
+    """``build_dag``'s pipeline, given positionally, as ``txn_pipeline=``, or (deprecated) as
+    ``pipeline=``; a clear error for anything else."""
+    if old_keyword is not None:
+        if txn_pipeline is not None:
+            raise TypeError("build_dag() got both txn_pipeline and pipeline: give txn_pipeline")
+        warnings.warn(
+            "build_dag(pipeline=...) is deprecated: give the TxnPipeline positionally or as "
+            "txn_pipeline=... (pipeline means a pipeline's name everywhere else)",
+            AirflowProviderDeprecationWarning,
+            stacklevel=3,
+        )
+        txn_pipeline = old_keyword
+    if not isinstance(txn_pipeline, TxnPipeline):
+        raise TypeError(
+            f"build_dag() takes a TxnPipeline, got {type(txn_pipeline).__name__} "
+            f"{txn_pipeline!r:.80}: build_dag(TxnPipeline(name=..., source=..., jobs=...))"
+        )
+    return txn_pipeline
+
+
+def build_fill_dag(
+    txn_pipeline: TxnPipeline, *, dag_id: str | None = None, tags: Any = None
+) -> DAG:
+    """The fill DAG of ``txn_pipeline`` (whose txid DAG is ``dag_id``): ``<dag_id>__fill``, run
     continuously one run at a time, unpaused at creation (the declaration asked for the fill).
     Its task waits in the triggerer while nothing fills; killed or failed, it is retried with
     backoff and resumes from the log. :func:`build_dag` builds it whenever the pipeline declares
     an output with ``start="history"``; Airflow finds it through ``with DAG``'s registration."""
-    dag_id = dag_id or pipeline.name
+    dag_id = dag_id or txn_pipeline.name
     with DAG(
         dag_id=f"{dag_id}{FILL_DAG_SUFFIX}",
         schedule="@continuous",
@@ -143,14 +171,14 @@ def build_fill_dag(pipeline: TxnPipeline, *, dag_id: str | None = None, tags: An
         is_paused_upon_creation=False,
         dagrun_timeout=None,
         tags=list(tags or ["transactions"]),
-        doc_md=f"Fills the outputs of pipeline `{pipeline.name}` declared "
+        doc_md=f"Fills the outputs of pipeline `{txn_pipeline.name}` declared "
         '`start="history"` from its committed txids, beside its live DAG `' + dag_id + "`.",
     ) as dag:
         TxnFillOperator(
             task_id=FILL_TASK_ID,
-            pipeline=pipeline,
+            txn_pipeline=txn_pipeline,
             pipeline_dag_id=dag_id,
-            chunk=pipeline.fill_chunk,
+            chunk=txn_pipeline.fill_chunk,
             retries=COORDINATION_RETRIES,
             retry_exponential_backoff=DOUBLING_RETRY_BACKOFF,
             max_retry_delay=COORDINATION_MAX_RETRY_DELAY,
@@ -159,17 +187,17 @@ def build_fill_dag(pipeline: TxnPipeline, *, dag_id: str | None = None, tags: An
     return dag
 
 
-def waker_asset(pipeline: TxnPipeline, dag_id: str) -> Asset:
+def waker_asset(txn_pipeline: TxnPipeline, dag_id: str) -> Asset:
     """The asset a pipeline's DAG is scheduled on: it only carries the pipeline's waker (Airflow
     runs an ``AssetWatcher``'s trigger while its DAG is unpaused). The waker never fires an event,
     so the asset gets none and the DAG no asset-triggered run: its runs are the txids' own."""
     waker = TxnWakerTrigger(
-        txn_log_conn_id=pipeline.txn_log_conn_id,
-        airflow_api_conn_id=pipeline.airflow_api_conn_id,
-        pipeline=pipeline.name,
+        txn_log_conn_id=txn_pipeline.txn_log_conn_id,
+        airflow_api_conn_id=txn_pipeline.airflow_api_conn_id,
+        pipeline=txn_pipeline.name,
         dag_id=dag_id,
-        source=pipeline.source.to_spec(),
-        poll_interval=pipeline.poll_interval,
+        source=txn_pipeline.source.to_spec(),
+        poll_interval=txn_pipeline.poll_interval,
     )
     return Asset(
         name=f"txn:{dag_id}:due",

@@ -80,7 +80,7 @@ def claimed(
 
     A one-job pipeline's processing task publishes its claim only when its run goes on to its
     commit task (:meth:`~airflow_txn_provider.operators.txn.TxnProcessOperator.execute`). Given
-    ``log`` and ``pipeline``, a claim it did not publish (it was killed, or the api-server was
+    ``txlog`` and ``pipeline``, a claim it did not publish (it was killed, or the api-server was
     away) is the attempt the log holds for the run's txid, which the commit gate then judges."""
     value = context["ti"].xcom_pull(task_ids=claim_task_id, key=CLAIM_XCOM_KEY)
     if not value and txlog is not None and pipeline is not None:
@@ -93,39 +93,40 @@ def claimed(
     return dict(value)
 
 
-def pipeline_log(pipeline: TxnPipeline) -> TransactionLog:
+def pipeline_log(txn_pipeline: TxnPipeline) -> TransactionLog:
     """The pipeline's transaction log, as every task of its DAG opens it: the hook shares one
     engine per process and checks the schema once per process."""
     # at call time: at the top it adds the Postgres provider to every parse of a DAG
     # file, which Airflow repeats in every task start and for every callback
     from airflow_txn_provider.hooks.txn_log import TxnLogHook
 
-    return TxnLogHook(txn_log_conn_id=pipeline.txn_log_conn_id).get_log()
+    return TxnLogHook(txn_log_conn_id=txn_pipeline.txn_log_conn_id).get_log()
 
 
-def declare_pipeline(txlog: TransactionLog, pipeline: TxnPipeline, dag_id: str) -> bool:
-    """Register ``pipeline`` and declare its outputs, as its DAG file says now (one read when the
-    log holds this declaration already): what a txid's claim and the fill task do first."""
+def declare_pipeline(txlog: TransactionLog, txn_pipeline: TxnPipeline, dag_id: str) -> bool:
+    """Register ``txn_pipeline`` and declare its outputs, as its DAG file says now (one read
+    when the log holds this declaration already): what a txid's claim and the fill task do
+    first."""
     return txlog.ensure_pipeline(
-        pipeline.name,
-        source_kind=pipeline.source.kind,
-        max_pending=pipeline.max_pending,
+        txn_pipeline.name,
+        source_kind=txn_pipeline.source.kind,
+        max_pending=txn_pipeline.max_pending,
         dag_id=dag_id,
-        states=pipeline.states,
-        keep_txids=pipeline.keep_txids,
-        sinks=pipeline.sinks,
-        start=pipeline.start,
-        retired=pipeline.retired,
-        replays_exactly=pipeline.source.replays_exactly,
+        states=txn_pipeline.states,
+        keep_txids=txn_pipeline.keep_txids,
+        sinks=txn_pipeline.sinks,
+        start=txn_pipeline.start,
+        retired=txn_pipeline.retired,
+        replays_exactly=txn_pipeline.source.replays_exactly,
     )
 
 
-def pipeline_log_url(pipeline: TxnPipeline) -> str:
+def pipeline_log_url(txn_pipeline: TxnPipeline) -> str:
     """The URL of the pipeline's log (its connection's, password included: never logged)."""
     # at call time: at the top it adds to a DAG file's parse (the Postgres provider)
     from airflow_txn_provider.hooks.txn_log import TxnLogHook
 
-    return TxnLogHook(txn_log_conn_id=pipeline.txn_log_conn_id).log_url()
+    return TxnLogHook(txn_log_conn_id=txn_pipeline.txn_log_conn_id).log_url()
 
 
 def start_in_triggerer(
@@ -155,19 +156,19 @@ def last_error(txlog: TransactionLog, pipeline: str, txid: int) -> str:
     return (info.last_error if info else None) or "(none recorded)"
 
 
-def why_waiting(txlog: TransactionLog, pipeline: TxnPipeline, txid: int) -> str:
+def why_waiting(txlog: TransactionLog, txn_pipeline: TxnPipeline, txid: int) -> str:
     """Which txid this one waits for, and why: what the UI and a person reading the log need."""
-    view = txlog.view(pipeline.name)
+    view = txlog.view(txn_pipeline.name)
     blocker = blocked_by(view, txid)
     if blocker is not None:
-        error = last_error(txlog, pipeline.name, blocker.txid)
+        error = last_error(txlog, txn_pipeline.name, blocker.txid)
         return f"blocked by txid {blocker.txid} (failed, attempt {blocker.attempt}: {error})"
     if txid > view.next_new_txid:
         return f"txid {txid - 1} has not begun yet"
     return (
         f"window full: txids {view.window.start}..{view.window.stop - 1} in flight "
         f"(max_pending={view.max_pending}"
-        f"{', fitted to its Spark' if pipeline.fits_window else ''})"
+        f"{', fitted to its Spark' if txn_pipeline.fits_window else ''})"
     )
 
 
@@ -235,7 +236,7 @@ def commit_waits() -> int:
 
 
 def commit_in_turn(
-    txlog: TransactionLog, pipeline: TxnPipeline, txid: int, logger: Any
+    txlog: TransactionLog, txn_pipeline: TxnPipeline, txid: int, logger: Any
 ) -> tuple[bool, list[int]]:
     """After processed ``txid`` found the txids before it uncommitted: wait in the worker, with
     one of the log's :func:`commit_waits` slots, while they still process (at most
@@ -253,15 +254,15 @@ def commit_in_turn(
     with held_slot(txlog.engine, _COMMIT_LOCK_CLASS, range(commit_waits())) as slot:
         if slot is None:
             return False, done
-        with PipelineChanges(txlog.engine, pipeline.name, fallback=COMMIT_POLL) as changes:
+        with PipelineChanges(txlog.engine, txn_pipeline.name, fallback=COMMIT_POLL) as changes:
             while time.monotonic() < deadline:
-                view = txlog.view(pipeline.name)  # read after listening: no commit goes unseen
+                view = txlog.view(txn_pipeline.name)  # read after listening: no commit goes unseen
                 if view.last_committed >= txid:
                     return True, done
                 if not awaits_its_turn(view, txid):
                     break
                 if committable(view) is not None:
-                    done += commit_ready(txlog, pipeline, logger, view=view)
+                    done += commit_ready(txlog, txn_pipeline, logger, view=view)
                     continue
                 changes.wait(
                     deadline - time.monotonic(),
@@ -329,11 +330,11 @@ def fail_attempt_on_task_failure(context: Context) -> None:
     out, or its process stopped heartbeating), so its attempt will report nothing: fail it now
     rather than when its lease runs out. Best effort: the lease is the guarantee."""
     ti, task = context["ti"], context.get("task")
-    if (pipeline := getattr(task, "pipeline", None)) is None:
+    if (txn_pipeline := getattr(task, "txn_pipeline", None)) is None:
         return
     if getattr(task, "stopped", False):  # on_kill ran in this process: see its docstring
         msg = "pipeline=%s: task %s (try %s) was stopped: a later try or the lease decides"
-        logging.getLogger(__name__).warning(msg, pipeline.name, ti.task_id, ti.try_number)
+        logging.getLogger(__name__).warning(msg, txn_pipeline.name, ti.task_id, ti.try_number)
         return
     try:
         # the claim this process made, else the one its claiming task published
@@ -347,10 +348,10 @@ def fail_attempt_on_task_failure(context: Context) -> None:
         # at call time: at the top it adds to a DAG file's parse (the Postgres provider)
         from airflow_txn_provider.hooks.txn_log import TxnLogHook
 
-        TxnLogHook(txn_log_conn_id=pipeline.txn_log_conn_id).get_log(migrate=False).fail(
-            pipeline.name, claim["txid"], claim["attempt"], error=error, of_processing=True
+        TxnLogHook(txn_log_conn_id=txn_pipeline.txn_log_conn_id).get_log(migrate=False).fail(
+            txn_pipeline.name, claim["txid"], claim["attempt"], error=error, of_processing=True
         )
     except Exception:  # never mask the task's own failure; the lease catches what this misses
         logging.getLogger(__name__).exception(
-            "pipeline=%s: could not fail the attempt of task %s", pipeline.name, ti.task_id
+            "pipeline=%s: could not fail the attempt of task %s", txn_pipeline.name, ti.task_id
         )

@@ -31,7 +31,7 @@ SINK = DeltaSink(
     "word_counts", table_uri=str(examples_data_dir() / "lake" / "delta_words"), txid_column="txid"
 )
 
-pipeline = TxnPipeline(
+txn_pipeline = TxnPipeline(
     name=NAME,
     source=GeneratedTextSource(lines_per_second=20, max_per_partition=500, partitions=2),
     jobs=[spark_job(__file__, "word_count.py")],  # (word, delta): the sink's rows
@@ -40,4 +40,4 @@ pipeline = TxnPipeline(
     max_attempts=3,
 )
 
-dag = build_dag(pipeline, doc_md=__doc__, tags=["transactions", "example", "lake"])
+dag = build_dag(txn_pipeline, doc_md=__doc__, tags=["transactions", "example", "lake"])

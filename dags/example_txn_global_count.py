@@ -20,7 +20,7 @@ from txn_examples import spark_job
 
 NAME = "example_txn_global_count"
 
-pipeline = TxnPipeline(
+txn_pipeline = TxnPipeline(
     name=NAME,
     source=GeneratedTextSource(lines_per_second=10, max_per_partition=300, partitions=3, seed=1),
     jobs=[spark_job(__file__, "global_count.py")],  # returns (delta): the batch's line count
@@ -28,4 +28,4 @@ pipeline = TxnPipeline(
     max_attempts=3,
 )
 
-dag = build_dag(pipeline, doc_md=__doc__, tags=["transactions", "example"])
+dag = build_dag(txn_pipeline, doc_md=__doc__, tags=["transactions", "example"])

@@ -29,7 +29,7 @@ SINK = IcebergSink(
     txid_column="txid",
 )
 
-pipeline = TxnPipeline(
+txn_pipeline = TxnPipeline(
     name=NAME,
     source=SimulatedLandingSource(
         str(examples_data_dir() / "iceberg_landing"),
@@ -43,4 +43,4 @@ pipeline = TxnPipeline(
     max_attempts=3,
 )
 
-dag = build_dag(pipeline, doc_md=__doc__, tags=["transactions", "example", "lake"])
+dag = build_dag(txn_pipeline, doc_md=__doc__, tags=["transactions", "example", "lake"])

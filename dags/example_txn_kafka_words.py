@@ -27,7 +27,7 @@ from txn_examples import spark_job
 
 NAME = "example_txn_kafka_words"
 
-pipeline = TxnPipeline(
+txn_pipeline = TxnPipeline(
     name=NAME,
     source=KafkaSource(
         os.environ.get("TXN_EXAMPLES_KAFKA_TOPIC", "words"),
@@ -39,4 +39,4 @@ pipeline = TxnPipeline(
     max_attempts=3,
 )
 
-dag = build_dag(pipeline, doc_md=__doc__, tags=["transactions", "example", "kafka"])
+dag = build_dag(txn_pipeline, doc_md=__doc__, tags=["transactions", "example", "kafka"])

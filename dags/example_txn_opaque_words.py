@@ -30,7 +30,7 @@ from txn_examples import SimulatedLandingSource, examples_data_dir, spark_job
 
 NAME = "example_txn_opaque_words"
 
-pipeline = TxnPipeline(
+txn_pipeline = TxnPipeline(
     name=NAME,
     source=SimulatedLandingSource(
         str(examples_data_dir() / "opaque_landing"),
@@ -43,4 +43,4 @@ pipeline = TxnPipeline(
     max_attempts=3,
 )
 
-dag = build_dag(pipeline, doc_md=__doc__, tags=["transactions", "example"])
+dag = build_dag(txn_pipeline, doc_md=__doc__, tags=["transactions", "example"])

@@ -33,7 +33,7 @@ from txn_examples import spark_job
 
 NAME = "example_txn_words"
 
-pipeline = TxnPipeline(
+txn_pipeline = TxnPipeline(
     name=NAME,
     source=GeneratedTextSource(lines_per_second=20, max_per_partition=500, partitions=2),
     jobs=[spark_job(__file__, "word_count.py")],  # returns (word, delta): the counts' batch
@@ -44,4 +44,4 @@ pipeline = TxnPipeline(
     max_attempts=3,
 )
 
-dag = build_dag(pipeline, doc_md=__doc__, tags=["transactions", "example"])
+dag = build_dag(txn_pipeline, doc_md=__doc__, tags=["transactions", "example"])

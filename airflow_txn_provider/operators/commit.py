@@ -30,9 +30,11 @@ class TxnRecordProcessedOperator(TxnOperator):
 
     def execute(self, context: Context) -> str:
         claim = self.claimed(context)
-        action = record_processed(self.txlog(), self.pipeline.name, claim["txid"], claim["attempt"])
-        committed = commit_ready(self.txlog(), self.pipeline, self.log)
-        prune_airflow_runs(self.pipeline, self.dag_id, committed, self.log)
+        action = record_processed(
+            self.txlog(), self.txn_pipeline.name, claim["txid"], claim["attempt"]
+        )
+        committed = commit_ready(self.txlog(), self.txn_pipeline, self.log)
+        prune_airflow_runs(self.txn_pipeline, self.dag_id, committed, self.log)
         return action
 
 
@@ -55,9 +57,9 @@ class TxnCommitOperator(TxnOperator):
     def __init__(self, *, triggerer_start: bool = True, **kwargs: Any) -> None:
         kwargs.setdefault("trigger_rule", "none_skipped")
         super().__init__(**kwargs)
-        if self.pipeline.sinks and not self.outlets:
+        if self.txn_pipeline.sinks and not self.outlets:
             # An Asset event per committed txid: downstream DAGs schedule on committed data only.
-            self.outlets = self.pipeline.assets
+            self.outlets = self.txn_pipeline.assets
         # Usually the txid committed already (its processing task commits what is ready): the
         # task then ends in the triggerer. It wakes on a worker to commit, to fail a stale
         # attempt, or to emit its Asset events or OpenLineage outputs (a task ending in the
@@ -81,7 +83,7 @@ class TxnCommitOperator(TxnOperator):
         return self._commit_or_wait(context)
 
     def _commit_or_wait(self, context: Context) -> dict[str, Any]:
-        p = self.pipeline
+        p = self.txn_pipeline
         claim = self.claimed(context, from_log=True)
         txid, attempt = claim["txid"], claim["attempt"]
         txlog = self.txlog()
@@ -117,14 +119,14 @@ class TxnCommitOperator(TxnOperator):
 
     def _announce(self, context: Context, txlog: TransactionLog, txid: int) -> None:
         """The extra of the Asset event this task's success emits: which txid, which version."""
-        if not self.pipeline.sinks:
+        if not self.txn_pipeline.sinks:
             return
-        info = txlog.transaction(self.pipeline.name, txid)
+        info = txlog.transaction(self.txn_pipeline.name, txid)
         output = (info.output if info is not None else None) or {}
-        for sink, asset in zip(self.pipeline.sinks, self.pipeline.assets, strict=True):
+        for sink, asset in zip(self.txn_pipeline.sinks, self.txn_pipeline.assets, strict=True):
             commit = (output.get(sink.output_key) or {}).get("commit") or {}
             context["outlet_events"][asset].extra = {
-                "pipeline": self.pipeline.name,
+                "pipeline": self.txn_pipeline.name,
                 "txid": txid,
                 "version": commit.get("version"),
                 "rows": commit.get("rows", 0),

@@ -36,9 +36,9 @@ FILL_TASK_ID = "fill_from_history"
 
 
 class TxnFillOperator(BaseOperator):
-    """Fill the outputs of ``pipeline`` declared ``start={name: "history"}``, then end.
+    """Fill the outputs of ``txn_pipeline`` declared ``start={name: "history"}``, then end.
 
-    :param pipeline: the pipeline.
+    :param txn_pipeline: the pipeline.
     :param chunk: txids one fill job computes at once.
     :param poll_interval: seconds between the idle task's looks at the log (in the triggerer).
     :param pipeline_dag_id: the id of the pipeline's txid DAG (default: the pipeline's name),
@@ -51,16 +51,16 @@ class TxnFillOperator(BaseOperator):
     def __init__(
         self,
         *,
-        pipeline: TxnPipeline,
+        txn_pipeline: TxnPipeline,
         chunk: int = FILL_CHUNK,
         poll_interval: float = FILL_POLL_INTERVAL,
         pipeline_dag_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.pipeline = pipeline
-        self.pipeline_dag_id = pipeline_dag_id or pipeline.name
-        self.pipeline_name = pipeline.name  # PIPELINE_FIELD
+        self.txn_pipeline = txn_pipeline
+        self.pipeline_dag_id = pipeline_dag_id or txn_pipeline.name
+        self.pipeline_name = txn_pipeline.name  # PIPELINE_FIELD
         self.chunk = chunk
         self.poll_interval = poll_interval
         self._stopped = threading.Event()
@@ -71,7 +71,7 @@ class TxnFillOperator(BaseOperator):
         # the log's write side: 10 modules)
         from airflow_txn_provider.spark.fill import fill_pipeline
 
-        p = self.pipeline
+        p = self.txn_pipeline
         txlog = pipeline_log(p)
         declare_pipeline(txlog, p, self.pipeline_dag_id)
         with txlog.engine.connect() as conn:
@@ -118,12 +118,12 @@ class TxnFillOperator(BaseOperator):
         # and the log's write side: 9 modules)
         from airflow_txn_provider.operators.spark_runner import load_job_module
 
-        return [cast("Transform", load_job_module(job).transform) for job in self.pipeline.jobs]
+        return [cast("Transform", load_job_module(job).transform) for job in self.txn_pipeline.jobs]
 
     def _open_session(self) -> SparkSession:
         from pyspark.sql import SparkSession
 
-        p = self.pipeline
+        p = self.txn_pipeline
         if p.spark == "connect":
             from airflow.providers.apache.spark.hooks.spark_connect import SparkConnectHook
 
@@ -154,7 +154,7 @@ class TxnFillOperator(BaseOperator):
         session = self._session
         if session is not None:
             try:
-                if self.pipeline.spark == "connect":
+                if self.txn_pipeline.spark == "connect":
                     session.interruptAll()
                 else:
                     session.sparkContext.cancelAllJobs()

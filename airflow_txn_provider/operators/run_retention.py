@@ -20,7 +20,7 @@ RUN_PRUNE_TIMEOUT = 10.0
 
 
 def prune_airflow_runs(
-    pipeline: TxnPipeline, dag_id: str, committed: Sequence[int], logger: Any
+    txn_pipeline: TxnPipeline, dag_id: str, committed: Sequence[int], logger: Any
 ) -> list[str]:
     """Retention on Airflow's side: after a task committed ``committed``, delete the finished DAG
     runs (with their task instances and XComs) of txids older than the newest
@@ -31,12 +31,12 @@ def prune_airflow_runs(
     newest run only, so deleting old runs never makes Airflow create them again."""
     if not airflow_runs_prune_due(committed):
         return []
-    through = retention_horizon(max(committed), pipeline.keep_txids)
+    through = retention_horizon(max(committed), txn_pipeline.keep_txids)
     if through < 1:
         return []
     try:
         hook = AirflowApiHook(
-            pipeline.airflow_api_conn_id,
+            txn_pipeline.airflow_api_conn_id,
             timeout=RUN_PRUNE_TIMEOUT,
             outage_timeout=RUN_PRUNE_TIMEOUT,
         )
@@ -45,7 +45,7 @@ def prune_airflow_runs(
         logger.warning(
             "pipeline=%s: retention could not delete DAG runs of txids up to %s (retried at a "
             "later commit): %s",
-            pipeline.name,
+            txn_pipeline.name,
             through,
             err,
         )
@@ -53,7 +53,7 @@ def prune_airflow_runs(
     if deleted:
         logger.info(
             "pipeline=%s retention deleted %d DAG run(s): %s … %s",
-            pipeline.name,
+            txn_pipeline.name,
             len(deleted),
             deleted[0],
             deleted[-1],

@@ -97,7 +97,7 @@ def is_plain_text(value: str, jinja_env: Any, task: Any) -> bool:
 class TxnOperator(TxidLineage, BaseOperator):
     """An operator of a pipeline's DAG.
 
-    :param pipeline: the pipeline.
+    :param txn_pipeline: the pipeline.
     :param claim_task_id: the task of the run that claims its txid (``begin``, or the processing
         task of a pipeline with one job); the others read the claim from its XCom.
     """
@@ -106,12 +106,14 @@ class TxnOperator(TxidLineage, BaseOperator):
     template_fields: Sequence[str] = (PIPELINE_FIELD,)
 
     def __init__(
-        self, *, pipeline: TxnPipeline, claim_task_id: str = BEGIN_TASK_ID, **kwargs: Any
+        self, *, txn_pipeline: TxnPipeline, claim_task_id: str = BEGIN_TASK_ID, **kwargs: Any
     ) -> None:
         super().__init__(**kwargs)
-        self.pipeline = pipeline
+        self.txn_pipeline = txn_pipeline
         self.claim_task_id = claim_task_id
-        self.pipeline_name = pipeline.name  # PIPELINE_FIELD (a name has no Jinja: rendered as is)
+        self.pipeline_name = (
+            txn_pipeline.name
+        )  # PIPELINE_FIELD (a name has no Jinja: rendered as is)
         self._lineage_claim: dict[str, Any] | None = None
         self._chain: threading.Thread | None = None
 
@@ -130,10 +132,10 @@ class TxnOperator(TxidLineage, BaseOperator):
         return super().render_template(content, context, jinja_env, seen_oids)
 
     def txlog(self) -> TransactionLog:
-        return pipeline_log(self.pipeline)
+        return pipeline_log(self.txn_pipeline)
 
     def txn_log_url(self) -> str:
-        return pipeline_log_url(self.pipeline)
+        return pipeline_log_url(self.txn_pipeline)
 
     def woken_by(self, event: Any) -> TxnEvent | None:
         """The log trigger's event this task resumed with, checked
@@ -141,18 +143,18 @@ class TxnOperator(TxidLineage, BaseOperator):
         ``None`` at a first start or after the no-data timer (whose event is its moment)."""
         if event is None or isinstance(event, datetime):
             return None
-        return TxnEvent.from_payload(event, pipeline=self.pipeline.name)
+        return TxnEvent.from_payload(event, pipeline=self.txn_pipeline.name)
 
     def trigger(
         self, txid: int, wait_for: WaitFor, attempt: int = 0, *, end_task_on_commit: bool = False
     ) -> TxnLogTrigger:
         return TxnLogTrigger(
-            txn_log_conn_id=self.pipeline.txn_log_conn_id,
-            pipeline=self.pipeline.name,
+            txn_log_conn_id=self.txn_pipeline.txn_log_conn_id,
+            pipeline=self.txn_pipeline.name,
             txid=txid,
             attempt=attempt,
             wait_for=wait_for,
-            poll_interval=self.pipeline.poll_interval,
+            poll_interval=self.txn_pipeline.poll_interval,
             end_task_on_commit=end_task_on_commit,
         )
 
@@ -164,7 +166,7 @@ class TxnOperator(TxidLineage, BaseOperator):
         txid committed already. With ``publish``, the claim goes to XCom (``CLAIM_XCOM_KEY``) for
         the run's other tasks now; else :meth:`publish_claim` does, if they are to run.
         """
-        p = self.pipeline
+        p = self.txn_pipeline
         txid = run_txid(context, p.name)
         txlog = self.txlog()
         # One read when the log holds this declaration already (every no-data poll comes here).
@@ -241,7 +243,7 @@ class TxnOperator(TxidLineage, BaseOperator):
         claimed`; ``from_log``: or, if it published none, the attempt the log holds)."""
         txlog = self.txlog() if from_log else None
         self._lineage_claim = claimed(
-            context, self.claim_task_id, txlog=txlog, pipeline=self.pipeline.name
+            context, self.claim_task_id, txlog=txlog, pipeline=self.txn_pipeline.name
         )
         return self._lineage_claim
 
@@ -290,8 +292,8 @@ class TxnProcessOperator(TxnOperator):
 
     def execute(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
         self.woken_by(event)  # the claim asks the log again: the event only has to be ours
-        if self.pipeline.spark == "connect":
-            self.log.info("pipeline=%s: %s", self.pipeline.name, task_process_warmth())
+        if self.txn_pipeline.spark == "connect":
+            self.log.info("pipeline=%s: %s", self.txn_pipeline.name, task_process_warmth())
         # The claim is published only if the run goes on to its commit task: when this task
         # commits its txid and ends the run, no task reads it (a request to the api-server less).
         claim = self.claim(context, publish=False) if self.claims else self.claimed(context)
@@ -305,20 +307,20 @@ class TxnProcessOperator(TxnOperator):
         finally:
             self.join_chain()
         if self.finish and result.get("status") == "processed":
-            committed = commit_ready(self.txlog(), self.pipeline, self.log)
+            committed = commit_ready(self.txlog(), self.txn_pipeline, self.log)
             own = claim["txid"] in committed
             if not own and self.ends_its_run(context):  # wait for the txids before it
-                own, more = commit_in_turn(self.txlog(), self.pipeline, claim["txid"], self.log)
+                own, more = commit_in_turn(self.txlog(), self.txn_pipeline, claim["txid"], self.log)
                 committed += more
             result["committed"] = committed
-            prune_airflow_runs(self.pipeline, self.dag_id, committed, self.log)
+            prune_airflow_runs(self.txn_pipeline, self.dag_id, committed, self.log)
             if own and self.ends_its_run(context):
                 # No return value to XCom: nothing reads it once the run ends here, and each
                 # push is a request to the api-server per txid (the log line says the same).
                 self.log.info(
                     "pipeline=%s txid=%s committed by this task (%s): its run's commit and "
                     "watch_failures have nothing left to do (skipped)",
-                    self.pipeline.name,
+                    self.txn_pipeline.name,
                     claim["txid"],
                     result,
                 )
@@ -333,7 +335,9 @@ class TxnProcessOperator(TxnOperator):
             try:
                 context["ti"].xcom_push(key=CLAIM_XCOM_KEY, value=self._lineage_claim)
             except Exception as err:
-                self.log.warning("pipeline=%s: claim not published (%s)", self.pipeline.name, err)
+                self.log.warning(
+                    "pipeline=%s: claim not published (%s)", self.txn_pipeline.name, err
+                )
 
     def ends_its_run(self, context: Context) -> bool:
         """Whether this task ends its run once it committed its own txid: the run's commit would
@@ -342,7 +346,9 @@ class TxnProcessOperator(TxnOperator):
         dag-processor answers by parsing the DAG file. Not
         when the commit has work of its own (Asset events of lake sinks, OpenLineage), nor
         outside a txid's scheduled run (``dag.test``)."""
-        return is_scheduled_txid_run(context) and not self.pipeline.sinks and not lineage_enabled()
+        return (
+            is_scheduled_txid_run(context) and not self.txn_pipeline.sinks and not lineage_enabled()
+        )
 
     def _process(self, context: Context, claim: dict[str, Any]) -> dict[str, Any]:
         # at call time: at the top they add to a DAG file's parse (the runners, the
@@ -350,7 +356,7 @@ class TxnProcessOperator(TxnOperator):
         from airflow_txn_provider.operators import spark_runner
         from airflow_txn_provider.spark.job import BatchJob
 
-        p = self.pipeline
+        p = self.txn_pipeline
         job = BatchJob(
             p.name,
             claim["txid"],

@@ -88,13 +88,13 @@ class TxnFailureSensor(BaseSensorOperator):
     def __init__(
         self,
         *,
-        pipeline: TxnPipeline,
+        txn_pipeline: TxnPipeline,
         claim_task_id: str = BEGIN_TASK_ID,
         triggerer_start: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.pipeline = pipeline
+        self.txn_pipeline = txn_pipeline
         self.claim_task_id = claim_task_id
         start_in_triggerer(
             self,
@@ -104,19 +104,19 @@ class TxnFailureSensor(BaseSensorOperator):
         )
 
     def txlog(self) -> TransactionLog:
-        return pipeline_log(self.pipeline)
+        return pipeline_log(self.txn_pipeline)
 
     def poke(self, context: Context) -> bool:
         """Whether the run's txid committed (the watch's end)."""
-        return self.txlog().view(self.pipeline.name).last_committed >= run_txid(
-            context, self.pipeline.name
+        return self.txlog().view(self.txn_pipeline.name).last_committed >= run_txid(
+            context, self.txn_pipeline.name
         )
 
     def execute(self, context: Context) -> None:
-        txid = run_txid(context, self.pipeline.name)
+        txid = run_txid(context, self.txn_pipeline.name)
         if not is_scheduled_txid_run(context):
             raise AirflowSkipException("a manual run is not restarted on failure")
-        view = self.txlog().view(self.pipeline.name)
+        view = self.txlog().view(self.txn_pipeline.name)
         self._watch(txid, first_watched_attempt(view, txid), quiet=True)
 
     def _watch(
@@ -145,7 +145,7 @@ class TxnFailureSensor(BaseSensorOperator):
         end_task_on_commit: bool = True,
         quiet: bool = False,
     ) -> TxnLogTrigger:
-        p = self.pipeline
+        p = self.txn_pipeline
         return TxnLogTrigger(
             txn_log_conn_id=p.txn_log_conn_id,
             pipeline=p.name,
@@ -162,7 +162,7 @@ class TxnFailureSensor(BaseSensorOperator):
     def on_failure(self, context: Context, event: dict[str, Any], **_legacy: Any) -> None:
         """Answer a failed attempt of the run's txid (``_legacy``: a deferral made by an older
         version of this sensor carried ``own_failures``; the log counts them now)."""
-        p = self.pipeline
+        p = self.txn_pipeline
         woke = TxnEvent.from_payload(event, pipeline=p.name)
         if woke.state is EventState.MANUAL_RUN:  # started in the triggerer: it knows no txid
             raise AirflowSkipException("a manual run is not restarted on failure")
@@ -252,7 +252,7 @@ class TxnFailureSensor(BaseSensorOperator):
         behind the runs waiting for it. The stop is recorded in the log last: a person's rerun
         after it starts a new count of the txid's own failures.
         """
-        p = self.pipeline
+        p = self.txn_pipeline
         txlog = self.txlog()
         last = last_error(txlog, p.name, txid)
         error = PoisonBatchError(
@@ -277,7 +277,7 @@ class TxnFailureSensor(BaseSensorOperator):
 
     def _send_due_alerts(self, context: Context, txlog: TransactionLog) -> None:
         """The trigger found alerts due: send what is still due (another sender may have)."""
-        p = self.pipeline
+        p = self.txn_pipeline
         view = txlog.view(p.name)
         with txlog.engine.connect() as conn:
             due = due_alerts(conn, view, p.stall_alert_after)
@@ -288,7 +288,7 @@ class TxnFailureSensor(BaseSensorOperator):
         the oldest txid's watch to find again (a broken notifier never stops the pipeline)."""
         for alert in alerts:
             try:
-                send_once(txlog.engine, alert, self.pipeline.alert_notifiers, context)
+                send_once(txlog.engine, alert, self.txn_pipeline.alert_notifiers, context)
             except Exception:
                 self.log.exception(
                     "pipeline=%s: the %s alert (%s) could not be sent; it is tried again later",
@@ -300,7 +300,7 @@ class TxnFailureSensor(BaseSensorOperator):
     def _awaits_requeue(self, txlog: TransactionLog, txid: int, attempt: int) -> bool:
         """Whether the watch of ``attempt`` restarts its run if nobody does (as after answering
         its failure): it failed and was answered by a re-queue, not by a poison batch's stop."""
-        last = txlog.history(self.pipeline.name, txid)[-1:]
+        last = txlog.history(self.txn_pipeline.name, txid)[-1:]
         return bool(
             last
             and last[0].attempt == attempt
@@ -309,7 +309,7 @@ class TxnFailureSensor(BaseSensorOperator):
         )
 
     def _api(self) -> Any:
-        return AirflowApiHook(self.pipeline.airflow_api_conn_id)
+        return AirflowApiHook(self.txn_pipeline.airflow_api_conn_id)
 
     def _restart_runs(
         self, context: Context, txids: Sequence[int], attempt: int, failed_by: int | None
@@ -328,14 +328,18 @@ class TxnFailureSensor(BaseSensorOperator):
         origin = failed_by or txids[0]
         work = [t for t in dag.task_ids if t != self.task_id]
         self._wait_until_settled(dag.dag_id, [txid_run_id(t) for t in txids], work)
-        own = self.txlog().view(self.pipeline.name).record(run_txid(context, self.pipeline.name))
+        own = (
+            self.txlog()
+            .view(self.txn_pipeline.name)
+            .record(run_txid(context, self.txn_pipeline.name))
+        )
         if own is None or own.status is not TxStatus.FAILED or own.attempt != attempt:
             # Restarted while its tasks settled (a person's Clear, or the re-queue this sensor
             # waited for arrived late): a second clear would add an attempt nobody asked for.
             self.log.info(
                 "pipeline=%s: not restarting the runs of txids %s: attempt %s was replaced "
                 "meanwhile (%s)",
-                self.pipeline.name,
+                self.txn_pipeline.name,
                 list(txids),
                 attempt,
                 own,
@@ -353,7 +357,7 @@ class TxnFailureSensor(BaseSensorOperator):
         except RequeueError as err:
             raise RequeueError(
                 f"could not restart the runs of {which}: {err.detail}",
-                pipeline=self.pipeline.name,
+                pipeline=self.txn_pipeline.name,
                 txid=txids[0],
                 attempt=attempt,
             ) from None

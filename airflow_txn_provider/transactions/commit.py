@@ -208,7 +208,7 @@ def record_processed(txlog: TransactionLog, pipeline: str, txid: int, attempt: i
 
 
 def commit_ready(
-    txlog: TransactionLog, pipeline: TxnPipeline, logger: Any, view: PipelineView | None = None
+    txlog: TransactionLog, txn_pipeline: TxnPipeline, logger: Any, view: PipelineView | None = None
 ) -> list[int]:
     """Commit, in order, the txids that may commit now (the oldest uncommitted, while it is
     processed): the gap between two commits is then a database round trip, not a trigger poll
@@ -216,14 +216,14 @@ def commit_ready(
     Never raises: each txid's own commit task commits it otherwise."""
     done: list[int] = []
     first = view
-    for _ in range(pipeline.window_bound):
+    for _ in range(txn_pipeline.window_bound):
         try:
-            view = first if first is not None else txlog.view(pipeline.name)
+            view = first if first is not None else txlog.view(txn_pipeline.name)
             first = None
             rec = committable(view)
             if rec is None:
                 break
-            commit_registered(txlog, pipeline.name, rec.txid, rec.attempt, pipeline.sinks)
+            commit_registered(txlog, txn_pipeline.name, rec.txid, rec.attempt, txn_pipeline.sinks)
         except Exception as err:  # its own run commits it (or reports why it cannot)
             logger.warning("committing what is ready stopped: %s", err)
             break
@@ -231,8 +231,8 @@ def commit_ready(
         done.append(rec.txid)
     if view is not None:  # the lags as the last look at the pipeline saw them
         judged = judge(view, last_commit_at=None, pending_since=None, now=datetime.now(UTC))
-        metrics.gauge(metrics.LAG_PROCESSED, pipeline.name, judged.lag_processed)
-        metrics.gauge(metrics.LAG_BEGUN, pipeline.name, judged.lag_begun)
+        metrics.gauge(metrics.LAG_PROCESSED, txn_pipeline.name, judged.lag_processed)
+        metrics.gauge(metrics.LAG_BEGUN, txn_pipeline.name, judged.lag_begun)
     return done
 
 

@@ -88,11 +88,17 @@ class TransactionLog:
                 f"the transaction log needs a postgresql+{DRIVER} engine (it stages with COPY), "
                 f"got {engine.url.drivername!r}; see engine_from_url"
             )
-        self.outage_timeout = outage_timeout
+        self._outage_timeout = outage_timeout
         self.engine = engine
         for attempt in retrying(outage_timeout):
             with attempt:
                 schema.ensure(engine, migrate=migrate)
+
+    @property
+    def outage_timeout(self) -> float:
+        """Seconds each call waits for a restarting database; read-only: the parts took it when
+        they were made (``TransactionLog(engine, outage_timeout=...)`` for another)."""
+        return self._outage_timeout
 
     @property
     def engine(self) -> Engine:
@@ -102,7 +108,7 @@ class TransactionLog:
     def engine(self, engine: Engine) -> None:
         """The parts are (re)made on the engine, so every part uses the log's engine."""
         self._engine = engine
-        on = (engine, self.outage_timeout)
+        on = (engine, self._outage_timeout)
         self.declarations = PipelineDeclarations(*on)
         self.pipeline_transitions = PipelineTransitions(*on)
         self.txid_transitions = TxidTransitions(*on)

@@ -119,7 +119,7 @@ def make_runs_ahead(
 
 
 def start_making_runs(
-    pipeline: TxnPipeline,
+    txn_pipeline: TxnPipeline,
     dag_id: str,
     txid: int,
     txlog: TransactionLog,
@@ -137,27 +137,27 @@ def start_making_runs(
             if TASKS_CREATE_RUNS:  # by the task's supervisor, with its client and token
                 create: Callable[[int], bool] = functools.partial(create_txid_run_from_task, dag_id)
             else:
-                api = AirflowApiHook(pipeline.airflow_api_conn_id, outage_timeout=10.0)
+                api = AirflowApiHook(txn_pipeline.airflow_api_conn_id, outage_timeout=10.0)
                 create = functools.partial(api.create_txid_run, dag_id)
-            source = with_log_catalog(pipeline.source, txlog.engine)
+            source = with_log_catalog(txn_pipeline.source, txlog.engine)
             made = make_runs_ahead(
-                txlog.view(pipeline.name),
+                txlog.view(txn_pipeline.name),
                 source,
                 create,
                 wait_slots_free=lambda: ahead_wait_slots_free(txlog),
             )
         except Exception as err:
             msg = "pipeline=%s txid=%s: later txids' runs are left to the waker (%s: %s)"
-            logger.warning(msg, pipeline.name, txid, type(err).__name__, str(err)[:300])
+            logger.warning(msg, txn_pipeline.name, txid, type(err).__name__, str(err)[:300])
         if not made:
             return
         msg = "pipeline=%s txid=%s: more data waits: the runs of txids %s-%s are made"
-        logger.info(msg, pipeline.name, txid, made[0], made[-1])
+        logger.info(msg, txn_pipeline.name, txid, made[0], made[-1])
         try:
-            txlog.note_runs_made(pipeline.name, made[-1])
+            txlog.note_runs_made(txn_pipeline.name, made[-1])
         except Exception as err:  # a hint: without it the waker asks Airflow itself
             msg = "pipeline=%s: could not note the runs made (%s: %s)"
-            logger.warning(msg, pipeline.name, type(err).__name__, str(err)[:300])
+            logger.warning(msg, txn_pipeline.name, type(err).__name__, str(err)[:300])
 
     if not SUPERVISOR_COMMS_THREAD_SAFE:
         # below Airflow 3.3 the look-ups (the REST API's connection, a source's, the secrets

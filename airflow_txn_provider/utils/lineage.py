@@ -114,7 +114,7 @@ def _facets() -> tuple[type, type]:
 
 
 def task_lineage(
-    pipeline: TxnPipeline,
+    txn_pipeline: TxnPipeline,
     claim: Mapping[str, Any] | None,
     *,
     reads_batch: bool,
@@ -143,7 +143,7 @@ def task_lineage(
     run_facet, batch_facet = _facets()
     run = {
         RUN_FACET: run_facet(
-            pipeline=pipeline.name,
+            pipeline=txn_pipeline.name,
             txid=int(claim["txid"]),
             attempt=claim.get("attempt"),
             committed=committed_output is not None,
@@ -151,18 +151,18 @@ def task_lineage(
         )
     }
     inputs = []
-    source = pipeline.source.lineage_dataset() if reads_batch else None
+    source = txn_pipeline.source.lineage_dataset() if reads_batch else None
     if source is not None:
         batch = {BATCH_FACET: batch_facet(batch=claim.get("metadata"), producer=PRODUCER)}
         inputs.append(InputDataset(*source, inputFacets=batch))
     outputs = []
     done: Mapping[str, Any] = committed_output if committed_output is not None else {}
-    for state in pipeline.states if committed_output is not None else ():
+    for state in txn_pipeline.states if committed_output is not None else ():
         staged = done.get(state.output_key)
         stats = rows(staged) if isinstance(staged, int) else {}
         where = postgres_dataset(log_url or "postgresql://", state.table)
         outputs.append(OutputDataset(*where, outputFacets=stats))
-    for sink in pipeline.sinks if committed_output is not None else ():
+    for sink in txn_pipeline.sinks if committed_output is not None else ():
         commit = (done.get(sink.output_key) or {}).get("commit") or {}
         facets: dict[str, Any] = {}
         if commit.get("version") is not None:
@@ -208,7 +208,7 @@ class TxidLineage:
     before that answers with nothing.
     """
 
-    pipeline: TxnPipeline
+    txn_pipeline: TxnPipeline
     reads_batch = False
     """Whether the task reads the batch: its lineage names the source as its input."""
     commits = False
@@ -225,7 +225,7 @@ class TxidLineage:
     def get_openlineage_facets_on_complete(self, task_instance: Any) -> Any:
         """The run's txid; the source with the batch (a task that reads it); the outputs (the
         commit task, once its attempt committed)."""
-        claim, p = self._lineage_claim, self.pipeline
+        claim, p = self._lineage_claim, self.txn_pipeline
         if not self.commits or claim is None:
             return task_lineage(p, claim, reads_batch=self.reads_batch)
 
@@ -245,4 +245,4 @@ class TxidLineage:
 
     def get_openlineage_facets_on_failure(self, task_instance: Any) -> Any:
         """As on completion, never with outputs: a failed task committed nothing."""
-        return task_lineage(self.pipeline, self._lineage_claim, reads_batch=self.reads_batch)
+        return task_lineage(self.txn_pipeline, self._lineage_claim, reads_batch=self.reads_batch)

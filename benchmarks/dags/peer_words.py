@@ -16,7 +16,7 @@ from airflow_txn_provider.state import MapState
 JOB = Path(__file__).resolve().parents[2] / "spark_jobs" / "word_count.py"
 
 for spec in json.loads(os.environ.get("BENCH_PEER_PIPELINES", "[]")):
-    pipeline = TxnPipeline(
+    txn_pipeline = TxnPipeline(
         name=spec["name"],
         source=PartitionedParquetSource(
             spec["data"], max_per_partition=spec["per_partition"], schema=spec.get("schema")
@@ -27,5 +27,5 @@ for spec in json.loads(os.environ.get("BENCH_PEER_PIPELINES", "[]")):
         max_pending=int(os.environ.get("BENCH_PEER_MAX_PENDING") or 0) or None,
     )
     globals()[spec["name"]] = build_dag(
-        pipeline, triggerer_start=os.environ.get("BENCH_PEER_TRIGGERER_START", "1") == "1"
+        txn_pipeline, triggerer_start=os.environ.get("BENCH_PEER_TRIGGERER_START", "1") == "1"
     )

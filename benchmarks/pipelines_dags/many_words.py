@@ -21,7 +21,7 @@ JOB = Path(__file__).resolve().parents[2] / "spark_jobs" / "word_count.py"
 
 
 def word_count_dag(name: str, data: str) -> Any:
-    pipeline = TxnPipeline(
+    txn_pipeline = TxnPipeline(
         name=name,
         source=PartitionedParquetSource(
             data, max_per_partition=100_000, schema="offset BIGINT, line STRING"
@@ -30,7 +30,7 @@ def word_count_dag(name: str, data: str) -> Any:
         states=[MapState(name, f"{name}_counts", keys={"word": "text"})],
         max_pending=int(os.environ.get("BENCH_PIPELINES_MAX_PENDING", "4")),
     )
-    return build_dag(pipeline, is_paused_upon_creation=True)
+    return build_dag(txn_pipeline, is_paused_upon_creation=True)
 
 
 for spec in json.loads(os.environ.get("BENCH_PIPELINES", "[]")):

@@ -23,7 +23,7 @@ JOB = Path(__file__).resolve().parents[2] / "spark_jobs" / "word_count.py"
 
 for run in json.loads(os.environ.get("TXN_CHAOS_RUNS", "[]")):
     name = run["name"]
-    pipeline = TxnPipeline(
+    txn_pipeline = TxnPipeline(
         name=name,
         source=PartitionedParquetSource(run["data"], max_per_partition=int(run["batch"])),
         jobs=[run.get("job", str(JOB))],
@@ -34,4 +34,4 @@ for run in json.loads(os.environ.get("TXN_CHAOS_RUNS", "[]")):
         poll_interval=0.5,
         lease_timeout=float(run.get("lease_timeout", 30.0)),
     )
-    globals()[name] = build_dag(pipeline, tags=["chaos"])
+    globals()[name] = build_dag(txn_pipeline, tags=["chaos"])

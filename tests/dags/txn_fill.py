@@ -22,7 +22,7 @@ counts = MapState(NAME, f"{NAME}_counts", "transactional", keys={"word": "text"}
 lengths = MapState(NAME, f"{NAME}_lengths", "opaque", keys={"n": "bigint"})
 ADDED = Path(os.environ.get("TXN_FILL_ADDED", "/nonexistent")).exists()
 
-pipeline = TxnPipeline(
+txn_pipeline = TxnPipeline(
     name=NAME,
     source=PartitionedParquetSource(os.environ.get("TXN_FILL_DATA", "/nonexistent"), BATCH),
     jobs=[str(ROOT / "tests" / "spark_jobs" / "fill_words.py")],
@@ -34,4 +34,4 @@ pipeline = TxnPipeline(
     fill_chunk=1,  # one txid per step: the test sees the page while it fills
 )
 
-dag = build_dag(pipeline)
+dag = build_dag(txn_pipeline)

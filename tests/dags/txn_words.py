@@ -50,7 +50,7 @@ if ALERT_SMTP_CONN:
         )
     ]
 
-pipeline = TxnPipeline(
+txn_pipeline = TxnPipeline(
     name=NAME,
     source=PartitionedParquetSource(
         os.environ.get("TXN_TEST_DATA", "/nonexistent"),
@@ -71,4 +71,4 @@ pipeline = TxnPipeline(
     stall_alert_after=float(os.environ.get("TXN_TEST_STALL_ALERT_AFTER", "600")),
 )
 
-dag = build_dag(pipeline)
+dag = build_dag(txn_pipeline)

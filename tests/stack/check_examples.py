@@ -101,7 +101,7 @@ def check(txlog, name: str) -> dict:
         expect("batches tile the source (no gap, no overlap)", not gaps, f"{gaps[:2]}")
 
     if name in ("example_txn_words", "example_txn_delta_words"):
-        wpl = module.pipeline.source.words_per_line
+        wpl = module.txn_pipeline.source.words_per_line
         if name == "example_txn_words":
             counts = {k[0]: v for k, v in states[f"{name}_counts"].items()}
             expect(

@@ -127,8 +127,8 @@ def test_the_schedule_is_an_asset_whose_only_watcher_is_the_pipelines_waker():
     """Airflow runs the waker while the DAG is unpaused; it creates the txids' runs itself."""
     from airflow_txn_provider.triggers.waker import TxnWakerTrigger
 
-    pipeline = _pipeline(poll_interval=0.5, airflow_api_conn_id="api")
-    built = build_dag(pipeline, dag_id="words_dag")
+    txn_pipeline = _pipeline(poll_interval=0.5, airflow_api_conn_id="api")
+    built = build_dag(txn_pipeline, dag_id="words_dag")
     asset = built.timetable.asset_condition
     [watcher] = asset.watchers
     waker = watcher.trigger
@@ -136,11 +136,11 @@ def test_the_schedule_is_an_asset_whose_only_watcher_is_the_pipelines_waker():
     path, kwargs = waker.serialize()
     assert path == "airflow_txn_provider.triggers.waker.TxnWakerTrigger"
     assert kwargs == {
-        "txn_log_conn_id": pipeline.txn_log_conn_id,
+        "txn_log_conn_id": txn_pipeline.txn_log_conn_id,
         "airflow_api_conn_id": "api",
         "pipeline": "words",
         "dag_id": "words_dag",
-        "source": pipeline.source.to_spec(),
+        "source": txn_pipeline.source.to_spec(),
         "poll_interval": 0.5,
     }
     assert TxnWakerTrigger(**kwargs).serialize() == (path, kwargs)  # as the triggerer rebuilds it
@@ -159,7 +159,7 @@ def test_a_pipeline_that_fills_from_history_gets_its_fill_dag():
     from airflow_txn_provider.operators.fill import TxnFillOperator
 
     later = MapState("words", "lengths", "transactional", keys={"n": "bigint"})
-    pipeline = _pipeline(
+    txn_pipeline = _pipeline(
         states=[MapState("words", "words_counts", "transactional", keys={"word": "text"}), later],
         start={"lengths": "history"},
     )
@@ -167,7 +167,7 @@ def test_a_pipeline_that_fills_from_history_gets_its_fill_dag():
     # as a DagBag parses a DAG file: the DAGs a ``with DAG`` block makes in it are registered
     DagContext.current_autoregister_module_name = __name__
     try:
-        dag = build_dag(pipeline, dag_id="words_dag")
+        dag = build_dag(txn_pipeline, dag_id="words_dag")
         registered = {d.dag_id: d for d, _ in DagContext.autoregistered_dags}
         DagContext.autoregistered_dags.clear()
         build_dag(_pipeline(), dag_id="plain")  # without a history start, no fill DAG
@@ -184,3 +184,18 @@ def test_a_pipeline_that_fills_from_history_gets_its_fill_dag():
     assert isinstance(task, TxnFillOperator) and task.pipeline_dag_id == "words_dag"
     assert task.retries == COORDINATION_RETRIES
     assert {t.dag_id for t in dag.tasks} == {"words_dag"}
+
+
+def test_the_pipeline_is_given_positionally_or_as_txn_pipeline_and_the_old_keyword_warns():
+    from airflow.exceptions import AirflowProviderDeprecationWarning
+
+    assert build_dag(txn_pipeline=_pipeline(), dag_id="a").dag_id == "a"
+    with pytest.warns(AirflowProviderDeprecationWarning, match=r"build_dag\(pipeline=\.\.\.\)"):
+        old = build_dag(pipeline=_pipeline(), dag_id="b")  # the keyword before one meaning
+    assert old.dag_id == "b" and "watch_failures" in old.task_ids
+    with pytest.raises(TypeError, match="both txn_pipeline and pipeline"):
+        build_dag(_pipeline(), pipeline=_pipeline(), dag_id="c")
+    with pytest.raises(TypeError, match="takes a TxnPipeline, got str 'words'"):
+        build_dag("words")  # type: ignore[arg-type]  # a pipeline's name is not its pipeline
+    with pytest.raises(TypeError, match="takes a TxnPipeline, got NoneType"):
+        build_dag(dag_id="d")

@@ -87,7 +87,7 @@ def test_words_example_commits_counts_and_buckets(airflow_db, example_env):
             p: r[1] for p, r in before.metadata.items()
         }
     counts = {k[0]: v for k, v in _committed(txlog, name, f"{name}_counts").items()}
-    words_per_line = module.pipeline.source.words_per_line
+    words_per_line = module.txn_pipeline.source.words_per_line
     assert sum(counts.values()) == words_per_line * _lines([t.metadata for t in txids])
     # The bucket state, derived at each commit, matches the final counts bucketed at once.
     buckets = {k[0]: v for k, v in _committed(txlog, name, f"{name}_buckets").items() if v}
@@ -175,7 +175,7 @@ def test_delta_example_appends_each_txid_once_and_feeds_the_downstream_dag(airfl
     table = sink.open()
     assert table.committed_txid(name) == 3
     rows = table.read(table.version_as_of(name, 3))
-    words_per_line = module.pipeline.source.words_per_line
+    words_per_line = module.txn_pipeline.source.words_per_line
     for t in txids:  # each txid's rows: exactly its batch's words, each word once
         mine = rows.filter(pc.equal(rows["txid"], t.txid)).to_pylist()
         assert sum(r["delta"] for r in mine) == words_per_line * _lines([t.metadata])

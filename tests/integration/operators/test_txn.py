@@ -31,14 +31,14 @@ def word_count_dag(name: str, tmp_path, *, seed: int, lines: int):
         str(parquet_dataset(tmp_path / "ds", {"0": random_lines(seed, lines)})),
         max_per_partition=10,
     )
-    pipeline = TxnPipeline(
+    txn_pipeline = TxnPipeline(
         name=name,
         source=source,
         jobs=["spark_jobs/word_count.py"],
         states=[MapState(name, f"{name}_words", keys={"word": "text"})],
         max_pending=2,
     )
-    return build_dag(pipeline)
+    return build_dag(txn_pipeline)
 
 
 @pytest.fixture
@@ -409,7 +409,7 @@ def test_the_claim_records_the_dag_that_runs_the_pipeline(dag):
             source_kind="transactional",
             max_pending=2,
             dag_id=dag.dag_id,
-            states=begin.pipeline.states,
+            states=begin.txn_pipeline.states,
         )
         is False
     )
@@ -419,7 +419,7 @@ def test_the_claim_records_the_dag_that_runs_the_pipeline(dag):
             source_kind="transactional",
             max_pending=3,
             dag_id=dag.dag_id,
-            states=begin.pipeline.states,
+            states=begin.txn_pipeline.states,
         )
         is True
     )  # a new declaration registers again

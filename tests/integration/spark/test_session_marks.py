@@ -88,14 +88,14 @@ def test_the_fill_operators_connect_session_opens_beside_a_classic_one(
     from airflow_txn_provider.spark.connect_sessions import keep_classic_mode
 
     monkeypatch.setenv("AIRFLOW_CONN_SPARK_CONNECT_DEFAULT", connect_server.url)
-    pipeline = TxnPipeline(
+    txn_pipeline = TxnPipeline(
         name="marks",
         source=PartitionedParquetSource("/data/none"),
         jobs=[WORD_COUNT],
         states=[MapState("marks", "marks_counts", keys={"word": "text"})],
         spark="connect",
     )
-    operator = TxnFillOperator(task_id="fill", pipeline=pipeline)
+    operator = TxnFillOperator(task_id="fill", txn_pipeline=txn_pipeline)
     assert spark.range(3).count() == 3  # the classic session runs
     with keep_classic_mode():  # as execute holds it around the fill
         session = operator._open_session()

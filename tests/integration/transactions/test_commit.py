@@ -8,7 +8,7 @@ from tests.integration.transactions.test_commit_in_turn import LOG, two_processi
 
 
 def test_commit_ready_starts_from_the_view_given_and_reads_the_log_after_it(txlog):
-    pipeline = two_processing(txlog, "t")
+    txn_pipeline = two_processing(txlog, "t")
     txlog.mark_processed("t", 1, 1, {"rows": 10})
     before = txlog.view("t")  # both processed: the first commit needs no read of its own
     reads: list[str] = []
@@ -20,7 +20,7 @@ def test_commit_ready_starts_from_the_view_given_and_reads_the_log_after_it(txlo
 
     txlog.view = counted
     try:
-        assert commit_ready(txlog, pipeline, LOG, view=before) == [1, 2]
+        assert commit_ready(txlog, txn_pipeline, LOG, view=before) == [1, 2]
     finally:
         del txlog.view
     assert len(reads) == 2  # after txid 1 and after txid 2: none for the first look

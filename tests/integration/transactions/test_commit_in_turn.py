@@ -40,10 +40,10 @@ def fast(monkeypatch):
     monkeypatch.setattr(run_context, "COMMIT_POLL", 0.02)
 
 
-def _waiting(txlog, pipeline) -> tuple[threading.Thread, list]:
+def _waiting(txlog, txn_pipeline) -> tuple[threading.Thread, list]:
     got: list = []
     waiter = threading.Thread(
-        target=lambda: got.append(run_context.commit_in_turn(txlog, pipeline, 2, LOG))
+        target=lambda: got.append(run_context.commit_in_turn(txlog, txn_pipeline, 2, LOG))
     )
     waiter.start()
     wait_until(
@@ -53,12 +53,12 @@ def _waiting(txlog, pipeline) -> tuple[threading.Thread, list]:
 
 
 def test_a_task_waits_until_the_task_before_commits_its_txid_too(txlog):
-    pipeline = two_processing(txlog, "p")
-    waiter, got = _waiting(txlog, pipeline)
+    txn_pipeline = two_processing(txlog, "p")
+    waiter, got = _waiting(txlog, txn_pipeline)
     time.sleep(0.3)
     assert waiter.is_alive() and txlog.view("p").last_committed == 0
     txlog.mark_processed("p", 1, 1, {"rows": 10})
-    by_task_before = commit_ready(txlog, pipeline, LOG)  # txid 1's task commits what is ready
+    by_task_before = commit_ready(txlog, txn_pipeline, LOG)  # txid 1's task commits what is ready
     waiter.join(10)
     ((own, done),) = got
     # the waiting task's own look may race it to txids 1 and 2: committing is idempotent
@@ -68,16 +68,16 @@ def test_a_task_waits_until_the_task_before_commits_its_txid_too(txlog):
 
 
 def test_the_waiting_task_commits_what_became_ready_itself(txlog):
-    pipeline = two_processing(txlog, "q")
-    waiter, got = _waiting(txlog, pipeline)
+    txn_pipeline = two_processing(txlog, "q")
+    waiter, got = _waiting(txlog, txn_pipeline)
     txlog.mark_processed("q", 1, 1, {"rows": 10})  # its task ended before committing
     waiter.join(10)
     assert got == [(True, [1, 2])]
 
 
 def test_a_failure_before_it_ends_the_wait(txlog):
-    pipeline = two_processing(txlog, "r")
-    waiter, got = _waiting(txlog, pipeline)
+    txn_pipeline = two_processing(txlog, "r")
+    waiter, got = _waiting(txlog, txn_pipeline)
     started = time.monotonic()
     txlog.fail("r", 1, 1, error="boom")
     waiter.join(10)
@@ -86,7 +86,7 @@ def test_a_failure_before_it_ends_the_wait(txlog):
 
 def test_no_slot_no_wait(txlog, monkeypatch):
     monkeypatch.setenv("AIRFLOW__TXN_PROVIDER__COMMIT_WAITS", "0")
-    pipeline = two_processing(txlog, "s")
+    txn_pipeline = two_processing(txlog, "s")
     started = time.monotonic()
-    assert run_context.commit_in_turn(txlog, pipeline, 2, LOG) == (False, [])
+    assert run_context.commit_in_turn(txlog, txn_pipeline, 2, LOG) == (False, [])
     assert time.monotonic() - started < 2

@@ -562,3 +562,11 @@ class TestWindowThatFitsSpark:
         # an explicit max_pending wins
         txlog.register_pipeline("fit2", source_kind="transactional", max_pending=3)
         assert txlog.view("fit2").max_pending == 3
+
+
+def test_the_outage_timeout_is_the_parts_and_cannot_be_changed_behind_them(engine):
+    txlog = TransactionLog(engine, migrate=False, outage_timeout=7.5)
+    parts = (txlog.pipeline_transitions, txlog.txid_transitions, txlog.reads, txlog.waker_notes)
+    assert {p.outage_timeout for p in parts} == {txlog.outage_timeout} == {7.5}
+    with pytest.raises(AttributeError):
+        txlog.outage_timeout = 1.0  # type: ignore[misc]  # the parts would not see it

@@ -38,13 +38,13 @@ def _process_task(**pipeline_kw):
     from airflow_txn_provider.state import MapState
 
     pipeline_kw.setdefault("states", [MapState("words", "word_counts", keys={"word": "text"})])
-    pipeline = TxnPipeline(
+    txn_pipeline = TxnPipeline(
         name="words",
         source=PartitionedParquetSource("/data/words"),
         jobs=["spark_jobs/word_count.py"],
         **pipeline_kw,
     )
-    return build_dag(pipeline).get_task("process_word_count")
+    return build_dag(txn_pipeline).get_task("process_word_count")
 
 
 def _context(run_id):

@@ -181,7 +181,7 @@ def test_a_watch_with_nothing_to_answer_ends_skipped_which_costs_no_callback(mon
     from airflow_txn_provider.sources.parquet import PartitionedParquetSource
     from airflow_txn_provider.state import MapState
 
-    pipeline = TxnPipeline(
+    txn_pipeline = TxnPipeline(
         name="p",
         source=PartitionedParquetSource("/d"),
         jobs=["j.py"],
@@ -189,7 +189,7 @@ def test_a_watch_with_nothing_to_answer_ends_skipped_which_costs_no_callback(mon
     )
     # as on Airflow 3.3 (compat.airflow): 3.1 and 3.2 start the sensor on a worker
     monkeypatch.setattr("airflow_txn_provider.run_context.STARTS_FROM_TRIGGER", True)
-    sensor = TxnFailureSensor(task_id="watch_failures", pipeline=pipeline)
+    sensor = TxnFailureSensor(task_id="watch_failures", txn_pipeline=txn_pipeline)
     kwargs = sensor.start_trigger_args.trigger_kwargs
     assert kwargs["end_skipped"] is True and kwargs["end_task_on_commit"] is True
     quiet = TxnLogTrigger(**{**kwargs, "txid": 3, "attempt": 0})

@@ -103,13 +103,13 @@ def test_operation_tags_are_unique_per_run_and_valid():
 
 @pytest.fixture
 def process_task():
-    pipeline = TxnPipeline(
+    txn_pipeline = TxnPipeline(
         name="words",
         source=PartitionedParquetSource("/data/words"),
         jobs=["spark_jobs/word_count.py"],
         states=[MapState("words", "word_counts", keys={"word": "text"})],
     )
-    return build_dag(pipeline).get_task("process_word_count")
+    return build_dag(txn_pipeline).get_task("process_word_count")
 
 
 def test_the_operators_on_kill_stops_its_work_and_its_lease(process_task):

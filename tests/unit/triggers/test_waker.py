@@ -378,14 +378,14 @@ def test_the_next_run_is_created_beside_the_claim_only_where_its_supervisor_take
     monkeypatch.setattr(waker, "SUPERVISOR_COMMS_THREAD_SAFE", thread_safe)
     monkeypatch.setattr(waker, "make_runs_ahead", make_runs_ahead)
     monkeypatch.setattr("airflow_txn_provider.triggers.waker.source_from_spec", lambda spec: spec)
-    pipeline = SimpleNamespace(
+    txn_pipeline = SimpleNamespace(
         name="p", airflow_api_conn_id="api", source=SimpleNamespace(to_spec=lambda: {})
     )
     noted = []
     log = SimpleNamespace(
         view=lambda name: None, note_runs_made=lambda *a: noted.append(a), engine=None
     )
-    thread = waker.start_making_runs(pipeline, "p", 1, log, logging.getLogger(__name__))
+    thread = waker.start_making_runs(txn_pipeline, "p", 1, log, logging.getLogger(__name__))
     if thread is not None:
         thread.join(10)
     assert len(ran_in) == 1 and noted == [("p", 2)]
@@ -421,11 +421,11 @@ def test_a_claim_makes_the_runs_through_its_supervisor_where_airflow_lets_it(
 
     monkeypatch.setattr(waker, "make_runs_ahead", make_runs_ahead)
     monkeypatch.setattr("airflow_txn_provider.triggers.waker.source_from_spec", lambda spec: spec)
-    pipeline = SimpleNamespace(
+    txn_pipeline = SimpleNamespace(
         name="p", airflow_api_conn_id="api", source=SimpleNamespace(to_spec=lambda: {})
     )
     log = SimpleNamespace(view=lambda name: None, note_runs_made=lambda *a: None, engine=None)
-    waker.start_making_runs(pipeline, "words", 1, log, logging.getLogger(__name__))
+    waker.start_making_runs(txn_pipeline, "words", 1, log, logging.getLogger(__name__))
     way = "supervisor" if tasks_create_runs else "rest"
     assert asked == [(way, "words", 2), (way, "words", 3)]
 
