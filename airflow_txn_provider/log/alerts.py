@@ -4,7 +4,7 @@
 task's context plus ``txn_alert`` (:meth:`Alert.as_context`) for two events: **poisoned**, once
 per poisoned attempt, sent by the failure sensor as it stops the pipeline; **stalled**, once per
 stall (nothing moved for ``stall_alert_after`` seconds, by the rule of
-:func:`~airflow_txn_provider.log.health.judge`). What is due and unsent is found every
+:func:`~airflow_txn_provider.log.health.health_of`). What is due and unsent is found every
 ``ALERT_CHECK_EVERY`` seconds (:func:`due_alerts`) by the failure sensor's trigger of the oldest
 uncommitted txid, which wakes its sensor to send it. Each alert is recorded in ``txn_alert`` in
 the database transaction that sends it: a second sender sends nothing, a failed send rolls its
@@ -23,7 +23,7 @@ from sqlalchemy import exists, select, tuple_
 from sqlalchemy.dialects.postgresql import insert
 
 from airflow_txn_provider.compat.python import StrEnum
-from airflow_txn_provider.log.health import Health, PipelineHealth, judge_from_log
+from airflow_txn_provider.log.health import Health, PipelineHealth, health_from_log
 from airflow_txn_provider.log.models import ALERTS, ATTEMPTS
 from airflow_txn_provider.rules.vocabulary import FailureResponse, TxStatus
 from airflow_txn_provider.utils.redaction import redact
@@ -124,7 +124,7 @@ def due_alerts(conn: Connection, view: PipelineView, stall_after: float) -> list
             )
         ).all()
         alerts += [poisoned_alert(view.pipeline, t, n, error) for t, n, error in stopped]
-    health = judge_from_log(conn, view, view.now, stall_after)
+    health = health_from_log(conn, view, view.now, stall_after)
     if health.status is Health.STALLED:
         alerts.append(stalled_alert(health))
     return [alert for alert in alerts if not was_sent(conn, alert)]

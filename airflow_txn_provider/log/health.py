@@ -74,7 +74,7 @@ def newest_processed(last_committed: int, in_flight: Iterable[TxRecord]) -> int:
     return max([last_committed, *processed])
 
 
-def judge(
+def health_of(
     view: PipelineView,
     *,
     last_commit_at: datetime | None,
@@ -147,8 +147,9 @@ def read_run_trouble(conn: Connection, pipeline: str) -> tuple[str, datetime] | 
 
 
 def progress_times(conn: Connection, view: PipelineView) -> tuple[datetime | None, datetime | None]:
-    """What :func:`judge` reads besides the view: when the last committed txid committed (``None``:
-    none yet, or pruned), and when the oldest uncommitted txid's first attempt began."""
+    """What :func:`health_of` reads besides the view: when the last committed txid committed
+    (``None``: none yet, or pruned), and when the oldest uncommitted txid's first attempt
+    began."""
     from sqlalchemy import func, select
 
     last_commit_at = None
@@ -170,13 +171,13 @@ def progress_times(conn: Connection, view: PipelineView) -> tuple[datetime | Non
     return last_commit_at, pending_since
 
 
-def judge_from_log(
+def health_from_log(
     conn: Connection, view: PipelineView, now: datetime, stall_after: float = STALL_AFTER
 ) -> PipelineHealth:
-    """:func:`judge` ``view``, reading what it needs besides from ``conn`` (its clock where the
-    view gives one, else ``now``)."""
+    """:func:`health_of` ``view``, with what it needs besides read from ``conn`` (its clock where
+    the view gives one, else ``now``)."""
     last_commit_at, pending_since = progress_times(conn, view)
-    return judge(
+    return health_of(
         view,
         last_commit_at=last_commit_at,
         pending_since=pending_since,
@@ -189,10 +190,10 @@ def judge_from_log(
 def read_health(
     txlog: TransactionLog, pipeline: str, now: datetime, stall_after: float = STALL_AFTER
 ) -> PipelineHealth:
-    """:func:`judge` the pipeline as the log has it now (its clock where it gives one)."""
+    """The health of ``pipeline`` as the log has it now (its clock where it gives one)."""
     view = txlog.view(pipeline)
     with txlog.engine.connect() as conn:
-        judged = judge_from_log(conn, view, now, stall_after)
+        judged = health_from_log(conn, view, now, stall_after)
         outputs = tuple(read_completeness(conn, pipeline))
     return replace(judged, outputs=outputs)
 
@@ -202,8 +203,8 @@ __all__ = [
     "STUCK_AFTER",
     "Health",
     "PipelineHealth",
-    "judge",
-    "judge_from_log",
+    "health_from_log",
+    "health_of",
     "newest_processed",
     "progress_times",
     "read_health",

@@ -220,7 +220,9 @@ def _retire(
     )
 
 
-def record_first(conn: Connection, pipeline: str, outputs: Iterable[DeclaredOutput]) -> None:
+def record_complete_from_txid_1(
+    conn: Connection, pipeline: str, outputs: Iterable[DeclaredOutput]
+) -> None:
     """Record ``outputs`` as complete from txid 1, at txid 1's commit (never declared, so a
     commit names them: the core API's way)."""
     for out in outputs:
@@ -236,5 +238,5 @@ __all__ = [
     "lock_progress",
     "read_completeness",
     "read_outputs",
-    "record_first",
+    "record_complete_from_txid_1",
 ]

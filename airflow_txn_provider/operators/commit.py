@@ -79,7 +79,7 @@ class TxnCommitOperator(TxnOperator):
         """Back from the triggerer: ``txid - 1`` committed (or this attempt went stale, or the
         txid committed meanwhile; or, started there, the txid needs this task). The gate is asked
         again: the log, not the event, decides (the event is only checked to be one)."""
-        self.woken_by(event)
+        self.resumed_with(event)
         return self._commit_or_wait(context)
 
     def _commit_or_wait(self, context: Context) -> dict[str, Any]:

@@ -115,7 +115,7 @@ class TxnOperator(TxidLineage, BaseOperator):
             txn_pipeline.name
         )  # PIPELINE_FIELD (a name has no Jinja: rendered as is)
         self._lineage_claim: dict[str, Any] | None = None
-        self._chain: threading.Thread | None = None
+        self._making_runs_ahead: threading.Thread | None = None
 
     def render_template(
         self,
@@ -137,7 +137,7 @@ class TxnOperator(TxidLineage, BaseOperator):
     def txn_log_url(self) -> str:
         return pipeline_log_url(self.txn_pipeline)
 
-    def woken_by(self, event: Any) -> TxnEvent | None:
+    def resumed_with(self, event: Any) -> TxnEvent | None:
         """The log trigger's event this task resumed with, checked
         (:class:`~airflow_txn_provider.rules.exceptions.MalformedEventError` if it is not one);
         ``None`` at a first start or after the no-data timer (whose event is its moment)."""
@@ -227,16 +227,16 @@ class TxnOperator(TxidLineage, BaseOperator):
         if publish:
             context["ti"].xcom_push(key=CLAIM_XCOM_KEY, value=claim)
         if is_scheduled_txid_run(context):  # a manual run (dag.test) has no run after it
-            self._chain = start_making_runs(p, self.dag_id, txid, txlog, self.log)
+            self._making_runs_ahead = start_making_runs(p, self.dag_id, txid, txlog, self.log)
         return claim
 
     def join_chain(self) -> None:
         """Wait (a few seconds at most) for the thread that makes the later txids' runs (see
         :func:`~airflow_txn_provider.triggers.waker.start_making_runs`): the task's end must not
         cut it off."""
-        if self._chain is not None:
-            self._chain.join(timeout=15.0)
-            self._chain = None
+        if self._making_runs_ahead is not None:
+            self._making_runs_ahead.join(timeout=15.0)
+            self._making_runs_ahead = None
 
     def claimed(self, context: Context, *, from_log: bool = False) -> dict[str, Any]:
         """What the run's claiming task claimed (:func:`~airflow_txn_provider.run_context.
@@ -255,7 +255,7 @@ class TxnBeginOperator(TxnOperator):
     reads_batch = True  # it fixes the batch
 
     def execute(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
-        self.woken_by(event)  # the claim asks the log again: the event only has to be ours
+        self.resumed_with(event)  # the claim asks the log again: the event only has to be ours
         try:
             return self.claim(context)
         finally:
@@ -291,7 +291,7 @@ class TxnProcessOperator(TxnOperator):
         """Set by :meth:`on_kill`: this try reports no failure of its attempt."""
 
     def execute(self, context: Context, event: dict[str, Any] | None = None) -> dict[str, Any]:
-        self.woken_by(event)  # the claim asks the log again: the event only has to be ours
+        self.resumed_with(event)  # the claim asks the log again: the event only has to be ours
         if self.txn_pipeline.spark == "connect":
             self.log.info("pipeline=%s: %s", self.txn_pipeline.name, task_process_warmth())
         # The claim is published only if the run goes on to its commit task: when this task

@@ -44,8 +44,8 @@ from airflow_txn_provider.state.summary import (
     count_summary_once,
     read_summary,
     start_summary,
+    summary_upkeep_cte,
     top_keys,
-    upkeep_cte,
 )
 from airflow_txn_provider.state.undo import UndoRecords
 from airflow_txn_provider.utils.retries import sqlstate
@@ -295,7 +295,7 @@ class MapState:
         commit's database transaction (see :mod:`airflow_txn_provider.transactions.commit`).
         """
         backing = self.backing
-        summary_cte, summarised = upkeep_cte(bool(self.keys))
+        summary_cte, summarised = summary_upkeep_cte(bool(self.keys))
         try:
             row = backing.apply(conn, txid, attempt, summary_cte=summary_cte, summarised=summarised)
         except DataError as err:

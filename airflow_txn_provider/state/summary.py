@@ -33,7 +33,7 @@ UPKEEP_CTE = """, summary AS (
 keys as they are, ``before`` as they were (one snapshot: ``existed``, ``old_value``)."""
 
 
-def upkeep_cte(keyed: bool) -> tuple[str, str]:
+def summary_upkeep_cte(keyed: bool) -> tuple[str, str]:
     """``(CTE, whether it updated a row)`` for the apply statement of a state, keyed or not
     (``("", "true")``: nothing to keep)."""
     if not keyed:

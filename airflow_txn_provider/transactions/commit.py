@@ -27,8 +27,8 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from airflow_txn_provider.compat.python import UTC
-from airflow_txn_provider.log.health import judge
-from airflow_txn_provider.log.outputs import read_outputs, record_first
+from airflow_txn_provider.log.health import health_of
+from airflow_txn_provider.log.outputs import read_outputs, record_complete_from_txid_1
 from airflow_txn_provider.log.rows import TxidRows
 from airflow_txn_provider.rules.coordinator import committable
 from airflow_txn_provider.rules.exceptions import StagedOutputMismatchError, StateDefinitionError
@@ -110,7 +110,7 @@ def commit_states(
         skipped, first = skipped_at_commit(
             pipeline, txid, attempt, declared, read_outputs(conn, pipeline)
         )
-        record_first(conn, pipeline, first)
+        record_complete_from_txid_1(conn, pipeline, first)
         # Derived states read the committed values as they are before this txid: first.
         for state in states:
             if isinstance(state, BucketCountState) and state.name not in skipped:
@@ -230,7 +230,7 @@ def commit_ready(
         logger.info("txid %s attempt %s committed", rec.txid, rec.attempt)
         done.append(rec.txid)
     if view is not None:  # the lags as the last look at the pipeline saw them
-        judged = judge(view, last_commit_at=None, pending_since=None, now=datetime.now(UTC))
+        judged = health_of(view, last_commit_at=None, pending_since=None, now=datetime.now(UTC))
         metrics.gauge(metrics.LAG_PROCESSED, txn_pipeline.name, judged.lag_processed)
         metrics.gauge(metrics.LAG_BEGUN, txn_pipeline.name, judged.lag_begun)
     return done

@@ -22,7 +22,7 @@ from sqlalchemy import text
 from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
 
 from airflow_txn_provider.hooks.txn_log import TxnLogHook
-from airflow_txn_provider.log.health import judge_from_log
+from airflow_txn_provider.log.health import health_from_log
 from airflow_txn_provider.log.outputs import read_completeness
 from airflow_txn_provider.operators.txn import PIPELINE_FIELD
 from airflow_txn_provider.rules.exceptions import (
@@ -260,7 +260,7 @@ def pipeline_payload(
 def _health(txlog: TransactionLog, view: PipelineView, now: datetime) -> dict[str, Any]:
     """The health endpoint's verdict at its default ``stall_after``, with its reason."""
     with txlog.engine.connect() as conn:
-        found = judge_from_log(conn, view, now)
+        found = health_from_log(conn, view, now)
     return {"status": found.status.value, "reason": found.reason}
 
 

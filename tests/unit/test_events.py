@@ -127,8 +127,8 @@ def test_a_claim_refuses_a_malformed_event_but_not_the_no_data_timers_moment():
     _refuses(one.execute, BAD)
     begin = _dag(jobs=("spark_jobs/word_count.py", "spark_jobs/line_lengths.py")).get_task("begin")
     _refuses(begin.execute, BAD)
-    assert begin.woken_by(None) is None  # a first start
-    assert begin.woken_by(pendulum.now("UTC")) is None  # TimeDeltaTrigger's event
-    assert begin.woken_by({"state": "can_begin", "txid": 3}) == TxnEvent(
+    assert begin.resumed_with(None) is None  # a first start
+    assert begin.resumed_with(pendulum.now("UTC")) is None  # TimeDeltaTrigger's event
+    assert begin.resumed_with({"state": "can_begin", "txid": 3}) == TxnEvent(
         EventState.CAN_BEGIN, txid=3
     )
