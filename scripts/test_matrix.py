@@ -85,7 +85,13 @@ CHECKS: dict[str, tuple[list[str], str]] = {
         "the unit suite, and the installed PySpark's files against its jars",
     ),
     "log": (
-        ["tests/integration/transactions/test_transaction_log.py"],
+        [
+            "tests/integration/transactions/test_transaction_log.py",
+            "tests/integration/transactions/test_pipeline_transitions.py",
+            "tests/integration/log/test_txid_transitions.py",
+            "tests/integration/log/test_reads.py",
+            "tests/integration/log/test_rows.py",
+        ],
         "the log on a real Postgres",
     ),
     "spark-submit": (
@@ -135,6 +141,7 @@ CHECKS["unit-compat"] = (
         "tests/unit/test_house.py",  # imports every module of the package
         "tests/unit/test_supported_versions.py",
         "tests/unit/test_dag_builder.py",
+        "tests/unit/test_pipeline.py",
         "tests/unit/test_timetables.py",
         "tests/unit/sensors",
         "tests/unit/test_failure_injection.py",

@@ -1,53 +1,14 @@
-"""Bad input refused by construction, without a database (issue 11): names, metadata, offsets,
-poll interval."""
+"""Bad input refused by construction, without a database (issue 11): metadata and offsets (names:
+state/test_backing.py; the poll interval: test_pipeline.py)."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
-from airflow_txn_provider.log.models import Base
-from airflow_txn_provider.log.schema import VERSION_TABLE
-from airflow_txn_provider.pipeline import TxnPipeline
 from airflow_txn_provider.rules.exceptions import OffsetsWentBackError, UnreadableMetadataError
 from airflow_txn_provider.rules.sources import next_offset_ranges, validate_metadata
 from airflow_txn_provider.sources.generated import GeneratedTextSource
 from airflow_txn_provider.sources.landing import LandingDirectorySource
-from airflow_txn_provider.state import BucketCountState, GlobalState, MapState
-
-# -- item 5: names -------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("table", sorted([*Base.metadata.tables, VERSION_TABLE]))
-def test_no_state_name_makes_a_table_of_the_log(table):
-    """``registry`` made ``txn_state_registry``: the log's own table, then every commit failed."""
-    for prefix in ("txn_state_", "txn_stage_"):
-        if table.startswith(prefix):
-            name = table[len(prefix) :]
-            with pytest.raises(ValueError, match=f"{table}.*transaction log's own"):
-                MapState("p", name, keys={"k": "text"})
-            with pytest.raises(ValueError, match=table):
-                GlobalState("p", name)
-            with pytest.raises(ValueError, match=table):
-                BucketCountState("p", name, of="other")
-
-
-def test_registry_is_refused_as_a_state_name():
-    with pytest.raises(ValueError, match="txn_state_registry"):
-        MapState("p", "registry", keys={"k": "text"})
-
-
-@pytest.mark.parametrize("column", ["user", "order", "offset", "end", "select", "group"])
-def test_reserved_words_are_quoted_in_every_statement(column):
-    state = MapState("p", "s", keys={column: "text", "k2": "bigint"})
-    assert state.quoted_keys == [f'"{column}"', '"k2"']
-
-
-def test_a_key_column_cannot_take_the_stage_job_column_name():
-    with pytest.raises(ValueError, match="reserved"):
-        MapState("p", "s", keys={"stage_job": "text"})
-
 
 # -- item 5: metadata with NUL --------------------------------------------------------------------
 
@@ -66,24 +27,6 @@ def test_metadata_with_nul_is_refused(metadata):
     with pytest.raises(UnreadableMetadataError, match="NUL") as err:
         validate_metadata(metadata, pipeline="p", txid=3, attempt=2)
     assert (err.value.pipeline, err.value.txid, err.value.attempt) == ("p", 3, 2)
-
-
-# -- item 5: poll interval ----------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("interval", [0, 0.0, -1, math.nan, math.inf])
-def test_poll_interval_must_be_positive(interval):
-    with pytest.raises(ValueError, match="poll_interval"):
-        TxnPipeline(
-            name="p", source=GeneratedTextSource(), jobs=["j.py"], states=[], poll_interval=interval
-        )
-
-
-def test_a_positive_poll_interval_is_accepted():
-    p = TxnPipeline(
-        name="p", source=GeneratedTextSource(), jobs=["j.py"], states=[], poll_interval=0.2
-    )
-    assert p.poll_interval == 0.2
 
 
 # -- item 4: offsets going backwards ------------------------------------------------------------

@@ -30,14 +30,6 @@ def _pipeline(jobs=("spark_jobs/word_count.py",), **kw):
     )
 
 
-def test_a_pipeline_runs_its_jobs_the_way_its_pyspark_can_by_default():
-    from airflow_txn_provider.compat.spark import DEFAULT_SPARK_MODE, SUPPORTS_CONNECT
-
-    # Spark Connect needs PySpark 4: with 3.5 beside Airflow the example DAGs spark-submit
-    assert _pipeline().spark == DEFAULT_SPARK_MODE == ("connect" if SUPPORTS_CONNECT else "submit")
-    assert _pipeline(spark="submit").spark == "submit"
-
-
 def _upstream(dag, task_id):
     return set(dag.get_task(task_id).upstream_task_ids)
 
@@ -73,31 +65,6 @@ def test_several_jobs_run_in_parallel_then_record_processed():
     a = dag.get_task("process_a")
     assert a.finish is False and a.claims is False and a.claim_task_id == "begin"
     assert a.retries == 0  # it never claims: a failure is the failure sensor's to replay
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "message"),
-    [
-        ({"max_pending": 0}, "max_pending"),
-        ({"max_attempts": 0}, "max_attempts"),
-        ({"spark": "yarn"}, "spark must be one of"),
-        ({"jobs": ()}, "at least one processing job"),
-        ({"jobs": ("a/x.py", "b/x.py")}, "must differ"),
-    ],
-)
-def test_bad_pipeline_is_refused(kwargs, message):
-    with pytest.raises(ValueError, match=message):
-        _pipeline(**kwargs)
-
-
-def test_state_of_another_pipeline_is_refused():
-    with pytest.raises(ValueError, match="belongs to pipeline 'other'"):
-        TxnPipeline(
-            name="words",
-            source=PartitionedParquetSource("/d"),
-            jobs=["j.py"],
-            states=[MapState("other", "s", keys={"k": "text"})],
-        )
 
 
 @pytest.mark.parametrize("triggerer_start", [True, False])

@@ -1,5 +1,5 @@
-"""The operators against a real log: claims, commits, and deferral with the right trigger when
-the log says to wait (no Airflow scheduler needed: the context is minimal)."""
+"""The operators against a real log: claims and deferral with the right trigger when the log says
+to wait (no Airflow scheduler needed: the context is minimal; the commit task: test_commit.py)."""
 
 from __future__ import annotations
 
@@ -145,69 +145,6 @@ def test_an_airflow_retry_of_a_claim_never_replays_a_failed_attempt(dag):
     assert begin.claim(_context(1))["attempt"] == 2
 
 
-def test_commit_waits_for_previous_then_is_idempotent(dag):
-    begin, commit = dag.get_task(CLAIMER), dag.get_task("commit")
-    from airflow_txn_provider.compat.airflow import AirflowFailException
-
-    one = begin.claim(_context(1))
-    two = begin.claim(_context(2))
-    txlog = begin.txlog()
-    # The commit runs once processing ended, failed tasks too: unrecorded output never commits.
-    with pytest.raises(AirflowFailException, match="ended without recording output"):
-        commit.execute(_context(2, two))
-    txlog.mark_processed("ops", 2, two["attempt"], {})
-    with pytest.raises(TaskDeferred) as deferred:
-        commit.execute(_context(2, two))
-    assert deferred.value.trigger.wait_for is WaitFor.COMMIT_GATE
-    assert deferred.value.trigger.attempt == two["attempt"]
-    assert deferred.value.method_name == "execute_complete"
-    with pytest.raises(TaskDeferred):  # a wake-up asks the log again: txid 1 is not committed
-        commit.execute_complete(_context(2, two), {"state": "open", "txid": 2})
-    txlog.mark_processed("ops", 1, 1, {})
-    assert commit.execute(_context(1, one)) == {
-        "applied": True,
-        "committed_attempt": 1,
-        "also_committed": [2],  # processed already: committed right behind it
-    }
-    assert commit.execute(_context(1, one))["applied"] is False  # a duplicate run: no-op
-    committed = {"state": "committed", "txid": 2}  # the commit gate's event
-    assert commit.execute_complete(_context(2, two), committed)["applied"] is False  # found done
-    with pytest.raises(AirflowSkipException):
-        begin.execute(_context(1))  # rerun of a committed txid's run does nothing
-
-
-def test_a_commit_whose_claim_was_not_published_commits_the_attempt_the_log_holds(dag):
-    """A processing task publishes its claim only when its run goes on; one that recorded its
-    output and then could not (the api-server away) leaves its commit task no XCom: the commit
-    takes the attempt the log holds for its run's txid, and the gate judges it as ever."""
-    from airflow_txn_provider.compat.airflow import AirflowFailException
-
-    begin, commit = dag.get_task(CLAIMER), dag.get_task("commit")
-    ctx = _context(1)
-    one = begin.claim(ctx, publish=False)
-    assert ctx["ti"].claim is None  # nothing published
-    with pytest.raises(AirflowFailException, match="ended without recording output"):
-        commit.execute(_context(1))  # the log's attempt 1 is still processing
-    begin.txlog().mark_processed("ops", 1, one["attempt"], {})
-    assert commit.execute(_context(1)) == {
-        "applied": True,
-        "committed_attempt": one["attempt"],
-        "also_committed": [],
-    }
-    with pytest.raises(AirflowFailException, match="recorded no claimed attempt"):
-        commit.execute(_context(2))  # txid 2 never began: no claim anywhere
-
-
-def test_commit_fails_a_stale_attempt(dag):
-    from airflow_txn_provider.compat.airflow import AirflowFailException
-
-    begin, commit = dag.get_task(CLAIMER), dag.get_task("commit")
-    one = begin.claim(_context(1))
-    begin.txlog().fail("ops", 1, 1, error="boom")
-    with pytest.raises(AirflowFailException, match="no longer current"):
-        commit.execute(_context(1, one))
-
-
 def test_manual_run_is_refused_clearly(dag):
     from airflow_txn_provider.compat.airflow import AirflowFailException
 
@@ -219,18 +156,6 @@ def test_manual_run_is_refused_clearly(dag):
 def test_manual_run_names_its_txid_in_conf(dag):
     ctx = {"dag_run": SimpleNamespace(run_id="manual__x", conf={"txid": 1}), "ti": FakeTI()}
     assert dag.get_task(CLAIMER).claim(ctx)["txid"] == 1
-
-
-def test_commit_also_commits_processed_successors_in_order(dag):
-    begin, commit = dag.get_task(CLAIMER), dag.get_task("commit")
-    txlog = begin.txlog()
-    one, two = begin.claim(_context(1)), begin.claim(_context(2))
-    txlog.mark_processed("ops", 2, 1, {})  # txid 2 is processed before txid 1
-    txlog.mark_processed("ops", 1, 1, {})
-    assert commit.execute(_context(1, one))["also_committed"] == [2]
-    assert txlog.last_committed("ops") == 2
-    committed = {"state": "committed", "txid": 2}  # the commit gate's event
-    assert commit.execute_complete(_context(2, two), committed)["applied"] is False  # found done
 
 
 class ClearRecorder:

@@ -13,10 +13,8 @@ import pytest
 
 from airflow_txn_provider.operators.spark_runner import SparkConnectRunner
 from airflow_txn_provider.rules.exceptions import (
-    LakeSchemaMismatchError,
     LakeSinkError,
     LakeTableOutOfSyncError,
-    ProcessingError,
     TxidNotReadableError,
 )
 from airflow_txn_provider.rules.vocabulary import TxStatus
@@ -162,28 +160,6 @@ def test_merge_mode_replaces_rows_by_key(kind, txlog, db_url, tmp_path, runner):
     assert len(rows) == len(expected)
     # Merge leaves no staged files behind: the merge rewrote them.
     assert not any(Path(sink.txid_dir("merge", 2)).glob("*/*.parquet"))
-
-
-@pytest.mark.parametrize("kind", ["delta", "iceberg"])
-def test_a_batch_that_does_not_match_the_table_fails_with_a_typed_error(
-    kind, txlog, db_url, tmp_path, runner
-):
-    _, source = _source(tmp_path, seed=17)
-    with_txid = _sink(kind, tmp_path, txid_column="txid")
-    txlog.register_pipeline("schema", source_kind="transactional", max_pending=4)
-    e = txlog.begin_next("schema", source)
-    runner.run(BatchJob("schema", 1, e.attempt, source, sinks=(with_txid,)), txlog)
-    commit_registered(txlog, "schema", 1, e.attempt, [with_txid])
-    # The same table, now fed batches without the txid column.
-    without = _sink(kind, tmp_path)
-    e2 = txlog.begin_next("schema", source)
-    with pytest.raises(LakeSchemaMismatchError) as err:
-        runner.run(BatchJob("schema", 2, e2.attempt, source, sinks=(without,)), txlog)
-    assert isinstance(err.value, ProcessingError) is False
-    message = str(err.value)
-    assert "pipeline=schema txid=2 attempt=1" in message and "missing column 'txid'" in message
-    assert txlog.transaction("schema", 2).status is TxStatus.FAILED
-    assert with_txid.open(db_url).committed_txid("schema") == 1
 
 
 def test_a_table_ahead_of_the_log_is_refused(txlog, db_url, tmp_path, runner):

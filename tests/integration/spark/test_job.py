@@ -115,26 +115,6 @@ def test_spark_connect_through_airflow_connection(txlog, tmp_path, connect_serve
 
 
 @pytest.mark.scenario  # make test-scenarios: a standalone master and worker, ~3 minutes
-def test_a_window_that_fits_spark_follows_the_cores_of_its_server(
-    txlog, tmp_path, connect_server, spark
-):
-    from airflow_txn_provider.spark.cores import spark_cores
-
-    data, source = _parquet(tmp_path, seed=20)
-    txlog.register_pipeline("fits", source_kind="transactional", max_pending=None)
-    state = MapState("fits", "fits_words", keys={"word": "text"}).create(txlog.engine)
-    with txlog.engine.begin() as conn:  # as an earlier explicit max_pending left it
-        conn.execute(text("UPDATE txn_pipeline SET max_pending = 9 WHERE name = 'fits'"))
-    runner = SparkConnectRunner(WORD_COUNT, url=connect_server.url)
-    e = txlog.begin_next("fits", source)
-    runner.run(BatchJob("fits", e.txid, e.attempt, source, fit_window=True), txlog)
-    assert txlog.view("fits").max_pending == 3  # the server is local[2]: one per core, one beside
-    assert commit_registered(txlog, "fits", e.txid, e.attempt).applied
-    assert _committed_counts(txlog, state) == _expected(data, [e])
-    assert spark_cores(spark) == 2  # a classic session (spark-submit, standalone): its context
-    assert BatchJob.from_args(BatchJob("p", 1, 1, source, fit_window=True).to_args()).fit_window
-
-
 def test_standalone_master_and_worker(txlog, db_url, tmp_path, monkeypatch):
     data, source = _parquet(tmp_path, seed=30)
     state = _words_pipeline(txlog, "standalone")

@@ -7,15 +7,13 @@ its predecessor: the log's row locks, not Airflow, must keep every commit single
 from __future__ import annotations
 
 import multiprocessing as mp
-import threading
 import time
 import traceback
 
 import pytest
 from sqlalchemy import create_engine, text
 
-from airflow_txn_provider.log.rows import lock_pipeline
-from airflow_txn_provider.rules.exceptions import StaleAttemptError, UnknownPipelineError
+from airflow_txn_provider.rules.exceptions import StaleAttemptError
 from airflow_txn_provider.rules.sources import TransactionalSource
 from airflow_txn_provider.state import MapState
 from airflow_txn_provider.transactions.commit import commit_states
@@ -182,34 +180,3 @@ def test_a_lease_that_ran_out_during_a_staging_fails_nothing_once_it_recorded(pi
         (2, "processing"),
     ]
     assert pipeline.expire_lease("p", 1, 1) == ()  # a processed attempt holds no lease
-
-
-@pytest.mark.parametrize(
-    "writer",
-    [
-        pytest.param(lambda txlog: txlog.begin("p", 1, Fixed()), id="begin"),
-        pytest.param(lambda txlog: txlog.prune("p"), id="retention"),
-        pytest.param(
-            lambda txlog: txlog.register_pipeline("p", source_kind="transactional", max_pending=5),
-            id="declaration",
-        ),
-    ],
-)
-def test_every_writer_of_a_pipeline_waits_for_its_one_lock(pipeline, writer):
-    """The transitions, retention and the declaration all take ``lock_pipeline`` first: while
-    another transaction holds it, each waits, and goes on once it is released."""
-    done = threading.Event()
-    with pipeline.engine.begin() as conn:
-        row = lock_pipeline(conn, "p")
-        assert row.name == "p" and row.db_now is not None
-        worker = threading.Thread(target=lambda: (writer(pipeline), done.set()), daemon=True)
-        worker.start()
-        assert not done.wait(1.0), "a writer went on while another transaction held the lock"
-    assert done.wait(30), "the writer never went on once the lock was released"
-    worker.join()
-
-
-def test_locking_an_unknown_pipeline_is_a_typed_error(pipeline):
-    with pipeline.engine.begin() as conn, pytest.raises(UnknownPipelineError) as err:
-        lock_pipeline(conn, "nope")
-    assert err.value.pipeline == "nope"

@@ -207,54 +207,12 @@ def test_txids_in_flight_when_a_state_is_added_are_never_applied_to_it(three):
     assert values(txlog) == {"a": {("k",): 5}, "b": {("k",): 1}}
 
 
-def test_a_new_pipeline_needs_no_choice_and_an_unused_output_goes_quietly(txlog):
-    assert declare(txlog, [a_state(), b_state()])
-    assert outputs(txlog) == {"a": (1, True), "b": (1, True)}
-    assert declare(txlog, [a_state()])  # b held nothing: let go, its empty tables dropped
-    assert outputs(txlog) == {"a": (1, True), "b": (1, False)}
-    assert not table_exists(txlog, "txn_state_b")
-    run(txlog, 1)
-    assert declare(txlog, [a_state(), b_state()], start={"b": "next_txid"})  # back, from 2
-    assert outputs(txlog) == {"a": (1, True), "b": (2, True)}
-
-
 def test_a_bucket_state_cannot_start_later_than_the_state_it_counts(three):
     buckets = BucketCountState(P, "a_buckets", "a", 10)
     with pytest.raises(OutputDeclarationError, match="counts the keys of 'a'") as err:
         declare(three, [a_state(), buckets], start={"a_buckets": "next_txid"})
     assert err.value.output == "a_buckets"
     assert set(load_states(three.engine, P)) == {"a"}
-
-
-def test_a_removed_state_holding_txids_needs_keep_or_drop(three):
-    txlog = three
-    assert declare(txlog, [a_state(), b_state()], start={"b": "next_txid"})
-    run(txlog, 4)
-    with pytest.raises(OutputRemovedError) as err:
-        declare(txlog, [a_state()])
-    assert err.value.output == "b" and "retired={'b': 'keep'}" in str(err.value)
-    assert set(load_states(txlog.engine, P)) == {"a", "b"}  # nothing changed
-
-    assert declare(txlog, [a_state()], retired={"b": "keep"})
-    assert set(load_states(txlog.engine, P)) == {"a"}  # no longer applied
-    with txlog.engine.connect() as conn:
-        assert conn.execute(text("SELECT key, value FROM txn_state_b")).all() == [("k", 1)]
-        b = read_outputs(conn, P)["b"]
-    assert (b.retired_after_txid, b.retirement.value) == (4, "keep")
-    run(txlog, 5)
-    assert values(txlog) == {"a": {("k",): 5}}
-    client = plugin_client(txlog, Everyone(), pipeline_dags=DAGS)
-    said = {o["name"]: o for o in client.get(f"/transactions/api/pipelines/{P}").json()["outputs"]}
-    assert said["b"]["complete"] == (
-        "retired after txid 4 (tables kept); was complete from txid 4 (txids 1..3 are not in it)"
-    )
-    with pytest.raises(OutputDeclarationError, match="tables kept"):  # its old rows are there
-        declare(txlog, [a_state(), b_state()], start={"b": "next_txid"})
-
-    assert declare(txlog, [a_state()], retired={"b": "drop"})
-    assert not table_exists(txlog, "txn_state_b")
-    assert declare(txlog, [a_state(), b_state()], start={"b": "next_txid"})
-    assert outputs(txlog)["b"] == (6, True)
 
 
 def test_a_lake_sink_added_to_a_running_pipeline(three, tmp_path, db_url):

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from airflow_txn_provider.pipeline import TxnPipeline
 from airflow_txn_provider.rules.coordinator import plan_sink_commit
 from airflow_txn_provider.rules.exceptions import LakeTableOutOfSyncError
 from airflow_txn_provider.rules.vocabulary import SinkAction
@@ -131,31 +130,6 @@ class TestDeclarations:
         assert again == staged and again.rows == 7
         assert again.arrow_schema() == schema
         assert again.paths() == ["/d/a.parquet", "/d/b.parquet"]
-
-
-class TestPipelineWithSinks:
-    def _pipeline(self, **kw):
-        return TxnPipeline(
-            name=kw.pop("name", "p"),
-            source=GeneratedTextSource(),
-            jobs=kw.pop("jobs", ["spark_jobs/word_count.py"]),
-            states=[],
-            **kw,
-        )
-
-    def test_one_asset_per_sink(self):
-        p = self._pipeline(sinks=[DeltaSink("events", table_uri="/lake/e")])
-        (asset,) = p.assets
-        assert asset.name == "txn:p:events" and asset.uri == "file:///lake/e"
-
-    def test_several_jobs_and_clashing_names_are_refused(self):
-        sink = DeltaSink("events", table_uri="/lake/e")
-        with pytest.raises(ValueError, match="exactly one processing job"):
-            self._pipeline(sinks=[sink], jobs=["a.py", "b.py"])
-        with pytest.raises(ValueError, match="names must differ"):
-            self._pipeline(sinks=[sink, DeltaSink("events", table_uri="/lake/f")])
-        with pytest.raises(ValueError, match="lake staging directory"):
-            self._pipeline(name="has space", sinks=[sink])
 
 
 def test_a_missing_format_library_says_which_extra_to_install(monkeypatch):
