@@ -10,12 +10,15 @@ are a transactional state (``spark_jobs/kafka_word_count.py``).
 Config Dict is the cluster's client settings, e.g. ``{"bootstrap.servers": "broker:9092"}`` (SASL
 and SSL settings go there too, never on a command line), and ``confluent-kafka`` on the workers
 (the ``kafka`` extra). ``$TXN_EXAMPLES_KAFKA_TOPIC`` names another topic. Without a cluster each
-begin fails with a ``SourceError`` naming the topic, and nothing is begun.
+begin fails with a ``SourceError`` naming the topic, and nothing is begun. A broker that lost its
+log (or the topic created again) stops the pipeline with ``SourceLogChangedError``;
+``$TXN_EXAMPLES_KAFKA_RESET_FROM_TXID`` declares the reset an operator decides on then
+(docs/sources.md, "When a Kafka log is lost").
 
-**Try it.** ``make demo`` runs a Kafka wire-protocol cluster on 127.0.0.1 as ``kafka_default``
-and writes 20 lines a second to ``words``; the Docker stack runs a real Kafka (``docker/README.md``
-shows how to write lines to it). Unpause this DAG and watch one run per txid commit; the
-Transactions page shows each txid's offsets.
+**Try it.** ``make demo`` runs a Kafka broker on 127.0.0.1 as ``kafka_default`` (Tansu, its log
+in memory: a restarted demo declares the reset) and writes 20 lines a second to ``words``; the
+Docker stack runs a real Kafka (``docker/README.md`` shows how to write lines to it). Unpause
+this DAG and watch one run per txid commit; the Transactions page shows each txid's offsets.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ txn_pipeline = TxnPipeline(
         os.environ.get("TXN_EXAMPLES_KAFKA_TOPIC", "words"),
         kafka_conn_id="kafka_default",
         max_per_partition=10_000,
+        reset_log_from_txid=int(os.environ.get("TXN_EXAMPLES_KAFKA_RESET_FROM_TXID", 0)) or None,
     ),
     jobs=[spark_job(__file__, "kafka_word_count.py")],
     states=[MapState(NAME, f"{NAME}_counts", "transactional", keys={"word": "text"})],

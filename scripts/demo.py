@@ -11,12 +11,15 @@ order, by the failure sensor).
 
 The processes started are the Postgres server, Airflow's scheduler (LocalExecutor: it runs the
 tasks), dag-processor, triggerer and api-server, one Spark Connect server (``local[2]``), and a
-Kafka wire-protocol cluster on 127.0.0.1 for ``example_txn_kafka_words`` (librdkafka's mock
-cluster: :mod:`txn_testing.kafka`), into whose topic ``words`` this supervisor writes
-:data:`KAFKA_LINES_PER_SECOND` lines a second (:class:`KafkaFeed`). The mock cluster keeps its
-records in memory only, so a second ``make demo`` writes the topic again before going on: line
-``n`` is a function of ``n`` alone and goes to partition ``n % 4``, so every record comes back
-at its old offset, and a txid replayed after the restart reads the same batch.
+Kafka broker on 127.0.0.1 for ``example_txn_kafka_words`` (Tansu, a real Kafka-protocol broker:
+:class:`txn_testing.kafka.TansuCluster`), into whose topic ``words`` this supervisor writes
+:data:`KAFKA_LINES_PER_SECOND` lines a second (:class:`KafkaFeed`). The broker keeps its log in
+memory only, so a second ``make demo`` finds the topic new (another topic id) and the old
+records gone: the Kafka pipeline would refuse it (``SourceLogChangedError``), as it must. The
+demo then does what an operator does (docs/sources.md, "When a Kafka log is lost"): it declares
+a reset at the txid after the last committed one (``$TXN_EXAMPLES_KAFKA_RESET_FROM_TXID``, read
+by the example DAG), says so, and the pipeline goes on from the new log's start; what the old
+log held past the last committed txid is lost with it.
 Each of them has the folder in its command line or environment: that is how ``stop`` finds
 exactly those (and nothing else) even if this supervisor died; ``demo.json`` names the supervisor
 by pid and start time, so a reused pid is never taken for it.
@@ -57,7 +60,8 @@ STATE_FILE = "demo.json"
 KAFKA_TOPIC = "words"
 KAFKA_LINES_PER_SECOND = 20
 KAFKA_FED_FILE = "kafka-lines"
-"""How many lines the demo has written to the topic (``KafkaFeed``), kept across restarts."""
+"""How many lines the demo has written to the topic (``KafkaFeed``), kept across restarts: a
+restarted demo writes new lines (line ``n`` is a function of ``n``), never the old ones again."""
 
 log = logging.getLogger("demo")
 
@@ -140,11 +144,8 @@ def _ensure_databases(admin_url: str, names: Sequence[str]) -> None:
 
 class KafkaFeed(threading.Thread):
     """Writes :data:`KAFKA_LINES_PER_SECOND` lines a second to the demo's topic, line ``n`` to
-    partition ``n % 4``; :meth:`catch_up` first writes again the lines of earlier runs (their
-    count is in :data:`KAFKA_FED_FILE`), so that each record sits at the offset it had. Line
-    ``n`` always has the same timestamp (:data:`EPOCH_MS` + ``n``): the log written again is
-    record for record the log it replaces, so the source's log identity check
-    (``sources/kafka_log.py``) finds the same log and the pipeline continues."""
+    partition ``n % 4`` with the timestamp :data:`EPOCH_MS` + ``n``; a restarted demo goes on
+    from the line after the last one written (:meth:`resume`, :data:`KAFKA_FED_FILE`)."""
 
     EPOCH_MS = 1_767_225_600_000
     """2026-01-01T00:00Z: line ``n``'s timestamp is this plus ``n`` milliseconds."""
@@ -176,12 +177,9 @@ class KafkaFeed(threading.Thread):
                 )
         self.count_file.write_text(str(stop))
 
-    def catch_up(self) -> None:
-        """Write again the lines of earlier runs, before any begin can read the topic (a begin
-        that saw it half written would find offsets gone back)."""
+    def resume(self) -> None:
+        """Go on from the line after the last one an earlier run wrote."""
         self.written = int(self.count_file.read_text()) if self.count_file.exists() else 0
-        for start in range(0, self.written, 4000):  # each chunk keeps every partition's order
-            self.write(start, min(self.written, start + 4000))
 
     def run(self) -> None:
         try:
@@ -200,7 +198,7 @@ def up(args: argparse.Namespace) -> int:
         AirflowStack,
         txn_log_connection_env,
     )
-    from txn_testing.kafka import MockKafkaCluster
+    from txn_testing.kafka import TansuCluster
     from txn_testing.postgres import EmbeddedPostgres
     from txn_testing.spark import SparkConnectServer
 
@@ -232,8 +230,8 @@ def up(args: argparse.Namespace) -> int:
 
     pg = EmbeddedPostgres(datadir=home / "pg", port=args.pg_port)
     spark = SparkConnectServer(port=args.spark_port, workdir=home / "spark", master="local[2]")
-    os.environ["TXN_DEMO_HOME"] = str(home)  # the mock Kafka cluster's mark (demo_processes)
-    kafka = MockKafkaCluster()
+    os.environ["TXN_DEMO_HOME"] = str(home)  # the Kafka broker's mark (demo_processes)
+    kafka = TansuCluster(log_file=home / "kafka.log")
     feed: KafkaFeed | None = None
     stack: AirflowStack | None = None
     try:
@@ -250,12 +248,21 @@ def up(args: argparse.Namespace) -> int:
 
         print("[demo] starting the Spark Connect server (local[2]) …", flush=True)
         spark.start()
-        print("[demo] starting a Kafka wire-protocol cluster on 127.0.0.1 …", flush=True)
+        print(
+            "[demo] starting a Kafka broker on 127.0.0.1 (Tansu, its log in memory) …", flush=True
+        )
         kafka.start()
+        reset = kafka_reset(txlog)
+        if reset is not None:
+            print(
+                f"[demo] the Kafka broker restarted empty: {KAFKA_EXAMPLE} would refuse its new "
+                f"topic {KAFKA_TOPIC!r} (SourceLogChangedError); the demo declares "
+                f"reset_log_from_txid={reset}, as an operator would (docs/sources.md, 'When a "
+                "Kafka log is lost'): it goes on from the new log's start",
+                flush=True,
+            )
         feed = KafkaFeed(kafka, home)
-        feed.catch_up()
-        if feed.written:
-            print(f"[demo] … with the {feed.written} lines of earlier runs", flush=True)
+        feed.resume()
         feed.start()
 
         data = home / "data"
@@ -266,6 +273,7 @@ def up(args: argparse.Namespace) -> int:
             "SPARK_LOCAL_IP": "127.0.0.1",
             "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps({"conn_type": "kafka", "extra": kafka.config}),
             "TXN_EXAMPLES_KAFKA_TOPIC": KAFKA_TOPIC,
+            **({"TXN_EXAMPLES_KAFKA_RESET_FROM_TXID": str(reset)} if reset is not None else {}),
         }
         stack = AirflowStack(
             home / "airflow",
@@ -292,8 +300,8 @@ def up(args: argparse.Namespace) -> int:
             f"  Transactions   {stack.url}/transactions/\n"
             f"  Grid           {stack.url}/dags/{MAIN_EXAMPLE}\n"
             f"  Spark UI       {spark.ui_url}\n"
-            f"  Kafka          {kafka.bootstrap_servers}   (topic {KAFKA_TOPIC}, "
-            f"{KAFKA_LINES_PER_SECOND} lines/s)\n"
+            f"  Kafka          {kafka.bootstrap_servers}   (Tansu, a real Kafka-protocol broker; "
+            f"topic {KAFKA_TOPIC}, {KAFKA_LINES_PER_SECOND} lines/s)\n"
             f"  Data, logs     {home}\n\n"
             f"  Unpaused: {', '.join(unpaused)}; unpause the other examples in the UI.\n"
             "  Ctrl-C or `make demo-stop` stops every process the demo started.\n",
@@ -317,6 +325,20 @@ def up(args: argparse.Namespace) -> int:
         pg.stop()
         (home / STATE_FILE).unlink(missing_ok=True)
         print("[demo] stopped", flush=True)
+
+
+def kafka_reset(txlog: Any) -> int | None:
+    """The txid from which the Kafka example starts again on the demo's new broker log: the one
+    after its last committed txid, if an earlier run began any (``None``: a first run)."""
+    from airflow_txn_provider.rules.exceptions import UnknownPipelineError
+
+    try:
+        view = txlog.view(KAFKA_EXAMPLE)
+    except UnknownPipelineError:
+        return None
+    if view.last_committed == 0 and not view.in_flight:
+        return None
+    return view.last_committed + 1
 
 
 def watch_commits(txlog: Any, stack: Any, exit_after: int | None) -> None:

@@ -183,10 +183,14 @@ class _KafkaTopic(SparkSource):
         recorded: LogIdentity | None,
         marks: Mapping[str, tuple[int, int]],
         topic_id: str | None,
+        *,
+        moved: bool = False,
     ) -> dict[str, str]:
         """The partitions whose log is no longer ``recorded``'s that a declared reset lets
         ``txid`` start again, with why; any other raises
-        :class:`~airflow_txn_provider.rules.exceptions.SourceLogChangedError`."""
+        :class:`~airflow_txn_provider.rules.exceptions.SourceLogChangedError`. ``moved``: the
+        replayed batch no longer follows the txid before it, which a reset moved to the new log
+        (a rewind to the reset's txid replays the later ones): the reset covers it too."""
         if recorded is None:
             return {}
         reset = self.reset_log_from_txid
@@ -201,7 +205,11 @@ class _KafkaTopic(SparkSource):
             if (
                 reset is not None
                 and reset <= txid
-                and (anchor.txid < reset or (anchor.txid == reset and not recorded.after_reset))
+                and (
+                    moved
+                    or anchor.txid < reset
+                    or (anchor.txid == reset and not recorded.after_reset)
+                )
             ):
                 continue
             raise SourceLogChangedError(
@@ -228,7 +236,9 @@ class _KafkaTopic(SparkSource):
         if recorded is None:
             return stored
         marks = self.watermarks()
-        changed = self._check_log(txid, recorded, marks, self.topic_id())
+        ranges, before = offset_ranges(stored), offset_ranges(prev_metadata)
+        moved = any(ranges[k][0] != before[k][1] for k in ranges.keys() & before.keys())
+        changed = self._check_log(txid, recorded, marks, self.topic_id(), moved=moved)
         if not changed:
             return stored
         fresh = self.initialize_transaction(txid, prev_metadata)

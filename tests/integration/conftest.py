@@ -11,9 +11,9 @@ one, with DAGs of their own, on one transaction log.
   marked line the job refuses: the credentials test's. Its alerts go by mail to an SMTP server
   the tests own on 127.0.0.1 (``SharedAirflow.smtp``).
 - ``example_txn_kafka_words``, the Kafka example as a user drops it in, reading the topic
-  ``words`` of a Kafka wire-protocol cluster on 127.0.0.1 (librdkafka's mock cluster in a
-  process of its own, :class:`~txn_testing.kafka.MockKafkaCluster`) through the Airflow
-  connection ``kafka_default``: the Kafka test's (``test_kafka_airflow.py``).
+  ``words`` of a real Kafka-protocol broker on 127.0.0.1 (Tansu in a process of its own,
+  :class:`~txn_testing.kafka.TansuCluster`) through the Airflow connection ``kafka_default``:
+  the Kafka test's (``test_kafka_airflow.py``).
 - ``fill_words`` (``tests/dags/txn_fill.py``): txids 1..30 committed with the core API before the
   deployment starts; the fill test (``test_fill_airflow.py``) then has its DAG file add an output
   with ``start="history"``, which its fill DAG fills.
@@ -51,7 +51,7 @@ from chaos.on_airflow import Deployment, Plan, plan_runs, prepare_runs
 from tests.conftest import new_database
 from tests.spark_data import parquet_dataset, random_lines
 from txn_testing.airflow import AirflowStack, txn_log_connection_env
-from txn_testing.kafka import MockKafkaCluster
+from txn_testing.kafka import KafkaCluster, TansuCluster
 from txn_testing.openlineage import facets_of, lifecycle_problems, set_from_outside, spec_schemas
 from txn_testing.smtp import SmtpServer
 from txn_testing.statsd import StatsdListener
@@ -111,7 +111,7 @@ class SharedAirflow:
     """The transaction log both pipelines write."""
     folder: Path
     """The deployment's folder: ``airflow/`` (its home), ``data/``, ``warehouse/``."""
-    kafka: MockKafkaCluster
+    kafka: KafkaCluster
     """The cluster of ``example_txn_kafka_words`` (``kafka_default``)."""
     statsd: StatsdListener
     """Where every Airflow process of the deployment sends its StatsD metrics (and ours)."""
@@ -311,7 +311,7 @@ def _shared_airflow_deployment(
         (dags / source.name).symlink_to(source)
     fill_data = commit_fill_history(db_url, folder / "data" / "fill")
     chaos_plans = [p for p in plan_runs(CHAOS_FAULTS, CHAOS_SEED) if p.label in CHAOS_IN_CI]
-    kafka = MockKafkaCluster().start()
+    kafka = TansuCluster().start()
     statsd = StatsdListener().start()
     smtp = SmtpServer().start()
     lineage = folder / "lineage" / "event"

@@ -3,7 +3,7 @@
 ``example_txn_kafka_words`` as a user drops it in, on the shared deployment
 (``tests/integration/conftest.py``: scheduler, dag-processor, triggerer and api-server on a
 Postgres metadata database, jobs on the session's Spark Connect server). Its topic lives on a
-Kafka wire-protocol cluster on 127.0.0.1 (librdkafka's mock cluster, a process of its own), read
+real Kafka-protocol broker on 127.0.0.1 (Tansu, a process of its own: txn_testing/kafka.py), read
 through the Airflow connection ``kafka_default``.
 
 Txid 1's first attempt fails (failure injection): it replays, with the txids in flight that

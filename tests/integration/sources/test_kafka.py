@@ -1,9 +1,11 @@
 """Kafka sources on a real Spark Connect server, a real Postgres log, and a Kafka wire-protocol
-cluster on 127.0.0.1 (librdkafka's mock cluster in a process of its own: txn_testing/kafka.py).
+cluster on 127.0.0.1, each test on both clusters of txn_testing/kafka.py: Tansu, a real broker,
+and librdkafka's mock cluster (a test the mock cannot run says why and is skipped on it).
 
 Producers keep writing while txids begin, process and commit; ground truth is computed in plain
 Python from what was produced. Faults are caused: a txid failed after its processing (replayed),
-and the cluster paused with SIGSTOP in the middle of a batch's read and of a begin.
+the cluster paused with SIGSTOP in the middle of a batch's read and of a begin, a topic deleted
+and created again, and the broker's log lost (a restarted broker).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import json
 import random
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,23 +28,26 @@ from airflow_txn_provider.spark.job import BatchJob
 from airflow_txn_provider.state import MapState
 from airflow_txn_provider.transactions.commit import commit_registered
 from tests.spark_data import random_lines, word_counts
-from txn_testing.kafka import PARTITIONS, MockKafkaCluster
+from txn_testing.kafka import CLUSTERS, PARTITIONS, KafkaCluster, kafka_cluster
 
 JOB = Path(__file__).resolve().parents[3] / "spark_jobs" / "kafka_word_count.py"
 SEED = 3101
 
 
-@pytest.fixture(scope="module")
-def kafka():
-    with MockKafkaCluster() as cluster:
-        yield cluster
+@pytest.fixture(scope="module", params=CLUSTERS)
+def cluster(request) -> Iterator[KafkaCluster]:
+    """Each cluster of txn_testing/kafka.py, shared by this module's tests on it."""
+    with kafka_cluster(request.param) as started:
+        print(f"Kafka cluster: {started.name} at {started.bootstrap_servers}")
+        yield started
 
 
-@pytest.fixture(autouse=True)
-def _kafka_connection(kafka, monkeypatch):
-    """``kafka_default``: the cluster, as an Airflow connection of the Kafka provider's type."""
-    connection = {"conn_type": "kafka", "extra": kafka.config}
-    monkeypatch.setenv("AIRFLOW_CONN_KAFKA_DEFAULT", json.dumps(connection))
+@pytest.fixture
+def kafka(cluster, monkeypatch) -> KafkaCluster:
+    """The cluster, and ``kafka_default`` naming it (an Airflow connection of the Kafka
+    provider's type)."""
+    _use_cluster(monkeypatch, cluster)
+    return cluster
 
 
 def _pipeline(txlog, name, kind):
@@ -212,37 +218,64 @@ def _use_cluster(monkeypatch, cluster):
     )
 
 
-def test_a_lost_log_refilled_past_its_old_end_is_refused_until_a_reset_is_declared(
-    txlog, connect_server, monkeypatch
+def _commit_all(txlog, name, source, runner) -> None:
+    """Begin, process and commit txids until the source has nothing more."""
+    while (e := txlog.begin_next(name, source)) is not None and e.emitted:
+        runner.run(BatchJob(name, e.txid, e.attempt, source), txlog)
+        assert commit_registered(txlog, name, e.txid, e.attempt).applied
+
+
+LOST_LOG_CASES = [
+    pytest.param(
+        cluster,
+        source_class,
+        recover,
+        id=f"{cluster}-{source_class.__name__}-{recover}",
+        # CI: every case on the real broker, the mock's first (make test-scenarios: the rest)
+        marks=()
+        if cluster == "tansu" or (source_class is KafkaSource and recover == "reset")
+        else pytest.mark.scenario,
+    )
+    for cluster in CLUSTERS
+    for source_class in (KafkaSource, OpaqueKafkaSource)
+    for recover in ("reset", "rewind")
+]
+
+
+@pytest.mark.parametrize(("cluster_name", "source_class", "recover"), LOST_LOG_CASES)
+def test_a_lost_log_refilled_past_its_old_end_is_refused_until_an_operator_recovers(
+    txlog, connect_server, monkeypatch, cluster_name, source_class, recover
 ):
-    """The broker loses its data (a restarted mock cluster: every partition's log starts again
-    at offset 0) and producers write past the old end. A begin of the next txid, the read of a
-    txid begun before the loss, and its transactional replay are all refused, however far the
-    new log grows; a declared reset starts again on the new log, noted in the metadata, and the
-    state is exact: what was committed from the old log plus all of the new."""
+    """The broker loses its log (restarted: Tansu keeps it in memory; the mock starts every
+    partition again at offset 0) and producers write past the old end. The read of a txid begun
+    before the loss, its replay and the next begin are all refused, however far the new log
+    grows. Then the operator's way out: a declared reset at the txid refused (the state: what
+    committed from the old log plus all of the new), or a rewind to txid 1 with the reset
+    declared there (the state: all of the new log, nothing of the old)."""
     rng = random.Random(SEED + 3)
-    print(f"seed {SEED + 3}")
+    print(f"seed {SEED + 3}; {cluster_name}; {source_class.__name__}; {recover}")
     name = "kafka_lost"
-    state = _pipeline(txlog, name, "transactional")
+    state = _pipeline(txlog, name, source_class.kind.value)
     runner = SparkConnectRunner(JOB, url=connect_server.url)
-    source = KafkaSource("lost", max_per_partition=5, request_timeout=10)
-    with MockKafkaCluster() as old:
-        _use_cluster(monkeypatch, old)
+    source = source_class("lost", max_per_partition=5, request_timeout=10)
+    with kafka_cluster(cluster_name) as cluster:  # its own: the loss is the whole broker's
+        _use_cluster(monkeypatch, cluster)
         # 10 records a partition, each partition's written in order
         old_lines = [random_lines(rng.randrange(10**6), 10) for _ in range(PARTITIONS)]
         for partition, lines in enumerate(old_lines):
-            old.produce("lost", lines, partition=partition)
+            cluster.produce("lost", lines, partition=partition)
+        old_id = cluster.topic_id("lost") if cluster.describes_topics else None
         one = txlog.begin_next(name, source)
         runner.run(BatchJob(name, 1, one.attempt, source), txlog)
         assert commit_registered(txlog, name, 1, one.attempt).applied
         two = txlog.begin_next(name, source)  # [5, 10) of each partition, not read yet
         assert all(r == [5, 10] for r in offset_ranges(two.metadata).values())
-    committed = [line for lines in old_lines for line in lines[:5]]  # txid 1's offsets [0, 5)
+        committed = [line for lines in old_lines for line in lines[:5]]  # txid 1's [0, 5)
 
-    with MockKafkaCluster() as new:
-        _use_cluster(monkeypatch, new)
+        cluster.lose_log()
+        _use_cluster(monkeypatch, cluster)  # the mock's new cluster has an address of its own
         new_lines = random_lines(rng.randrange(10**6), 60)  # 15 a partition: past the old end
-        new.produce("lost", new_lines)
+        cluster.produce("lost", new_lines)
         # the attempt begun before the loss reads other records at its offsets: its read fails
         with pytest.raises(Exception, match=r"SourceLogChangedError|not the one the txid recorded"):
             runner.run(BatchJob(name, 2, two.attempt, source), txlog)
@@ -252,22 +285,71 @@ def test_a_lost_log_refilled_past_its_old_end_is_refused_until_a_reset_is_declar
                 txlog.begin(name, 2, source)
             err = raised.value
             assert (err.pipeline, err.txid) == (name, 2) and err.partition.startswith("lost-")
-            assert "fingerprint" in err.recorded and "another record" in err.current
+            if cluster.describes_topics:  # a new topic on the restarted broker: a new id
+                new_id = cluster.topic_id("lost")
+                assert old_id in err.recorded and new_id in err.current and old_id != new_id
+            else:  # the mock names no topic id: the anchor's record tells the logs apart
+                assert "fingerprint" in err.recorded and "another record" in err.current
             more = random_lines(rng.randrange(10**6), 40)
-            new.produce("lost", more)
+            cluster.produce("lost", more)
             new_lines += more
         assert txlog.last_committed(name) == 1
 
-        reset = KafkaSource(
-            "lost", max_per_partition=1000, request_timeout=10, reset_log_from_txid=2
-        )
-        again = txlog.begin(name, 2, reset)
-        assert again.attempt == 2 and again.metadata["reset"] == {
-            f"lost-{p}": [5, 0] for p in range(PARTITIONS)
-        }
-        runner.run(BatchJob(name, 2, again.attempt, reset), txlog)
-        assert commit_registered(txlog, name, 2, again.attempt).applied
-    assert _counts(txlog, state) == dict(word_counts(committed + new_lines))
+        if recover == "reset":
+            reset = source_class(
+                "lost", max_per_partition=1000, request_timeout=10, reset_log_from_txid=2
+            )
+            again = txlog.begin(name, 2, reset)
+            assert again.attempt == 2 and again.metadata["reset"] == {
+                f"lost-{p}": [5, 0] for p in range(PARTITIONS)
+            }
+            runner.run(BatchJob(name, 2, again.attempt, reset), txlog)
+            assert commit_registered(txlog, name, 2, again.attempt).applied
+            expected = committed + new_lines
+        else:
+            txlog.rewind(name, 1, by="test", reason="the broker lost its log")
+            reset = source_class(
+                "lost", max_per_partition=1000, request_timeout=10, reset_log_from_txid=1
+            )
+            expected = new_lines
+        _commit_all(txlog, name, reset, runner)
+        if recover == "reset" or source_class is KafkaSource:  # an opaque txid 1 reads afresh
+            assert txlog.transaction(name, 1 if recover == "rewind" else 2).metadata["reset"]
+    assert _counts(txlog, state) == dict(word_counts(expected))
+
+
+def test_a_topic_created_again_is_refused_naming_both_topic_ids(txlog, kafka, connect_server):
+    """A topic deleted and created under the same name is another log (a new topic id), even
+    where its offsets look the same: the next begin is refused, naming pipeline, txid, partition
+    and both ids; a declared reset then reads the new topic from its start, exactly."""
+    if not kafka.deletes_topics or not kafka.describes_topics:
+        pytest.skip(f"the {kafka.name} cluster cannot delete a topic nor say a topic's id")
+    rng = random.Random(SEED + 4)
+    print(f"seed {SEED + 4}; {kafka.name}")
+    name = "kafka_again"
+    state = _pipeline(txlog, name, "transactional")
+    runner = SparkConnectRunner(JOB, url=connect_server.url)
+    source = KafkaSource("again", request_timeout=10)
+    first = random_lines(rng.randrange(10**6), 20)
+    kafka.produce("again", first)
+    old_id = kafka.topic_id("again")
+    _commit_all(txlog, name, source, runner)
+    kafka.delete_topic("again")
+    second = random_lines(rng.randrange(10**6), 40)  # past the old end in every partition
+    kafka.produce("again", second)
+    new_id = kafka.topic_id("again")
+    assert new_id != old_id
+    with pytest.raises(SourceLogChangedError) as raised:
+        txlog.begin_next(name, source)
+    err = raised.value
+    assert (err.pipeline, err.txid, err.attempt) == (name, 2, 1)  # the attempt it would be
+    assert err.partition.startswith("again-") and f"pipeline={name} txid=2" in str(err)
+    assert old_id in err.recorded and new_id in err.current
+    assert txlog.transaction(name, 2) is None  # nothing begun
+    _commit_all(
+        txlog, name, KafkaSource("again", request_timeout=10, reset_log_from_txid=2), runner
+    )
+    assert _counts(txlog, state) == dict(word_counts(first + second))
 
 
 @pytest.mark.scenario  # make test-scenarios: a spark-submit JVM per txid (CI: the Connect tests)

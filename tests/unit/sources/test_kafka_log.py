@@ -172,6 +172,37 @@ def test_a_transactional_replay_reads_its_offsets_only_from_the_log_they_were_re
     }
 
 
+def test_after_a_rewind_to_the_reset_txid_the_later_txids_begun_on_the_old_log_start_again():
+    """Rewound to txid 1 with the reset declared there: txid 1 starts again on the new log, and
+    txid 2, begun on the old log after txid 1's old batch, no longer follows it: the reset
+    covers it (it re-reads from txid 1's new end), however its own anchors were taken. Once
+    the txids follow each other on the new log, a later loss is refused again."""
+    old = _source(KafkaSource, {"words-0": (0, 10)}, {"words-0": _log("old", 10)})
+    stored_1 = old.initialize_transaction(1, None)
+    grown = _source(KafkaSource, {"words-0": (0, 14)}, {"words-0": _log("old", 14)})
+    stored_2 = grown.initialize_transaction(2, stored_1)  # [10, 14) of the old log
+    new_log = {"words-0": _log("new", 30)}
+    reset = _source(
+        KafkaSource, {"words-0": (0, 30)}, new_log, reset_log_from_txid=1, max_per_partition=20
+    )
+    replayed_1 = reset.replay_metadata(1, stored_1, None)
+    assert offset_ranges(replayed_1) == {"words-0": [0, 20]}
+    replayed_2 = reset.replay_metadata(2, stored_2, replayed_1)
+    assert offset_ranges(replayed_2) == {"words-0": [20, 30]}
+    assert replayed_2[RESET] == {"words-0": [10, 20]}
+    # without the reset, txid 2's old batch is refused like any other
+    with pytest.raises(SourceLogChangedError):
+        _source(KafkaSource, {"words-0": (0, 30)}, new_log).replay_metadata(2, stored_2, replayed_1)
+    # txid 3 begun on the new log follows txid 2: a loss after the reset is refused again
+    more = _source(KafkaSource, {"words-0": (0, 35)}, {"words-0": _log("new", 35)})
+    stored_3 = more.initialize_transaction(3, replayed_2)
+    lost_again = _source(
+        KafkaSource, {"words-0": (0, 40)}, {"words-0": _log("third", 40)}, reset_log_from_txid=1
+    )
+    with pytest.raises(SourceLogChangedError):
+        lost_again.replay_metadata(3, stored_3, replayed_2)
+
+
 def test_a_txid_of_an_older_version_without_an_identity_is_read_as_before():
     source = _source(KafkaSource, {"words-0": (0, 12)}, {"words-0": _log("x", 12)})
     assert offset_ranges(source.initialize_transaction(2, {"words-0": [0, 10]})) == {
