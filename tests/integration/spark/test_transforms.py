@@ -5,12 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
 from pyspark.sql import Row
 from pyspark.testing import assertDataFrameEqual
 
 from airflow_txn_provider.operators.spark_runner import load_job_module
-from airflow_txn_provider.sources.base import source_from_spec
 from airflow_txn_provider.sources.landing import LandingDirectorySource
 from airflow_txn_provider.sources.parquet import PartitionedParquetSource
 from airflow_txn_provider.spark.job import BatchJob, run_job
@@ -116,18 +114,6 @@ def test_landing_malformed_line_is_located(spark, tmp_path):
     assert [b[1] for b in bad] == ["{not json"]
     assert source.describe_location(bad[0][0], bad[0][1]) == f"{path}:3"
     assert [r.line for r in source.records(batch).collect()] == ["fine", None]
-
-
-def test_source_spec_round_trip_and_errors(tmp_path):
-    for source in (
-        PartitionedParquetSource(str(tmp_path), 7, required_columns=("line",)),
-        LandingDirectorySource(str(tmp_path), "line STRING, n INT", 3),
-    ):
-        assert source_from_spec(json.dumps(source.to_spec())) == source
-    with pytest.raises(ValueError, match="cannot load source"):
-        source_from_spec({"class": "nowhere:Nothing"})
-    with pytest.raises(ValueError, match="not a SparkSource"):
-        source_from_spec({"class": "pathlib:Path", "args": {}})
 
 
 def test_batch_job_arguments_round_trip(tmp_path):
