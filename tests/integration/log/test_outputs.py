@@ -17,6 +17,7 @@ from tests.integration.transactions.test_output_lifecycle import (
     P,
     a_state,
     b_state,
+    commit_three,
     declare,
     outputs,
     run,
@@ -36,12 +37,7 @@ def _clean_overrides():
 
 @pytest.fixture
 def three(txlog):
-    """The issue's start: ``a`` declared with the pipeline, txids 1-3 committed."""
-    assert declare(txlog, [a_state()])
-    for txid in (1, 2, 3):
-        run(txlog, txid)
-    assert outputs(txlog) == {"a": (1, True)}
-    return txlog
+    return commit_three(txlog)  # ``a`` declared with the pipeline, txids 1-3 committed
 
 
 def test_a_new_pipeline_needs_no_choice_and_an_unused_output_goes_quietly(txlog):

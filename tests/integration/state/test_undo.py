@@ -16,6 +16,17 @@ BATCHES = {
 }
 
 
+def commit_batches(conn, words, keep_after: int):
+    """Stage and apply each of ``BATCHES`` in txid order; the state's rows after ``keep_after``."""
+    kept = None
+    for txid, batch in BATCHES.items():
+        words.stage(conn, txid, 1, batch)
+        words.apply(conn, txid, 1)
+        if txid == keep_after:
+            kept = words.rows(conn)  # bookkeeping columns and all
+    return kept
+
+
 def records(conn, undo):
     return list(conn.execute(text(f"SELECT txid FROM {undo.table.qundo} ORDER BY txid")).scalars())
 
@@ -25,11 +36,7 @@ def test_a_rewind_puts_back_every_key_the_undone_commits_changed(engine, kind):
     words = MapState("p", f"undo_{kind}", kind, keys={"word": "text"}).create(engine)
     undo = UndoRecords(words.backing)
     with engine.begin() as conn:
-        for txid, batch in BATCHES.items():
-            words.stage(conn, txid, 1, batch)
-            words.apply(conn, txid, 1)
-            if txid == 1:
-                after_1 = words.rows(conn)  # bookkeeping columns and all
+        after_1 = commit_batches(conn, words, keep_after=1)
         words.stage(conn, 4, 1, [("e", 1)])  # staged, never applied
         assert records(conn, undo) == [1, 2, 3]  # one record a commit, not one a key
         assert len(words.rows(conn)) == 4
@@ -44,11 +51,7 @@ def test_retention_prunes_the_records_and_a_rewind_above_them_still_restores(eng
     words = MapState("p", "pruned", "transactional", keys={"word": "text"}).create(engine)
     undo = UndoRecords(words.backing)
     with engine.begin() as conn:
-        for txid, batch in BATCHES.items():
-            words.stage(conn, txid, 1, batch)
-            words.apply(conn, txid, 1)
-            if txid == 2:
-                after_2 = words.rows(conn)
+        after_2 = commit_batches(conn, words, keep_after=2)
         undo.prune(conn, 2)
         assert records(conn, undo) == [3]
         assert undo.rewind(conn, 3) == (1, 1)  # a restored, d removed

@@ -122,14 +122,18 @@ def table_exists(txlog, table):
         return conn.execute(text("SELECT to_regclass(:t)"), {"t": table}).scalar() is not None
 
 
-@pytest.fixture
-def three(txlog):
+def commit_three(txlog):
     """The issue's start: ``a`` declared with the pipeline, txids 1-3 committed."""
     assert declare(txlog, [a_state()])
     for txid in (1, 2, 3):
         run(txlog, txid)
     assert outputs(txlog) == {"a": (1, True)}
     return txlog
+
+
+@pytest.fixture
+def three(txlog):
+    return commit_three(txlog)
 
 
 def test_a_state_added_to_a_running_pipeline_without_a_choice_is_refused_and_nothing_changes(
