@@ -137,7 +137,7 @@ class LandingDirectorySource(UsesCatalog, OpaqueSource, SparkSource):
             if newest >= 0:
                 latest[entry.name] = newest + 1
         if looks:
-            self.catalog.record_all(self.catalog_key(), looks)
+            self.catalog.record(self.catalog_key(), looks)
         return latest
 
     def catalog_key(self) -> str:
@@ -174,8 +174,7 @@ class LandingDirectorySource(UsesCatalog, OpaqueSource, SparkSource):
             fst = numbers[newest].stat()
             added[numbers[newest].name] = (fst.st_size, fst.st_mtime_ns, newest, newest)
         dropped = set(known.newest) - set(added) if known is not None else set()
-        after = Partition(folders, newest + 1, {n: f[:2] for n, f in added.items()})
-        looks[partition] = Look(folders, added, dropped, after)
+        looks[partition] = Look(folders, added, dropped)
         return newest
 
     # Spark side ---------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ from airflow_txn_provider.sources.catalog import (
 )
 from airflow_txn_provider.sources.landing import LandingDirectorySource
 from airflow_txn_provider.sources.parquet import PartitionedParquetSource
-from tests.unit.sources.files_given import LandingHistory
+from tests.unit.sources.files_given import LandingHistory, record
 
 SOURCES = ["parquet:/lake:offset", "landing:/in box"]
 PARTITIONS = ["0", "1", "région=é/x", "it's"]
@@ -143,7 +143,7 @@ def test_postgres_and_memory_catalogs_answer_alike_over_random_histories(txlog, 
             folders, added, dropped = random_look(rng)
             expected = truth.record(s, p, folders, added, dropped)
             for cat in catalogs:
-                got = cat.record(s, p, folders, added, dropped)
+                got = record(cat, s, p, folders, added, dropped)
                 assert got == expected, f"{where}: {type(cat).__name__}.record"
         elif roll < 0.9:
             gone = rng.sample([*PARTITIONS, "never"], rng.randrange(3))
@@ -173,7 +173,7 @@ def test_record_keeps_ends_newest_and_folders(catalog):
         "sub/b.parquet": (2**40, NS + 4, 10, 19),
         "ünï.parquet": (30, NS + 5, 12, 19),
     }
-    part = catalog.record(s, p, folders, added, ())
+    part = record(catalog, s, p, folders, added, ())
     expected = Partition(
         folders, 20, {"sub/b.parquet": (2**40, NS + 4), "ünï.parquet": (30, NS + 5)}
     )
@@ -181,16 +181,17 @@ def test_record_keeps_ends_newest_and_folders(catalog):
     assert catalog.partitions(s) == {p: expected}
     assert catalog.partitions(SOURCES[1]) == {}
     assert catalog.names(s, p) == set(added)
+    assert catalog.names(s, p, "sub/") == {"sub/b.parquet"} and catalog.names(s, p, "x/") == set()
     assert catalog.meeting(s, p, 10, 12) == {"sub/b.parquet": (10, 19)}
     assert catalog.meeting(s, p, 9, 13) == {
         "a.parquet": (0, 9),
         "sub/b.parquet": (10, 19),
         "ünï.parquet": (12, 19),
     }
-    part = catalog.record(s, p, {}, {}, ["sub/b.parquet", "ünï.parquet"])
+    part = record(catalog, s, p, {}, {}, ["sub/b.parquet", "ünï.parquet"])
     assert part == Partition({}, 10, {"a.parquet": (10, NS + 3)})
     assert catalog.partitions(s)[p] == part
-    part = catalog.record(s, p, folders, {"e.parquet": (1, 1, -1, -1)}, ["a.parquet"])
+    part = record(catalog, s, p, folders, {"e.parquet": (1, 1, -1, -1)}, ["a.parquet"])
     assert part == Partition(folders, 0, {})
     assert catalog.names(s, p) == {"e.parquet"}
     catalog.forget(s, [p, "never"])
@@ -204,17 +205,17 @@ def test_two_hosts_see_each_others_records(txlog, other_host):
     assert a.engine is not b.engine
     s = SOURCES[0]
     folders = {"": (5, NS, NS + 10**10)}
-    a.record(s, "0", folders, {"x.parquet": (1, NS, 0, 9)}, ())
+    record(a, s, "0", folders, {"x.parquet": (1, NS, 0, 9)}, ())
     assert b.partitions(s) == {"0": Partition(folders, 10, {"x.parquet": (1, NS)})}
     assert b.meeting(s, "0", 0, 1) == {"x.parquet": (0, 9)}
-    b.record(s, "0", folders, {"y.parquet": (2, NS + 1, 10, 14)}, ())
-    b.record(s, "1", {}, {"z.parquet": (3, NS + 2, 0, 0)}, ())
+    record(b, s, "0", folders, {"y.parquet": (2, NS + 1, 10, 14)}, ())
+    record(b, s, "1", {}, {"z.parquet": (3, NS + 2, 0, 0)}, ())
     assert a.partitions(s) == {
         "0": Partition(folders, 15, {"y.parquet": (2, NS + 1)}),
         "1": Partition({}, 1, {"z.parquet": (3, NS + 2)}),
     }
     assert a.names(s, "0") == {"x.parquet", "y.parquet"}
-    a.record(s, "0", folders, {}, ["y.parquet"])
+    record(a, s, "0", folders, {}, ["y.parquet"])
     assert b.partitions(s)["0"].end == 10 and b.names(s, "0") == {"x.parquet"}
     b.forget(s, ["0"])
     assert set(a.partitions(s)) == {"1"} and a.names(s, "0") == set()
@@ -231,7 +232,7 @@ def record_at_once(
     def look(cat: FileCatalog, added: dict) -> None:
         barrier.wait()
         try:
-            cat.record(s, p, folders, added, gone)
+            record(cat, s, p, folders, added, gone)
         except BaseException as err:  # reported by the caller
             errors.append(err)
 
@@ -300,7 +301,7 @@ def test_concurrent_looks_with_disjoint_or_crossing_files_are_exact(txlog, other
         def look(cat: FileCatalog, added: dict, gone: dict, barrier=barrier, errors=errors) -> None:
             barrier.wait()
             try:
-                cat.record(s, "1", {}, added, set(gone))
+                record(cat, s, "1", {}, added, set(gone))
             except BaseException as err:  # reported below
                 errors.append(err)
 

@@ -1,5 +1,5 @@
-"""What the file sources' tests share: seeds, files aged into the past, and a random landing
-history."""
+"""What the file sources' tests share: seeds, files aged into the past, a random landing
+history, and one look at a partition stored in a catalog."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from airflow_txn_provider.sources.catalog import FileCatalog, Look, Partition
+
 SEEDS = [1, 2, 3, 4, 5, 6, 7, 8]
 OLD = time.time_ns() - 3600 * 10**9  # an hour ago: old enough for a listing to be trusted
 
@@ -17,6 +19,15 @@ OLD = time.time_ns() - 3600 * 10**9  # an hour ago: old enough for a listing to 
 def age(path: Path, tick: int) -> None:
     """Set a distinct modification time in the past (each write gets its own)."""
     os.utime(path, ns=(OLD + tick * 1000, OLD + tick * 1000))
+
+
+def record(
+    catalog: FileCatalog, source: str, partition: str, folders: dict, added: dict, dropped: Any
+) -> Partition:
+    """Store one look at ``partition`` (its folders, files added and dropped): the partition
+    after it."""
+    look = Look(dict(folders), dict(added), set(dropped))
+    return catalog.record(source, {partition: look})[partition]
 
 
 def land(root: Path, partition: str, seq: int, tick: int) -> None:

@@ -21,6 +21,7 @@ from airflow_txn_provider.sources.catalog import (
 from airflow_txn_provider.sources.generated import GeneratedTextSource
 from airflow_txn_provider.sources.landing import LandingDirectorySource
 from airflow_txn_provider.sources.parquet import PartitionedParquetSource
+from tests.unit.sources.files_given import record
 
 S = "parquet:/data:offset"
 FOLDERS = {"": (11, 1_000, 9_000_000_000), "sub/": (12, 2_000, 9_000_000_000)}
@@ -34,7 +35,7 @@ def test_record_gives_the_end_and_the_files_holding_it():
         "sub/b.parquet": (200, 2, 10, 19),
         "sub/c.parquet": (300, 3, 15, 19),  # overlaps b, holds the end too
     }
-    part = cat.record(S, "0", FOLDERS, added, ())
+    part = record(cat, S, "0", FOLDERS, added, ())
     expected = Partition(dict(FOLDERS), 20, {"sub/b.parquet": (200, 2), "sub/c.parquet": (300, 3)})
     assert part == expected
     assert cat.partitions(S) == {"0": expected}
@@ -45,24 +46,24 @@ def test_record_gives_the_end_and_the_files_holding_it():
 
 def test_end_is_one_past_the_highest_last_offset_not_the_last_file_added():
     cat = MemoryCatalog()
-    cat.record(S, "0", {}, {"new.parquet": (1, 1, 50, 59)}, ())
-    part = cat.record(S, "0", {}, {"old.parquet": (1, 1, 0, 49)}, ())
+    record(cat, S, "0", {}, {"new.parquet": (1, 1, 50, 59)}, ())
+    part = record(cat, S, "0", {}, {"old.parquet": (1, 1, 0, 49)}, ())
     assert (part.end, part.newest) == (60, {"new.parquet": (1, 1)})
 
 
 def test_a_partition_of_empty_files_or_none_ends_at_0():
     cat = MemoryCatalog()
-    part = cat.record(S, "0", FOLDERS, {"empty.parquet": (10, 1, -1, -1)}, ())
+    part = record(cat, S, "0", FOLDERS, {"empty.parquet": (10, 1, -1, -1)}, ())
     assert part == Partition(dict(FOLDERS), 0, {})
     assert cat.names(S, "0") == {"empty.parquet"}
-    assert cat.record(S, "1", FOLDERS, {}, ()) == Partition(dict(FOLDERS), 0, {})
+    assert record(cat, S, "1", FOLDERS, {}, ()) == Partition(dict(FOLDERS), 0, {})
     assert set(cat.partitions(S)) == {"0", "1"}
 
 
 def test_meeting_is_the_files_whose_offsets_overlap_the_range():
     cat = MemoryCatalog()
     files = {"a": (1, 1, 0, 9), "b": (1, 1, 10, 19), "c": (1, 1, 20, 29), "e": (1, 1, -1, -1)}
-    cat.record(S, "0", {}, files, ())
+    record(cat, S, "0", {}, files, ())
     assert cat.meeting(S, "0", 0, 10) == {"a": (0, 9)}
     assert cat.meeting(S, "0", 9, 11) == {"a": (0, 9), "b": (10, 19)}
     assert cat.meeting(S, "0", 10, 20) == {"b": (10, 19)}
@@ -74,30 +75,30 @@ def test_meeting_is_the_files_whose_offsets_overlap_the_range():
 
 def test_dropped_files_change_the_end_and_newest():
     cat = MemoryCatalog()
-    cat.record(S, "0", {}, {"a": (1, 1, 0, 9), "b": (2, 2, 10, 19), "c": (3, 3, 10, 19)}, ())
-    part = cat.record(S, "0", {}, {}, ["b"])
+    record(cat, S, "0", {}, {"a": (1, 1, 0, 9), "b": (2, 2, 10, 19), "c": (3, 3, 10, 19)}, ())
+    part = record(cat, S, "0", {}, {}, ["b"])
     assert (part.end, part.newest) == (20, {"c": (3, 3)})
-    part = cat.record(S, "0", {}, {}, ["c", "not-known"])
+    part = record(cat, S, "0", {}, {}, ["c", "not-known"])
     assert (part.end, part.newest) == (10, {"a": (1, 1)})
     assert cat.names(S, "0") == {"a"}
     assert cat.meeting(S, "0", 0, 100) == {"a": (0, 9)}
-    part = cat.record(S, "0", {}, {}, ["a"])
+    part = record(cat, S, "0", {}, {}, ["a"])
     assert (part.end, part.newest) == (0, {})
     assert cat.names(S, "0") == set()
 
 
 def test_a_file_both_dropped_and_added_is_read_again():
     cat = MemoryCatalog()
-    cat.record(S, "0", {}, {"a": (1, 1, 0, 9)}, ())
-    part = cat.record(S, "0", {}, {"a": (5, 7, 0, 14)}, ["a"])
+    record(cat, S, "0", {}, {"a": (1, 1, 0, 9)}, ())
+    part = record(cat, S, "0", {}, {"a": (5, 7, 0, 14)}, ["a"])
     assert (part.end, part.newest) == (15, {"a": (5, 7)})
     assert cat.names(S, "0") == {"a"}
 
 
 def test_folders_are_replaced_by_each_look():
     cat = MemoryCatalog()
-    cat.record(S, "0", FOLDERS, {"a": (1, 1, 0, 9)}, ())
-    part = cat.record(S, "0", {"": (11, 5_000, 9_000_000_000)}, {}, ())
+    record(cat, S, "0", FOLDERS, {"a": (1, 1, 0, 9)}, ())
+    part = record(cat, S, "0", {"": (11, 5_000, 9_000_000_000)}, {}, ())
     assert part.folders == {"": (11, 5_000, 9_000_000_000)}
     assert cat.partitions(S)["0"].folders == {"": (11, 5_000, 9_000_000_000)}
     assert part.end == 10  # files kept
@@ -106,8 +107,8 @@ def test_folders_are_replaced_by_each_look():
 def test_forget_drops_partitions_and_their_files_only():
     cat = MemoryCatalog()
     for p in ("0", "1", "2"):
-        cat.record(S, p, FOLDERS, {f"{p}.parquet": (1, 1, 0, int(p))}, ())
-    cat.record("other", "0", FOLDERS, {"x": (1, 1, 0, 3)}, ())
+        record(cat, S, p, FOLDERS, {f"{p}.parquet": (1, 1, 0, int(p))}, ())
+    record(cat, "other", "0", FOLDERS, {"x": (1, 1, 0, 3)}, ())
     cat.forget(S, ["0", "2", "never-known"])
     assert set(cat.partitions(S)) == {"1"}
     assert cat.names(S, "0") == set() and cat.meeting(S, "0", 0, 100) == {}
@@ -119,7 +120,7 @@ def test_forget_drops_partitions_and_their_files_only():
 
 def test_what_the_catalog_returns_is_a_copy():
     cat = MemoryCatalog()
-    part = cat.record(S, "0", FOLDERS, {"a": (1, 1, 0, 9)}, ())
+    part = record(cat, S, "0", FOLDERS, {"a": (1, 1, 0, 9)}, ())
     part.folders.clear()
     part.newest.clear()
     cat.partitions(S)["0"].folders["x/"] = (1, 2, 3)

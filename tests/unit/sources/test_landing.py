@@ -15,7 +15,7 @@ import pytest
 from airflow_txn_provider.rules.exceptions import OffsetsWentBackError
 from airflow_txn_provider.rules.sources import next_offset_ranges
 from airflow_txn_provider.sources.landing import LandingDirectorySource
-from tests.unit.sources.files_given import SEEDS, LandingHistory, age, land
+from tests.unit.sources.files_given import SEEDS, LandingHistory, age, land, record
 
 
 def fresh(source: LandingDirectorySource) -> LandingDirectorySource:
@@ -143,7 +143,7 @@ def test_a_stale_catalog_entry_is_not_believed(tmp_path, monkeypatch):
     wrong = {"7.jsonl": (1, 1, 7, 7)}  # believed, the batch would be [3, 8)
 
     def answer_after(folder: tuple[int, int, int]) -> dict | None:
-        catalog.record(key, "p0", {"": folder}, wrong, catalog.names(key, "p0"))
+        record(catalog, key, "p0", {"": folder}, wrong, catalog.names(key, "p0"))
         listed.clear()
         return fresh(source).initialize_transaction(2, {"p0": [0, 3]})
 

@@ -28,7 +28,7 @@ from airflow_txn_provider.rules.sources import next_offset_ranges
 from airflow_txn_provider.sources import parquet_discovery
 from airflow_txn_provider.sources.catalog import MARGIN_NS, MemoryCatalog
 from airflow_txn_provider.sources.parquet import PartitionedParquetSource
-from tests.unit.sources.files_given import SEEDS, age
+from tests.unit.sources.files_given import SEEDS, age, record
 
 EVERY_OFFSET = (-1, 2**62)
 """A range every file's offsets meet (a file with no offset is ``(-1, -1)``)."""
@@ -441,7 +441,7 @@ def test_a_wrong_catalog_entry_is_looked_at_again_and_corrected(
         age(path, tick)
     source = PartitionedParquetSource(str(root), 100)
     folders, files = _stale_entries(case, folder)
-    catalog.record(source.catalog_key(), "0", folders, files, ())
+    record(catalog, source.catalog_key(), "0", folders, files, ())
     expected, ranges = full_listing(source), full_ranges(source, "0")
     assert (expected, ranges) == ({"0": 20}, {"a.parquet": (0, 9), "b.parquet": (10, 19)})
     footers_read.clear()
@@ -499,13 +499,13 @@ def test_the_spark_side_looks_again_when_the_catalog_misses_its_files(
         "both": {"a.parquet": a, "c.parquet": gone},
     }[wrong]
     old = {"": (inode, mtime_ns - 10**9, time.time_ns())}
-    catalog.record(source.catalog_key(), "0", old, files, ())
+    record(catalog, source.catalog_key(), "0", old, files, ())
     job = in_new_process(source, catalog)
     assert job._files_holding(str(root), "0", 5, 15) == [
         f"{folder}/a.parquet",
         f"{folder}/b.parquet",
     ]
-    assert job._batch_files(str(root), {"0": (10, 20)}) == {"0": ([f"{folder}/b.parquet"], True)}
+    assert job._batch_files(str(root), {"0": (10, 20)}) == ({"0": [f"{folder}/b.parquet"]}, True)
     assert known_ranges(catalog, source, "0") == full_ranges(source, "0")
 
 

@@ -23,6 +23,7 @@ from airflow_txn_provider.rules.sources import next_offset_ranges
 from airflow_txn_provider.sources import parquet_discovery
 from airflow_txn_provider.sources.catalog import MemoryCatalog
 from airflow_txn_provider.sources.parquet import PartitionedParquetSource
+from tests.unit.sources.files_given import record
 
 OLD = time.time_ns() - 3600 * 10**9
 TEMPLATE = "part-{offset:06d}.parquet"
@@ -227,7 +228,7 @@ def test_files_deleted_while_new_ones_kept_landing_leave_at_the_hourly_listing(
     # the folder's last listing is now more than RELIST_NAMED_NS ago
     ino, mtime_ns, listed_at = catalog.partitions(key)["0"].folders[""]
     long_ago = listed_at - parquet_discovery.RELIST_NAMED_NS - 1
-    catalog.record(key, "0", {"": (ino, mtime_ns, long_ago)}, {}, ())
+    record(catalog, key, "0", {"": (ino, mtime_ns, long_ago)}, {}, ())
     watched["footers"].clear()
     assert fresh().latest_offsets() == {"0": 200}
     assert watched["listed"].count("p=0") == 1
