@@ -1,9 +1,7 @@
 """What a file source's discovery found, kept where every host sees it: the log's Postgres.
 
 Per partition, its folders' stamps at their last listing; per file, its size, mtime and offsets.
-A begin then lists only the folders changed since some begin listed them and reads only new
-files' footers; a job finds its batch's files by their offsets. Every entry is checked against a
-``stat`` before it is trusted, so a stale write is harmless.
+Every entry is checked against a ``stat`` before it is trusted, so a stale write is harmless.
 """
 
 from __future__ import annotations
@@ -19,8 +17,7 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
 MARGIN_NS = 2_000_000_000
-"""A folder modified less than this before its listing may change again within its timestamp
-tick, unseen: such a listing is never trusted."""
+"""A listing less than this after its folder's last change is never trusted (same time tick)."""
 
 Folder = tuple[int, int, int]
 """A folder's ``(inode, mtime_ns, listed_at_ns)`` at its last listing."""
@@ -35,9 +32,8 @@ def trusted(known: Folder | None, inode: int, mtime_ns: int) -> TypeGuard[Folder
 
 @dataclasses.dataclass
 class Partition:
-    """A partition as the catalog knows it: its folders (``""``, ``"sub/"``) at their last
-    listing, one past its files' highest offset (0: none) and the files holding that offset
-    (name -> ``(size, mtime_ns)``)."""
+    """A partition as the catalog knows it: its folders (``""``, ``"sub/"``) at their last listing,
+    one past its highest offset (0: none), the files holding that offset (-> size, mtime_ns)."""
 
     folders: dict[str, Folder] = dataclasses.field(default_factory=dict)
     end: int = 0
@@ -46,8 +42,7 @@ class Partition:
 
 @dataclasses.dataclass
 class Look:
-    """What a look at a partition found: its folders now, files found (or read again), files
-    gone."""
+    """A look at a partition: its folders now, files found (or read again), files gone."""
 
     folders: dict[str, Folder]
     added: dict[str, FileFacts] = dataclasses.field(default_factory=dict)
@@ -77,50 +72,47 @@ class MemoryCatalog(FileCatalog):
     """A catalog in this process's memory: for a source used without a transaction log."""
 
     def __init__(self) -> None:
-        self._folders: dict[tuple[str, str], dict[str, Folder]] = {}
-        self._files: dict[tuple[str, str], dict[str, FileFacts]] = {}
+        self._parts: dict[tuple[str, str], tuple[dict[str, Folder], dict[str, FileFacts]]] = {}
+
+    def _files(self, source: str, partition: str) -> dict[str, FileFacts]:
+        return self._parts.get((source, partition), ({}, {}))[1]
 
     def partitions(self, source: str) -> dict[str, Partition]:
         found = {}
-        for (s, p), folders in self._folders.items():
+        for (s, p), (folders, files) in self._parts.items():
             if s == source:
-                files = self._files[(s, p)]
                 top = max((f[3] for f in files.values()), default=-1)
                 newest = {n: f[:2] for n, f in files.items() if f[3] == top >= 0}
                 found[p] = Partition(dict(folders), top + 1, newest)
         return found
 
     def names(self, source: str, partition: str, folder: str = "") -> set[str]:
-        return {n for n in self._files.get((source, partition), {}) if n.startswith(folder)}
+        return {n for n in self._files(source, partition) if n.startswith(folder)}
 
     def meeting(self, source: str, partition: str, start: int, end: int) -> dict[str, Any]:
-        files = self._files.get((source, partition), {})
+        files = self._files(source, partition)
         return {n: (f[2], f[3]) for n, f in files.items() if f[3] >= start and f[2] < end}
 
     def record(self, source: str, looks: Mapping[str, Look]) -> dict[str, Partition]:
         for p, look in looks.items():
-            files = self._files.setdefault((source, p), {})
-            for name in look.dropped:
-                files.pop(name, None)
-            files.update(look.added)
-            self._folders[(source, p)] = dict(look.folders)
+            kept = {n: f for n, f in self._files(source, p).items() if n not in look.dropped}
+            self._parts[(source, p)] = (dict(look.folders), kept | look.added)
         return {p: part for p, part in self.partitions(source).items() if p in looks}
 
     def forget(self, source: str, partitions: Iterable[str]) -> None:
         for p in partitions:
-            self._folders.pop((source, p), None)
-            self._files.pop((source, p), None)
+            self._parts.pop((source, p), None)
 
 
 class PostgresCatalog(FileCatalog):
     """The catalog in the log's Postgres (``txn_source_partition``, ``txn_source_file``), shared
-    by every host. Plain SQL on the driver's cursor: a begin runs in a new process, where building
+    by every host. Plain SQL on the driver's cursor: in a begin's new process, building
     SQLAlchemy statements and rows costs more than the round trips."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
 
-    def _rows(self, sql: str, params: Mapping[str, Any]) -> list[Any]:
+    def _rows(self, sql: str, **params: Any) -> list[Any]:
         with self.engine.connect() as conn:  # binary: no array or number text to parse
             return conn.connection.cursor(binary=True).execute(sql, params).fetchall()
 
@@ -129,23 +121,22 @@ class PostgresCatalog(FileCatalog):
             "SELECT partition, folders, end_offset, newest FROM txn_source_partition"
             " WHERE source = %(s)s"
         )
-        return dict(_partition(*row) for row in self._rows(sql, {"s": source}))
+        return dict(_partition(*row) for row in self._rows(sql, s=source))
 
     def names(self, source: str, partition: str, folder: str = "") -> set[str]:
         sql = (  # one array: one value to fetch
             "SELECT coalesce(array_agg(name), '{}') FROM txn_source_file WHERE source = %(s)s"
             " AND partition = %(p)s AND left(name, %(n)s) = %(f)s"
         )
-        params = {"s": source, "p": partition, "f": folder, "n": len(folder)}
-        return set(self._rows(sql, params)[0][0])
+        return set(self._rows(sql, s=source, p=partition, f=folder, n=len(folder))[0][0])
 
     def meeting(self, source: str, partition: str, start: int, end: int) -> dict[str, Any]:
         sql = (
             "SELECT name, first_offset, last_offset FROM txn_source_file WHERE source = %(s)s"
             " AND partition = %(p)s AND last_offset >= %(start)s AND first_offset < %(end)s"
         )
-        params = {"s": source, "p": partition, "start": start, "end": end}
-        return {name: (first, last) for name, first, last in self._rows(sql, params)}
+        rows = self._rows(sql, s=source, p=partition, start=start, end=end)
+        return {name: (first, last) for name, first, last in rows}
 
     def record(self, source: str, looks: Mapping[str, Look]) -> dict[str, Partition]:
         ordered = sorted(looks.items())  # rows in one order: concurrent looks never deadlock
@@ -231,11 +222,9 @@ class UsesCatalog:
 
     @property
     def catalog(self) -> FileCatalog:
-        found: FileCatalog | None = self.__dict__.get("_catalog")
-        if found is None:
-            found = MemoryCatalog()
-            object.__setattr__(self, "_catalog", found)  # (sources are frozen dataclasses)
-        return found
+        if "_catalog" not in self.__dict__:  # (sources are frozen dataclasses)
+            object.__setattr__(self, "_catalog", MemoryCatalog())
+        return self.__dict__["_catalog"]
 
     def with_catalog(self: S, catalog: FileCatalog) -> S:
         bound = copy.copy(self)

@@ -1,14 +1,13 @@
 """The partitioned Parquet source: a dataset with an increasing offset column (transactional).
 
-The Airflow side finds new offsets in Parquet footers (``sources/parquet_discovery.py``); the
-Spark side reads a batch's files only, with offset pushdown, never scanning the dataset.
+A begin finds new offsets in new files' footers (``parquet_discovery.py``); a job reads its
+batch's files only, with offset pushdown.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import operator
 import os
 import re
@@ -22,7 +21,7 @@ from airflow_txn_provider.rules.sources import Metadata, TransactionalSource, ne
 from airflow_txn_provider.sources.base import LOCATION, RECORD, SparkSource, local_path
 from airflow_txn_provider.sources.catalog import UsesCatalog
 from airflow_txn_provider.sources.parquet_discovery import check_template, discover
-from airflow_txn_provider.sources.parquet_read import read_with_partition_column
+from airflow_txn_provider.sources.parquet_read import Files, read_with_partition_column
 from airflow_txn_provider.utils.lineage import path_dataset
 
 if TYPE_CHECKING:
@@ -32,39 +31,30 @@ if TYPE_CHECKING:
 PREFETCH_REUSE_S = 60.0
 """The step under the lock reuses the begin's prefetch at most this old."""
 FOOTER_PROOF_FILES = 64
-"""A batch of at most this many files is proven whole by their footers' row counts (a footer read
-each, in the job's process); a larger one is counted while Spark reads it."""
-_footers_prove: dict[str, bool] = {}
-"""Batches read in this process -> whether their footers proved them whole (batch_counts)."""
+"""A batch of at most this many files is proven whole by its footers' row counts, not counted."""
+Ranges = Mapping[str, tuple[int, int]]  # partition value -> a batch's [start, end)
 
 
 @dataclasses.dataclass(frozen=True)
 class PartitionedParquetSource(UsesCatalog, TransactionalSource, SparkSource):
     """A Parquet dataset ``<path>/<partition_column>=<p>/*.parquet`` with an increasing offset.
 
-    Each partition's rows carry consecutive offsets, as in a Kafka partition. A txid takes at
-    most ``max_per_partition`` new offsets of every partition; its metadata is ``{p: [start,
-    end)}``, and a batch that reads other than ``end - start`` records of ``p`` fails its txid
-    (:class:`~airflow_txn_provider.rules.exceptions.IncompleteBatchError`). Data is appended as
-    new files of higher offsets; a complete file is never rewritten (it may be deleted), so a
-    txid's batch is the same on every replay (``docs/sources.md``). The partition column is the
-    directory's value as a string, exactly (``p=01`` is ``"01"``).
+    Each partition's rows carry consecutive offsets; files are appended and never rewritten once
+    complete (``docs/sources.md``). A txid's metadata is ``{p: [start, end)}``, at most
+    ``max_per_partition`` offsets each; a batch reading other than ``end - start`` records of
+    ``p`` fails. The partition value is the directory's, a string (``p=01`` is ``"01"``).
 
     :param path: dataset root (local path or any URI Spark reads; footers are read locally).
     :param max_per_partition: batch size cap per partition.
     :param partition_column: name of the partition column (directory ``<name>=<value>``).
     :param offset_column: name of the offset column.
     :param required_columns: columns that must not be null; a null is a malformed record.
-    :param index_dir: ignored (discovery keeps what it finds in the log's Postgres:
-        :mod:`~airflow_txn_provider.sources.catalog`); accepted so that DAG files and stored
-        specs of earlier versions load.
-    :param file_name_template: when every file is named by its first offset (Kafka Connect's
-        convention), the name of the file holding offset ``{offset}`` of partition
-        ``{partition}``, e.g. ``"part-{offset:010d}.parquet"``: a begin then looks up the next
-        names instead of listing a changed partition folder (``docs/sources.md``).
-    :param schema: the files' columns as a Spark DDL string, without the partition column
-        (``"offset BIGINT, line STRING"``), as Structured Streaming's file source asks for: a
-        batch is then read without a footer read first. ``None``: the schema of a footer.
+    :param index_dir: ignored; accepted so that earlier DAG files and stored specs load.
+    :param file_name_template: when files are named by their first offset, the name of the one
+        starting at ``{offset}`` of ``{partition}`` (``"part-{offset:010d}.parquet"``): a begin
+        looks up the next names instead of listing a changed folder.
+    :param schema: the files' columns as Spark DDL, without the partition column: a batch is
+        then read without a footer read first. ``None``: a footer's schema.
     """
 
     path: str
@@ -83,8 +73,14 @@ class PartitionedParquetSource(UsesCatalog, TransactionalSource, SparkSource):
             raise ValueError(f"max_per_partition must be >= 1, got {self.max_per_partition}")
         if self.file_name_template is not None:
             check_template(self.file_name_template)
-        if self.schema is not None:
-            _check_schema(self.schema, self.partition_column)
+        if self.schema is not None:  # the files' columns only: the source adds the partition's
+            column = re.escape(self.partition_column)
+            named = re.search(rf"(^|,)\s*(`{column}`|{column})\s", f"{self.schema} ", re.I)
+            if not isinstance(self.schema, str) or not self.schema.strip() or named:
+                raise ValueError(
+                    f"schema {self.schema!r}: declare the files' columns as Spark DDL, without "
+                    f"the partition column {self.partition_column!r} (the source adds it)"
+                )
 
     # Airflow side -------------------------------------------------------------------------------
 
@@ -103,14 +99,13 @@ class PartitionedParquetSource(UsesCatalog, TransactionalSource, SparkSource):
         return f"parquet:{where}:{self.partition_column}:{self.offset_column}"
 
     def latest_offsets(self) -> dict[str, int]:
-        """For each partition, one past its highest offset, from the footers of new files only
-        (``sources/parquet_discovery.py``)."""
+        """For each partition, one past its highest offset (new files' footers only)."""
         return {p: part.end for p, part in discover(self, self.partitions(), complete=True).items()}
 
     def prefetch(self) -> None:
-        """The begin's look at the dataset, outside the lock: :meth:`initialize_transaction` (on
-        the same object) reuses its answer while no folder it looked at changed since."""
-        object.__setattr__(self, "_prefetched", None)
+        """The begin's look, outside the lock: :meth:`initialize_transaction` (on the same object)
+        reuses its answer while no folder it looked at has changed."""
+        self.__dict__.pop("_prefetched", None)
         stamps = {self.path: _stamp(self.path)}
         roots = self.partitions()
         found = discover(self, roots, complete=True)
@@ -121,10 +116,8 @@ class PartitionedParquetSource(UsesCatalog, TransactionalSource, SparkSource):
 
     def initialize_transaction(self, txid: int, prev_metadata: Metadata | None) -> Metadata | None:
         prefetched = self.__dict__.pop("_prefetched", None)  # used once
-        if prefetched is not None and _unchanged(*prefetched[:2]):
-            latest = prefetched[2]
-        else:
-            latest = self.latest_offsets()
+        reused = prefetched is not None and _unchanged(*prefetched[:2])
+        latest = prefetched[2] if reused else self.latest_offsets()
         return next_offset_ranges(
             prev_metadata, latest, max_per_partition=self.max_per_partition, txid=txid
         )
@@ -137,10 +130,6 @@ class PartitionedParquetSource(UsesCatalog, TransactionalSource, SparkSource):
     def _ranges(self, metadata: Metadata) -> dict[str, tuple[int, int]]:
         return {str(p): (int(r[0]), int(r[1])) for p, r in dict(metadata).items() if r[1] > r[0]}
 
-    def _proof_key(self, metadata: Metadata) -> str:
-        where = f"{self.path}|{self.partition_column}|{self.offset_column}"
-        return f"{where}|{json.dumps(metadata, sort_keys=True, default=str)}"
-
     def read_batch(self, spark: SparkSession, metadata: Metadata) -> DataFrame:
         from pyspark.sql import functions as F
 
@@ -149,14 +138,11 @@ class PartitionedParquetSource(UsesCatalog, TransactionalSource, SparkSource):
             raise ValueError(f"metadata {metadata!r} names no records")
         base = self.path.rstrip("/")
         files, inside = self._batch_files(base, ranges)
-        # Files wholly inside their ranges hold no row to filter out; if their footers' row
-        # counts add up to each range too, the batch is whole without a count.
-        if len(_footers_prove) >= 64:
-            _footers_prove.clear()
-        _footers_prove[self._proof_key(metadata)] = inside and _rows_match(files, ranges)
-        # One scan of the batch's files (a scan per partition, unioned, took 1.4x as long: make
-        # bench-read), each row's partition value from its directory, where Spark reads it back
-        # exactly as the metadata names it; else a scan per partition.
+        # Files wholly inside their ranges: their footers may prove the batch whole (batch_counts).
+        proven = inside and _rows_match(files, ranges)
+        object.__setattr__(self, "_proven", ranges if proven else None)
+        # One scan (a scan per partition took 1.4x as long: make bench-read) where Spark reads
+        # each directory's value back exactly; else a scan per partition.
         scan = read_with_partition_column(spark, base, self.partition_column, files, self.schema)
         if scan is None:
             return self._read_by_partition(spark, files, ranges)
@@ -176,12 +162,7 @@ class PartitionedParquetSource(UsesCatalog, TransactionalSource, SparkSource):
 
         return [F.col("_metadata.file_path").alias(LOCATION)] if self.required_columns else []
 
-    def _read_by_partition(
-        self,
-        spark: SparkSession,
-        files: Mapping[str, list[str]],
-        ranges: Mapping[str, tuple[int, int]],
-    ) -> DataFrame:
+    def _read_by_partition(self, spark: SparkSession, files: Files, ranges: Ranges) -> DataFrame:
         """A scan per partition, labelled by the metadata's partition value, unioned."""
         from pyspark.sql import functions as F
 
@@ -198,17 +179,13 @@ class PartitionedParquetSource(UsesCatalog, TransactionalSource, SparkSource):
         """The paths :meth:`_batch_files` finds for one partition."""
         return self._batch_files(base, {partition: (start, end)})[0][partition]
 
-    def _batch_files(
-        self, base: str, ranges: Mapping[str, tuple[int, int]]
-    ) -> tuple[dict[str, list[str]], bool]:
-        """Per partition, the files whose offsets meet its ``[start, end)`` (a batch opens its own
-        files only), and whether every one lies wholly inside its range. The partition's folder
-        instead when its files cannot be listed here or none meets the range."""
+    def _batch_files(self, base: str, ranges: Ranges) -> tuple[dict[str, list[str]], bool]:
+        """Per partition, the files whose offsets meet its range (its folder when it cannot be
+        looked at here or none does), and whether each lies wholly inside its range."""
         folders = {p: f"{base}/{self.partition_column}={p}" for p in sorted(ranges)}
         key = self.catalog_key()
         try:
-            # Looked at as a begin looks (a folder unchanged since a listing: one stat), so a
-            # file landed since with offsets of this batch (written twice) is read and counted.
+            # As a begin looks: a file landed since with this batch's offsets is read and counted.
             discover(self, folders)
             found = {p: self.catalog.meeting(key, p, *ranges[p]) for p in folders}
             if not all(os.path.exists(f"{folders[p]}/{n}") for p in found for n in found[p]):
@@ -231,19 +208,17 @@ class PartitionedParquetSource(UsesCatalog, TransactionalSource, SparkSource):
     def batch_counts(self, metadata: Metadata) -> dict[str, Column] | None:
         """The records read of each partition (``n_0``, ``n_1``, … in partition order); ``None``
         when the batch's read found them in its files' footers already."""
-        if _footers_prove.get(self._proof_key(metadata)):
+        if self.__dict__.get("_proven") == self._ranges(metadata):
             return None
         from pyspark.sql import functions as F
 
         part = F.col(self.partition_column)
-        return {
-            f"n_{i}": F.sum(F.when(part == F.lit(p), 1).otherwise(0))
-            for i, p in enumerate(sorted(self._ranges(metadata)))
-        }
+        partitions = sorted(self._ranges(metadata))
+        return {f"n_{i}": F.count_if(part == p) for i, p in enumerate(partitions)}
 
     def counts_mismatch(self, counts: Mapping[str, Any], metadata: Metadata) -> str | None:
-        """Offsets are consecutive, so ``[start, end)`` is ``end - start`` records: fewer (files
-        gone) or more (offsets written twice) is reported, never committed."""
+        """Offsets are consecutive: ``[start, end)`` is ``end - start`` records, no fewer (files
+        gone) nor more (offsets written twice)."""
         ranges = self._ranges(metadata)
         found = {p: int(counts.get(f"n_{i}") or 0) for i, p in enumerate(sorted(ranges))}
         problems = [
@@ -259,13 +234,10 @@ class PartitionedParquetSource(UsesCatalog, TransactionalSource, SparkSource):
         from pyspark.sql import functions as F
 
         missing = functools.reduce(operator.or_, [F.col(c).isNull() for c in self.required_columns])
-        columns = [F.col(c) for c in batch.columns if c != LOCATION]
-        return batch.where(missing).select(
-            F.concat(
-                F.col(LOCATION), F.lit(f" {self.offset_column}="), F.col(self.offset_column)
-            ).alias(LOCATION),
-            F.to_json(F.struct(*columns)).alias(RECORD),
-        )
+        offset = F.col(self.offset_column)
+        located = F.concat(F.col(LOCATION), F.lit(f" {self.offset_column}="), offset)
+        record = F.to_json(F.struct(*[F.col(c) for c in batch.columns if c != LOCATION]))
+        return batch.where(missing).select(located.alias(LOCATION), record.alias(RECORD))
 
     def describe_location(self, location: str, record: str) -> str:
         return local_path(location)
@@ -285,30 +257,15 @@ def _unchanged(at: float, stamps: Mapping[str, tuple[int, int]]) -> bool:
         return False
 
 
-def _rows_match(files: Mapping[str, list[str]], ranges: Mapping[str, tuple[int, int]]) -> bool:
-    """Whether each partition's files hold exactly ``end - start`` rows, by their footers;
-    ``False`` when there are too many files to read footers of, or one cannot be read."""
-    if sum(len(paths) for paths in files.values()) > FOOTER_PROOF_FILES:
-        return False
+def _rows_match(files: Files, ranges: Ranges) -> bool:
+    """Whether each partition's files hold exactly ``end - start`` rows by their footers (not
+    when there are too many files to read footers of, or one cannot be read)."""
     import pyarrow.parquet as pq
 
     try:
-        return all(
+        return sum(map(len, files.values())) <= FOOTER_PROOF_FILES and all(
             sum(pq.read_metadata(local_path(f)).num_rows for f in files[p]) == b - a
             for p, (a, b) in ranges.items()
         )
     except (OSError, ValueError):
         return False
-
-
-def _check_schema(schema: str, partition_column: str) -> None:
-    """A ValueError for a declared schema that is empty or names the partition column (its value
-    is the directory's name, a string: the source adds it)."""
-    if not isinstance(schema, str) or not schema.strip():
-        raise ValueError(f"schema must be a Spark DDL string of the files' columns, got {schema!r}")
-    column = re.escape(partition_column)
-    if re.search(rf"(^|,)\s*(`{column}`|{column})\s", schema + " ", re.IGNORECASE):
-        raise ValueError(
-            f"schema {schema!r} names the partition column {partition_column!r}: declare the "
-            "files' columns only (the source adds the partition column, as a string)"
-        )

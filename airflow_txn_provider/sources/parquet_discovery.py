@@ -1,8 +1,6 @@
-"""How a Parquet dataset's new files are found (docs/sources.md, "How the built-in sources find
-new data"): a folder is listed only if it changed since some begin listed it, and then only the
-names the catalog does not know are read; files named by their first offset are looked up by
-name from the partition's end instead. Files are immutable once complete: of the known ones,
-only those holding a partition's newest offsets are looked at again.
+"""How a Parquet dataset's new files are found (docs/sources.md): a folder is listed only if it
+changed since some begin listed it, and then only the names the catalog does not know are read;
+files named by their first offset are looked up by name from the partition's end instead.
 """
 
 from __future__ import annotations
@@ -26,13 +24,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 RELIST_NAMED_NS = 3600 * 10**9
-"""A folder of offset-named files is listed at least this often, so that files deleted meanwhile
-(retention) leave the catalog; in between, a begin looks up the next names only."""
+"""A folder of offset-named files is listed at least this often: files deleted leave the catalog."""
 
 
 def check_template(template: str) -> None:
-    """A ValueError saying what is wrong with a ``file_name_template``: a file name holding
-    ``{offset}`` (or ``{offset:0<width>d}``) once and ``{partition}`` at will."""
+    """A ValueError saying what is wrong with a ``file_name_template`` (a file name holding
+    ``{offset}`` or ``{offset:0<width>d}`` once, ``{partition}`` at will)."""
     try:
         fields = [f[1:] for f in string.Formatter().parse(template) if f[1] is not None]
     except ValueError as err:
@@ -55,8 +52,7 @@ def check_template(template: str) -> None:
 
 
 def file_offsets(file: str, column: str) -> tuple[int, int]:
-    """The lowest and highest ``column`` value of a Parquet file (``(-1, -1)`` if it has none),
-    from its footer's statistics (from the column itself where a row group has none)."""
+    """The lowest and highest ``column`` value of a Parquet file (``(-1, -1)`` if it has none)."""
     import pyarrow.parquet as pq  # (a begin that finds no new file never needs pyarrow)
 
     meta = pq.ParquetFile(file).metadata
@@ -67,7 +63,7 @@ def file_offsets(file: str, column: str) -> tuple[int, int]:
     stats = [meta.row_group(g).column(index).statistics for g in range(meta.num_row_groups)]
     if all(s is not None and s.has_min_max for s in stats):
         values = [v for s in stats for v in (s.min, s.max)]
-    else:  # a row group without statistics: the column's values
+    else:  # a row group without statistics: read the column
         values = pq.read_table(file, columns=[column]).column(0).drop_null().to_pylist()
     return (int(min(values)), int(max(values))) if values else (-1, -1)
 
@@ -86,7 +82,7 @@ def _stat(path: str) -> os.stat_result | None:
 
 @dataclasses.dataclass
 class _PartitionLook:
-    """A look at one partition's folder against what the catalog knows of it (``known``)."""
+    """A look at one partition's folder against what the catalog knows of it."""
 
     catalog: FileCatalog
     key: str
@@ -97,9 +93,8 @@ class _PartitionLook:
     known: Partition
 
     def look(self) -> Look:
-        """What changed since the catalog's ``known`` (if nothing: its folders as known)."""
-        # The files holding the newest offsets, gone or rewritten (against the contract): read
-        # again, so that a partition gone back is reported.
+        """What changed since ``known`` (if nothing: its folders as known). The files holding the
+        newest offsets, gone or rewritten, are read again: a partition gone back is reported."""
         changed = set()
         for name, stamp in self.known.newest.items():
             st = _stat(os.path.join(self.root, name))
@@ -110,9 +105,9 @@ class _PartitionLook:
         return self._listing(changed)
 
     def _by_name(self) -> Look:
-        """The files named for the offsets from the partition's end, looked up one by one (O(new
-        files)); the folder listed when due, or when it changed and no file has the next name
-        (files deleted, a stray file, or a gap: an :class:`OffsetGapError`)."""
+        """The files named for the offsets from the partition's end, looked up one by one; the
+        folder listed when due, or when it changed and no file has the next name (files
+        deleted, a stray file, or a gap: an :class:`OffsetGapError`)."""
         assert self.template is not None
         known = self.known
         st, old = _stat(self.root), known.folders.get("", (0, 0, 0))  # (0, 0, 0): never listed
@@ -166,8 +161,8 @@ class _PartitionLook:
         return look
 
     def _listing(self, reread: set[str]) -> Look:
-        """The partition's folders listed where they changed since a trusted listing, by name:
-        only the names the catalog does not know (and ``reread``) are looked at."""
+        """The partition's folders listed where changed since a trusted listing: only the names
+        the catalog does not know (and ``reread``) are looked at."""
         look, known = Look({}, {}, set(reread)), self.known
         flat = known.folders.keys() <= {""}  # every known name right in the partition's folder
         pending = [""]
@@ -224,8 +219,8 @@ def discover(
     complete: bool = False,
 ) -> dict[str, Partition]:
     """Each partition (value -> folder) of ``source`` brought up to date in its catalog.
-    ``by_name``: files named by the source's ``file_name_template`` are looked up by name;
-    ``complete``: ``partitions`` are all there are (what is known of others is forgotten)."""
+    ``by_name``: look up files by the source's ``file_name_template``; ``complete``: these are
+    all the partitions (the others are forgotten)."""
     catalog, key = source.catalog, source.catalog_key()
     template = source.file_name_template if by_name else None
     known = catalog.partitions(key)

@@ -1,9 +1,8 @@
 """One Spark scan of a Parquet batch's files, each row with its directory's partition value.
 
-The value must be the directory's name as a string, as the txid's metadata names it; Spark's
-partition discovery infers types (``p=01`` would read as ``1``), so the scan is given the column
-as a string. A name Spark would decode otherwise (a ``%`` escape, Hive's null partition, an empty
-value, a ``k=v`` folder below) is not read this way.
+The value must be the directory's name as a string, as the metadata names it, so the scan is
+given the column as a string (Spark would infer ``p=01`` as ``1``). Names Spark would decode (a
+``%`` escape, Hive's null partition, an empty value, a ``k=v`` folder below) are not read this way.
 """
 
 from __future__ import annotations
@@ -15,19 +14,15 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-HIVE_NULL_PARTITION = "__HIVE_DEFAULT_PARTITION__"
+Files = Mapping[str, list[str]]  # partition value -> a batch's files (or its folder)
 
 
 def read_with_partition_column(
-    spark: SparkSession,
-    base: str,
-    partition_column: str,
-    files: Mapping[str, list[str]],
-    schema: str | None = None,
+    spark: SparkSession, base: str, partition_column: str, files: Files, schema: str | None = None
 ) -> DataFrame | None:
-    """One scan of ``files`` (partition value -> its files under ``base``) with the column
-    ``partition_column`` holding each row's value; ``None`` when Spark would not read a value
-    back exactly. ``schema``: the files' columns as Spark DDL; ``None``: read from a footer."""
+    """One scan of ``files`` under ``base`` with the column ``partition_column`` holding each
+    row's value; ``None`` when Spark would not read a value back exactly. ``schema``: the files'
+    columns as Spark DDL (no footer read first); ``None``: read from a footer."""
     paths = [path for paths_of in files.values() for path in paths_of]
     exact = all(_reads_back(base, partition_column, v, f) for v, fs in files.items() for f in fs)
     if not paths or not exact:
@@ -47,7 +42,7 @@ def read_with_partition_column(
 def _reads_back(base: str, partition_column: str, value: str, path: str) -> bool:
     """Whether Spark's partition discovery of ``path`` (``basePath`` ``base``) yields exactly
     ``partition_column`` = ``value``, and no other partition column."""
-    if not value or value == HIVE_NULL_PARTITION or "%" in value or "/" in value:
+    if not value or value == "__HIVE_DEFAULT_PARTITION__" or "%" in value or "/" in value:
         return False
     folder = f"{base}/{partition_column}={value}/"
     return path.startswith(folder) and "=" not in posixpath.dirname(path[len(folder) :])
