@@ -36,7 +36,7 @@ txn_pipeline = TxnPipeline(
         os.environ.get("TXN_EXAMPLES_KAFKA_TOPIC", "words"),
         kafka_conn_id="kafka_default",
         max_per_partition=10_000,
-        reset_log_from_txid=int(os.environ.get("TXN_EXAMPLES_KAFKA_RESET_FROM_TXID", 0)) or None,
+        reset_log_from_txid=int(os.environ.get("TXN_EXAMPLES_KAFKA_RESET_FROM_TXID") or 0) or None,
     ),
     jobs=[spark_job(__file__, "kafka_word_count.py")],
     states=[MapState(NAME, f"{NAME}_counts", "transactional", keys={"word": "text"})],

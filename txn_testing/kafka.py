@@ -209,7 +209,7 @@ def tansu_binary() -> Path:
 
 class TansuCluster(KafkaCluster):
     """A real Kafka-protocol broker: Tansu, on 127.0.0.1, its log in memory (see the module's
-    doc). Its output goes to ``log_file`` (default: a temporary file)."""
+    doc). Its output goes to ``log_file`` (default: a temporary file, removed at :meth:`stop`)."""
 
     name = "tansu"
     describes_topics = True
@@ -223,8 +223,14 @@ class TansuCluster(KafkaCluster):
     def __init__(self, log_file: Path | None = None) -> None:
         super().__init__()
         self.port = 0
+        self._temporary = log_file is None
         self.log_file = log_file or Path(tempfile.mkstemp(prefix="tansu-", suffix=".log")[1])
         self._topics: set[str] = set()
+
+    def stop(self) -> None:
+        super().stop()
+        if self._temporary:
+            self.log_file.unlink(missing_ok=True)
 
     def start(self, timeout: float = 30) -> TansuCluster:
         self.port = self.port or free_port()

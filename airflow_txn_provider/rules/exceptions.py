@@ -44,6 +44,12 @@ class TxnError(Exception):
         fields = {name: getattr(self, name) for name in self.fields}
         return (_rebuild, (type(self), self.detail, self.pipeline, self.txid, self.attempt, fields))
 
+    def naming(self, pipeline: str, txid: int, attempt: int | None = None) -> TxnError:
+        """This error, of the same type and fields, naming the pipeline, txid and attempt it was
+        raised for (a source knows no pipeline: its errors name none until the caller's do)."""
+        fields = {name: getattr(self, name) for name in self.fields}
+        return type(self)(self.detail, pipeline=pipeline, txid=txid, attempt=attempt, **fields)
+
 
 def _rebuild(cls, message, pipeline, txid, attempt, fields=None):
     return cls(message, pipeline=pipeline, txid=txid, attempt=attempt, **(fields or {}))

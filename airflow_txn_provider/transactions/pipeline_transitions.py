@@ -229,14 +229,7 @@ class PipelineTransitions(LogPart):
         except TxnError as err:
             if err.pipeline is not None:
                 raise
-            # A source knows no pipeline (e.g. next_offset_ranges): name the one it failed for.
-            raise type(err)(
-                err.detail,
-                pipeline=view.pipeline,
-                txid=plan.txid,
-                attempt=plan.attempt,
-                **{name: getattr(err, name) for name in err.fields},
-            ) from err
+            raise err.naming(view.pipeline, plan.txid, plan.attempt) from err
         except Exception as err:
             raise SourceError(
                 f"{type(source).__name__}.{asked} failed: {err}",

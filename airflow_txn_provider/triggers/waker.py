@@ -31,7 +31,7 @@ from airflow_txn_provider.compat.airflow import (
 )
 from airflow_txn_provider.hooks.airflow_api import AirflowApiHook, create_txid_run_from_task
 from airflow_txn_provider.rules.config import RUNS_AHEAD
-from airflow_txn_provider.rules.exceptions import UnknownPipelineError
+from airflow_txn_provider.rules.exceptions import TxnError, UnknownPipelineError
 from airflow_txn_provider.rules.liveness import Need, Overdue
 from airflow_txn_provider.rules.records import PipelineView, TxRecord
 from airflow_txn_provider.rules.waiting import new_txid_due, runs_to_make
@@ -310,6 +310,7 @@ class TxnWakerTrigger(BaseEventTrigger):
         trouble = Backoff(first=self.poll_interval, cap=30.0, deadline=float("inf"), floor=0.5)
         overdue = Overdue()
         reported: str | None = _UNKNOWN  # what the log holds: cleared at the first poll
+        refused = False  # whether ``reported`` is the source's refusal
         while True:
             now = time.monotonic()
             try:
@@ -329,7 +330,11 @@ class TxnWakerTrigger(BaseEventTrigger):
                 problem = reported if due is not None and reported != _UNKNOWN else None
                 if due is not None and now - created.get(due, -RECREATE_AFTER) >= RECREATE_AFTER:
                     prev = None if view is None else view.metadata_before(due)
-                    if await self._has_data(has_data, due, prev):
+                    has, refusal = await self._has_data(has_data, due, prev)
+                    if refusal is None and refused:
+                        problem = None  # the source answers again: its refusal is over
+                    refused = refusal is not None
+                    if has:
                         # Data appeared: ask the log again (the view may be QUIET_LOG_EVERY old)
                         view, read_at = await read_view(), time.monotonic()
                         if new_txid_due(view) == due:
@@ -340,6 +345,8 @@ class TxnWakerTrigger(BaseEventTrigger):
                             )
                             self.log.info("pipeline=%s txid=%s: %s", pipeline, due, said)
                             problem = None if settled else said
+                    if refusal is not None:
+                        problem = refusal
                 if report_trouble is not None and problem != reported:
                     await report_trouble(problem)
                     reported = problem
@@ -386,19 +393,25 @@ class TxnWakerTrigger(BaseEventTrigger):
 
     async def _has_data(
         self, has_data: Callable[[int, Any], Awaitable[bool]], txid: int, prev: Any
-    ) -> bool:
-        """Whether the source has data for ``txid``; a source that cannot say (it raises: a lost
-        Kafka log, a missing folder) counts as having it: the run's claim then asks again and
-        reports the typed error where people look, on the run, instead of the waker hiding it."""
+    ) -> tuple[bool, str | None]:
+        """Whether the source has data for ``txid``, and why it could not say if it could not.
+        A source that raises (a lost Kafka log, a broker down, a missing folder) counts as
+        having data: the run's claim then asks again and fails with the typed error on the run;
+        the why becomes the pipeline's run trouble, so its health and the Transactions page say
+        it too (stalled after :data:`~airflow_txn_provider.log.health.STUCK_AFTER`) until a
+        look succeeds."""
         try:
-            return await has_data(txid, prev)
+            return await has_data(txid, prev), None
         except Exception as err:
+            if isinstance(err, TxnError) and err.pipeline is None:
+                err = err.naming(self.pipeline, txid)
+            first_line = (str(err).strip().splitlines() or [""])[0][:300]
             self._report(
                 "source",
                 "txid=%s: the source could not say whether it has data (%s: %s): creating the "
                 "run, whose claim reports it",
                 txid,
                 type(err).__name__,
-                str(err)[:300],
+                first_line,
             )
-            return True
+            return True, f"txid {txid}: the source cannot say: {type(err).__name__}: {first_line}"

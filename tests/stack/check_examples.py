@@ -10,7 +10,8 @@ What is recomputed, by source: the landing examples (opaque, Iceberg) re-derive 
 every committed file (``landing_lines``), so their word counts are exact per word; the generated
 examples (words, global count, Delta) know each line's word count but not its words (a Spark
 hash picks them), so their checks are per txid and in total: lines x words per line, the ranges
-tiling with no gap or overlap, and the derived state equal to the counts bucketed afresh.
+tiling with no gap or overlap, and the derived state equal to the counts bucketed afresh. The
+Kafka example's records are the ones the stack test's feed wrote and logged on /data.
 """
 
 from __future__ import annotations
@@ -34,7 +35,10 @@ PIPELINES = sys.argv[1:] or [
     "example_txn_opaque_words",
     "example_txn_delta_words",
     "example_txn_iceberg_words",
+    "example_txn_kafka_words",
 ]
+KAFKA_FEED = Path("/data/txn_examples/kafka-feed.jsonl")
+"""Every record the stack test's feed wrote and the broker acknowledged (tests/stack/kafka.py)."""
 
 
 def load(name: str):
@@ -91,8 +95,8 @@ def check(txlog, name: str) -> dict:
     stamps = [t.committed_at for t in txids]
     expect("commit times follow txid order", stamps == sorted(stamps), f"{stamps}")
     metadata = [t.metadata for t in txids]
-    transactional = name != "example_txn_opaque_words"
-    if transactional:
+    # opaque batches need not tile; the Kafka example's tile per log (kafka_checks)
+    if name not in ("example_txn_opaque_words", "example_txn_kafka_words"):
         gaps = [
             (b.txid, a.metadata, b.metadata)
             for a, b in itertools.pairwise(txids)
@@ -184,7 +188,45 @@ def check(txlog, name: str) -> dict:
             got == expected and len(rows) == len(expected),
             f"{len(rows)} rows, {len(expected)} expected",
         )
+    elif name == "example_txn_kafka_words":
+        kafka_checks(txids, states[f"{name}_counts"], expect)
     return {"committed": len(numbers), "checks": checks}
+
+
+def kafka_checks(txids, state, expect) -> None:
+    """The committed offsets, per log (topic id), tile each partition from offset 0 once, each
+    is a record the feed wrote, and the counts are those records' words, exactly."""
+    from airflow_txn_provider.sources.kafka import offset_ranges
+
+    fed = {}
+    for line in KAFKA_FEED.read_text().splitlines():
+        r = json.loads(line)
+        fed[(r["topic_id"], f"words-{r['partition']}", r["offset"])] = r["line"]
+    truth: Counter = Counter()
+    ends: dict[tuple[str, str], int] = {}
+    unknown, untiled = [], []
+    for t in txids:
+        log_id = (t.metadata.get("log") or {}).get("topic_id")
+        for partition, (start, end) in offset_ranges(t.metadata).items():
+            if start != ends.get((log_id, partition), 0):
+                untiled.append((t.txid, partition, start, ends.get((log_id, partition), 0)))
+            ends[(log_id, partition)] = end
+            for offset in range(start, end):
+                line = fed.get((log_id, partition, offset))
+                if line is None:
+                    unknown.append((t.txid, partition, offset))
+                else:
+                    truth.update(line.split())
+    expect("each log's partitions tiled from offset 0, once", not untiled, f"{untiled[:3]}")
+    expect("every committed offset is a record the feed wrote", not unknown, f"{unknown[:3]}")
+    counts = {k[0]: v for k, v in state.items()}
+    lost = sum(max(truth.get(w, 0) - counts.get(w, 0), 0) for w in truth | counts)
+    doubled = sum(max(counts.get(w, 0) - truth.get(w, 0), 0) for w in truth | counts)
+    expect(
+        f"word counts = the committed records' words, exactly ({len({k[0] for k in ends})} logs)",
+        counts == dict(truth),
+        f"{lost} lost, {doubled} doubled",
+    )
 
 
 def main() -> None:

@@ -38,3 +38,11 @@ def test_the_fields_an_error_says_more_with():
     assert MalformedOutputError("x").state is None
     with pytest.raises(TypeError, match="location"):
         NotBegunError("z", location="nowhere")
+
+
+def test_an_error_a_source_raised_names_the_pipeline_it_was_raised_for():
+    raised = MalformedRecordError("bad JSON", txid=1, location="f.jsonl:3")
+    named = raised.naming("p", 7, attempt=2)
+    assert type(named) is MalformedRecordError and named.location == "f.jsonl:3"
+    assert (named.pipeline, named.txid, named.attempt, named.detail) == ("p", 7, 2, "bad JSON")
+    assert str(named) == "pipeline=p txid=7 attempt=2: bad JSON at f.jsonl:3"

@@ -15,6 +15,7 @@ import pytest
 
 from airflow_txn_provider.rules.config import RUNS_AHEAD
 from airflow_txn_provider.rules.coordinator import plan_begin
+from airflow_txn_provider.rules.exceptions import SourceLogChangedError
 from airflow_txn_provider.rules.vocabulary import BeginAction
 from airflow_txn_provider.rules.waiting import (
     new_txid_due,
@@ -473,6 +474,37 @@ def test_a_run_that_cannot_be_created_is_reported_asked_again_soon_and_cleared(m
         )
     assert fake.created == [4, 4]  # asked again without waiting RECREATE_AFTER
     assert reports == ["slot held by run 'manual__x'", None]
+
+
+def test_a_source_that_cannot_say_is_the_pipelines_trouble_until_a_look_succeeds(monkeypatch):
+    monkeypatch.setattr(waker_module, "RECREATE_AFTER", 0.0)  # the source is asked every poll
+    refusal = SourceLogChangedError("words-0: another log", txid=4, partition="words-0")
+    errors = iter([refusal, refusal, None, None])
+    reports: list[str | None] = []
+    fake = Fake(polls=4, view=view(last=3))
+
+    async def has_data(txid, prev):
+        error = next(errors)
+        if error is not None:
+            raise error
+        return False  # answers again, with no data yet
+
+    async def report(trouble):
+        reports.append(trouble)
+
+    with pytest.raises(_Stop):
+        asyncio.run(
+            _waker().wake(
+                fake.read_view, has_data, fake.create_run, fake.sleep, report_trouble=report
+            )
+        )
+    assert fake.created == [4, 4]  # its claim reports the error on the run too
+    (said,) = [r for r in reports if r is not None]
+    # named as a begin names it: the source knows no pipeline
+    assert said.startswith(
+        "txid 4: the source cannot say: SourceLogChangedError: pipeline=p txid=4 attempt=None: "
+    )
+    assert reports == [said, None]  # once while it refuses, cleared by the first answer
 
 
 STORED_TRIGGERS = {
