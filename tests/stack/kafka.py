@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from tests.stack.common import say, wait_until
 from txn_testing.podman import STACK, podman
 
 if TYPE_CHECKING:
@@ -51,10 +52,6 @@ AIRFLOW_SERVICES = [
     "airflow-worker",
 ]
 """What ``docker compose up -d`` creates again after a change of docker/.env's Airflow settings."""
-
-
-def say(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 class KafkaFeed:
@@ -140,7 +137,7 @@ def pause(stack: Stack, feed: KafkaFeed, mark: Callable[[], None]) -> tuple[str,
     before = stack.progress()[NAME][1]
     feed.round()
     try:
-        stack_wait(lambda: stack.progress()[NAME][1] > before, 120)
+        wait_until("a txid of the round begun", lambda: stack.progress()[NAME][1] > before, 120)
         begun = "a txid of it begun"
     except TimeoutError:
         begun = "no txid begun within 120 s"
@@ -161,7 +158,11 @@ def lose_log(
     then the refusal seen where people look, the operator's reset, and the pipeline going on."""
     (target,) = stack.compose.container_names("kafka")
     old = next(reversed(feed.acked))
-    stack_wait(lambda: committed_records(stack, old) >= feed.acked[old], 900)
+    wait_until(
+        "every line fed committed",
+        lambda: committed_records(stack, old) >= feed.acked[old],
+        900,
+    )
     done = stack.progress()[NAME][0]
     mark()
     stack.compose.kill(target)
@@ -177,7 +178,7 @@ def lose_log(
             found = health(stack)
             return found if found["code"] == 503 and REFUSAL in (found["reason"] or "") else None
 
-        seen = stack_wait(refused, 600)
+        seen = wait_until(f"{REFUSAL} in the health endpoint", refused, 600)
         took = time.monotonic() - started
         say(f"  health endpoint: 503, {seen['reason'][:200]}")
         page_shows_refusal(stack)
@@ -235,17 +236,3 @@ def reset_committed(stack: Stack) -> dict[str, Any]:
     note = json.loads(metadata).get("reset")
     assert status == "committed" and note, f"txid {txid}: {status}, reset note {note!r}"
     return {"txid": txid, "reset": note}
-
-
-def stack_wait(predicate: Callable[[], Any], timeout: float, every: float = 5) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            found = predicate()
-            if found:
-                return found
-        except Exception as err:
-            last = err
-        time.sleep(every)
-    raise TimeoutError(f"not after {timeout:.0f} s (last error: {last!r})")

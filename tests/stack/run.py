@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.stack import kafka
+from tests.stack.common import say, wait_until
 from txn_testing.airflow import AirflowClient
 from txn_testing.kafka import tansu_binary
 from txn_testing.podman import (
@@ -107,10 +108,6 @@ API = ["airflow-api-server"]
 AIRFLOW = ["airflow-scheduler", "airflow-dag-processor", "airflow-triggerer", "airflow-worker"]
 HEAL_BOUND = 900.0
 """Seconds a fault may take to heal before the run fails (default timeouts: claims and leases)."""
-
-
-def say(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 def free_port() -> int:
@@ -255,20 +252,6 @@ class Stack:
         script = (STACK / "check_examples.py").read_text()
         result = self.compose.exec(worker, ["python", "-", *PIPELINES], input=script, timeout=900)
         return json.loads(result.stdout.strip().splitlines()[-1])
-
-
-def wait_until(what: str, predicate: Callable[[], Any], timeout: float, every: float = 5) -> Any:
-    deadline = time.monotonic() + timeout
-    last_error: Exception | None = None
-    while time.monotonic() < deadline:
-        try:
-            found = predicate()
-            if found:
-                return found
-        except Exception as err:
-            last_error = err
-        time.sleep(every)
-    raise TimeoutError(f"{what}: not after {timeout:.0f} s (last error: {last_error!r})")
 
 
 # -- phases ----------------------------------------------------------------------------------
