@@ -37,6 +37,12 @@ API: dict[str, str] = {
     "BucketCountState": "airflow_txn_provider.state",
     "DeltaSink": "airflow_txn_provider.sinks",
     "IcebergSink": "airflow_txn_provider.sinks",
+    # audit before publish: expectations on a txid's staged output
+    "RowCondition": "airflow_txn_provider.rules.expectations",
+    "RowCount": "airflow_txn_provider.rules.expectations",
+    "RowCountWithinSigma": "airflow_txn_provider.rules.expectations",
+    "FailingShare": "airflow_txn_provider.rules.expectations",
+    "Check": "airflow_txn_provider.rules.expectations",
     # the core without Airflow
     "TransactionLog": "airflow_txn_provider.transactions.transaction_log",
     "LeaseKeeper": "airflow_txn_provider.transactions.lease",
@@ -55,6 +61,7 @@ API: dict[str, str] = {
     "MalformedRecordError": "airflow_txn_provider.rules.exceptions",
     "MalformedOutputError": "airflow_txn_provider.rules.exceptions",
     "PoisonBatchError": "airflow_txn_provider.rules.exceptions",
+    "ExpectationsFailedError": "airflow_txn_provider.rules.exceptions",
     "RewindError": "airflow_txn_provider.rules.exceptions",
 }
 """Each public name and the module it is defined in."""
@@ -66,6 +73,9 @@ if TYPE_CHECKING:  # what type checkers see (``X as X``: re-exported); a test ke
     from airflow_txn_provider.hooks.txn_log import TxnLogHook as TxnLogHook
     from airflow_txn_provider.pipeline import TxnPipeline as TxnPipeline
     from airflow_txn_provider.preload import warm_task_processes as warm_task_processes
+    from airflow_txn_provider.rules.exceptions import (
+        ExpectationsFailedError as ExpectationsFailedError,
+    )
     from airflow_txn_provider.rules.exceptions import FillRefusedError as FillRefusedError
     from airflow_txn_provider.rules.exceptions import MalformedOutputError as MalformedOutputError
     from airflow_txn_provider.rules.exceptions import MalformedRecordError as MalformedRecordError
@@ -76,6 +86,13 @@ if TYPE_CHECKING:  # what type checkers see (``X as X``: re-exported); a test ke
     from airflow_txn_provider.rules.exceptions import PoisonBatchError as PoisonBatchError
     from airflow_txn_provider.rules.exceptions import RewindError as RewindError
     from airflow_txn_provider.rules.exceptions import TxnError as TxnError
+    from airflow_txn_provider.rules.expectations import Check as Check
+    from airflow_txn_provider.rules.expectations import FailingShare as FailingShare
+    from airflow_txn_provider.rules.expectations import RowCondition as RowCondition
+    from airflow_txn_provider.rules.expectations import RowCount as RowCount
+    from airflow_txn_provider.rules.expectations import (
+        RowCountWithinSigma as RowCountWithinSigma,
+    )
     from airflow_txn_provider.rules.sources import OpaqueSource as OpaqueSource
     from airflow_txn_provider.rules.sources import Source as Source
     from airflow_txn_provider.rules.sources import TransactionalSource as TransactionalSource

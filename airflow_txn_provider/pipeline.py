@@ -29,6 +29,7 @@ from airflow_txn_provider.rules.config import (
     validate_keep_txids,
     validate_max_pending,
 )
+from airflow_txn_provider.rules.expectations import INPUT, Expectation, check_declared
 from airflow_txn_provider.rules.filling import FILL_CHUNK
 from airflow_txn_provider.rules.names import PIPELINE, check_name
 from airflow_txn_provider.rules.vocabulary import OutputRetirement, OutputStart
@@ -95,6 +96,12 @@ class TxnPipeline:
         (:class:`~airflow_txn_provider.rules.exceptions.OutputRemovedError`).
     :param fill_chunk: committed txids a fill from history computes in one Spark job (and
         applies in one Postgres transaction): its memory is one chunk's results.
+    :param expectations: data-quality expectations each txid's staged output is audited against
+        before its commit (:mod:`airflow_txn_provider.rules.expectations`: ``RowCondition``,
+        ``RowCount``, ``RowCountWithinSigma``, ``FailingShare``, ``Check``), each ``on=`` a state
+        of the pipeline, with an action: ``warn``, ``drop`` (failing rows go to the quarantine)
+        or ``fail`` (the txid stops the pipeline, a poison batch). See "Expectations" in
+        ``docs/airflow.md``.
     """
 
     name: str
@@ -119,6 +126,7 @@ class TxnPipeline:
     start: Mapping[str, OutputStart | str] = field(default_factory=dict)
     retired: Mapping[str, OutputRetirement | str] = field(default_factory=dict)
     fill_chunk: int = FILL_CHUNK
+    expectations: Sequence[Expectation] = ()
 
     def __post_init__(self) -> None:
         check_name(self.name, PIPELINE)
@@ -178,12 +186,28 @@ class TxnPipeline:
             )
         object.__setattr__(self, "start", starts)
         object.__setattr__(self, "retired", retirements)
+        object.__setattr__(self, "expectations", self._checked_expectations())
         if self.sinks:
             if len(self.jobs) != 1:
                 raise ValueError(
                     f"pipeline {self.name!r}: lake sinks need exactly one processing job, got "
                     f"{len(self.jobs)}"
                 )
+
+    def _checked_expectations(self) -> tuple[Expectation, ...]:
+        """The expectations, each on one of the pipeline's states (the audit reads their staged
+        rows in Postgres; a lake sink's staged files and the input batch are not audited yet)."""
+        found = check_declared(self.expectations)
+        states = {s.name for s in self.states}
+        for exp in found:
+            if exp.on not in states:
+                where = "the input batch" if exp.on == INPUT else f"{exp.on!r}"
+                raise ValueError(
+                    f"pipeline {self.name!r}: expectation {exp.name!r} is on {where}; "
+                    f"expectations are checked on the pipeline's states {sorted(states)} "
+                    "(give on=<state name>)"
+                )
+        return found
 
     @property
     def fits_window(self) -> bool:

@@ -10,6 +10,7 @@
 * ``txn_output``: each output's completeness and retirement; ``txn_map_summary``: each map
   state's key count and value sum, kept by each commit.
 * ``txn_source_partition`` and ``txn_source_file``: what file sources' discovery found.
+* ``txn_quarantine``: rows a ``drop`` expectation took out of a txid's output.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from airflow_txn_provider.compat.python import StrEnum
@@ -208,6 +209,8 @@ class AttemptRow(Base):
         StrEnumText(FailureResponse, "failure response"), nullable=True
     )
     """Once failed: what the failure sensor did about it (see migration 0006)."""
+    expectations: Mapped[Any] = mapped_column(JSONB, nullable=True)
+    """Each expectation's outcome for the attempt, as its commit judged it (migration 0016)."""
 
     __table_args__ = (
         ForeignKeyConstraint(
@@ -370,6 +373,30 @@ class SourceFileRow(Base):
     __table_args__ = (Index("ix_txn_source_file_last", "source", "partition", "last_offset"),)
 
 
+class QuarantineRow(Base):
+    """A row a ``drop`` expectation took out of a txid's output, with the expectations it failed
+    (:mod:`airflow_txn_provider.transactions.audit`): kept until a person deletes it, or a rewind
+    takes its txid back."""
+
+    __tablename__ = "txn_quarantine"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    pipeline: Mapped[str] = mapped_column(String(250))
+    output: Mapped[str] = mapped_column(String(250))
+    txid: Mapped[int] = mapped_column(BigInteger)
+    attempt: Mapped[int] = mapped_column(Integer)
+    expectations: Mapped[list[str]] = mapped_column(ARRAY(Text))
+    row: Mapped[Any] = mapped_column(JSONB)
+    quarantined_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now()
+    )
+
+    __table_args__ = (
+        ForeignKeyConstraint(["pipeline"], ["txn_pipeline.name"], ondelete="CASCADE"),
+        Index("ix_txn_quarantine_txid", "pipeline", "output", "txid"),
+    )
+
+
 # The tables, for SQLAlchemy Core statements (the log and the states write with Core: explicit
 # locking and RETURNING, no unit of work between a rule's answer and the rows).
 PIPELINES = cast(Table, PipelineRow.__table__)
@@ -383,3 +410,4 @@ ALERTS = cast(Table, AlertRow.__table__)
 OUTPUTS = cast(Table, OutputRow.__table__)
 SOURCE_PARTITIONS = cast(Table, SourcePartitionRow.__table__)
 SOURCE_FILES = cast(Table, SourceFileRow.__table__)
+QUARANTINE = cast(Table, QuarantineRow.__table__)

@@ -19,6 +19,7 @@ from airflow_txn_provider.log.models import ATTEMPTS, PIPELINES, TRANSACTIONS
 from airflow_txn_provider.log.part import LogPart
 from airflow_txn_provider.log.rows import load_view, naming_pipeline
 from airflow_txn_provider.rules.exceptions import UnknownPipelineError
+from airflow_txn_provider.rules.expectations import failed_a_fail_expectation
 from airflow_txn_provider.rules.records import PipelineView, TxRecord
 from airflow_txn_provider.rules.vocabulary import FailureResponse, TxStatus
 from airflow_txn_provider.utils.retries import retry_transient
@@ -65,6 +66,9 @@ class AttemptInfo:
     """Seconds per phase: ``start``, ``connect``, ``spark``, ``staging``, ``commit``."""
     response: FailureResponse | None = None
     """Once failed: what the failure sensor did about it (re-queue, leave, stop the pipeline)."""
+    expectations: Sequence[Mapping[str, Any]] = ()
+    """Each expectation's outcome as its commit judged it (:func:`~airflow_txn_provider.rules.
+    expectations.outcome_record`)."""
 
 
 class LogReads(LogPart):
@@ -150,6 +154,7 @@ class LogReads(LogPart):
                 failed_by=r.failed_by,
                 timings=dict(r.timings or {}),
                 response=r.response,
+                expectations=tuple(r.expectations or ()),
             )
             for r in self._attempt_rows(pipeline, txid)
         ]
@@ -165,6 +170,7 @@ class LogReads(LogPart):
                 status=r.status,
                 failed_by=r.failed_by,
                 response=r.response,
+                failed_expectation=failed_a_fail_expectation(r.expectations),
             )
             for r in self._attempt_rows(pipeline, txid)
         )

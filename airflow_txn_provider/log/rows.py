@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -188,6 +188,14 @@ class TxidRows:
             update(ATTEMPTS).where(self._attempt_row(attempt)).values(response=response)
         )
 
+    def record_expectations(self, attempt: int, outcomes: Sequence[Mapping[str, Any]]) -> None:
+        """Record each expectation's outcome for ``attempt`` (its commit's audit), replacing any."""
+        self.conn.execute(
+            update(ATTEMPTS)
+            .where(self._attempt_row(attempt))
+            .values(expectations=cast_jsonb(list(outcomes)))
+        )
+
     def record_staged(self, attempt: int, job: str, counts: Mapping[str, int]) -> None:
         """Record what ``job`` of ``attempt`` staged (rows per output key), replacing what an
         earlier run of the same job recorded: call it in the transaction of the job's COPY."""
@@ -304,7 +312,7 @@ class TxidRows:
         return int(result)
 
 
-def cast_jsonb(value: Mapping[str, Any]) -> Any:
+def cast_jsonb(value: Mapping[str, Any] | Sequence[Any]) -> Any:
     return sa_cast(literal(json.dumps(value)), JSONB)
 
 

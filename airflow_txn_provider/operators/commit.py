@@ -107,7 +107,7 @@ class TxnCommitOperator(TxnOperator):
             self.log.info("%s committed already", where)
             self._announce(context, txlog, txid)
             return {"applied": False, "also_committed": []}
-        result = commit_registered(txlog, p.name, txid, attempt, p.sinks)
+        result = commit_registered(txlog, p.name, txid, attempt, p.sinks, p.expectations)
         also = commit_ready(txlog, p, self.log)
         prune_airflow_runs(p, self.dag_id, [txid, *also] if result.applied else also, self.log)
         self._announce(context, txlog, txid)

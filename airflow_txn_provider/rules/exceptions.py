@@ -6,7 +6,7 @@ log line or an Airflow task failure always says *which* transaction went wrong.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 
 class TxnError(Exception):
@@ -207,6 +207,17 @@ class MalformedEventError(TxnError):
 class PoisonBatchError(TxnError):
     """A txid failed on its own ``max_attempts`` times: the pipeline stops at it until a person
     fixes the cause and reruns it (Clear in the Airflow UI)."""
+
+
+class ExpectationsFailedError(TxnError):
+    """A txid's audit before its commit stopped it (:mod:`airflow_txn_provider.rules.
+    expectations`): a ``fail`` expectation failed, or an expectation could not be checked. A
+    poison batch at once: a replay would stage the same rows. ``outcomes``: every expectation's,
+    as the log records them (not kept across pickling)."""
+
+    def __init__(self, message: str, *, outcomes: list[dict] | None = None, **named: Any) -> None:
+        super().__init__(message, **named)
+        self.outcomes = outcomes or []
 
 
 class InjectedFailure(ProcessingError):

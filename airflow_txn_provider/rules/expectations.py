@@ -233,6 +233,26 @@ class Outcome:
     message: str
 
 
+def outcome_record(outcome: Outcome) -> dict[str, Any]:
+    """``outcome`` as the log stores it, one JSON object per expectation in the attempt's row."""
+    return {
+        "expectation": outcome.expectation,
+        "on": outcome.on,
+        "action": str(outcome.action),
+        "taken": str(outcome.taken),
+        "rows_checked": outcome.rows_checked,
+        "rows_failed": outcome.rows_failed,
+        "sample_keys": list(outcome.sample_keys),
+        "message": outcome.message,
+    }
+
+
+def failed_a_fail_expectation(records: Iterable[Mapping[str, Any]] | None) -> bool:
+    """Whether an attempt's recorded outcomes (:func:`outcome_record`) include a failed ``fail``
+    expectation: the attempt is a poison batch."""
+    return any(r.get("taken") == Taken.FAILED for r in records or ())
+
+
 @dataclass(frozen=True)
 class Verdict:
     """The expectations' answer for one txid: commit or stop, and what goes to quarantine."""

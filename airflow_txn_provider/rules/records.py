@@ -37,6 +37,9 @@ class TxRecord:
     """When the attempt was emitted (with ``lease_expires_at``: how long its claim lasted)."""
     response: FailureResponse | None = None
     """Once failed: what the failure sensor decided about it (recorded in a txid's history)."""
+    failed_expectation: bool = False
+    """Failed at its commit by a ``fail`` expectation (:mod:`~airflow_txn_provider.rules.
+    expectations`): a replay would stage the same rows, so the pipeline stops at it at once."""
 
     @property
     def failed_on_its_own(self) -> bool:

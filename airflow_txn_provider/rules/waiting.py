@@ -348,7 +348,8 @@ def respond_to_failure(history: Sequence[TxRecord], max_attempts: int) -> Failur
     """What the failure sensor of a txid's run does now that its newest attempt (``history[-1]``)
     failed: the response recorded already, if an earlier try of the sensor decided; else by the
     txid's own failures so far (see :func:`own_failures`) and ``max_attempts``, the pipeline's
-    poison-batch limit.
+    poison-batch limit. An attempt a ``fail`` expectation failed stops at once: a replay stages
+    the same rows.
 
     A cascade from an earlier txid never counts: that txid's own budget decides, and its sensor
     re-queues the whole cascade.
@@ -362,6 +363,8 @@ def respond_to_failure(history: Sequence[TxRecord], max_attempts: int) -> Failur
         return rec.response
     if not rec.failed_on_its_own:
         return FailureResponse.LEAVE_TO_ORIGIN
+    if rec.failed_expectation:  # its rows would fail again: a poison batch at once
+        return FailureResponse.STOP
     return (
         FailureResponse.REQUEUE
         if should_retry(own_failures(history), max_attempts)

@@ -255,10 +255,14 @@ class TxnFailureSensor(BaseSensorOperator):
         p = self.txn_pipeline
         txlog = self.txlog()
         last = last_error(txlog, p.name, txid)
+        why = (
+            "a fail expectation failed, a replay would stage the same rows"
+            if txlog.history(p.name, txid)[-1].failed_expectation
+            else f"failed {own} times on its own (max_attempts={p.max_attempts})"
+        )
         error = PoisonBatchError(
-            f"POISON BATCH, pipeline stopped: failed {own} times on its own "
-            f"(max_attempts={p.max_attempts}), last error: {last}. Later txids wait for it. "
-            "Fix the cause, then Clear this run in the Airflow UI",
+            f"POISON BATCH, pipeline stopped: {why}, last error: {last}. Later txids wait for "
+            "it. Fix the cause, then Clear this run in the Airflow UI",
             pipeline=p.name,
             txid=txid,
             attempt=attempt,

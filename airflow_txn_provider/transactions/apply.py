@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
+from airflow_txn_provider.log.expectations import take_back_quarantined
 from airflow_txn_provider.log.models import TRANSACTIONS
 from airflow_txn_provider.log.rows import TxidRows
 from airflow_txn_provider.rules.vocabulary import LAKE_OUTPUT_PREFIX, SinkAction
@@ -168,12 +169,15 @@ def clean_up(pipeline: str, writes: Sequence[SinkWrite]) -> None:
 
 def rewind_states(conn: Connection, pipeline: str, to_txid: int) -> dict[str, dict[str, int]]:
     """Put every state of ``pipeline`` back as it was after ``to_txid - 1``'s commit, from the
-    undo records each commit wrote (in ``conn``'s transaction); per state the keys restored and
-    removed."""
-    return {
+    undo records each commit wrote, and take back the rows its audits quarantined since (in
+    ``conn``'s transaction); per state the keys restored and removed, and the rows taken back."""
+    done = {
         name: state.rewind(conn, to_txid)
         for name, state in sorted(load_states(conn, pipeline).items())
     }
+    for name, rows in take_back_quarantined(conn, pipeline, to_txid).items():
+        done.setdefault(name, {})["quarantined_rows_taken_back"] = rows
+    return done
 
 
 def rewind_tables(conn: Connection, pipeline: str, keep: int, log_url: str) -> dict[str, str]:

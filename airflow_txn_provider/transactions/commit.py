@@ -7,7 +7,9 @@ strictly in txid order (:func:`~airflow_txn_provider.rules.coordinator.plan_comm
 
 0. outputs complete from a later txid or filling from history are left out, and one never
    declared is refused past txid 1 (:mod:`airflow_txn_provider.log.outputs`);
-1. derived states compute their batch from the committed values before this txid;
+1. the states' expectations are checked over their staged rows (:mod:`.audit`): a failed ``fail``
+   expectation stops here, ``drop`` moves failing rows to the quarantine; derived states compute
+   their batch from the committed values before this txid, and are checked next;
 2. every state applies the attempt's staged rows by its kind's rule, their count checked;
 3. every lake sink commits the recorded files in a table commit that records txid and attempt,
    never twice, after rewinding a table that holds another attempt's or undone txids' rows
@@ -37,6 +39,7 @@ from airflow_txn_provider.rules.vocabulary import OutputKind
 from airflow_txn_provider.sinks.base import OUTPUT_PREFIX, StagedFiles
 from airflow_txn_provider.state import BucketCountState, MapState, counted_states, load_states
 from airflow_txn_provider.transactions.apply import Outputs, SinkWrite, apply_txid, clean_up
+from airflow_txn_provider.transactions.audit import Audit, audit_states, send_metrics
 from airflow_txn_provider.transactions.rewind import read_rewound_through
 from airflow_txn_provider.utils import metrics
 
@@ -44,6 +47,7 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Connection
 
     from airflow_txn_provider.pipeline import TxnPipeline
+    from airflow_txn_provider.rules.expectations import Expectation
     from airflow_txn_provider.rules.records import PipelineView, TxRecord
     from airflow_txn_provider.sinks.base import LakeSink
     from airflow_txn_provider.transactions.pipeline_transitions import CommitResult
@@ -59,9 +63,13 @@ def commit_states(
     attempt: int,
     states: Sequence[MapState],
     sinks: Sequence[LakeSink] = (),
+    expectations: Sequence[Expectation] = (),
 ) -> CommitResult:
     """Commit ``(txid, attempt)``: apply every state and mark the txid committed in ONE database
     transaction (the log's commit), checking each state's staged count against the recorded output.
+
+    ``expectations`` on the states are audited first (:mod:`airflow_txn_provider.transactions.
+    audit`): a failed ``fail`` expectation fails the txid instead, a poison batch.
 
     Lake sinks (:mod:`airflow_txn_provider.sinks`) commit last, inside that transaction: after
     their table commits only the log's own updates remain, and a commit retried after a crash
@@ -92,8 +100,11 @@ def commit_states(
     log_url = txlog.engine.url.render_as_string(hide_password=False)
     outputs = Outputs.open(pipeline, states, sinks, log_url)
     writes: list[SinkWrite] = []
+    audit = Audit()
 
     def apply(conn: Connection, record: TxRecord) -> dict[str, Any]:
+        audit.outcomes.clear()  # a commit retried after a lost connection audits again
+        audit.dropped.clear()
         recorded = dict(record.output or {})
         given = {sink.output_key for sink in sinks}
         unknown = sorted(k for k in recorded if k.startswith(OUTPUT_PREFIX) and k not in given)
@@ -111,22 +122,31 @@ def commit_states(
             pipeline, txid, attempt, declared, read_outputs(conn, pipeline)
         )
         record_complete_from_txid_1(conn, pipeline, first)
+        live = outputs.only({o.name for o in declared} - set(skipped))
+        rows = {s.name: recorded.get(s.output_key) for s in live.states}
+        audited = [e for e in expectations if e.on in {s.name for s in live.states}]
+        # The audit before the rows are used: drops leave staging before a state derives from it.
+        plain = [s for s in live.states if s.derived_from is None]
+        audit_states(conn, plain, audited, txid, attempt, rows=rows, audit=audit)
         # Derived states read the committed values as they are before this txid: first.
         for state in states:
             if isinstance(state, BucketCountState) and state.name not in skipped:
                 state.derive(conn, txid, attempt, by_name[state.of])
-        live = outputs.only({o.name for o in declared} - set(skipped))
+        derived = [s for s in live.states if s.derived_from is not None]
+        audit_states(conn, derived, audited, txid, attempt, rows=rows, audit=audit)
         files = {s.name: recorded.get(s.output_key) for s in live.sinks}
         applied = apply_txid(
             conn,
             live,
             txid,
             attempt,
-            rows={s.name: recorded.get(s.output_key) for s in live.states},
+            rows={n: None if r is None else r - audit.dropped.get(n, 0) for n, r in rows.items()},
             files={name: StagedFiles.from_json(f) if f else None for name, f in files.items()},
             # which lake commits a rewind undid (a table still holding them follows the log now)
             rewound_through=read_rewound_through(conn, pipeline) if live.sinks else 0,
         )
+        if audit.outcomes:
+            TxidRows(conn, pipeline, txid).record_expectations(attempt, audit.records())
         # a skipped sink's staged files are garbage (a filling one's fill commits them)
         garbage = [s for s in sinks if skipped.get(s.name) not in (None, FILLING)]
         writes[:] = applied.writes + [SinkWrite(s, txid, None) for s in garbage]
@@ -143,6 +163,7 @@ def commit_states(
             if isinstance(d, dict) and "keys" in d
         )
         metrics.incr(metrics.STAGED_ROWS, pipeline, staged_rows)
+        send_metrics(pipeline, audit)
         clean_up(pipeline, writes)
     return result
 
@@ -153,11 +174,12 @@ def commit_registered(
     txid: int,
     attempt: int,
     sinks: Sequence[LakeSink] = (),
+    expectations: Sequence[Expectation] = (),
 ) -> CommitResult:
     """Commit ``(txid, attempt)`` applying every state registered for ``pipeline`` and committing
-    into its lake ``sinks``."""
+    into its lake ``sinks``, audited by ``expectations`` first."""
     states = list(load_states(txlog.engine, pipeline).values())
-    return commit_states(txlog, pipeline, txid, attempt, states, sinks)
+    return commit_states(txlog, pipeline, txid, attempt, states, sinks, expectations)
 
 
 def record_processed(txlog: TransactionLog, pipeline: str, txid: int, attempt: int) -> str:
@@ -223,7 +245,14 @@ def commit_ready(
             rec = committable(view)
             if rec is None:
                 break
-            commit_registered(txlog, txn_pipeline.name, rec.txid, rec.attempt, txn_pipeline.sinks)
+            commit_registered(
+                txlog,
+                txn_pipeline.name,
+                rec.txid,
+                rec.attempt,
+                txn_pipeline.sinks,
+                txn_pipeline.expectations,
+            )
         except Exception as err:  # its own run commits it (or reports why it cannot)
             logger.warning("committing what is ready stopped: %s", err)
             break

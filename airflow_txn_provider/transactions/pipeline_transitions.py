@@ -36,6 +36,7 @@ from airflow_txn_provider.rules.coordinator import (
     plan_recovery,
 )
 from airflow_txn_provider.rules.exceptions import (
+    ExpectationsFailedError,
     LeaseExpiredError,
     PipelineConfigError,
     SourceError,
@@ -312,7 +313,8 @@ class PipelineTransitions(LogPart):
                     prune_locked(conn, pipeline, due)
         except _ApplyFailed as failed:
             error = failed.__cause__
-            self.fail(pipeline, txid, attempt, error=f"commit failed: {error}")
+            audit = error.outcomes if isinstance(error, ExpectationsFailedError) else None
+            self.fail(pipeline, txid, attempt, error=f"commit failed: {error}", expectations=audit)
             assert error is not None
             raise error from None
         log.info("pipeline=%s txid=%s attempt=%s committed", pipeline, txid, attempt)
@@ -330,6 +332,7 @@ class PipelineTransitions(LogPart):
         error: str | None = None,
         of_processing: bool = False,
         holder: str | None = None,
+        expectations: Sequence[Mapping[str, Any]] | None = None,
     ) -> tuple[int, ...]:
         """Fail ``(txid, attempt)`` and every later txid in flight; return the txids failed.
 
@@ -338,11 +341,14 @@ class PipelineTransitions(LogPart):
         kept (it commits), since the failure came after its work was done. ``holder``: the
         reporting process's lease holder name; a report from a process whose lease another took
         over fails nothing (:func:`~airflow_txn_provider.rules.coordinator.plan_failure`).
+        ``expectations``: the outcomes of the commit's audit that failed it, recorded with it.
         """
         with self.engine.begin() as conn:
             view = load_view(conn, pipeline, lock=True)
             txids = plan_failure(view, txid, attempt, of_processing=of_processing, reporter=holder)
             self._fail_locked(conn, view, txids, origin=txid, error=error or "failed")
+            if txid in txids and expectations is not None and attempt is not None:
+                TxidRows(conn, pipeline, txid).record_expectations(attempt, expectations)
         if txids:
             log.warning(
                 "pipeline=%s txid=%s attempt=%s failed; re-queued txids %s: %s",

@@ -39,7 +39,17 @@ RETRIES = "retries"
 LEASE_EXPIRIES = "lease_expiries"
 """Counter: attempts failed because their lease ran out (their process is gone)."""
 POISONED = "poisoned"
-"""Counter: txids the failure sensor stopped at (``max_attempts`` own failures)."""
+"""Counter: txids the failure sensor stopped at (``max_attempts`` own failures, or a failed
+``fail`` expectation)."""
+EXPECTATION_ROWS_CHECKED = "expectation.rows_checked"
+"""Counter: rows an expectation checked before a commit (tagged ``expectation``)."""
+EXPECTATION_ROWS_FAILED = "expectation.rows_failed"
+"""Counter: rows failing an expectation's condition (tagged ``expectation``)."""
+EXPECTATION_OUTCOMES = "expectation.outcomes"
+"""Counter: an expectation that did not pass (tagged ``expectation`` and ``taken``: ``warned``,
+``dropped``, ``failed``, ``not_enough_history``)."""
+QUARANTINED_ROWS = "expectation.quarantined_rows"
+"""Counter: rows ``drop`` expectations moved to the quarantine as their txids committed."""
 
 ALL = (
     LAST_COMMITTED,
@@ -52,6 +62,10 @@ ALL = (
     RETRIES,
     LEASE_EXPIRIES,
     POISONED,
+    EXPECTATION_ROWS_CHECKED,
+    EXPECTATION_ROWS_FAILED,
+    EXPECTATION_OUTCOMES,
+    QUARANTINED_ROWS,
 )
 
 

@@ -92,3 +92,19 @@ class TestPipelineWithSinks:
             self._pipeline(sinks=[sink, DeltaSink("events", table_uri="/lake/f")])
         with pytest.raises(ValueError, match="lake staging directory"):
             self._pipeline(name="has space", sinks=[sink])
+
+
+def test_expectations_are_declared_on_the_pipelines_states():
+    from airflow_txn_provider import RowCondition, RowCount
+
+    rules = [
+        RowCondition(on="word_counts", condition="delta > 0"),
+        RowCount(on="word_counts", min=1),
+    ]
+    assert _pipeline(expectations=rules).expectations == tuple(rules)
+    with pytest.raises(ValueError, match="expectation 'input: delta > 0' is on the input batch"):
+        _pipeline(expectations=[RowCondition(condition="delta > 0")])
+    with pytest.raises(ValueError, match="is on 'nope'; expectations are checked on the pipeline"):
+        _pipeline(expectations=[RowCondition(on="nope", condition="delta > 0")])
+    with pytest.raises(ValueError, match="names must differ"):
+        _pipeline(expectations=[rules[0], rules[0]])

@@ -552,3 +552,18 @@ def test_at_the_bound_a_count_passes_and_one_past_it_fails(mean, spread, k):
     ]:
         if count >= 0:
             assert outcome_of(exp, Measured(exp.name, count), history).taken is taken
+
+
+def test_an_outcome_is_recorded_as_json_and_a_failed_fail_one_marks_a_poison_batch():
+    import json
+
+    from airflow_txn_provider.rules.expectations import failed_a_fail_expectation, outcome_record
+
+    rule = RowCondition(on="s", condition="delta > 0", action="fail", name="pos")
+    verdict = judge_expectations([rule], [Measured("pos", 3, 1, ("k",))])
+    record = outcome_record(verdict.outcomes[0])
+    assert json.loads(json.dumps(record)) == record
+    assert record["taken"] == "failed" and record["sample_keys"] == ["k"]
+    assert failed_a_fail_expectation([record])
+    assert not failed_a_fail_expectation([{**record, "taken": "warned"}])
+    assert not failed_a_fail_expectation(None)

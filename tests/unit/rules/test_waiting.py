@@ -202,3 +202,21 @@ def test_a_claim_makes_as_many_runs_ahead_as_txids_begin_within_a_runs_lead(spac
 def test_the_pace_is_the_mean_spacing_of_the_begins_in_flight():
     assert begin_spacing(_paced(None)) is None
     assert begin_spacing(_paced(0.6, max_pending=4)) == pytest.approx(0.6)
+
+
+def test_a_txid_a_fail_expectation_failed_stops_at_once_whatever_its_budget():
+    """A replay would stage the same rows: the first such failure is a poison batch; a person's
+    rerun after the stop that fails only on its own counts from 0 again."""
+    from airflow_txn_provider.rules.records import TxRecord
+    from airflow_txn_provider.rules.vocabulary import FailureResponse
+    from airflow_txn_provider.rules.waiting import respond_to_failure
+
+    audit = TxRecord(
+        txid=4, attempt=1, status=TxStatus.FAILED, failed_by=4, failed_expectation=True
+    )
+    assert respond_to_failure((audit,), max_attempts=99) is FailureResponse.STOP
+    stopped = dataclasses.replace(audit, response=FailureResponse.STOP)
+    own = TxRecord(txid=4, attempt=2, status=TxStatus.FAILED, failed_by=4)
+    assert respond_to_failure((stopped, own), max_attempts=2) is FailureResponse.REQUEUE
+    cascade = dataclasses.replace(audit, failed_by=3)  # failed with txid 3: 3 answers
+    assert respond_to_failure((cascade,), max_attempts=99) is FailureResponse.LEAVE_TO_ORIGIN

@@ -1,0 +1,121 @@
+"""What the log keeps of the audit before each commit (issue 60): each attempt's outcomes (written
+by :meth:`~airflow_txn_provider.log.rows.TxidRows.record_expectations`), read back here as the
+history a sigma bound is judged against and as a trend; and the quarantine, which a rewind takes
+back with its txids. Every function runs in the caller's database transaction."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import delete, func, select
+
+from airflow_txn_provider.log.models import ATTEMPTS, QUARANTINE, TRANSACTIONS
+from airflow_txn_provider.rules.vocabulary import TxStatus
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection
+
+
+def committed_outcomes(
+    conn: Connection, pipeline: str, last: int, *, before_txid: int | None = None
+) -> list[tuple[int, list[Mapping[str, Any]]]]:
+    """The outcomes recorded by the committed attempts of the newest ``last`` committed txids
+    (before ``before_txid``) that recorded any, oldest first: ``[(txid, outcomes), ...]``."""
+    query = (
+        select(TRANSACTIONS.c.txid, ATTEMPTS.c.expectations)
+        .join(
+            ATTEMPTS,
+            (ATTEMPTS.c.pipeline == TRANSACTIONS.c.pipeline)
+            & (ATTEMPTS.c.txid == TRANSACTIONS.c.txid)
+            & (ATTEMPTS.c.attempt == TRANSACTIONS.c.attempt),
+        )
+        .where(
+            TRANSACTIONS.c.pipeline == pipeline,
+            TRANSACTIONS.c.status == TxStatus.COMMITTED,
+            ATTEMPTS.c.expectations.is_not(None),
+        )
+        .order_by(TRANSACTIONS.c.txid.desc())
+        .limit(last)
+    )
+    if before_txid is not None:
+        query = query.where(TRANSACTIONS.c.txid < before_txid)
+    return [(int(t), list(e)) for t, e in reversed(conn.execute(query).all())]
+
+
+def committed_counts(
+    conn: Connection, pipeline: str, names: Iterable[str], last: int, *, before_txid: int
+) -> dict[str, list[int]]:
+    """Per expectation name, the rows it checked in the newest ``last`` committed txids before
+    ``before_txid`` that checked it, oldest first: a sigma bound's history."""
+    wanted = set(names)
+    counts: dict[str, list[int]] = {name: [] for name in wanted}
+    for _, outcomes in committed_outcomes(conn, pipeline, last, before_txid=before_txid):
+        for outcome in outcomes:
+            if outcome.get("expectation") in wanted:
+                counts[outcome["expectation"]].append(int(outcome["rows_checked"]))
+    return counts
+
+
+@dataclass(frozen=True)
+class QuarantinedRow:
+    """A row a ``drop`` expectation took out of a txid's output."""
+
+    output: str
+    txid: int
+    attempt: int
+    expectations: tuple[str, ...]
+    row: Mapping[str, Any]
+    quarantined_at: datetime
+
+
+def quarantined(
+    conn: Connection, pipeline: str, *, txid: int | None = None, limit: int = 100
+) -> list[QuarantinedRow]:
+    """The pipeline's quarantined rows (of ``txid`` only, if given), newest txid first."""
+    query = select(QUARANTINE).where(QUARANTINE.c.pipeline == pipeline)
+    if txid is not None:
+        query = query.where(QUARANTINE.c.txid == txid)
+    query = query.order_by(QUARANTINE.c.txid.desc(), QUARANTINE.c.id).limit(limit)
+    return [
+        QuarantinedRow(
+            r.output, int(r.txid), int(r.attempt), tuple(r.expectations), r.row, r.quarantined_at
+        )
+        for r in conn.execute(query)
+    ]
+
+
+def quarantined_counts(conn: Connection, pipeline: str) -> dict[str, int]:
+    """Quarantined rows per output of ``pipeline``."""
+    query = (
+        select(QUARANTINE.c.output, func.count())
+        .where(QUARANTINE.c.pipeline == pipeline)
+        .group_by(QUARANTINE.c.output)
+    )
+    return {str(o): int(n) for o, n in conn.execute(query)}
+
+
+def take_back_quarantined(conn: Connection, pipeline: str, from_txid: int) -> dict[str, int]:
+    """A rewind to ``from_txid``: its txids and later ones are undone, and their quarantined rows
+    with them (their replays quarantine again). Returns how many rows went, per output."""
+    gone = conn.execute(
+        delete(QUARANTINE)
+        .where(QUARANTINE.c.pipeline == pipeline, QUARANTINE.c.txid >= from_txid)
+        .returning(QUARANTINE.c.output)
+    ).scalars()
+    taken: dict[str, int] = {}
+    for output in gone:
+        taken[output] = taken.get(output, 0) + 1
+    return taken
+
+
+__all__ = [
+    "QuarantinedRow",
+    "committed_counts",
+    "committed_outcomes",
+    "quarantined",
+    "quarantined_counts",
+    "take_back_quarantined",
+]
