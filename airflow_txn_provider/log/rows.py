@@ -188,8 +188,17 @@ class TxidRows:
             update(ATTEMPTS).where(self._attempt_row(attempt)).values(response=response)
         )
 
-    def record_expectations(self, attempt: int, outcomes: Sequence[Mapping[str, Any]]) -> None:
-        """Record each expectation's outcome for ``attempt`` (its commit's audit), replacing any."""
+    def record_expectations(
+        self, attempt: int, outcomes: Sequence[Mapping[str, Any]], *, keep_others: bool = False
+    ) -> None:
+        """Record each expectation's outcome for ``attempt`` (its commit's audit), replacing what
+        was recorded; ``keep_others``: only the same expectations' (a fill audits its outputs)."""
+        if keep_others:
+            names = {o["expectation"] for o in outcomes}
+            recorded = self.conn.execute(
+                select(ATTEMPTS.c.expectations).where(self._attempt_row(attempt))
+            ).scalar_one_or_none()
+            outcomes = [o for o in recorded or () if o["expectation"] not in names] + [*outcomes]
         self.conn.execute(
             update(ATTEMPTS)
             .where(self._attempt_row(attempt))

@@ -100,6 +100,7 @@ class TxnFillOperator(BaseOperator):
                     chunk=self.chunk,
                     on_progress=lambda line: self.log.info("pipeline=%s %s", p.name, line),
                     stopped=self._stopped.is_set,
+                    expectations=p.expectations,
                 )
             finally:
                 if self._session is not None:

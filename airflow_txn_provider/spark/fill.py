@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
+    from airflow_txn_provider.rules.expectations import Expectation
     from airflow_txn_provider.transactions.transaction_log import TransactionLog
 
 FILL_TXID = "__txn_fill_txid"
@@ -55,13 +56,14 @@ def fill_pipeline(
     wait: float = 1.0,
     on_progress: Callable[[str], None] | None = None,
     stopped: Callable[[], bool] | None = None,
+    expectations: Sequence[Expectation] = (),
 ) -> FillReport:
     """Fill every output of ``pipeline`` that fills from history until each has joined the live
     commits (or was taken over by another fill): :func:`~airflow_txn_provider.transactions.fill.
     fill_outputs`, its chunks computed here. ``spark``: a session, or a factory called once the
     first txid needs computing (a fill that applies staged rows only needs none);
     ``transforms``: the pipeline's jobs' (each computes some of its outputs); ``on_progress`` is
-    called with a line per step (the task log's)."""
+    called with a line per step (the task log's); ``expectations`` audit each filled txid."""
     session: list[SparkSession] = []
     log_url = txlog.engine.url.render_as_string(hide_password=False)
     source = with_log_catalog(source, txlog.engine)  # its files' offsets, as the begins found
@@ -96,6 +98,7 @@ def fill_pipeline(
         wait=wait,
         on_progress=on_progress,
         stopped=stopped,
+        expectations=expectations,
     )
 
 

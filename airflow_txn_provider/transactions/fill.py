@@ -31,7 +31,7 @@ from airflow_txn_provider.log.fill_progress import (
     take_over,
 )
 from airflow_txn_provider.log.models import PIPELINES, TRANSACTIONS
-from airflow_txn_provider.log.rows import lock_pipeline
+from airflow_txn_provider.log.rows import TxidRows, lock_pipeline
 from airflow_txn_provider.rules.exceptions import StagedOutputMismatchError
 from airflow_txn_provider.rules.filling import (
     FILL_CHUNK,
@@ -45,12 +45,14 @@ from airflow_txn_provider.rules.vocabulary import TxStatus
 from airflow_txn_provider.sinks.base import StagedFiles
 from airflow_txn_provider.state import load_states
 from airflow_txn_provider.transactions.apply import Outputs, SinkWrite, apply_txid, clean_up
+from airflow_txn_provider.transactions.audit import Audit, audit_states
 from airflow_txn_provider.transactions.rewind import read_rewound_through
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from sqlalchemy.engine import Connection
 
+    from airflow_txn_provider.rules.expectations import Expectation
     from airflow_txn_provider.sinks.base import LakeSink
     from airflow_txn_provider.state import MapState
     from airflow_txn_provider.transactions.transaction_log import TransactionLog
@@ -119,11 +121,16 @@ def fill_outputs(
     wait: float = 1.0,
     on_progress: Callable[[str], None] | None = None,
     stopped: Callable[[], bool] | None = None,
+    expectations: Sequence[Expectation] = (),
 ) -> FillReport:
     """Fill every output of ``pipeline`` that fills from history until each has joined the live
     commits (or was taken over by another fill). ``compute``: a chunk's results (called only
     where the live processing's staged rows cannot be applied). ``on_progress`` is called with a
-    line per step (the task log's)."""
+    line per step (the task log's). ``expectations`` on the filled states audit each txid as its
+    live commit would: ``warn`` and ``drop`` alike; a failed ``fail`` expectation stops the fill
+    at that txid (:class:`~airflow_txn_provider.rules.exceptions.ExpectationsFailedError`; the
+    txid stays committed, without the output, until the rule or data is fixed and the fill runs
+    again)."""
     started = time.monotonic()
     report = FillReport()
     say = on_progress or (lambda line: log.info("pipeline=%s %s", pipeline, line))
@@ -135,7 +142,7 @@ def fill_outputs(
         say("nothing to fill: no output of the pipeline fills from history")
         return report
     say(f"filling {sorted(mine)} from history")
-    filler = _Filler(txlog, pipeline, compute, list(sinks), report, say)
+    filler = _Filler(txlog, pipeline, compute, list(sinks), report, say, list(expectations))
     while mine and not is_stopped():
         last_committed = txlog.last_committed(pipeline)
         steps = {name: next_step(p, last_committed, chunk=chunk) for name, p in mine.items()}
@@ -169,9 +176,10 @@ class _Filler:
         sinks: list[LakeSink],
         report: FillReport,
         say: Callable[[str], None],
+        expectations: list[Expectation],
     ) -> None:
         self.txlog, self.pipeline, self._compute = txlog, pipeline, compute
-        self.report, self.say = report, say
+        self.report, self.say, self.expectations = report, say, expectations
         self.states = load_states(txlog.engine, pipeline)
         log_url = txlog.engine.url.render_as_string(hide_password=False)
         self.all = Outputs.open(pipeline, list(self.states.values()), sinks, log_url)
@@ -291,6 +299,25 @@ class _Filler:
                     s.name: _recorded_files(self.pipeline, txid, attempt, output, s)
                     for s in outputs.sinks
                 }
+            staged = FILL_ATTEMPT if computed is not None else attempt
+            audit = Audit()
+            audit_states(
+                conn,
+                outputs.states,
+                [e for e in self.expectations if e.on in rows],
+                txid,
+                attempt,
+                rows=rows,
+                audit=audit,
+                staged_attempt=staged,
+            )
+            if audit.outcomes:
+                TxidRows(conn, self.pipeline, txid).record_expectations(
+                    attempt, audit.records(), keep_others=True
+                )
+                rows = {
+                    n: None if r is None else r - audit.dropped.get(n, 0) for n, r in rows.items()
+                }
             applied = apply_txid(
                 conn,
                 outputs,
@@ -298,7 +325,7 @@ class _Filler:
                 attempt,
                 rows=rows,
                 files=files,
-                staged_attempt=FILL_ATTEMPT if computed is not None else attempt,
+                staged_attempt=staged,
                 rewound_through=rewound,
                 committed_through=committed,
                 fill=True,

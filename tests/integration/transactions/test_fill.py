@@ -416,3 +416,69 @@ def test_retention_keeps_what_the_fill_needs_and_prunes_after_the_join(
     assert [t for _, _, t in pruned_while_filling] == [2, 4, 6]
     assert [a for _, a, _ in pruned_while_filling] == [2, 4, 5]  # keep_txids=1 keeps txid 6
     assert txlog.prune(p) == 0 and txlog.retention(p).pruned_through_txid == 5
+
+
+def test_a_fill_audits_each_txid_as_its_live_commit_would(txlog, spark, source, tmp_path):
+    """An output added with ``start="history"`` and expectations on it: the fill drops, warns
+    and quarantines exactly as commits that had it from txid 1 did; a failed ``fail`` one stops
+    the fill at its txid, naming it, and the output holds nothing past the txid before it."""
+    from airflow_txn_provider import ExpectationsFailedError, RowCondition, RowCount
+    from airflow_txn_provider.log.expectations import quarantined
+
+    def rules(p):
+        on = f"{p}_lengths"
+        return [
+            RowCondition(on=on, condition="n % 3 <> 0", action="drop", name="not thirds"),
+            RowCondition(on=on, condition="delta < 3", name="rare lengths"),
+        ]
+
+    def v3(p):  # the counts and the lengths
+        both = v2(p)
+        return lambda batch: {
+            k: v for k, v in both(batch).items() if k in (f"{p}_counts", f"{p}_lengths")
+        }
+
+    def run(p, added, txids=5):
+        states, _ = outputs(p, tmp_path / "lake")
+        declare(txlog, p, states[:1] if added else states[:2], [])
+        for _ in range(txids):
+            e = begin(txlog, p, source)
+            process(spark, txlog, p, source, e, v3(p) if not added else v1(p), [])
+            exp = [] if added else rules(p)
+            assert commit_registered(txlog, p, e.txid, e.attempt, [], exp).applied
+        return states
+
+    filled = run("fa", added=True)
+    declare(txlog, "fa", filled[:2], [], start={"fa_lengths": "history"})
+    report = fill_pipeline(
+        txlog, "fa", spark=spark, source=source, transforms=[v3("fa")], expectations=rules("fa")
+    )
+    assert report.joined_after == {"fa_lengths": 5}
+    truth = run("ga", added=False)
+    assert table_rows(txlog, filled[1]) == table_rows(txlog, truth[1])
+    with txlog.engine.connect() as conn:
+        mine = sorted(
+            (q.txid, q.expectations, tuple(q.row.items())) for q in quarantined(conn, "fa")
+        )
+        theirs = sorted(
+            (q.txid, q.expectations, tuple(q.row.items())) for q in quarantined(conn, "ga")
+        )
+    assert mine == theirs and mine
+    for txid in range(1, 6):
+        got = {
+            o["expectation"]: {**o, "on": 0} for o in txlog.attempts("fa", txid)[-1].expectations
+        }
+        want = {
+            o["expectation"]: {**o, "on": 0} for o in txlog.attempts("ga", txid)[-1].expectations
+        }
+        assert got == want, txid
+
+    # a fail expectation that txid 1 fails stops the fill there
+    stopped = run("fs", added=True)
+    declare(txlog, "fs", stopped[:2], [], start={"fs_lengths": "history"})
+    strict = [RowCount(on="fs_lengths", max=0, action="fail", name="none")]  # every txid fails
+    with pytest.raises(ExpectationsFailedError, match=r"txid=1 .*'none' on fs_lengths"):
+        fill_pipeline(
+            txlog, "fs", spark=spark, source=source, transforms=[v3("fs")], expectations=strict
+        )
+    assert table_rows(txlog, stopped[1]) == []
