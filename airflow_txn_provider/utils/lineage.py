@@ -5,7 +5,9 @@ the answers are built here. Every task that knows its txid adds the run facet
 ``airflowTxn_transaction``; the claim and the processing jobs name the source as input, with the
 attempt's batch in ``airflowTxn_batch``; the commit, once its txid committed, names every state
 and lake table as outputs (a lake table with its version and ``outputStatistics``). An attempt
-that did not commit names no output. The custom facets' schemas ship in ``lineage_schemas/``.
+that did not commit names no output. The commit of a pipeline with expectations names each
+audited dataset as an input with the spec's ``dataQualityAssertions``, committed or not. The
+custom facets' schemas ship in ``lineage_schemas/``.
 Datasets follow OpenLineage's naming spec, a lake table named by its storage location as its
 Spark integration does (an Iceberg table's catalog name in ``symlinks``). The OpenLineage client
 is imported only when a listener asks.
@@ -16,7 +18,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -24,6 +26,7 @@ from urllib.parse import urlsplit
 import attrs
 
 from airflow_txn_provider import __version__
+from airflow_txn_provider.rules.expectations import INPUT, Action, Taken
 from airflow_txn_provider.rules.vocabulary import TxStatus
 
 if TYPE_CHECKING:
@@ -37,6 +40,13 @@ RUN_FACET = "airflowTxn_transaction"
 """The run facet's key: pipeline, txid, attempt, committed."""
 BATCH_FACET = "airflowTxn_batch"
 """The source input's facet key: the attempt's batch (the txid's metadata)."""
+QUALITY_FACET = "dataQualityAssertions"
+"""The spec's input facet of a dataset's checks: one assertion per expectation an audit judged."""
+MET = frozenset({str(Taken.PASSED), str(Taken.NOT_ENOUGH_HISTORY)})
+"""Outcomes of an expectation the data met: an assertion's ``success``. Warned, dropped and failed
+are not: the data failed the expectation, whatever its action then did."""
+SEVERITY = {str(Action.FAIL): "error", str(Action.WARN): "warn", str(Action.DROP): "warn"}
+"""An assertion's ``severity`` by action: ``error`` blocks the pipeline (the spec's meaning)."""
 PROJECT_URL = "https://pypi.org/project/airflow-txn-provider/"
 PRODUCER = f"{PROJECT_URL}{__version__}/"
 """The custom facets' ``_producer``: this provider, at its version."""
@@ -120,6 +130,7 @@ def task_lineage(
     reads_batch: bool,
     committed_output: Mapping[str, Any] | None = None,
     log_url: str | None = None,
+    expectations: Iterable[Mapping[str, Any]] = (),
 ) -> Any:
     """The ``OperatorLineage`` of one task of a txid's run.
 
@@ -129,6 +140,9 @@ def task_lineage(
     :param committed_output: the output the log recorded for the txid, once it committed (only
         then are there outputs).
     :param log_url: the transaction log's URL (where the state tables live), for the outputs.
+    :param expectations: the outcomes the attempt's audit recorded (:func:`~airflow_txn_provider.
+        rules.expectations.outcome_record`): each audited dataset is an input, with its
+        assertions in ``dataQualityAssertions`` (:func:`audited_datasets`).
     """
     from airflow.providers.openlineage.extractors import OperatorLineage
     from openlineage.client.event_v2 import InputDataset, OutputDataset
@@ -151,10 +165,15 @@ def task_lineage(
         )
     }
     inputs = []
+    quality = {
+        where: {QUALITY_FACET: assertions_facet(outcomes)}
+        for where, outcomes in audited_datasets(txn_pipeline, expectations, log_url).items()
+    }
     source = txn_pipeline.source.lineage_dataset() if reads_batch else None
     if source is not None:
         batch = {BATCH_FACET: batch_facet(batch=claim.get("metadata"), producer=PRODUCER)}
-        inputs.append(InputDataset(*source, inputFacets=batch))
+        inputs.append(InputDataset(*source, inputFacets=batch | quality.pop(source, {})))
+    inputs += [InputDataset(*where, inputFacets=facets) for where, facets in quality.items()]
     outputs = []
     done: Mapping[str, Any] = committed_output if committed_output is not None else {}
     for state in txn_pipeline.states if committed_output is not None else ():
@@ -180,6 +199,60 @@ def task_lineage(
             )
         )
     return OperatorLineage(inputs=inputs, outputs=outputs, run_facets=run)
+
+
+def audited_datasets(
+    txn_pipeline: TxnPipeline, outcomes: Iterable[Mapping[str, Any]], log_url: str | None
+) -> dict[tuple[str, str], list[Mapping[str, Any]]]:
+    """``(namespace, name)`` -> the outcomes on it, in the order recorded: an outcome on a state is
+    on its table (named as the commit's output), on a lake sink on its table, on the input batch
+    on the source; one on an output the pipeline no longer declares, on the source (the batch the
+    output came from). Left out (logged) when that source has no name."""
+    outcomes = list(outcomes)
+    if not outcomes:
+        return {}
+    outputs: dict[str, tuple[str, str]] = {
+        s.name: postgres_dataset(log_url or "postgresql://", s.table) for s in txn_pipeline.states
+    }
+    outputs.update((k.name, k.lineage_dataset()) for k in txn_pipeline.sinks)
+    source = txn_pipeline.source.lineage_dataset()
+    found: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for outcome in outcomes:
+        on = outcome.get("on")
+        where = source if on == INPUT else outputs.get(str(on), source)
+        if where is None:
+            log.info(
+                "expectation %r on %s: no dataset to name it on", outcome.get("expectation"), on
+            )
+            continue
+        found.setdefault(where, []).append(outcome)
+    return found
+
+
+def assertions_facet(outcomes: Iterable[Mapping[str, Any]]) -> Any:
+    """The spec's ``DataQualityAssertionsDatasetFacet`` of one dataset's recorded outcomes: per
+    expectation its name (``assertion`` and ``name``), whether the data met it (``success``,
+    :data:`MET`), :data:`SEVERITY`, the outcome's message and, in ``params``, what the audit
+    counted and did. No sample keys: they are data, kept in the log."""
+    from openlineage.client.facet_v2 import data_quality_assertions_dataset as dq
+
+    return dq.DataQualityAssertionsDatasetFacet(
+        assertions=[
+            dq.Assertion(
+                assertion=str(o["expectation"]),
+                success=o.get("taken") in MET,
+                severity=SEVERITY.get(str(o.get("action"))),
+                name=str(o["expectation"]),
+                description=o.get("message") or None,
+                params={
+                    k: o[k]
+                    for k in ("on", "action", "taken", "rows_checked", "rows_failed")
+                    if k in o
+                },
+            )
+            for o in outcomes
+        ]
+    )
 
 
 def _symlinks(sink: LakeSink, log_url: str | None) -> Any:
@@ -241,8 +314,30 @@ class TxidLineage:
             reads_batch=self.reads_batch,
             committed_output=(info.output or {}) if committed and info is not None else None,
             log_url=self.txn_log_url(),
+            expectations=self._audit(claim),
         )
 
     def get_openlineage_facets_on_failure(self, task_instance: Any) -> Any:
-        """As on completion, never with outputs: a failed task committed nothing."""
-        return task_lineage(self.txn_pipeline, self._lineage_claim, reads_batch=self.reads_batch)
+        """As on completion, never with outputs: a failed task committed nothing. The commit
+        still names what its attempt's audit found (a ``fail`` expectation fails it)."""
+        claim, p = self._lineage_claim, self.txn_pipeline
+        audit = self._audit(claim) if self.commits and claim is not None else ()
+        log_url = self.txn_log_url() if audit else None
+        return task_lineage(
+            p, claim, reads_batch=self.reads_batch, log_url=log_url, expectations=audit
+        )
+
+    def _audit(self, claim: Mapping[str, Any]) -> Sequence[Mapping[str, Any]]:
+        """The outcomes the audit of the claim's attempt recorded; none read for a pipeline that
+        declares no expectations. A read that fails costs the assertions, never the event."""
+        p = self.txn_pipeline
+        if not p.expectations:
+            return ()
+        try:
+            attempts = self.txlog().attempts(p.name, claim["txid"])
+        except Exception as err:
+            log.warning(
+                "pipeline=%s: its expectations are left out of the lineage: %s", p.name, err
+            )
+            return ()
+        return next((a.expectations for a in attempts if a.attempt == claim["attempt"]), ())

@@ -13,10 +13,22 @@ import pytest
 from openlineage.client.event_v2 import Job, Run, RunEvent, RunState
 from openlineage.client.serde import Serde
 
-from airflow_txn_provider import __version__
+from airflow_txn_provider import (
+    RowCondition,
+    RowCount,
+    RowCountWithinSigma,
+    __version__,
+)
 from airflow_txn_provider.compat.airflow import TaskDeferred
 from airflow_txn_provider.dag_builder import build_dag
+from airflow_txn_provider.log.reads import AttemptInfo
 from airflow_txn_provider.pipeline import TxnPipeline
+from airflow_txn_provider.rules.expectations import (
+    Measured,
+    Taken,
+    judge_expectations,
+    outcome_record,
+)
 from airflow_txn_provider.rules.vocabulary import TxStatus
 from airflow_txn_provider.sinks import DeltaSink, IcebergSink
 from airflow_txn_provider.sources.parquet import PartitionedParquetSource
@@ -24,9 +36,11 @@ from airflow_txn_provider.state import MapState
 from airflow_txn_provider.utils.lineage import (
     BATCH_FACET,
     PRODUCER,
+    QUALITY_FACET,
     RUN_FACET,
     SCHEMAS,
     TxidLineage,
+    audited_datasets,
     path_dataset,
     postgres_dataset,
     task_lineage,
@@ -261,6 +275,182 @@ def test_an_iceberg_catalog_from_a_connection_names_its_database_and_a_missing_o
     )
     [table] = [o for o in sent["outputs"] if o["namespace"] == "file"]
     assert "symlinks" not in table["facets"]  # the event still goes, without the catalog's name
+
+
+# -- the audit's outcomes as the spec's dataQualityAssertions (issue 60) -----------------------
+
+STATE_DATASET = ("postgres://db.example:6543", "txnlog.public.txn_state_word_counts")
+EXPECTATIONS = [
+    RowCondition(on="word_counts", condition="word <> ''", action="drop", name="no empty word"),
+    RowCondition(on="word_counts", condition="delta > 0", name="positive"),  # warn
+    RowCount(on="word_counts", min=1, max=1_000, action="fail"),
+    RowCountWithinSigma(on="word_counts", name="steady"),  # young: not enough history
+]
+
+
+def _outcomes(**failing: int) -> list[dict[str, Any]]:
+    """:data:`EXPECTATIONS` judged over 40 staged rows, ``failing`` rows failing a condition
+    (by name), with the real rules: the records a commit's audit stores."""
+    measured = [
+        Measured(e.name, 40, failing.get(e.name, 0), ("k",) * min(failing.get(e.name, 0), 1))
+        for e in EXPECTATIONS
+    ]
+    verdict = judge_expectations(EXPECTATIONS, measured, {"steady": [40, 41]})
+    return [outcome_record(o) for o in verdict.outcomes]
+
+
+def _assertions(dataset: dict[str, Any]) -> dict[str, tuple[bool, str]]:
+    facet = dataset["inputFacets"][QUALITY_FACET]
+    return {a["assertion"]: (a["success"], a["severity"]) for a in facet["assertions"]}
+
+
+def test_a_commit_names_the_audited_state_with_its_assertions_valid_against_the_spec(schemas):
+    outcomes = _outcomes(**{"no empty word": 3, "positive": 5})
+    assert [o["taken"] for o in outcomes] == ["dropped", "warned", "passed", "not_enough_history"]
+    lineage = task_lineage(
+        _pipeline(expectations=EXPECTATIONS),
+        CLAIM,
+        reads_batch=True,
+        committed_output={"staged:word_counts": 40},
+        log_url=LOG_URL,
+        expectations=outcomes,
+    )
+    event = _event(lineage)
+    assert schemas.problems(event) == []
+    source, state = event["inputs"]  # the state's table, named as the commit's output is
+    assert QUALITY_FACET not in source["inputFacets"] and BATCH_FACET in source["inputFacets"]
+    assert (state["namespace"], state["name"]) == STATE_DATASET
+    assert [(o["namespace"], o["name"]) for o in event["outputs"]] == [STATE_DATASET]
+    facet = state["inputFacets"][QUALITY_FACET]
+    # the spec's own facet (1-1-0, the client's), so the check above was against its schema
+    assert facet["_schemaURL"].startswith("https://openlineage.io/spec/facets/1-1-0/")
+    assert _assertions(state) == {  # success: the data met it; warned and dropped did not
+        "no empty word": (False, "warn"),
+        "positive": (False, "warn"),
+        "word_counts: rows in [1, 1000]": (True, "error"),
+        "steady": (True, "warn"),
+    }
+    dropped = facet["assertions"][0]
+    assert dropped["params"] == {
+        "on": "word_counts",
+        "action": "drop",
+        "taken": "dropped",
+        "rows_checked": 40,
+        "rows_failed": 3,
+    }
+    assert dropped["description"] == outcomes[0]["message"] and "column" not in dropped
+    assert "sample_keys" not in json.dumps(facet) and "secret" not in json.dumps(event)
+
+
+def test_assertions_off_the_spec_schema_are_caught(schemas):
+    lineage = task_lineage(
+        _pipeline(), CLAIM, reads_batch=False, log_url=LOG_URL, expectations=_outcomes()
+    )
+    event = _event(lineage)
+    event["inputs"][0]["inputFacets"][QUALITY_FACET]["assertions"][0]["success"] = "yes"
+    [problem] = schemas.problems(event)
+    assert QUALITY_FACET in problem and "DataQualityAssertionsDatasetFacet" in problem
+
+
+def test_assertions_on_the_input_batch_or_a_dropped_output_go_on_the_source():
+    records = [
+        {"expectation": "a", "on": "input", "action": "warn", "taken": "passed"},
+        {"expectation": "b", "on": "word_counts", "action": "warn", "taken": "warned"},
+        {"expectation": "c", "on": "gone_state", "action": "fail", "taken": "failed"},
+    ]
+    p = _pipeline()
+    found = audited_datasets(p, records, LOG_URL)
+    assert {k: [o["expectation"] for o in v] for k, v in found.items()} == {
+        ("file", "/data/words"): ["a", "c"],
+        STATE_DATASET: ["b"],
+    }
+    # the processing task's source input carries its batch and the assertions, one dataset
+    sent = _json(task_lineage(p, CLAIM, reads_batch=True, log_url=LOG_URL, expectations=records))
+    source, state = sent["inputs"]
+    assert set(source["inputFacets"]) == {BATCH_FACET, QUALITY_FACET}
+    assert _assertions(source) == {"a": (True, "warn"), "c": (False, "error")}
+    assert _assertions(state) == {"b": (False, "warn")}
+
+
+def test_an_audit_on_a_source_without_a_name_is_left_out(monkeypatch):
+    p = _pipeline()
+    monkeypatch.setattr(type(p.source), "lineage_dataset", lambda self: None)
+    records = [{"expectation": "a", "on": "input", "taken": "passed"}]
+    assert audited_datasets(p, records, LOG_URL) == {}
+    assert audited_datasets(p, [], LOG_URL) == {}
+
+
+def _attempt(attempt: int, status: TxStatus, outcomes: list[dict[str, Any]]) -> AttemptInfo:
+    return AttemptInfo(
+        "words", 7, attempt, status, {}, None, None, None, None, None, expectations=outcomes
+    )
+
+
+class _AuditedLog(_Log):
+    """The fake log, with attempts: the older one's audit unlike the claim's."""
+
+    def __init__(self, info: _Info | None, attempts: list[AttemptInfo] | Exception) -> None:
+        super().__init__(info)
+        self.found = attempts
+        self.reads = 0
+
+    def attempts(self, pipeline: str, txid: int) -> list[AttemptInfo]:
+        assert (pipeline, txid) == ("words", CLAIM["txid"])
+        self.reads += 1
+        if isinstance(self.found, Exception):
+            raise self.found
+        return self.found
+
+
+def _commit_task(monkeypatch, p: TxnPipeline, txlog: _Log) -> Any:
+    monkeypatch.setenv("AIRFLOW_CONN_TXN_LOG_DEFAULT", LOG_URL.replace("+psycopg", ""))
+    commit = build_dag(p).get_task("commit")
+    monkeypatch.setattr(commit, "txlog", lambda: txlog)
+    commit._lineage_claim = CLAIM
+    return commit
+
+
+def test_the_commit_task_names_its_own_attempts_audit_committed_or_failed(monkeypatch, schemas):
+    passed = _outcomes()
+    stopped = [o | {"taken": str(Taken.FAILED)} if o["action"] == "fail" else o for o in passed]
+    older = _attempt(1, TxStatus.FAILED, passed)
+    txlog = _AuditedLog(
+        _Info(TxStatus.COMMITTED, 2, {"staged:word_counts": 40}),
+        [older, _attempt(2, TxStatus.COMMITTED, passed)],
+    )
+    commit = _commit_task(monkeypatch, _pipeline(expectations=EXPECTATIONS), txlog)
+    done = _event(commit.get_openlineage_facets_on_complete(None))
+    assert schemas.problems(done) == [] and len(done["outputs"]) == 1
+    [state] = done["inputs"]
+    assert _assertions(state)["word_counts: rows in [1, 1000]"] == (True, "error")
+
+    # a fail expectation failed the claim's attempt: the commit task fails, naming why
+    txlog.found = [older, _attempt(2, TxStatus.FAILED, stopped)]
+    failed = _event(commit.get_openlineage_facets_on_failure(None))
+    assert schemas.problems(failed) == [] and failed["outputs"] == []
+    [state] = failed["inputs"]
+    assert (state["namespace"], state["name"]) == STATE_DATASET
+    assert _assertions(state)["word_counts: rows in [1, 1000]"] == (False, "error")
+    assert failed["run"]["facets"][RUN_FACET]["committed"] is False
+
+    txlog.found = [older]  # the claim's attempt recorded no audit (it failed before it)
+    assert commit.get_openlineage_facets_on_failure(None).inputs == []
+
+
+def test_a_failed_read_of_the_audit_costs_the_assertions_never_the_event(monkeypatch):
+    txlog = _AuditedLog(_Info(TxStatus.COMMITTED, 2, {}), OSError("the log is restarting"))
+    commit = _commit_task(monkeypatch, _pipeline(expectations=EXPECTATIONS), txlog)
+    done = commit.get_openlineage_facets_on_complete(None)
+    assert (done.inputs, len(done.outputs), txlog.reads) == ([], 1, 1)
+    assert commit.get_openlineage_facets_on_failure(None).inputs == []
+
+
+def test_a_pipeline_without_expectations_reads_no_audit(monkeypatch):
+    txlog = _AuditedLog(_Info(TxStatus.COMMITTED, 2, {}), [])
+    commit = _commit_task(monkeypatch, _pipeline(), txlog)
+    commit.get_openlineage_facets_on_complete(None)
+    commit.get_openlineage_facets_on_failure(None)
+    assert txlog.reads == 0
 
 
 # -- the failure sensor's run ends with an event ----------------------------------------------
