@@ -111,11 +111,41 @@ def take_back_quarantined(conn: Connection, pipeline: str, from_txid: int) -> di
     return taken
 
 
+def attempt_outcomes(
+    conn: Connection, pipeline: str, *, since_txid: int
+) -> list[tuple[int, int, list[Mapping[str, Any]]]]:
+    """The outcomes every attempt of the txids above ``since_txid`` recorded, oldest first:
+    ``[(txid, attempt, outcomes), ...]``, attempts that recorded none left out. The Transactions
+    page's listed txids: the current attempt's audit, and which attempts a ``fail`` stopped."""
+    query = (
+        select(ATTEMPTS.c.txid, ATTEMPTS.c.attempt, ATTEMPTS.c.expectations)
+        .where(
+            ATTEMPTS.c.pipeline == pipeline,
+            ATTEMPTS.c.txid > since_txid,
+            ATTEMPTS.c.expectations.is_not(None),
+        )
+        .order_by(ATTEMPTS.c.txid, ATTEMPTS.c.attempt)
+    )
+    return [(int(t), int(a), list(e)) for t, a, e in conn.execute(query)]
+
+
+def quarantined_counts_of(conn: Connection, pipeline: str, txid: int) -> dict[str, int]:
+    """Quarantined rows of one txid of ``pipeline``, per output."""
+    query = (
+        select(QUARANTINE.c.output, func.count())
+        .where(QUARANTINE.c.pipeline == pipeline, QUARANTINE.c.txid == txid)
+        .group_by(QUARANTINE.c.output)
+    )
+    return {str(o): int(n) for o, n in conn.execute(query)}
+
+
 __all__ = [
     "QuarantinedRow",
+    "attempt_outcomes",
     "committed_counts",
     "committed_outcomes",
     "quarantined",
     "quarantined_counts",
+    "quarantined_counts_of",
     "take_back_quarantined",
 ]

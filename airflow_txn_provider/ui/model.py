@@ -335,6 +335,7 @@ def attempt_row(a: AttemptInfo, now: datetime) -> dict[str, Any]:
         "failed_by_earlier": failed_by_earlier(a.txid, a.failed_by),
         "timings": dict(a.timings),
         "timings_text": timings_text(a.timings),
+        "audit": audit_summary(a.expectations),
     }
 
 
@@ -378,16 +379,7 @@ def chart_series(txs: Sequence[TransactionInfo], now: datetime) -> dict[str, Any
     Txids before the listed ones are committed, so the lines start at the oldest listed txid - 1.
     Times of earlier attempts are not drawn: each txid counts with its current attempt.
     """
-    if not txs:
-        return {
-            "now": _epoch(now),
-            "committed": [],
-            "processed": [],
-            "lag": [],
-            "per_minute": [],
-            "rate_per_min": 0.0,
-        }
-    base = min(t.txid for t in txs) - 1
+    base = min((t.txid for t in txs), default=1) - 1
     events: list[tuple[datetime, int, int]] = []  # (time, 0 processed / 1 committed, txid)
     for t in txs:
         if t.processed_at is not None and t.status in (TxStatus.PROCESSED, TxStatus.COMMITTED):
@@ -475,3 +467,33 @@ def with_completeness(
 def state_error(name: str, error: str) -> dict[str, Any]:
     """A state whose table could not be read: its name and why, instead of a broken page."""
     return {"name": name, "type": "error", "error": error}
+
+
+# -- the audit before each commit (issue 60) -------------------------------------------------------
+
+TAKEN_ORDER = ("failed", "warned", "dropped", "not_enough_history", "passed")
+"""Outcomes (``rules.expectations.Taken``) as a txid's audit names them, the worst first."""
+
+
+def audit_summary(outcomes: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """An attempt's outcomes in a few words, the worst first (``failed: <name>``, ``1 warned · 1
+    dropped (12 rows) · 3 passed``; ``""`` when it recorded none), its worst outcome (``level``)
+    and one line per expectation (``title``)."""
+    by: dict[str, list[Mapping[str, Any]]] = {taken: [] for taken in TAKEN_ORDER}
+    for o in outcomes:
+        by.setdefault(str(o.get("taken")), []).append(o)
+    failed = ", ".join(str(o.get("expectation")) for o in by["failed"])
+    parts, lines = [f"failed: {failed}"] if failed else [], []
+    for taken, found in by.items():
+        rows = f" ({sum(int(o.get('rows_failed') or 0) for o in found)} rows)"
+        if found and taken != "failed":
+            parts.append(
+                f"{len(found)} {taken.replace('_', ' ')}{rows if taken == 'dropped' else ''}"
+            )
+        lines += [
+            f"{o.get('expectation')} on {o.get('on')} ({o.get('action')}): {taken}, "
+            f"{o.get('rows_failed')} of {o.get('rows_checked')} rows failed"
+            for o in found
+        ]
+    level = next((taken for taken, found in by.items() if found), "")
+    return {"text": " · ".join(parts), "level": level, "title": "\n".join(lines)}

@@ -14,7 +14,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection, Hashable, Mapping
+from collections import Counter
+from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +23,11 @@ from sqlalchemy import text
 from sqlalchemy.exc import InterfaceError, OperationalError, SQLAlchemyError
 
 from airflow_txn_provider.hooks.txn_log import TxnLogHook
+from airflow_txn_provider.log.expectations import (
+    attempt_outcomes,
+    quarantined,
+    quarantined_counts_of,
+)
 from airflow_txn_provider.log.health import health_from_log
 from airflow_txn_provider.log.outputs import read_completeness
 from airflow_txn_provider.operators.txn import PIPELINE_FIELD
@@ -31,15 +37,19 @@ from airflow_txn_provider.rules.exceptions import (
     TxnError,
     UnknownPipelineError,
 )
+from airflow_txn_provider.rules.vocabulary import TxStatus
 from airflow_txn_provider.state import GlobalState, load_states, quote_ident
 from airflow_txn_provider.timetables import txid_run_id
 from airflow_txn_provider.transactions.transaction_log import TransactionLog, engine_from_url
 from airflow_txn_provider.ui import model, rewind_options
 from airflow_txn_provider.ui.errors import LogUnavailableError
+from airflow_txn_provider.utils.redaction import redact
 
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
+    from airflow_txn_provider.log.expectations import QuarantinedRow
+    from airflow_txn_provider.log.reads import AttemptInfo
     from airflow_txn_provider.rules.records import PipelineView
     from airflow_txn_provider.state import MapState
     from airflow_txn_provider.transactions.retention import RetentionInfo
@@ -228,18 +238,22 @@ def pipelines_payload(
 def pipeline_payload(
     txlog: TransactionLog, pipeline: str, now: datetime, limit: int = model.TXID_LIMIT
 ) -> dict[str, Any]:
-    """One pipeline: summary, newest ``limit`` txids (each with what a rewind to it recomputes),
-    chart series, committed states, its outputs and from which txid each is complete, retention
-    and how far back a rewind reaches."""
+    """One pipeline: summary, newest ``limit`` txids (each with its current attempt's audit and
+    what a rewind to it recomputes), chart series, committed states, its outputs and from which
+    txid each is complete, each expectation's trend, retention and how far back a rewind
+    reaches."""
     view = txlog.view(pipeline)  # UnknownPipelineError: a 404
     summary = model.pipeline_summary(view)
-    txs = txlog.transactions(
-        pipeline, since_txid=model.window_since(summary["newest_txid"], limit), limit=limit
-    )
+    since = model.window_since(summary["newest_txid"], limit)
+    txs = txlog.transactions(pipeline, since_txid=since, limit=limit)
     retention = txlog.retention(pipeline)
     floor = retention.rewind_floor
     with txlog.engine.connect() as conn:
         outputs = read_completeness(conn, pipeline)
+        audited = attempt_outcomes(conn, pipeline, since_txid=since)  # an index range: bounded
+    done = {(t.txid, t.attempt) for t in txs if t.status is TxStatus.COMMITTED}
+    committed = [(txid, found) for txid, attempt, found in audited if (txid, attempt) in done]
+    rows = with_audit(model.txid_rows(txs, now), audited)
     # A fill from history changes its state between commits: its progress is part of the version
     filled = tuple((o["name"], o["fill"]["filled_through"]) for o in outputs if o["filling"])
     version = (summary["last_committed"], filled) if filled else summary["last_committed"]
@@ -247,10 +261,14 @@ def pipeline_payload(
     return {
         "pipeline": {**summary, "health": _health(txlog, view, now)},
         "limit": limit,
-        "txids": rewind_options.with_rewind_options(model.txid_rows(txs, now), view, floor),
+        "txids": rewind_options.with_rewind_options(rows, view, floor),
         "chart": model.chart_series(txs, now),
         "states": model.with_completeness(states, outputs),
         "outputs": outputs,
+        "expectations": {
+            "committed_txids": len(committed),
+            "trends": expectation_trends(committed, audited),
+        },
         "retention": _retention(retention),
         "rewind": rewind_options.rewind_reach(view, floor),
         "now": model.iso(now),
@@ -275,23 +293,133 @@ def _retention(r: RetentionInfo) -> dict[str, Any]:
 
 
 def txid_payload(txlog: TransactionLog, pipeline: str, txid: int, now: datetime) -> dict[str, Any]:
-    """One txid: its current record and every attempt. A txid whose run exists but that has not
-    begun yet (no data, or waiting for its turn) has no record: ``current`` is ``None``; so has a
-    txid whose record retention pruned (``pruned``: committed long ago)."""
+    """One txid: its current record, every attempt and its audit (:func:`txid_audit`). A txid
+    whose run exists but that has not begun yet (no data, or waiting for its turn) has no
+    record: ``current`` is ``None``; so has a txid whose record retention pruned (``pruned``:
+    committed long ago)."""
     last_committed = txlog.last_committed(pipeline)  # UnknownPipelineError: a 404
     current = txlog.transaction(pipeline, txid)
     attempts = txlog.attempts(pipeline, txid) if current is not None else []
     pruned = current is None and txid <= txlog.retention(pipeline).pruned_through_txid
+    with txlog.engine.connect() as conn:
+        rows = quarantined(conn, pipeline, txid=txid, limit=QUARANTINE_SAMPLE)
+        counts = quarantined_counts_of(conn, pipeline, txid)
+    audited = [(a.txid, a.attempt, list(a.expectations)) for a in attempts if a.expectations]
     return {
         "pipeline": pipeline,
         "txid": txid,
         "run_id": txid_run_id(txid),
         "last_committed": last_committed,
-        "current": model.txid_row(current, now) if current is not None else None,
+        "current": with_audit([model.txid_row(current, now)], audited)[0] if current else None,
         "pruned": pruned,
         "attempts": model.attempt_rows(attempts, now),
+        "audit": txid_audit(attempts, rows, counts),
         "now": model.iso(now),
     }
+
+
+# -- the audit before each commit (issue 60) -------------------------------------------------
+
+QUARANTINE_SAMPLE = 20
+"""Quarantined rows a txid's panel lists (its count says how many there are)."""
+SPARK_BOX = (160, 28)
+"""Width and height of an expectation's sparkline, in SVG user units (the page draws it so)."""
+Audited = Iterable[tuple[int, int, Sequence[Mapping[str, Any]]]]
+"""``(txid, attempt, outcomes)`` of attempts that recorded any (:func:`attempt_outcomes`)."""
+
+
+def with_audit(rows: list[dict[str, Any]], audited: Audited) -> list[dict[str, Any]]:
+    """``rows`` (:func:`model.txid_rows`), each with its current attempt's ``audit``
+    (:func:`model.audit_summary`; its ``text`` empty when that attempt recorded no outcome)."""
+    outcomes = {(txid, attempt): found for txid, attempt, found in audited}
+    for row in rows:
+        row["audit"] = model.audit_summary(outcomes.get((row["txid"], row["attempt"]), ()))
+    return rows
+
+
+def txid_audit(
+    attempts: Sequence[AttemptInfo], rows: Sequence[QuarantinedRow], counts: Mapping[str, int]
+) -> dict[str, Any]:
+    """A txid's audit panel: the outcomes of its newest attempt that recorded any (``attempt``
+    ``None``: none did, no expectation is declared or none was judged yet) and its quarantined
+    rows (``quarantined``: how many, ``quarantined_by_output``, ``quarantine``: a sample). A
+    message may quote the database's error: redacted like every error shown."""
+    newest = max((a for a in attempts if a.expectations), key=lambda a: a.attempt, default=None)
+    outcomes = list(newest.expectations) if newest is not None else []
+    return {
+        "attempt": newest.attempt if newest is not None else None,
+        "summary": model.audit_summary(outcomes),
+        "outcomes": [{**o, "message": redact(str(o.get("message") or ""))} for o in outcomes],
+        "quarantined": sum(counts.values()),
+        "quarantined_by_output": dict(sorted(counts.items())),
+        "quarantine": [
+            {
+                "output": r.output,
+                "attempt": r.attempt,
+                "expectations": list(r.expectations),
+                "row": r.row,
+                "row_json": model.compact_json(r.row, 400),
+                "quarantined_at": model.iso(r.quarantined_at),
+            }
+            for r in rows
+        ],
+    }
+
+
+def expectation_trends(
+    committed: Iterable[tuple[int, Sequence[Mapping[str, Any]]]], audited: Audited
+) -> list[dict[str, Any]]:
+    """Per expectation seen in ``committed`` (the listed committed txids' outcomes, oldest first:
+    what :func:`committed_outcomes` reads) or failed by an attempt of ``audited`` (the listed
+    txids'): its rows failed per committed txid (``points``, ``[txid, rows]``, drawn as
+    ``spark``), how many of those txids it ``warned``, ``dropped``, ``passed`` (or could not judge
+    yet), and in how many listed txids it ``failed`` an attempt (a poison batch)."""
+    trends: dict[str, dict[str, Any]] = {}
+
+    def trend(o: Mapping[str, Any]) -> dict[str, Any]:
+        found = trends.setdefault(
+            str(o["expectation"]), {"points": [], "n": Counter(), "by": set()}
+        )
+        found.update(expectation=o["expectation"], on=o["on"], action=o["action"])  # newest
+        return found
+
+    for txid, outcomes in committed:
+        for o in outcomes:
+            trend(o)["points"].append([txid, int(o["rows_failed"])])
+            trend(o)["n"][o["taken"]] += 1
+    for txid, _, outcomes in audited:
+        for o in (o for o in outcomes if o.get("taken") == "failed"):
+            trend(o)["by"].add(txid)
+    return [
+        {
+            **{key: t[key] for key in ("expectation", "on", "action", "points")},
+            **{taken: t["n"][taken] for taken in model.TAKEN_ORDER[1:]},
+            "failed": len(t["by"]),
+            "txids": len(t["points"]),
+            "first_txid": t["points"][0][0] if t["points"] else None,
+            "last_txid": t["points"][-1][0] if t["points"] else None,
+            "max_failed": max((n for _, n in t["points"]), default=0),
+            "spark": sparkline(t["points"]),
+        }
+        for t in trends.values()
+    ]
+
+
+def sparkline(points: Sequence[Sequence[float]], box: tuple[int, int] = SPARK_BOX) -> str:
+    """An SVG polyline's ``points`` for ``[txid, value]`` pairs (txids ascending) in ``box``: the
+    first txid at the left, the last at the right, 0 at the bottom, the largest value at the top
+    (a single txid: a level line). ``""`` for no pairs."""
+    if not points:
+        return ""
+    if len(points) == 1:
+        points = [[points[0][0] - 1, points[0][1]], points[0]]
+    (w, h), pad = box, 1.0
+    x0, top = points[0][0], max(1, *(v for _, v in points))
+    span = max(1, points[-1][0] - x0)
+    return " ".join(
+        f"{pad + (t - x0) / span * (w - 2 * pad):.1f},{h - pad - v / top * (h - 2 * pad):.1f}"
+        for t, v in points
+    )
 
 
 # -- states ------------------------------------------------------------------------------------

@@ -88,6 +88,19 @@
       title: allowed ? `recompute ${r.span}` : table && table.dataset.rewindWhyNot,
     }, "Rewind to here");
   }
+  // The audit before each commit (same markup as the macros audit, taken and sparkline).
+  const audit = (a) => a && a.text
+    ? h("span", { class: `audit audit-${a.level}`, title: a.title }, a.text) : null;
+  const taken = (v) => h("span", { class: `st audit-${v}` }, String(v).replace(/_/g, " "));
+  function sparkline(e) {
+    if (!e.txids) return h("span", { class: "hint" }, "no committed txid");
+    const svg = s("svg", { class: "spark", viewBox: "0 0 160 28", width: 160, height: 28, role: "img",
+      "aria-label": `rows failed per committed txid, txids ${e.first_txid} to ${e.last_txid}, at most ${e.max_failed}` });
+    const title = s("title");
+    title.textContent = `txids ${e.first_txid} … ${e.last_txid}: at most ${e.max_failed} rows failed`;
+    svg.append(title, s("polyline", { points: e.spark }));
+    return svg;
+  }
   const num = (v, cls) => h("td", { class: cls ? `num ${cls}` : "num" }, v);
   const empty = (cols, text) => h("tr", {}, h("td", { colspan: cols, class: "empty" }, text));
 
@@ -137,6 +150,7 @@
     drawChart(document.getElementById("chart"), data.chart);
     renderStates(data.states);
     renderOutputs(data.outputs, data.now);
+    renderTrends(data.expectations);
     const rows = data.txids.map((t) => h("tr", {},
       num(h("a", { href: `${root}/pipelines/${q(p.name)}/runs/${q(t.run_id)}` }, t.txid)),
       num(t.attempt),
@@ -148,9 +162,10 @@
         duration(t.commit_wait_s, t.commit_wait_running)),
       h("td", { class: "meta" }, t.lake || ""),
       h("td", {}, error(t.last_error, t.txid, t.failed_by)),
+      h("td", {}, audit(t.audit)),
       h("td", {}, airflowRun(p.name, t.run_id)),
       h("td", {}, rewindButton(t.rewind))));
-    document.getElementById("txids").replaceChildren(...(rows.length ? rows : [empty(10, "No txid has begun yet.")]));
+    document.getElementById("txids").replaceChildren(...(rows.length ? rows : [empty(11, "No txid has begun yet.")]));
     const hint = document.getElementById("txids-hint");
     if (hint && data.rewind) {
       hint.textContent = `(newest first, at most ${data.limit}${data.rewind.text ? `; ${data.rewind.text}` : ""})`;
@@ -173,6 +188,24 @@
         o.filling ? [" ", h("progress", { class: "fill", max: 1, value: o.fill.share })] : null),
       h("td", {}, fmtTime(o.declared_at, now))));
     tbody.replaceChildren(...(rows.length ? rows : [empty(4, "No output is recorded for this pipeline.")]));
+  }
+
+  // Each expectation's rows failed per committed txid, and how often it warned, dropped, failed.
+  function renderTrends(x) {
+    const tbody = document.getElementById("trends");
+    if (!tbody || !x) return;
+    const hint = document.getElementById("trends-hint");
+    if (hint) {
+      hint.textContent = "(the audit before each commit: rows failed per txid over the newest " +
+        `${x.committed_txids} committed txids it judged; failed: listed txids it stopped)`;
+    }
+    const rows = x.trends.map((e) => h("tr", {},
+      h("td", {}, e.expectation), h("td", {}, e.on), h("td", {}, e.action),
+      h("td", {}, sparkline(e)), num(e.max_failed), num(e.txids), num(e.passed),
+      num(e.warned, e.warned ? "warn" : ""), num(e.dropped, e.dropped ? "warn" : ""),
+      num(e.failed, e.failed ? "err" : "")));
+    tbody.replaceChildren(...(rows.length ? rows
+      : [empty(10, "No expectation recorded an outcome in the listed txids.")]));
   }
 
   function renderStates(states) {
@@ -232,8 +265,52 @@
       num(fmtDuration(a.total_s)),
       h("td", { class: "timings" }, a.timings_text || "—"),
       h("td", {}, error(a.error, data.txid, a.failed_by)),
-      h("td", { class: "meta", title: a.metadata_json }, a.metadata_json)));
-    document.getElementById("attempts").replaceChildren(...(rows.length ? rows : [empty(10, "No attempt yet.")]));
+      h("td", { class: "meta", title: a.metadata_json }, a.metadata_json),
+      h("td", {}, audit(a.audit))));
+    document.getElementById("attempts").replaceChildren(...(rows.length ? rows : [empty(11, "No attempt yet.")]));
+    renderAudit(data.audit, data.now);
+  }
+
+  // A txid's audit panel: its newest audited attempt's outcomes and its quarantined rows.
+  function renderAudit(x, now) {
+    const panel = document.getElementById("audit");
+    if (!panel || !x) return;
+    const parts = [];
+    if (x.attempt === null) {
+      parts.push(h("p", { class: "empty" }, "No expectation outcome is recorded for this txid: " +
+        "none is declared, or no attempt reached its commit yet."));
+    } else {
+      parts.push(h("p", {}, audit(x.summary), " ", h("span", { class: "hint" }, `attempt ${x.attempt}`)));
+      parts.push(h("table", { class: "grid" },
+        h("thead", {}, h("tr", {}, h("th", {}, "expectation"), h("th", {}, "on"), h("th", {}, "action"),
+          h("th", {}, "taken"), h("th", { class: "num" }, "rows checked"), h("th", { class: "num" }, "rows failed"),
+          h("th", {}, "sample keys"), h("th", {}, "message"))),
+        h("tbody", {}, x.outcomes.map((o) => h("tr", {},
+          h("td", {}, o.expectation), h("td", {}, o.on), h("td", {}, o.action), h("td", {}, taken(o.taken)),
+          num(o.rows_checked), num(o.rows_failed),
+          h("td", { class: "meta", title: o.sample_keys.join(", ") }, o.sample_keys.join(", ")),
+          h("td", {}, o.message))))));
+    }
+    const byOutput = Object.entries(x.quarantined_by_output).map(([k, n]) => `${k} ${n}`).join(", ");
+    parts.push(h("h3", {}, `Quarantined rows: ${x.quarantined}${byOutput ? ` (${byOutput})` : ""}`));
+    if (x.quarantine.length) {
+      parts.push(h("table", { class: "grid" },
+        h("thead", {}, h("tr", {}, h("th", {}, "output"), h("th", { class: "num" }, "attempt"),
+          h("th", {}, "expectations"), h("th", {}, "row"), h("th", {}, "quarantined"))),
+        h("tbody", {}, x.quarantine.map((r) => h("tr", {},
+          h("td", {}, r.output), num(r.attempt), h("td", {}, r.expectations.join(", ")),
+          h("td", { class: "meta", title: r.row_json }, r.row_json),
+          h("td", { title: r.quarantined_at || "" }, fmtTime(r.quarantined_at, now)))))));
+      if (x.quarantined > x.quarantine.length) {
+        parts.push(h("p", { class: "hint" }, `the first ${x.quarantine.length} of ${x.quarantined}`));
+      }
+    } else if (x.summary.level === "failed") {
+      parts.push(h("p", { class: "empty" }, "None: a failed ", h("code", {}, "fail"),
+        " expectation stops the whole txid, so nothing of it is committed or quarantined."));
+    } else {
+      parts.push(h("p", { class: "empty" }, "No row of this txid is quarantined."));
+    }
+    panel.replaceChildren(...parts);
   }
 
   // -- chart: newest committed and processed txid over time, lag below --------------------------

@@ -78,7 +78,7 @@ def _card(page, label: str) -> int:
 def _txid_rows(page) -> dict[int, dict[str, str]]:
     rows = {}
     for cells in _cells(page, "#txids tr"):
-        if len(cells) == 10:
+        if len(cells) == 11:
             rows[int(cells[0])] = {
                 "attempt": cells[1],
                 "status": cells[2],
