@@ -16,6 +16,7 @@
 # make bench-begin: a txid's begin in a fresh process after 10, 1 000 and 100 000 source files
 # make bench-retention: log table sizes and the page's state read over 10k txids, with/without retention
 # make bench-lake : rows/s into a Delta / Iceberg table vs Spark writing the same Parquet directly
+# make bench-audit: five expectations audited before each commit vs none (1e5, 1e6 rows/txid)
 # make bench-sessions: a txid on a new Spark Connect server session vs on its pipeline's reused one
 # make bench-fill: a fill of 1 000 txids of history vs the live pipeline's processing (rows/s), and the
 #               live commit latency during the fill (issue 44)
@@ -38,7 +39,7 @@ UV_VERSION := 0.13.9
 UV     := $(VENV)/bin/uv
 PYTEST_ARGS ?=
 
-.PHONY: demo demo-stop demo-core install system-deps test test-suite test-scenarios test-all screenshots test-unit test-integration lint chaos chaos-fast chaos-rewind chaos-fill chaos-airflow chaos-lake bench-core bench-undo bench-stage bench-spark bench-airflow bench-peer bench-read bench-preload bench-begin bench-retention bench-lake bench-sessions bench-fill bench-pipelines test-stack stack-deps test-matrix clean
+.PHONY: demo demo-stop demo-core install system-deps test test-suite test-scenarios test-all screenshots test-unit test-integration lint chaos chaos-fast chaos-rewind chaos-fill chaos-airflow chaos-lake bench-core bench-undo bench-stage bench-spark bench-airflow bench-peer bench-read bench-preload bench-begin bench-retention bench-audit bench-lake bench-sessions bench-fill bench-pipelines test-stack stack-deps test-matrix clean
 
 install: $(STAMP)
 
@@ -181,6 +182,10 @@ bench-begin: install
 
 bench-retention: install
 	$(PY) benchmarks/bench_retention.py
+
+# issue 60: five expectations on 1e5- and 1e6-row txids against none, side by side (goal <= 1.10x)
+bench-audit: install
+	$(PY) benchmarks/bench_audit.py
 
 bench-lake: install
 	$(PY) benchmarks/bench_lake.py

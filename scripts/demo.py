@@ -53,6 +53,7 @@ EXAMPLES = (
     "example_txn_opaque_words",
     "example_txn_delta_words",
     "example_txn_iceberg_words",
+    "example_txn_audited_words",
 )
 KAFKA_EXAMPLE = "example_txn_kafka_words"
 EXAMPLES += (KAFKA_EXAMPLE,)

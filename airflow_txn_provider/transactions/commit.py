@@ -127,6 +127,7 @@ def commit_states(
         audited = [e for e in expectations if e.on in {s.name for s in live.states}]
         # The audit before the rows are used: drops leave staging before a state derives from it.
         plain = [s for s in live.states if s.derived_from is None]
+        audit_started = time.monotonic()
         audit_states(conn, plain, audited, txid, attempt, rows=rows, audit=audit)
         # Derived states read the committed values as they are before this txid: first.
         for state in states:
@@ -134,6 +135,7 @@ def commit_states(
                 state.derive(conn, txid, attempt, by_name[state.of])
         derived = [s for s in live.states if s.derived_from is not None]
         audit_states(conn, derived, audited, txid, attempt, rows=rows, audit=audit)
+        audit_seconds = time.monotonic() - audit_started  # the derive's time too, if any
         files = {s.name: recorded.get(s.output_key) for s in live.sinks}
         applied = apply_txid(
             conn,
@@ -147,6 +149,7 @@ def commit_states(
         )
         if audit.outcomes:
             TxidRows(conn, pipeline, txid).record_expectations(attempt, audit.records())
+            TxidRows(conn, pipeline, txid).add_timings(attempt, {"audit": audit_seconds})
         # a skipped sink's staged files are garbage (a filling one's fill commits them)
         garbage = [s for s in sinks if skipped.get(s.name) not in (None, FILLING)]
         writes[:] = applied.writes + [SinkWrite(s, txid, None) for s in garbage]

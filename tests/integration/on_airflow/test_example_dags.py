@@ -236,3 +236,39 @@ def test_iceberg_example_merges_the_newest_count_of_each_word(airflow_db, exampl
     rows = table.read(table.version_as_of(name, 3)).to_pylist()
     assert len(rows) == len(expected)
     assert {r["word"]: (r["txid"], r["delta"]) for r in rows} == expected
+
+
+def test_audited_example_publishes_what_passed_and_quarantines_the_stop_words(
+    airflow_db, example_env
+):
+    """Committed + quarantined = each batch's words, exactly; no stop word is published; every
+    txid's outcomes are recorded with the drop's count equal to its quarantined rows."""
+    from airflow_txn_provider.log.expectations import quarantined
+
+    txlog = example_env
+    module = load_dag_file(DAGS / "example_txn_audited_words.py")
+    name = module.NAME
+    for txid in (1, 2, 3):
+        assert _run(module.dag, txid)["commit"] == "success"
+    txids = txlog.transactions(name)
+    assert [t.status.value for t in txids] == ["committed"] * 3
+    counts = {k[0]: v for k, v in _committed(txlog, name, module.COUNTS).items()}
+    with txlog.engine.connect() as conn:
+        dropped = quarantined(conn, name, limit=10_000)
+    assert counts and dropped and not set(counts) & set(module.STOP_WORDS)
+    assert {r.row["word"] for r in dropped} <= set(module.STOP_WORDS)
+    words_per_line = module.txn_pipeline.source.words_per_line
+    in_batches = words_per_line * _lines([t.metadata for t in txids])
+    assert sum(counts.values()) + sum(r.row["delta"] for r in dropped) == in_batches
+    for t in txids:
+        outcomes = {o["expectation"]: o for o in txlog.attempts(name, t.txid)[-1].expectations}
+        assert set(outcomes) == {
+            "stop words",
+            "frequent word",
+            "batch size",
+            "words in every batch",
+        }
+        mine = [r for r in dropped if r.txid == t.txid]
+        assert outcomes["stop words"]["rows_failed"] == len(mine)
+        assert outcomes["stop words"]["taken"] == ("dropped" if mine else "passed")
+        assert outcomes["words in every batch"]["taken"] == "passed"
