@@ -393,7 +393,7 @@ class QuarantineRow(Base):
 
     __table_args__ = (
         ForeignKeyConstraint(["pipeline"], ["txn_pipeline.name"], ondelete="CASCADE"),
-        Index("ix_txn_quarantine_txid", "pipeline", "output", "txid"),
+        Index("ix_txn_quarantine_txid", "pipeline", "txid"),  # a txid's rows; a rewind's
     )
 
 

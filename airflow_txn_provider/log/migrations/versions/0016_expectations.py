@@ -44,7 +44,7 @@ def upgrade() -> None:
             ondelete="CASCADE",
         ),
     )
-    op.create_index("ix_txn_quarantine_txid", "txn_quarantine", ["pipeline", "output", "txid"])
+    op.create_index("ix_txn_quarantine_txid", "txn_quarantine", ["pipeline", "txid"])
 
 
 def downgrade() -> None:
