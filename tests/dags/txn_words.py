@@ -50,6 +50,24 @@ if ALERT_SMTP_CONN:
         )
     ]
 
+# Expectations when asked (the audit scenario): the words "dog" and "man" are quarantined, and a
+# word named in the banned file (if it exists) stops the txid whose batch has it
+EXPECTATIONS = []
+BANNED_FILE = os.environ.get("TXN_TEST_BANNED_FILE")
+if BANNED_FILE:
+    from airflow_txn_provider import Check, RowCondition
+
+    def no_banned_word(rows):
+        banned = Path(BANNED_FILE).read_text().strip() if Path(BANNED_FILE).exists() else None
+        found = [r["word"] for r in rows if r["word"] == banned]
+        return not found, f"banned word {banned!r} found {len(found)} time(s)"
+
+    counts = f"{NAME}_counts"
+    EXPECTATIONS = [
+        RowCondition(on=counts, condition="word NOT IN ('dog', 'man')", action="drop", name="pets"),
+        Check(on=counts, fn=no_banned_word, action="fail", name="no banned word"),
+    ]
+
 txn_pipeline = TxnPipeline(
     name=NAME,
     source=PartitionedParquetSource(
@@ -69,6 +87,7 @@ txn_pipeline = TxnPipeline(
     keep_txids=int(os.environ.get("TXN_TEST_KEEP_TXIDS", "1000")),
     alert_notifiers=ALERTS,
     stall_alert_after=float(os.environ.get("TXN_TEST_STALL_ALERT_AFTER", "600")),
+    expectations=EXPECTATIONS,
 )
 
 dag = build_dag(txn_pipeline)
