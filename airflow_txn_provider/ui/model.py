@@ -25,6 +25,7 @@ from airflow_txn_provider.rules.records import PipelineView, TxRecord
 from airflow_txn_provider.rules.vocabulary import TxStatus
 from airflow_txn_provider.sinks.base import OUTPUT_PREFIX
 from airflow_txn_provider.timetables import txid_run_id
+from airflow_txn_provider.ui.audit import audit_summary
 from airflow_txn_provider.utils.redaction import redact_optional
 
 if TYPE_CHECKING:
@@ -467,33 +468,3 @@ def with_completeness(
 def state_error(name: str, error: str) -> dict[str, Any]:
     """A state whose table could not be read: its name and why, instead of a broken page."""
     return {"name": name, "type": "error", "error": error}
-
-
-# -- the audit before each commit (issue 60) -------------------------------------------------------
-
-TAKEN_ORDER = ("failed", "warned", "dropped", "not_enough_history", "passed")
-"""Outcomes (``rules.expectations.Taken``) as a txid's audit names them, the worst first."""
-
-
-def audit_summary(outcomes: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
-    """An attempt's outcomes in a few words, the worst first (``failed: <name>``, ``1 warned · 1
-    dropped (12 rows) · 3 passed``; ``""`` when it recorded none), its worst outcome (``level``)
-    and one line per expectation (``title``)."""
-    by: dict[str, list[Mapping[str, Any]]] = {taken: [] for taken in TAKEN_ORDER}
-    for o in outcomes:
-        by.setdefault(str(o.get("taken")), []).append(o)
-    failed = ", ".join(str(o.get("expectation")) for o in by["failed"])
-    parts, lines = [f"failed: {failed}"] if failed else [], []
-    for taken, found in by.items():
-        rows = f" ({sum(int(o.get('rows_failed') or 0) for o in found)} rows)"
-        if found and taken != "failed":
-            parts.append(
-                f"{len(found)} {taken.replace('_', ' ')}{rows if taken == 'dropped' else ''}"
-            )
-        lines += [
-            f"{o.get('expectation')} on {o.get('on')} ({o.get('action')}): {taken}, "
-            f"{o.get('rows_failed')} of {o.get('rows_checked')} rows failed"
-            for o in found
-        ]
-    level = next((taken for taken, found in by.items() if found), "")
-    return {"text": " · ".join(parts), "level": level, "title": "\n".join(lines)}

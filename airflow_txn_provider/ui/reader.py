@@ -14,8 +14,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter
-from collections.abc import Callable, Collection, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -42,6 +41,12 @@ from airflow_txn_provider.state import GlobalState, load_states, quote_ident
 from airflow_txn_provider.timetables import txid_run_id
 from airflow_txn_provider.transactions.transaction_log import TransactionLog, engine_from_url
 from airflow_txn_provider.ui import model, rewind_options
+from airflow_txn_provider.ui.audit import (
+    QUARANTINE_SAMPLE,
+    audit_summary,
+    expectation_trends,
+    with_audit,
+)
 from airflow_txn_provider.ui.errors import LogUnavailableError
 from airflow_txn_provider.utils.redaction import redact
 
@@ -318,110 +323,6 @@ def txid_payload(txlog: TransactionLog, pipeline: str, txid: int, now: datetime)
     }
 
 
-# -- the audit before each commit (issue 60) -------------------------------------------------
-
-QUARANTINE_SAMPLE = 20
-"""Quarantined rows a txid's panel lists (its count says how many there are)."""
-SPARK_BOX = (160, 28)
-"""Width and height of an expectation's sparkline, in SVG user units (the page draws it so)."""
-Audited = Iterable[tuple[int, int, Sequence[Mapping[str, Any]]]]
-"""``(txid, attempt, outcomes)`` of attempts that recorded any (:func:`attempt_outcomes`)."""
-
-
-def with_audit(rows: list[dict[str, Any]], audited: Audited) -> list[dict[str, Any]]:
-    """``rows`` (:func:`model.txid_rows`), each with its current attempt's ``audit``
-    (:func:`model.audit_summary`; its ``text`` empty when that attempt recorded no outcome)."""
-    outcomes = {(txid, attempt): found for txid, attempt, found in audited}
-    for row in rows:
-        row["audit"] = model.audit_summary(outcomes.get((row["txid"], row["attempt"]), ()))
-    return rows
-
-
-def txid_audit(
-    attempts: Sequence[AttemptInfo], rows: Sequence[QuarantinedRow], counts: Mapping[str, int]
-) -> dict[str, Any]:
-    """A txid's audit panel: the outcomes of its newest attempt that recorded any (``attempt``
-    ``None``: none did, no expectation is declared or none was judged yet) and its quarantined
-    rows (``quarantined``: how many, ``quarantined_by_output``, ``quarantine``: a sample). A
-    message may quote the database's error: redacted like every error shown."""
-    newest = max((a for a in attempts if a.expectations), key=lambda a: a.attempt, default=None)
-    outcomes = list(newest.expectations) if newest is not None else []
-    return {
-        "attempt": newest.attempt if newest is not None else None,
-        "summary": model.audit_summary(outcomes),
-        "outcomes": [{**o, "message": redact(str(o.get("message") or ""))} for o in outcomes],
-        "quarantined": sum(counts.values()),
-        "quarantined_by_output": dict(sorted(counts.items())),
-        "quarantine": [
-            {
-                "output": r.output,
-                "attempt": r.attempt,
-                "expectations": list(r.expectations),
-                "row": r.row,
-                "row_json": model.compact_json(r.row, 400),
-                "quarantined_at": model.iso(r.quarantined_at),
-            }
-            for r in rows
-        ],
-    }
-
-
-def expectation_trends(
-    committed: Iterable[tuple[int, Sequence[Mapping[str, Any]]]], audited: Audited
-) -> list[dict[str, Any]]:
-    """Per expectation seen in ``committed`` (the listed committed txids' outcomes, oldest first:
-    what :func:`committed_outcomes` reads) or failed by an attempt of ``audited`` (the listed
-    txids'): its rows failed per committed txid (``points``, ``[txid, rows]``, drawn as
-    ``spark``), how many of those txids it ``warned``, ``dropped``, ``passed`` (or could not judge
-    yet), and in how many listed txids it ``failed`` an attempt (a poison batch)."""
-    trends: dict[str, dict[str, Any]] = {}
-
-    def trend(o: Mapping[str, Any]) -> dict[str, Any]:
-        found = trends.setdefault(
-            str(o["expectation"]), {"points": [], "n": Counter(), "by": set()}
-        )
-        found.update(expectation=o["expectation"], on=o["on"], action=o["action"])  # newest
-        return found
-
-    for txid, outcomes in committed:
-        for o in outcomes:
-            trend(o)["points"].append([txid, int(o["rows_failed"])])
-            trend(o)["n"][o["taken"]] += 1
-    for txid, _, outcomes in audited:
-        for o in (o for o in outcomes if o.get("taken") == "failed"):
-            trend(o)["by"].add(txid)
-    return [
-        {
-            **{key: t[key] for key in ("expectation", "on", "action", "points")},
-            **{taken: t["n"][taken] for taken in model.TAKEN_ORDER[1:]},
-            "failed": len(t["by"]),
-            "txids": len(t["points"]),
-            "first_txid": t["points"][0][0] if t["points"] else None,
-            "last_txid": t["points"][-1][0] if t["points"] else None,
-            "max_failed": max((n for _, n in t["points"]), default=0),
-            "spark": sparkline(t["points"]),
-        }
-        for t in trends.values()
-    ]
-
-
-def sparkline(points: Sequence[Sequence[float]], box: tuple[int, int] = SPARK_BOX) -> str:
-    """An SVG polyline's ``points`` for ``[txid, value]`` pairs (txids ascending) in ``box``: the
-    first txid at the left, the last at the right, 0 at the bottom, the largest value at the top
-    (a single txid: a level line). ``""`` for no pairs."""
-    if not points:
-        return ""
-    if len(points) == 1:
-        points = [[points[0][0] - 1, points[0][1]], points[0]]
-    (w, h), pad = box, 1.0
-    x0, top = points[0][0], max(1, *(v for _, v in points))
-    span = max(1, points[-1][0] - x0)
-    return " ".join(
-        f"{pad + (t - x0) / span * (w - 2 * pad):.1f},{h - pad - v / top * (h - 2 * pad):.1f}"
-        for t, v in points
-    )
-
-
 # -- states ------------------------------------------------------------------------------------
 
 
@@ -491,3 +392,32 @@ def _state_summary(conn: Any, state: MapState, url: str = "") -> dict[str, Any]:
         top = state.top(conn, model.TOP_KEYS)
         _TOP_CACHE[key] = (now, top)
     return model.map_state_summary(state.name, kind, list(state.keys), n, total, top)
+
+
+def txid_audit(
+    attempts: Sequence[AttemptInfo], rows: Sequence[QuarantinedRow], counts: Mapping[str, int]
+) -> dict[str, Any]:
+    """A txid's audit panel: the outcomes of its newest attempt that recorded any (``attempt``
+    ``None``: none did, no expectation is declared or none was judged yet) and its quarantined
+    rows (``quarantined``: how many, ``quarantined_by_output``, ``quarantine``: a sample). A
+    message may quote the database's error: redacted like every error shown."""
+    newest = max((a for a in attempts if a.expectations), key=lambda a: a.attempt, default=None)
+    outcomes = list(newest.expectations) if newest is not None else []
+    return {
+        "attempt": newest.attempt if newest is not None else None,
+        "summary": audit_summary(outcomes),
+        "outcomes": [{**o, "message": redact(str(o.get("message") or ""))} for o in outcomes],
+        "quarantined": sum(counts.values()),
+        "quarantined_by_output": dict(sorted(counts.items())),
+        "quarantine": [
+            {
+                "output": r.output,
+                "attempt": r.attempt,
+                "expectations": list(r.expectations),
+                "row": r.row,
+                "row_json": model.compact_json(r.row, 400),
+                "quarantined_at": model.iso(r.quarantined_at),
+            }
+            for r in rows
+        ],
+    }

@@ -27,7 +27,7 @@ from airflow_txn_provider.rules.vocabulary import TxStatus
 from airflow_txn_provider.state import MapState
 from airflow_txn_provider.transactions.commit import commit_states
 from airflow_txn_provider.transactions.transaction_log import TransactionLog
-from airflow_txn_provider.ui import reader
+from airflow_txn_provider.ui import audit
 from tests.browser import chromium_page, screenshot, screenshot_on_failure
 from tests.conftest import new_database
 from tests.integration.ui.plugin_client import plugin_client
@@ -187,7 +187,7 @@ def test_each_expectations_trend_over_the_committed_txids(client, audited):
         assert {k: t[k] for k in counts} == counts, rule.name
         assert (t["on"], t["action"], t["txids"]) == (STATE, str(rule.action), 2)
         assert t["max_failed"] == max(n for _, n in want)
-        assert t["spark"] == reader.sparkline(want)
+        assert t["spark"] == audit.sparkline(want)
     with audited.engine.connect() as conn:  # what the log reads as the committed txids' trend
         logged = committed_outcomes(conn, P, 200)
     for rule in RULES:
@@ -210,7 +210,7 @@ def test_the_pipeline_page_renders_the_column_and_the_trend(client):
     assert f'class="audit audit-failed" title="{AT_MOST.name} on' in html
     assert f"failed: {AT_MOST.name} · 1 warned · 1 dropped (3 rows)" in html
     assert html.count('<svg class="spark"') == 3
-    assert f'<polyline points="{reader.sparkline([[1, 0], [2, 25]])}">' in html
+    assert f'<polyline points="{audit.sparkline([[1, 0], [2, 25]])}">' in html
     assert "newest 2 committed txids it judged" in html
 
 
@@ -236,7 +236,7 @@ def test_a_txids_panel_lists_its_outcomes_and_its_quarantined_rows(client, audit
     dropped = failing(NO_X, BATCHES[2])
     assert (panel["quarantined"], panel["quarantined_by_output"]) == (25, {STATE: 25})
     sample = panel["quarantine"]
-    assert len(sample) == reader.QUARANTINE_SAMPLE < len(dropped)
+    assert len(sample) == audit.QUARANTINE_SAMPLE < len(dropped)
     assert {(r["row"]["word"], r["row"]["delta"]) for r in sample} < set(dropped)
     assert all(r["expectations"] == ["no x"] and r["attempt"] == 1 for r in sample)
     assert all(r["output"] == STATE for r in sample)
@@ -265,7 +265,7 @@ def test_the_run_page_escapes_what_the_audit_recorded(client):
     assert "<script>" not in html  # the page's own script is <script src=...>
     assert "&lt;script&gt;" in html  # the warned row's key, a sample key
     assert "Quarantined rows: 25 (audited_words 25)" in html
-    assert f"the first {reader.QUARANTINE_SAMPLE} of 25" in html
+    assert f"the first {audit.QUARANTINE_SAMPLE} of 25" in html
 
 
 def test_a_rerun_txid_shows_its_newest_audited_attempt_until_the_new_one_is_judged(postgres):
@@ -381,7 +381,7 @@ def test_a_browser_renders_the_column_the_trend_and_the_panel(served, audited):
             points = page.locator("#trends polyline").evaluate_all(
                 "ps => ps.map(p => p.getAttribute('points'))"
             )
-            assert points[1] == reader.sparkline([[1, 0], [2, 25]])
+            assert points[1] == audit.sparkline([[1, 0], [2, 25]])
             box = page.locator("#trends svg.spark").first.bounding_box()
             assert box is not None and (box["width"], box["height"]) == (160, 28)
             screenshot(page, "transactions-audit-pipeline", full_page=True)
@@ -410,11 +410,11 @@ def test_a_browser_renders_the_column_the_trend_and_the_panel(served, audited):
             text = page.locator("#audit").inner_text()
             assert "Quarantined rows: 25 (audited_words 25)" in text
             quarantined = cells(page, "#audit table:nth-of-type(2) tbody tr")
-            assert len(quarantined) == reader.QUARANTINE_SAMPLE
+            assert len(quarantined) == audit.QUARANTINE_SAMPLE
             dropped_rows = {f'{{"delta":{d},"word":"{w}"}}' for w, d in failing(NO_X, BATCHES[2])}
             assert {r[3] for r in quarantined} <= dropped_rows
             assert {(r[0], r[1], r[2]) for r in quarantined} == {(STATE, "1", "no x")}
-            assert f"the first {reader.QUARANTINE_SAMPLE} of 25" in text
+            assert f"the first {audit.QUARANTINE_SAMPLE} of 25" in text
             assert "<script>" in outcomes_text(page)  # a key shown as text, never markup
             assert page.locator("#audit script").count() == 0
             assert page.locator("#banner").is_hidden()

@@ -1,5 +1,4 @@
-"""The Transactions page's data rules with plain values: counts, lag, durations, chart, states,
-a txid's audit in a few words."""
+"""The Transactions page's data rules with plain values: counts, lag, durations, chart, states."""
 
 from __future__ import annotations
 
@@ -10,14 +9,6 @@ import pytest
 
 from airflow_txn_provider.compat.python import UTC
 from airflow_txn_provider.log.reads import AttemptInfo, TransactionInfo
-from airflow_txn_provider.rules.expectations import (
-    Measured,
-    RowCondition,
-    RowCount,
-    RowCountWithinSigma,
-    judge_expectations,
-    outcome_record,
-)
 from airflow_txn_provider.rules.records import PipelineView, TxRecord
 from airflow_txn_provider.rules.vocabulary import SourceKind, TxStatus
 from airflow_txn_provider.ui import model
@@ -364,64 +355,3 @@ def test_a_password_stored_in_an_error_before_redaction_is_not_shown():
         failed_by=4,
     )
     assert "Pl4nted-S3cret" not in model.attempt_row(attempt, at(10))["error"]
-
-
-# -- the audit before each commit (issue 60) -------------------------------------------------------
-
-
-def judged(*measured, history=None):
-    """Outcome records as a commit stores them, judged by the rules from ``measured``."""
-    declared = [
-        RowCondition(on="w", condition="delta > 0", name="positive"),
-        RowCondition(on="w", condition="word <> 'x'", action="drop", name="no x"),
-        RowCount(on="w", max=10, action="fail", name="small"),
-        RowCountWithinSigma(on="w", name="steady"),
-        RowCondition(on="w", condition="delta < 100", action="fail", name="bounded"),
-    ]
-    verdict = judge_expectations(
-        [d for d in declared if d.name in {m.expectation for m in measured}],
-        measured,
-        {"steady": history or []},
-    )
-    return [outcome_record(o) for o in verdict.outcomes]
-
-
-class TestAuditSummary:
-    def measured(self, **failed):
-        rows = failed.pop("rows", 8)
-        names = ("positive", "no x", "small", "bounded")
-        return [Measured(n, rows, failed.get(n.replace(" ", "_"), 0)) for n in names]
-
-    def test_nothing_recorded_says_nothing(self):
-        assert model.audit_summary(()) == {"text": "", "level": "", "title": ""}
-
-    def test_all_passed(self):
-        found = model.audit_summary(judged(*self.measured()))
-        assert (found["text"], found["level"]) == ("4 passed", "passed")
-        assert found["title"].splitlines()[0] == "positive on w (warn): passed, 0 of 8 rows failed"
-
-    def test_the_worst_comes_first_and_drops_count_their_rows(self):
-        outcomes = judged(*self.measured(positive=2, no_x=3))
-        found = model.audit_summary(outcomes)
-        assert found["text"] == "1 warned · 1 dropped (3 rows) · 2 passed"
-        assert found["level"] == "warned"
-        stopped = model.audit_summary(judged(*self.measured(rows=12, positive=1, bounded=4)))
-        assert stopped["text"] == "failed: small, bounded · 1 warned · 1 passed"
-        assert stopped["level"] == "failed"
-        assert stopped["title"].splitlines()[:2] == [
-            "small on w (fail): failed, 0 of 12 rows failed",
-            "bounded on w (fail): failed, 4 of 12 rows failed",
-        ]
-
-    def test_a_young_sigma_bound_says_so(self):
-        found = model.audit_summary(judged(Measured("steady", 5), history=[5, 6]))
-        assert (found["text"], found["level"]) == ("1 not enough history", "not_enough_history")
-
-    def test_each_attempt_carries_its_own(self):
-        outcomes = judged(*self.measured(positive=1))
-        attempt = AttemptInfo(
-            "p", 4, 1, COMMIT, None, None, None, at(0), at(1), at(2), expectations=outcomes
-        )
-        assert model.attempt_row(attempt, at(3))["audit"] == model.audit_summary(outcomes)
-        bare = AttemptInfo("p", 4, 2, PROC, None, None, None, at(0), None, None)
-        assert model.attempt_row(bare, at(3))["audit"]["text"] == ""
