@@ -47,6 +47,7 @@ API: dict[str, str] = {
     "TransactionLog": "airflow_txn_provider.transactions.transaction_log",
     "LeaseKeeper": "airflow_txn_provider.transactions.lease",
     "stage_states": "airflow_txn_provider.state",
+    "txid_changes": "airflow_txn_provider.state.as_of",
     "commit_states": "airflow_txn_provider.transactions.commit",
     "fill_pipeline": "airflow_txn_provider.spark.fill",
     "run_job": "airflow_txn_provider.spark.job",
@@ -63,6 +64,7 @@ API: dict[str, str] = {
     "PoisonBatchError": "airflow_txn_provider.rules.exceptions",
     "ExpectationsFailedError": "airflow_txn_provider.rules.exceptions",
     "RewindError": "airflow_txn_provider.rules.exceptions",
+    "StateTxidNotReadableError": "airflow_txn_provider.rules.exceptions",
 }
 """Each public name and the module it is defined in."""
 
@@ -85,6 +87,9 @@ if TYPE_CHECKING:  # what type checkers see (``X as X``: re-exported); a test ke
     from airflow_txn_provider.rules.exceptions import PipelineConfigError as PipelineConfigError
     from airflow_txn_provider.rules.exceptions import PoisonBatchError as PoisonBatchError
     from airflow_txn_provider.rules.exceptions import RewindError as RewindError
+    from airflow_txn_provider.rules.exceptions import (
+        StateTxidNotReadableError as StateTxidNotReadableError,
+    )
     from airflow_txn_provider.rules.exceptions import TxnError as TxnError
     from airflow_txn_provider.rules.expectations import Check as Check
     from airflow_txn_provider.rules.expectations import FailingShare as FailingShare
@@ -117,6 +122,7 @@ if TYPE_CHECKING:  # what type checkers see (``X as X``: re-exported); a test ke
     from airflow_txn_provider.state import GlobalState as GlobalState
     from airflow_txn_provider.state import MapState as MapState
     from airflow_txn_provider.state import stage_states as stage_states
+    from airflow_txn_provider.state.as_of import txid_changes as txid_changes
     from airflow_txn_provider.transactions.commit import commit_states as commit_states
     from airflow_txn_provider.transactions.lease import LeaseKeeper as LeaseKeeper
     from airflow_txn_provider.transactions.transaction_log import TransactionLog as TransactionLog

@@ -15,7 +15,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from airflow_txn_provider.log.models import OUTPUTS, PIPELINES, STATE_REGISTRY, TRANSACTIONS
 from airflow_txn_provider.rules.exceptions import OutputDeclarationError
-from airflow_txn_provider.rules.names import quote_ident, state_tables
+from airflow_txn_provider.rules.names import as_of_function, quote_ident, state_tables
 from airflow_txn_provider.rules.outputs import (
     DeclaredOutput,
     OutputPlan,
@@ -203,6 +203,8 @@ def _retire(
         if choice is OutputRetirement.DROP:
             for table in state_tables(rec.name):
                 conn.execute(text(f"DROP TABLE IF EXISTS {quote_ident(table)}"))
+            reads = quote_ident(as_of_function(rec.name))
+            conn.execute(text(f"DROP FUNCTION IF EXISTS {reads}(bigint)"))
     values: dict[str, Any] = {"retirement": choice}
     if rec.active:
         values.update(retired_at=func.now(), retired_after_txid=last)

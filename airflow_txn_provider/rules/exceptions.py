@@ -323,3 +323,15 @@ class LakeTableOutOfSyncError(LakeSinkError):
 
 class TxidNotReadableError(LakeSinkError):
     """A read "as of txid N" names a txid the table never held (N below its first commit)."""
+
+
+class StateTxidNotReadableError(TxnError):
+    """A read of a Postgres state *as of txid N* (or of what txid N changed) that the log cannot
+    answer exactly: N is older than the undo records retention keeps (or than the version that
+    first wrote them), or N was never committed. ``txid`` is the txid asked, ``state`` the
+    state, ``floor`` the oldest txid it can be read as of, ``last_committed`` the newest."""
+
+    fields = ("state", "floor", "last_committed")
+    state: str | None
+    floor: str | None
+    last_committed: str | None

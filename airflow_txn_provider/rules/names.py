@@ -79,12 +79,18 @@ def state_tables(name: str) -> tuple[str, str, str]:
     return f"txn_state_{name}", f"txn_stage_{name}", f"txn_undo_{name}"
 
 
+def as_of_function(name: str) -> str:
+    """The SQL function that reads the state ``name`` as of a txid (``txn_as_of_<name>(txid)``)."""
+    return f"txn_as_of_{name}"
+
+
 __all__ = [
     "COLUMN",
     "CONN_ID",
     "PIPELINE",
     "SQL_NAME",
     "NameRule",
+    "as_of_function",
     "check_name",
     "quote_ident",
     "state_tables",

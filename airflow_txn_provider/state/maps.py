@@ -31,6 +31,7 @@ from airflow_txn_provider.rules.exceptions import (
 )
 from airflow_txn_provider.rules.names import SQL_NAME, check_name
 from airflow_txn_provider.rules.vocabulary import OutputStart, StateKind
+from airflow_txn_provider.state.as_of import AsOfReads, GlobalAsOfReads, create_as_of_function
 from airflow_txn_provider.state.backing import (
     BackingTable,
     check_columns,
@@ -71,7 +72,7 @@ class ApplyResult:
 
 
 @dataclass(frozen=True, eq=False)  # identity equality: a state is a handle, usable as a dict key
-class MapState:
+class MapState(AsOfReads):
     """A Postgres map state of one pipeline.
 
     :param pipeline: the pipeline whose txids update this state (one state belongs to one pipeline).
@@ -182,6 +183,7 @@ class MapState:
             start_summary(conn, self.name, fresh=not existed)
         backing.create_stage(conn)
         UndoRecords(backing).create(conn)
+        create_as_of_function(conn, backing, self.pipeline)  # txn_as_of_<name>(txid)
 
     def summary(self, conn: Connection) -> tuple[int, Any] | None:
         """``(keys, sum of values)`` as the commits kept them, or ``None`` if no commit kept them
@@ -364,7 +366,7 @@ class MapState:
         return self.backing.get(conn, keys)
 
 
-class GlobalState(MapState):
+class GlobalState(MapState, GlobalAsOfReads):
     """A single value (Trident's Snapshottable; Storm's TransactionalGlobalCount)."""
 
     def __init__(

@@ -76,7 +76,17 @@ def test_a_removed_state_holding_txids_needs_keep_or_drop(three):
     with pytest.raises(OutputDeclarationError, match="tables kept"):  # its old rows are there
         declare(txlog, [a_state(), b_state()], start={"b": "next_txid"})
 
+    assert _reads_as_of(txlog, "b")
     assert declare(txlog, [a_state()], retired={"b": "drop"})
     assert not table_exists(txlog, "txn_state_b")
+    assert not _reads_as_of(txlog, "b")  # its as-of SQL function went with its tables
     assert declare(txlog, [a_state(), b_state()], start={"b": "next_txid"})
     assert outputs(txlog)["b"] == (6, True)
+
+
+def _reads_as_of(txlog, state):
+    with txlog.engine.connect() as conn:
+        found = conn.execute(
+            text("SELECT to_regprocedure(:f)"), {"f": f"txn_as_of_{state}(bigint)"}
+        )
+        return found.scalar() is not None
