@@ -354,6 +354,7 @@ class TxnProcessOperator(TxnOperator):
         # at call time: at the top they add to a DAG file's parse (the runners, the
         # job and the log's write side: 9 modules)
         from airflow_txn_provider.operators import spark_runner
+        from airflow_txn_provider.spark.audit import for_job
         from airflow_txn_provider.spark.job import BatchJob
 
         p = self.txn_pipeline
@@ -365,6 +366,7 @@ class TxnProcessOperator(TxnOperator):
             finish=self.finish,
             sinks=tuple(p.sinks),
             fit_window=p.fits_window,
+            expectations=for_job(p.expectations, p.sinks),  # the input's and lake sinks'
         )
         # at call time: at the top it adds to a DAG file's parse (the Postgres provider)
         from airflow_txn_provider.hooks.txn_log import TxnLogHook

@@ -318,3 +318,37 @@ def poison_note(pipeline: str, txid: int, attempt: int, verdict: Verdict) -> str
         f"commit by {len(failed)} failed expectation(s): {'; '.join(failed)}. Fix the data or "
         "the rule, then Clear this txid's run in the Airflow UI: it reruns, then every later txid."
     )
+
+
+_SPEC_KINDS: dict[str, type[Expectation]] = {
+    k.__name__: k for k in (RowCondition, FailingShare, RowCount, RowCountWithinSigma)
+}
+_SPEC_FIELDS = {
+    "RowCondition": ("condition",),
+    "FailingShare": ("condition", "max_share"),
+    "RowCount": ("min", "max"),
+    "RowCountWithinSigma": ("k", "last", "min_history"),
+}
+
+
+def expectation_spec(expectation: Expectation) -> dict[str, Any]:
+    """``expectation`` as JSON-compatible data, for a job that measures it elsewhere (a
+    ``spark-submit``ted job's arguments); a :class:`Check` (Python code) has none."""
+    kind = type(expectation).__name__
+    if kind not in _SPEC_KINDS or type(expectation) is not _SPEC_KINDS[kind]:
+        raise ValueError(f"{expectation.name!r}: a {kind} cannot travel as JSON (SQL ones only)")
+    spec = {"kind": kind, "on": expectation.on, "action": str(expectation.action)}
+    spec |= {"name": expectation.name, **{f: getattr(expectation, f) for f in _SPEC_FIELDS[kind]}}
+    return spec
+
+
+def expectation_from_spec(spec: Mapping[str, Any]) -> Expectation:
+    """The expectation :func:`expectation_spec` described, checked as a declaration is."""
+    if not isinstance(spec, Mapping) or spec.get("kind") not in _SPEC_KINDS:
+        raise ValueError(f"not an expectation's spec (kind: {sorted(_SPEC_KINDS)}): {spec!r}")
+    kind = str(spec["kind"])
+    allowed = {"kind", "on", "action", "name", *_SPEC_FIELDS[kind]}
+    unknown = sorted(set(spec) - allowed)
+    if unknown:
+        raise ValueError(f"{kind} spec: unknown field(s) {unknown}")
+    return _SPEC_KINDS[kind](**{k: v for k, v in spec.items() if k != "kind"})

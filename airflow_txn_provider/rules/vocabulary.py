@@ -87,6 +87,11 @@ LAKE_OUTPUT_PREFIX = "lake:"
 """Keys of a txid's recorded output that a lake sink wrote (``lake:<sink>``: its table's version
 and the files it staged), read by the commit and by the rewind."""
 
+AUDIT_OUTPUT_PREFIX = "audit:"
+"""Keys of a txid's recorded output that its job measured for the commit's audit (issue 60):
+``audit:input`` (the batch read) and ``audit:<lake sink>`` (the rows written for it), each a
+list of measurements (``rules.expectations.Measured`` as dicts), judged by the commit."""
+
 
 class FailureResponse(StrEnum):
     """What the failure sensor of a txid's run did about a failed attempt (the log records it)."""

@@ -21,7 +21,7 @@ import re
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import make_url
@@ -37,6 +37,7 @@ from airflow_txn_provider.rules.exceptions import (
     StateDefinitionError,
     TxnError,
 )
+from airflow_txn_provider.rules.expectations import Expectation
 from airflow_txn_provider.rules.fencing import attempt_may_stage
 from airflow_txn_provider.rules.records import TxRecord
 from airflow_txn_provider.rules.vocabulary import ProcessedAction
@@ -44,6 +45,7 @@ from airflow_txn_provider.sinks.base import LakeSink, StagedFiles, sink_from_spe
 from airflow_txn_provider.sinks.staging import stage_frame
 from airflow_txn_provider.sources.base import LOCATION, RECORD, SparkSource, source_from_spec
 from airflow_txn_provider.sources.catalog import with_log_catalog
+from airflow_txn_provider.spark import audit
 from airflow_txn_provider.spark.cores import is_connect, tell_spark_cores
 from airflow_txn_provider.spark.work_slots import spark_work_slot
 from airflow_txn_provider.state import MapState, counted_states, load_states
@@ -81,6 +83,8 @@ class BatchJob:
     :param fit_window: the pipeline's window fits its Spark (it declares no ``max_pending``):
         once processed, the job tells the log how many cores its Spark offers
         (:meth:`~airflow_txn_provider.transactions.declaration.PipelineDeclarations.fit_window`).
+    :param expectations: those on the input batch and the lake sinks, measured by the job
+        (:mod:`airflow_txn_provider.spark.audit`) and judged by the commit.
     """
 
     pipeline: str
@@ -90,6 +94,7 @@ class BatchJob:
     finish: bool = True
     sinks: tuple[LakeSink, ...] = ()
     fit_window: bool = False
+    expectations: tuple[Expectation, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.pipeline:
@@ -97,6 +102,11 @@ class BatchJob:
         if self.txid < 1 or self.attempt < 1:
             raise ValueError(f"txid and attempt must be >= 1, got {self.txid}, {self.attempt}")
         object.__setattr__(self, "sinks", tuple(self.sinks))
+        object.__setattr__(self, "expectations", tuple(self.expectations))
+
+    @property
+    def where(self) -> dict[str, Any]:  # what the typed errors name
+        return {"pipeline": self.pipeline, "txid": self.txid, "attempt": self.attempt}
 
     @property
     def app_name(self) -> str:
@@ -117,6 +127,7 @@ class BatchJob:
             args += ["--sinks", json.dumps([s.to_spec() for s in self.sinks], sort_keys=True)]
         if self.fit_window:
             args.append("--fit-window")
+        args += audit.to_arg(self.expectations)
         return args if self.finish else [*args, "--no-finish"]
 
     @classmethod
@@ -134,11 +145,13 @@ class BatchJob:
         parser.add_argument("--no-finish", dest="finish", action="store_false")
         parser.add_argument("--sinks", default="[]", help="JSON list of LakeSink.to_spec()")
         parser.add_argument("--fit-window", action="store_true", help="report Spark's cores")
+        parser.add_argument("--expectations", default="[]", help="JSON list: spark/audit.py")
         ns = parser.parse_args(list(argv))
         try:
             source = source_from_spec(ns.source)
             sinks = tuple(sink_from_spec(spec) for spec in json.loads(ns.sinks))
-            return cls(ns.pipeline, ns.txid, ns.attempt, source, ns.finish, sinks, ns.fit_window)
+            job = cls(ns.pipeline, ns.txid, ns.attempt, source, ns.finish, sinks, ns.fit_window)
+            return replace(job, expectations=audit.from_arg(ns.expectations))
         except (ValueError, TypeError) as err:
             parser.error(str(err))
             raise  # unreachable: parser.error exits
@@ -212,7 +225,7 @@ def process_batch(
     try:
         with spark_work_slot(txlog, job, spent):  # fitted window: one txid's Spark work a core
             computing = time.monotonic()
-            tables, staged = _compute(spark, txlog, job, info.metadata, transform, check)
+            tables, staged, measured = _compute(spark, txlog, job, info.metadata, transform, check)
         check()
     except TxnError as err:
         report(err)
@@ -235,7 +248,7 @@ def process_batch(
             counts[state.output_key] = state.stage_arrow(
                 conn, job.txid, job.attempt, table, job=name
             )
-        output: dict[str, Any] = dict(counts)
+        output: dict[str, Any] = {**counts, **measured}  # measured: the audit's, for the commit
         # A duplicate run of an attempt whose output is recorded keeps the recorded files (a
         # transactional replay's rows are the same): its own are discarded below.
         rows = TxidRows(conn, job.pipeline, job.txid)
@@ -300,7 +313,7 @@ def _compute(
     metadata: Any,
     transform: Transform,
     check: Callable[[], None] = lambda: None,
-) -> tuple[dict[MapState, pa.Table], dict[LakeSink, StagedFiles]]:
+) -> tuple[dict[MapState, pa.Table], dict[LakeSink, StagedFiles], dict[str, Any]]:
     """Run the Spark side: read, check, transform, collect the states' partial results, and
     write the lake sinks' output from the executors. Takes no lock in Postgres. ``check()``
     before each Spark action (it raises once the run is stopped)."""
@@ -316,9 +329,7 @@ def _compute(
             location, record = bad[0][LOCATION], bad[0][RECORD]
             raise MalformedRecordError(
                 f"malformed record {_excerpt(record)}",
-                pipeline=job.pipeline,
-                txid=job.txid,
-                attempt=job.attempt,
+                **job.where,
                 location=source.describe_location(location, record),
             )
     counts = source.batch_counts(metadata)  # none: nothing to count, or proven already
@@ -327,6 +338,7 @@ def _compute(
         _refuse_mismatch(job, source.batch_mismatch(batch, metadata))
     results = transform(source.records(observed))
     by_state, by_sink = results_by_output(results, states, job)
+    measured = audit.measure_job(job.expectations, source, source.records(batch), by_sink, check)
 
     tables = {}
     for state, frame in by_state.items():
@@ -337,15 +349,7 @@ def _compute(
         log_url = txlog.engine.url.render_as_string(hide_password=False)
         for sink, frame in by_sink.items():
             check()
-            staged[sink] = stage_frame(
-                spark,
-                frame,
-                sink,
-                pipeline=job.pipeline,
-                txid=job.txid,
-                attempt=job.attempt,
-                log_url=log_url,
-            )
+            staged[sink] = stage_frame(spark, frame, sink, log_url=log_url, **job.where)
     if observation is not None:
         from pyspark.errors import PySparkAssertionError
 
@@ -357,7 +361,7 @@ def _compute(
             _refuse_mismatch(job, job.source.counts_mismatch(counts, metadata))
         else:  # the transform never read the batch it was given: count in a pass of their own
             _refuse_mismatch(job, job.source.batch_mismatch(batch, metadata))
-    return tables, staged
+    return tables, staged, measured
 
 
 def _observe_counts(
@@ -380,9 +384,7 @@ def _refuse_mismatch(job: BatchJob, mismatch: str | None) -> None:
     if mismatch is not None:
         raise IncompleteBatchError(
             f"the batch read is not the batch its metadata describes: {mismatch}",
-            pipeline=job.pipeline,
-            txid=job.txid,
-            attempt=job.attempt,
+            **job.where,
         )
 
 
@@ -400,9 +402,7 @@ def results_by_output(
             raise StateDefinitionError(
                 f"the transform returned one DataFrame but pipeline has outputs {sorted(outputs)}: "
                 "return {output name: DataFrame}",
-                pipeline=job.pipeline,
-                txid=job.txid,
-                attempt=job.attempt,
+                **job.where,
             )
         results = {next(iter(outputs)): results}
     unknown = sorted(set(results) - set(outputs))
@@ -410,9 +410,7 @@ def results_by_output(
         raise StateDefinitionError(
             f"the transform returned results for unknown output(s) {unknown}; pipeline has "
             f"{sorted(outputs)}",
-            pipeline=job.pipeline,
-            txid=job.txid,
-            attempt=job.attempt,
+            **job.where,
         )
     by_state: dict[MapState, DataFrame] = {}
     by_sink: dict[LakeSink, DataFrame] = {}

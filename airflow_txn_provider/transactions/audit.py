@@ -8,11 +8,18 @@ counts the last committed txids recorded), and then either the txid stops
 the log records the outcomes with the failure, the pipeline stops at a poison batch) or the rows
 failing ``drop`` expectations move to the quarantine and the txid commits what is left.
 States a commit derives are audited after they are derived, so :func:`audit_states` runs twice.
+
+Expectations on the input batch and on the lake sinks are measured by the Spark job
+(:mod:`airflow_txn_provider.spark.audit`), which records them with its output (``audit:<on>``);
+:func:`audit_measured` judges them first, by the same rules. One a job did not measure (a job of
+an older version) is ``failed`` if its action is ``fail`` (the txid stops: nothing unaudited is
+published past a ``fail``), else ``warned``, both with the message "not measured by the job"; one
+whose condition Spark could not analyse is ``failed`` whatever its action, as for a state's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -22,7 +29,10 @@ from airflow_txn_provider.rules.exceptions import (
     StagedOutputMismatchError,
 )
 from airflow_txn_provider.rules.expectations import (
+    INPUT,
+    Action,
     Expectation,
+    Measured,
     Outcome,
     RowCondition,
     RowCountWithinSigma,
@@ -32,6 +42,7 @@ from airflow_txn_provider.rules.expectations import (
     outcome_record,
     poison_note,
 )
+from airflow_txn_provider.rules.vocabulary import AUDIT_OUTPUT_PREFIX
 from airflow_txn_provider.state.audit import Uncheckable, measure, quarantine
 from airflow_txn_provider.utils import metrics
 
@@ -90,15 +101,7 @@ def audit_states(
     declared = [e for s in states for e in on[s.name]]
     if not declared:
         return
-    sigma = [e for e in declared if isinstance(e, RowCountWithinSigma)]
-    history = (
-        committed_counts(
-            conn, pipeline, [e.name for e in sigma], max(e.last for e in sigma), before_txid=txid
-        )
-        if sigma
-        else {}
-    )
-    verdict = judge_expectations(declared, measured, history)
+    verdict = judge_expectations(declared, measured, _history(conn, pipeline, declared, txid))
     audit.outcomes += verdict.outcomes
     if not verdict.commits:
         _stop(pipeline, txid, attempt, Verdict(tuple(audit.outcomes)), audit)
@@ -109,6 +112,55 @@ def audit_states(
         moved = quarantine(conn, state, txid, attempt, conditions, staged_attempt=staged)
         if moved:
             audit.dropped[state.name] = audit.dropped.get(state.name, 0) + moved
+
+
+def _history(
+    conn: Connection, pipeline: str, declared: Sequence[Expectation], txid: int
+) -> dict[str, list[int]]:
+    """The sigma bounds' histories: their counts in the last committed txids before ``txid``."""
+    sigma = [e for e in declared if isinstance(e, RowCountWithinSigma)]
+    if not sigma:
+        return {}
+    last = max(e.last for e in sigma)
+    return committed_counts(conn, pipeline, [e.name for e in sigma], last, before_txid=txid)
+
+
+def audit_measured(
+    conn: Connection,
+    pipeline: str,
+    sinks: Iterable[str],
+    expectations: Sequence[Expectation],
+    output: Mapping[str, Any],
+    txid: int,
+    attempt: int,
+    *,
+    audit: Audit,
+) -> None:
+    """Judge the ``expectations`` on the input batch and on the lake ``sinks`` (names) from what
+    the job measured and recorded in ``(txid, attempt)``'s ``output``, adding to ``audit``; a
+    failed ``fail`` one stops the txid (:class:`ExpectationsFailedError`)."""
+    on = {INPUT, *sinks}
+    declared = [e for e in expectations if e.on in on]
+    if not declared:
+        return
+    judged, measured, direct = [], [], {}
+    for exp in declared:
+        records = output.get(f"{AUDIT_OUTPUT_PREFIX}{exp.on}") or ()
+        found = next((r for r in records if r.get("expectation") == exp.name), None)
+        if found is None or "error" in found:
+            taken = Taken.FAILED if found or exp.action is Action.FAIL else Taken.WARNED
+            why = f"cannot be checked: {found['error']}" if found else "not measured by the job"
+            direct[exp.name] = Outcome(exp.name, exp.on, exp.action, taken, 0, 0, (), why)
+            continue
+        judged.append(exp)
+        keys = tuple(found.get("sample_keys") or ())
+        rows = (int(found["rows_checked"]), int(found.get("rows_failed") or 0), keys)
+        measured.append(Measured(exp.name, *rows))
+    verdict = judge_expectations(judged, measured, _history(conn, pipeline, judged, txid))
+    by_name = {**direct, **{o.expectation: o for o in verdict.outcomes}}
+    audit.outcomes += [by_name[e.name] for e in declared]
+    if any(o.taken is Taken.FAILED for o in by_name.values()):
+        _stop(pipeline, txid, attempt, Verdict(tuple(audit.outcomes)), audit)
 
 
 def _stop(pipeline: str, txid: int, attempt: int, verdict: Verdict, audit: Audit) -> None:
@@ -151,4 +203,4 @@ def send_metrics(pipeline: str, audit: Audit) -> None:
     metrics.incr(metrics.QUARANTINED_ROWS, pipeline, sum(audit.dropped.values()))
 
 
-__all__ = ["Audit", "audit_states", "send_metrics"]
+__all__ = ["Audit", "audit_measured", "audit_states", "send_metrics"]

@@ -39,7 +39,12 @@ from airflow_txn_provider.rules.vocabulary import OutputKind
 from airflow_txn_provider.sinks.base import OUTPUT_PREFIX, StagedFiles
 from airflow_txn_provider.state import BucketCountState, MapState, counted_states, load_states
 from airflow_txn_provider.transactions.apply import Outputs, SinkWrite, apply_txid, clean_up
-from airflow_txn_provider.transactions.audit import Audit, audit_states, send_metrics
+from airflow_txn_provider.transactions.audit import (
+    Audit,
+    audit_measured,
+    audit_states,
+    send_metrics,
+)
 from airflow_txn_provider.transactions.rewind import read_rewound_through
 from airflow_txn_provider.utils import metrics
 
@@ -128,6 +133,9 @@ def commit_states(
         # The audit before the rows are used: drops leave staging before a state derives from it.
         plain = [s for s in live.states if s.derived_from is None]
         audit_started = time.monotonic()
+        # first what the job measured: the input batch's and the lake sinks' expectations
+        sinks_on = [s.name for s in live.sinks]
+        audit_measured(conn, pipeline, sinks_on, expectations, recorded, txid, attempt, audit=audit)
         audit_states(conn, plain, audited, txid, attempt, rows=rows, audit=audit)
         # Derived states read the committed values as they are before this txid: first.
         for state in states:

@@ -95,16 +95,41 @@ class TestPipelineWithSinks:
 
 
 def test_expectations_are_declared_on_the_pipelines_states():
-    from airflow_txn_provider import RowCondition, RowCount
+    from airflow_txn_provider import (
+        Check,
+        FailingShare,
+        RowCondition,
+        RowCount,
+        RowCountWithinSigma,
+    )
 
     rules = [
-        RowCondition(on="word_counts", condition="delta > 0"),
+        RowCondition(on="word_counts", condition="delta > 0", action="drop"),
         RowCount(on="word_counts", min=1),
+        Check(on="word_counts", fn=lambda rows: (True, ""), name="any"),
     ]
     assert _pipeline(expectations=rules).expectations == tuple(rules)
-    with pytest.raises(ValueError, match="expectation 'input: delta > 0' is on the input batch"):
-        _pipeline(expectations=[RowCondition(condition="delta > 0")])
-    with pytest.raises(ValueError, match="is on 'nope'; expectations are checked on the pipeline"):
-        _pipeline(expectations=[RowCondition(on="nope", condition="delta > 0")])
     with pytest.raises(ValueError, match="names must differ"):
         _pipeline(expectations=[rules[0], rules[0]])
+    sink = DeltaSink("events", table_uri="/lake/e")
+    with pytest.raises(ValueError, match="is on 'nope'; expectations are checked on the pipeline"):
+        _pipeline(expectations=[RowCondition(on="nope", condition="delta > 0")], sinks=[sink])
+    # on the input batch and a lake sink: SQL ones that warn or fail, measured by the Spark job
+    measured = [
+        RowCondition(condition="line IS NOT NULL"),  # on="input" by default
+        RowCount(min=1, action="fail"),
+        RowCountWithinSigma(on="events", k=3),
+        FailingShare(on="events", condition="word <> ''", max_share=0.1, action="fail"),
+        RowCondition(on="events", condition="length(word) < 50", action="fail"),
+    ]
+    assert _pipeline(expectations=measured, sinks=[sink]).expectations == tuple(measured)
+    for exp, refused in [
+        (RowCondition(condition="x", action="drop", name="d"), "'d' on the input batch: drop"),
+        (RowCondition(on="events", condition="x", action="drop", name="d"), "'d' on lake sink"),
+        (Check(fn=lambda b: (True, ""), name="c"), "'c' on the input batch: a Check is not"),
+        (Check(on="events", fn=lambda b: (True, ""), name="c"), "'c' on lake sink 'events': a"),
+    ]:
+        with pytest.raises(ValueError, match=f"pipeline 'words': expectation {refused}"):
+            _pipeline(expectations=[exp], sinks=[sink])
+    with pytest.raises(ValueError, match="on the input batch needs exactly one processing job"):
+        _pipeline(expectations=measured[:2], jobs=["a.py", "b.py"])

@@ -567,3 +567,33 @@ def test_an_outcome_is_recorded_as_json_and_a_failed_fail_one_marks_a_poison_bat
     assert failed_a_fail_expectation([record])
     assert not failed_a_fail_expectation([{**record, "taken": "warned"}])
     assert not failed_a_fail_expectation(None)
+
+
+# -- the JSON spec a spark-submitted job receives its expectations in ----------------------------
+
+
+def test_the_sql_expectations_survive_a_json_spec_round_trip_and_a_check_has_none():
+    import json
+
+    from airflow_txn_provider.rules.expectations import expectation_from_spec, expectation_spec
+
+    declared = [
+        RowCondition(on=INPUT, condition="amount >= 0 -- no refunds", action="fail"),
+        FailingShare(on="lake", condition="sku IS NOT NULL", max_share=0.25, name="skus"),
+        RowCount(on=INPUT, max=10),
+        RowCount(on="lake", min=1, max=2_000_000, action="fail"),
+        RowCountWithinSigma(on=INPUT, k=2.5, last=7, min_history=3, action="warn"),
+    ]
+    for exp in declared:
+        spec = json.loads(json.dumps(expectation_spec(exp)))  # what travels, as text
+        assert spec["kind"] == type(exp).__name__ and spec["name"] == exp.name
+        back = expectation_from_spec(spec)
+        assert back == exp and type(back) is type(exp) and back.action is exp.action
+    with pytest.raises(ValueError, match="cannot travel as JSON"):
+        expectation_spec(Check(on=INPUT, fn=lambda rows: (True, ""), name="c"))
+    with pytest.raises(ValueError, match="not an expectation's spec"):
+        expectation_from_spec({"kind": "Check", "on": INPUT})
+    with pytest.raises(ValueError, match="unknown field"):
+        expectation_from_spec({**expectation_spec(declared[0]), "max_share": 0.1})
+    with pytest.raises(ValueError, match="must be below 1"):  # checked as a declaration is
+        expectation_from_spec({**expectation_spec(declared[1]), "max_share": 1.5})
