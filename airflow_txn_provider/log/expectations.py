@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import delete, func, select
 
 from airflow_txn_provider.log.models import ATTEMPTS, QUARANTINE, TRANSACTIONS
+from airflow_txn_provider.rules.expectations import NOT_MEASURED
 from airflow_txn_provider.rules.vocabulary import TxStatus
 
 if TYPE_CHECKING:
@@ -53,8 +54,8 @@ def committed_counts(
     wanted = set(names)
     counts: dict[str, list[int]] = {name: [] for name in wanted}
     for _, outcomes in committed_outcomes(conn, pipeline, last, before_txid=before_txid):
-        for outcome in outcomes:
-            if outcome.get("expectation") in wanted:
+        for outcome in outcomes:  # one never measured counted no rows: not a count
+            if outcome.get("expectation") in wanted and outcome.get("message") != NOT_MEASURED:
                 counts[outcome["expectation"]].append(int(outcome["rows_checked"]))
     return counts
 

@@ -17,6 +17,7 @@ from airflow_txn_provider.rules.names import COLUMN, check_name
 INPUT = "input"  # on= for the input batch; any other value names an output
 SAMPLE_KEYS = 5  # failing keys an outcome keeps, each cut to 100 characters
 FAILING_ROWS = "({}\n) IS NOT TRUE"  # SQL: NULL fails (unlike a CHECK); \n ends a -- comment
+NOT_MEASURED = "not measured by the job"  # an outcome's message: no rows were counted
 
 
 class Action(StrEnum):

@@ -93,6 +93,12 @@ AUDIT_OUTPUT_PREFIX = "audit:"
 list of measurements (``rules.expectations.Measured`` as dicts), judged by the commit."""
 
 
+def audit_output_key(on: str) -> str:
+    """The key of the job's measurements of ``on`` (the input batch or a lake sink) in a txid's
+    recorded output."""
+    return f"{AUDIT_OUTPUT_PREFIX}{on}"
+
+
 class FailureResponse(StrEnum):
     """What the failure sensor of a txid's run did about a failed attempt (the log records it)."""
 

@@ -30,7 +30,7 @@ from airflow_txn_provider.rules.expectations import (
     expectation_from_spec,
     expectation_spec,
 )
-from airflow_txn_provider.rules.vocabulary import AUDIT_OUTPUT_PREFIX
+from airflow_txn_provider.rules.vocabulary import audit_output_key
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
@@ -42,11 +42,6 @@ INPUT_KEY_COLUMNS = ("partition", "p", "offset")
 """The input's columns a failing record is named by, when it has them (a source's own
 ``partition_column`` and ``offset_column`` first); else its first columns."""
 FIRST_COLUMNS = 3
-
-
-def audit_key(on: str) -> str:
-    """The key of ``on``'s measurements in a txid's recorded output."""
-    return f"{AUDIT_OUTPUT_PREFIX}{on}"
 
 
 def for_job(
@@ -170,24 +165,23 @@ def measure_job(
     by_sink: Mapping[LakeSink, DataFrame],
     check: Callable[[], None] = lambda: None,
 ) -> dict[str, list[dict[str, Any]]]:
-    """The job's measurements, ``{audit_key(on): [record, …]}``: of the input batch as the
+    """The job's measurements, ``{audit_output_key(on): [record, …]}``: of the input batch as the
     transform reads it (``records``) and of each lake sink's DataFrame."""
     found: dict[str, list[dict[str, Any]]] = {}
     on_input = [e for e in expectations if e.on == INPUT]
     if on_input:
         own = (getattr(source, "partition_column", None), getattr(source, "offset_column", None))
         keys = sample_columns(records.columns, [*own, *INPUT_KEY_COLUMNS])
-        found[audit_key(INPUT)] = measure_frame(records, on_input, keys, check)
+        found[audit_output_key(INPUT)] = measure_frame(records, on_input, keys, check)
     for sink, frame in by_sink.items():
         on_sink = [e for e in expectations if e.on == sink.name]
         if on_sink:
             keys = sample_columns(frame.columns, sink.keys)
-            found[audit_key(sink.name)] = measure_frame(frame, on_sink, keys, check)
+            found[audit_output_key(sink.name)] = measure_frame(frame, on_sink, keys, check)
     return found
 
 
 __all__ = [
-    "audit_key",
     "for_job",
     "from_arg",
     "measure_frame",

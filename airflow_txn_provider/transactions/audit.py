@@ -30,6 +30,7 @@ from airflow_txn_provider.rules.exceptions import (
 )
 from airflow_txn_provider.rules.expectations import (
     INPUT,
+    NOT_MEASURED,
     Action,
     Expectation,
     Measured,
@@ -42,7 +43,7 @@ from airflow_txn_provider.rules.expectations import (
     outcome_record,
     poison_note,
 )
-from airflow_txn_provider.rules.vocabulary import AUDIT_OUTPUT_PREFIX
+from airflow_txn_provider.rules.vocabulary import audit_output_key
 from airflow_txn_provider.state.audit import Uncheckable, measure, quarantine
 from airflow_txn_provider.utils import metrics
 
@@ -145,11 +146,11 @@ def audit_measured(
         return
     judged, measured, direct = [], [], {}
     for exp in declared:
-        records = output.get(f"{AUDIT_OUTPUT_PREFIX}{exp.on}") or ()
+        records = output.get(audit_output_key(exp.on)) or ()
         found = next((r for r in records if r.get("expectation") == exp.name), None)
         if found is None or "error" in found:
             taken = Taken.FAILED if found or exp.action is Action.FAIL else Taken.WARNED
-            why = f"cannot be checked: {found['error']}" if found else "not measured by the job"
+            why = f"cannot be checked: {found['error']}" if found else NOT_MEASURED
             direct[exp.name] = Outcome(exp.name, exp.on, exp.action, taken, 0, 0, (), why)
             continue
         judged.append(exp)

@@ -55,3 +55,21 @@ def test_a_rewind_takes_back_the_quarantine_of_its_txids_per_output(txlog):
     with txlog.engine.begin() as conn:
         assert take_back_quarantined(conn, p, 2) == {"a": 1, "b": 3}
         assert quarantined_counts(conn, p) == {"a": 1}
+
+
+def test_an_outcome_the_job_never_measured_is_not_in_a_sigma_bounds_history(txlog):
+    from airflow_txn_provider.rules.expectations import NOT_MEASURED
+
+    p = "unmeasured"
+    txlog.register_pipeline(p, source_kind="transactional", max_pending=3)
+    for txid, outcome in [
+        (1, _outcome("n", 7)),
+        (2, {**_outcome("n", 0), "message": NOT_MEASURED}),
+    ]:
+        a = txlog.begin(p, txid, Batches()).attempt
+        txlog.stage_output(p, txid, a, lambda c: {})
+        with txlog.engine.begin() as conn:
+            TxidRows(conn, p, txid).record_expectations(a, [outcome])
+        assert txlog.commit(p, txid, a).applied
+    with txlog.engine.connect() as conn:
+        assert committed_counts(conn, p, ["n"], 5, before_txid=3) == {"n": [7]}

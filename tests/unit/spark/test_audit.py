@@ -18,11 +18,10 @@ from airflow_txn_provider.rules.expectations import (
     RowCount,
     RowCountWithinSigma,
 )
-from airflow_txn_provider.rules.vocabulary import AUDIT_OUTPUT_PREFIX
+from airflow_txn_provider.rules.vocabulary import AUDIT_OUTPUT_PREFIX, audit_output_key
 from airflow_txn_provider.sinks import DeltaSink, IcebergSink
 from airflow_txn_provider.sources.parquet import PartitionedParquetSource
 from airflow_txn_provider.spark.audit import (
-    audit_key,
     conditions_of,
     for_job,
     from_arg,
@@ -47,8 +46,8 @@ def test_a_job_measures_the_expectations_on_the_input_and_its_lake_sinks_only():
     sinks = [DeltaSink("words", table_uri="/tmp/lake/words")]
     assert for_job(EXPECTATIONS, sinks) == EXPECTATIONS[:5]
     assert for_job(EXPECTATIONS, []) == EXPECTATIONS[:2]
-    assert audit_key(INPUT) == f"{AUDIT_OUTPUT_PREFIX}input" == "audit:input"
-    assert audit_key("words") == "audit:words"
+    assert audit_output_key(INPUT) == f"{AUDIT_OUTPUT_PREFIX}input" == "audit:input"
+    assert audit_output_key("words") == "audit:words"
 
 
 def test_a_batch_job_keeps_its_expectations_through_spark_submit_arguments(tmp_path):
