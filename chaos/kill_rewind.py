@@ -232,6 +232,7 @@ def child(args: argparse.Namespace) -> int:
     import airflow_txn_provider.sinks.iceberg as iceberg
 
     steps: list[str] = []
+    paused: list[str] = []
     commits = 0
 
     def step(what: str) -> None:
@@ -249,8 +250,9 @@ def child(args: argparse.Namespace) -> int:
             )
             what = f"{stage}: {what}"
         steps.append(what)
-        if len(steps) == args.point:
-            print(json.dumps({PAUSED: args.point, "at": what}), flush=True)
+        if len(steps) == args.point or (args.at and what.startswith(args.at) and not paused):
+            paused.append(what)
+            print(json.dumps({PAUSED: len(steps), "at": what}), flush=True)
             time.sleep(HANG)
 
     def before_sql(conn: Any, cursor: Any, statement: str, *rest: Any) -> None:
@@ -274,9 +276,11 @@ def child(args: argparse.Namespace) -> int:
     return 0
 
 
-def rewind_in_child(log_url: str, to_txid: int, point: int, log: Path) -> dict[str, Any]:
-    """Run the child; SIGKILL its process group when it pauses. Returns its last JSON line."""
-    argv = [sys.executable, __file__, "--child", "--to", str(to_txid), "--point", str(point)]
+def rewind_in_child(log_url: str, to_txid: int, point: int | str, log: Path) -> dict[str, Any]:
+    """Run the child; SIGKILL its process group when it pauses (at step ``point``, or at the
+    first step whose name starts with it). Returns its last JSON line."""
+    where = ["--at", point] if isinstance(point, str) else ["--point", str(point)]
+    argv = [sys.executable, __file__, "--child", "--to", str(to_txid), *where]
     env = {**os.environ, LOG_URL_ENV: log_url}
     with open(log, "wb") as stderr:
         proc = subprocess.Popen(
@@ -315,13 +319,21 @@ def phase(at: str | None) -> str:
 
 
 def one_run(
-    seed: int, steps: int, sink_kind: str, admin_url: str, workdir: Path, run: int
+    seed: int,
+    steps: int,
+    sink_kind: str,
+    admin_url: str,
+    workdir: Path,
+    run: int,
+    at: str | None = None,
 ) -> FaultResult:
+    """One seeded run, killed at a seeded step, or at the first step named ``at``."""
     rng = random.Random(seed)
     committed = rng.randint(4, 8)
     in_flight = rng.randint(0, 2)
     to_txid = rng.randint(1, committed + 1)
-    point = rng.randint(1, steps + 1)  # steps + 1: past the last step, the rewind completes
+    drawn = rng.randint(1, steps + 1)  # steps + 1: past the last step, the rewind completes
+    point: int | str = at if at is not None else drawn
     plan = f"txids 1..{committed} committed, {in_flight} in flight; rewind to {to_txid}"
     print(f"seed {seed}: {plan}; killed at step {point} of {steps}", flush=True)
     log_url = fresh_database(admin_url, f"kr{run}")
@@ -356,7 +368,7 @@ def _run(
     committed: int,
     in_flight: int,
     n: int,
-    point: int,
+    point: int | str,
     plan: str,
 ) -> FaultResult:
     sinks = make_sinks(sink_kind, run_dir, run)
@@ -490,6 +502,11 @@ def count_steps(sink_kind: str, admin_url: str, workdir: Path) -> list[str]:
     return list(out["steps"])
 
 
+STAGES = ("the log's transaction: sql UPDATE", "the log's commit", "the table step")
+"""Where the first runs of a suite are killed: inside the log's transaction (a txid's rows being
+failed), at the log's commit, and in the table step after it."""
+
+
 def run_suite(
     runs: int, seed: int, sink_kind: str, admin_url: str, workdir: Path
 ) -> list[FaultResult]:
@@ -497,7 +514,13 @@ def run_suite(
     print(f"a rewind has {len(steps)} steps: {steps}", flush=True)
     master = random.Random(seed)
     seeds = [seed] + [master.randrange(1, 10**6) for _ in range(runs - 1)]
-    return [one_run(s, len(steps), sink_kind, admin_url, workdir, i) for i, s in enumerate(seeds)]
+    # the first runs are killed at each stage by name, so that any number of runs >= 3 kills
+    # the rewind in each (a seeded step can miss the one step that is the log's commit)
+    named = [*STAGES, *[None] * runs][:runs]
+    return [
+        one_run(s, len(steps), sink_kind, admin_url, workdir, i, at=named[i])
+        for i, s in enumerate(seeds)
+    ]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -508,6 +531,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--to", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--point", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--at", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         return child(args)

@@ -1,11 +1,12 @@
 """The rewind's chaos fault, CI subset: a few fixed-seed runs of chaos/kill_rewind.py.
 
 The process running a rewind is SIGKILLed at seeded steps (a real child process, its own process
-group; a real Postgres; real Delta tables). Seed 1's six runs kill it inside the log's
-transaction, at the log's commit, and in the table step that follows (a table left ahead of the
-log): each time the log and the states are either as before or exactly rewound, never a mix, and
-after healing every state and table equals ground truth. ``python chaos/kill_rewind.py --seed 1
---runs 6`` replays them; ``make chaos-rewind`` runs the whole fault on both table formats.
+group; a real Postgres; real Delta tables). The first three of seed 1's six runs kill it inside
+the log's transaction, at the log's commit, and in the table step that follows (a table left
+ahead of the log): each time the log and the states are either as before or exactly rewound,
+never a mix, and after healing every state and table equals ground truth. ``python
+chaos/kill_rewind.py --seed 1 --runs 6`` replays them; ``make chaos-rewind`` runs the whole fault
+on both table formats.
 """
 
 from __future__ import annotations

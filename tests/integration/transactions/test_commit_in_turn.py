@@ -32,7 +32,7 @@ def two_processing(txlog, name: str) -> SimpleNamespace:
     for txid in (1, 2):
         assert txlog.begin(name, txid, Tens()).emitted
     txlog.mark_processed(name, 2, 1, {"rows": 20})
-    return SimpleNamespace(name=name, window_bound=4, sinks=())
+    return SimpleNamespace(name=name, window_bound=4, sinks=(), expectations=())
 
 
 @pytest.fixture(autouse=True)
