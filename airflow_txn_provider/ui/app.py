@@ -31,10 +31,21 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from airflow_txn_provider.compat.python import UTC
 from airflow_txn_provider.log.health import STALL_AFTER, Health, read_health
-from airflow_txn_provider.rules.exceptions import TxnError, UnknownPipelineError
+from airflow_txn_provider.rules.exceptions import (
+    StateTxidNotReadableError,
+    TxnError,
+    UnknownPipelineError,
+)
 from airflow_txn_provider.timetables import txid_from_run_id
 from airflow_txn_provider.transactions.transaction_log import TransactionLog
-from airflow_txn_provider.ui import MOUNT_PATH, actions, model, reader, rewind_options
+from airflow_txn_provider.ui import (
+    MOUNT_PATH,
+    actions,
+    model,
+    reader,
+    rewind_options,
+    state_reads,
+)
 from airflow_txn_provider.ui.access import (
     DagId,
     PipelineName,
@@ -50,7 +61,9 @@ from airflow_txn_provider.ui.errors import (
     DagAccessDeniedError,
     DagError,
     LogUnavailableError,
+    StateKeyError,
     UnknownDagError,
+    UnknownStateError,
 )
 
 log = logging.getLogger(__name__)
@@ -62,6 +75,10 @@ POLL_MS = 2500
 StallAfter = Annotated[float, Query(gt=0, le=7 * 24 * 3600)]
 """``?stall_after=`` seconds: how long a pipeline may wait without progress (default
 :data:`~airflow_txn_provider.log.health.STALL_AFTER`)."""
+StateName = Annotated[str, PathParam(min_length=1, max_length=250)]
+ReadLimit = Annotated[int, Query(ge=1, le=state_reads.MAX_LIMIT)]
+KeyValues = Annotated[list[str] | None, Query()]
+"""``?key=…&key=…``: a key's column values, in the state's key column order."""
 
 app = FastAPI(title="Transactions", docs_url=None, redoc_url=None, openapi_url=None)
 app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
@@ -77,6 +94,7 @@ templates = jinja2.Environment(
 templates.filters["dur"] = model.format_duration
 templates.filters["pretty"] = model.pretty_json
 templates.filters["q"] = lambda value: quote(str(value), safe="")
+templates.filters["signed"] = state_reads.signed
 
 
 def _now() -> datetime:
@@ -284,6 +302,37 @@ def txid_api(
     return reader.txid_payload(authorized(reading, pipeline), pipeline, txid, _now())
 
 
+# A state's past (issue 61): a key's history, the state as of a txid (what a txid changed is in
+# the txid's payload). 409 beyond retention (StateTxidNotReadableError, its message and reach).
+
+
+@app.get("/api/pipelines/{pipeline}/states/{state}/history")
+def state_history_api(
+    pipeline: PipelineName,
+    state: StateName,
+    reading: ReadingDep,
+    key: KeyValues = None,
+    limit: ReadLimit = state_reads.HISTORY_LIMIT,
+) -> dict[str, Any]:
+    """Each kept txid that changed the key (``?key=`` per key column; none for a global
+    state), newest first, at most ``limit``."""
+    engine = authorized(reading, pipeline).engine
+    return state_reads.history_payload(engine, pipeline, state, key or [], _now(), limit)
+
+
+@app.get("/api/pipelines/{pipeline}/states/{state}/as_of")
+def state_as_of_api(
+    pipeline: PipelineName,
+    state: StateName,
+    txid: Annotated[int, Query(ge=0)],
+    reading: ReadingDep,
+    limit: ReadLimit = state_reads.AS_OF_LIMIT,
+) -> dict[str, Any]:
+    """The state as it stood right after ``txid``: its largest ``limit`` values, or its value."""
+    engine = authorized(reading, pipeline).engine
+    return state_reads.as_of_payload(engine, pipeline, state, txid, _now(), limit)
+
+
 # -- errors: JSON under /api, a page elsewhere -----------------------------------------------
 
 
@@ -304,6 +353,10 @@ def _error(
         body["dag_id"] = err.dag_id
     elif isinstance(err, TxnError):
         body.update({"pipeline": err.pipeline, "txid": err.txid})
+    if isinstance(err, StateTxidNotReadableError | UnknownStateError | StateKeyError):
+        body["state"] = err.state
+    if isinstance(err, StateTxidNotReadableError):  # how far back a read reaches
+        body.update({k: _int(getattr(err, k)) for k in ("floor", "last_committed")})
     if _wants_json(request):
         return JSONResponse(body, status_code=status_code)
     return _render(
@@ -314,6 +367,25 @@ def _error(
         message=message,
         pipeline=body.get("pipeline"),
     )
+
+
+def _int(value: str | None) -> int | None:
+    return int(value) if value is not None else None
+
+
+@app.exception_handler(StateTxidNotReadableError)
+def _not_readable(request: Request, err: StateTxidNotReadableError) -> Response:
+    return _error(request, 409, err.detail, err)
+
+
+@app.exception_handler(UnknownStateError)
+def _unknown_state(request: Request, err: UnknownStateError) -> Response:
+    return _error(request, 404, err.detail, err)
+
+
+@app.exception_handler(StateKeyError)
+def _bad_key(request: Request, err: StateKeyError) -> Response:
+    return _error(request, 422, err.detail, err)
 
 
 @app.exception_handler(UnknownPipelineError)

@@ -67,3 +67,18 @@ class DagAccessDeniedError(DagError):
 class UnknownDagError(DagError):
     """The log records no pipeline run by this DAG (its ``begin`` task has not run yet, or it is
     no transaction DAG) and no pipeline the user may read is named like it."""
+
+
+class UnknownStateError(TxnError):
+    """The pipeline has no state of this name (a state's past is asked by its name): a 404."""
+
+    fields = ("state",)
+    state: str | None
+
+
+class StateKeyError(TxnError):
+    """What was typed as a state's key does not fit its key columns (how many, of which type):
+    a 422 that says what the state's key is."""
+
+    fields = ("state",)
+    state: str | None

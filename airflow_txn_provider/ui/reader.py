@@ -40,7 +40,7 @@ from airflow_txn_provider.rules.vocabulary import TxStatus
 from airflow_txn_provider.state import GlobalState, load_states, quote_ident
 from airflow_txn_provider.timetables import txid_run_id
 from airflow_txn_provider.transactions.transaction_log import TransactionLog, engine_from_url
-from airflow_txn_provider.ui import model, rewind_options
+from airflow_txn_provider.ui import model, rewind_options, state_reads
 from airflow_txn_provider.ui.audit import (
     QUARANTINE_SAMPLE,
     audit_summary,
@@ -298,10 +298,10 @@ def _retention(r: RetentionInfo) -> dict[str, Any]:
 
 
 def txid_payload(txlog: TransactionLog, pipeline: str, txid: int, now: datetime) -> dict[str, Any]:
-    """One txid: its current record, every attempt and its audit (:func:`txid_audit`). A txid
-    whose run exists but that has not begun yet (no data, or waiting for its turn) has no
-    record: ``current`` is ``None``; so has a txid whose record retention pruned (``pruned``:
-    committed long ago)."""
+    """One txid: its current record, every attempt, its audit (:func:`txid_audit`) and what it
+    changed in each state (:func:`.state_reads.txid_changes_payload`). A txid whose run exists
+    but that has not begun yet (no data, or waiting for its turn) has no record: ``current`` is
+    ``None``; so has a txid whose record retention pruned (``pruned``: committed long ago)."""
     last_committed = txlog.last_committed(pipeline)  # UnknownPipelineError: a 404
     current = txlog.transaction(pipeline, txid)
     attempts = txlog.attempts(pipeline, txid) if current is not None else []
@@ -310,6 +310,7 @@ def txid_payload(txlog: TransactionLog, pipeline: str, txid: int, now: datetime)
         rows = quarantined(conn, pipeline, txid=txid, limit=QUARANTINE_SAMPLE)
         counts = quarantined_counts_of(conn, pipeline, txid)
     audited = [(a.txid, a.attempt, list(a.expectations)) for a in attempts if a.expectations]
+    done = (current.attempt, current.committed_at) if current is not None else None
     return {
         "pipeline": pipeline,
         "txid": txid,
@@ -319,6 +320,9 @@ def txid_payload(txlog: TransactionLog, pipeline: str, txid: int, now: datetime)
         "pruned": pruned,
         "attempts": model.attempt_rows(attempts, now),
         "audit": txid_audit(attempts, rows, counts),
+        "changes": state_reads.txid_changes_payload(
+            txlog.engine, pipeline, txid, last_committed, done
+        ),
         "now": model.iso(now),
     }
 

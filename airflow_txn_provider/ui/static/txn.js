@@ -148,7 +148,7 @@
       ...(data.retention ? [card("retention", data.retention.text, "wide")] : []));
     lastChart = data.chart;
     drawChart(document.getElementById("chart"), data.chart);
-    renderStates(data.states);
+    renderStates(data.states, p.name);
     renderOutputs(data.outputs, data.now);
     renderTrends(data.expectations);
     const rows = data.txids.map((t) => h("tr", {},
@@ -208,27 +208,160 @@
       : [empty(10, "No expectation recorded an outcome in the listed txids.")]));
   }
 
-  function renderStates(states) {
-    const blocks = states.map((st) => {
-      if (st.type === "global") {
-        return h("div", { class: "state" },
-          h("h3", {}, st.name, " ", h("span", { class: "tag" }, `${st.kind} · global`)),
-          complete(st),
-          h("div", { class: "v" }, st.value === null ? "—" : st.value));
+  // A state card: its figures (re-rendered at each refresh) and the reads of its past below them,
+  // kept across refreshes (what was typed and read stays, and the input keeps its focus).
+  const stateCards = {};  // state name -> { card, figures, type }
+
+  function stateFigures(st) {
+    if (st.type === "global") {
+      return [h("h3", {}, st.name, " ", h("span", { class: "tag" }, `${st.kind} · global`)),
+        complete(st), h("div", { class: "v" }, st.value === null ? "—" : st.value)];
+    }
+    if (st.type === "map") {
+      return [h("h3", {}, st.name, " ", h("span", { class: "tag" }, `${st.kind} · map by ${st.key_columns.join(", ")}`)),
+        complete(st),
+        h("div", { class: "kv" }, h("span", {}, `${st.keys} keys`), h("span", {}, `sum ${st.sum}`)),
+        h("table", { class: "grid small" },
+          h("thead", {}, h("tr", {}, h("th", {}, `key (top ${st.top.length})`), h("th", { class: "num" }, "value"))),
+          h("tbody", {}, st.top.map((t) => h("tr", {}, h("td", {}, t.key), num(t.value)))))];
+    }
+    return [h("h3", {}, st.name), h("div", { class: "err" }, st.error)];
+  }
+
+  // Same markup as the macro state_reads.
+  function readsPanel(st, pipeline) {
+    const url = `${root}/api/pipelines/${q(pipeline)}/states/${q(st.name)}`;
+    const keys = st.key_columns || [];
+    return h("div", { class: "state-reads", "data-state": st.name, "data-url": url },
+      h("form", { class: "state-read", "data-read": "history" },
+        keys.map((c) => h("input", { name: "key", placeholder: c, "aria-label": `${st.name}: ${c}`, size: 10, required: true })),
+        h("button", { type: "submit" }, keys.length ? "key history" : "history")),
+      h("form", { class: "state-read", "data-read": "as_of" },
+        h("input", { name: "txid", type: "number", min: 0, step: 1, placeholder: "txid", "aria-label": `${st.name}: as of txid`, required: true }),
+        h("button", { type: "submit" }, "as of txid")),
+      h("div", { class: "reads-result", role: "status" }));
+  }
+
+  function renderStates(states, pipeline) {
+    const box = document.getElementById("states");
+    const cards = states.map((st) => {
+      let c = stateCards[st.name];
+      if (!c || c.type !== st.type) {
+        const figures = h("div", { class: "state-figures" });
+        const reads = st.type === "error" ? null : readsPanel(st, pipeline);
+        const card = h("div", { class: "state", "data-state": st.name, "data-type": st.type }, figures, reads);
+        c = stateCards[st.name] = { card, figures, type: st.type };
       }
-      if (st.type === "map") {
-        return h("div", { class: "state" },
-          h("h3", {}, st.name, " ", h("span", { class: "tag" }, `${st.kind} · map by ${st.key_columns.join(", ")}`)),
-          complete(st),
-          h("div", { class: "kv" }, h("span", {}, `${st.keys} keys`), h("span", {}, `sum ${st.sum}`)),
-          h("table", { class: "grid small" },
-            h("thead", {}, h("tr", {}, h("th", {}, `key (top ${st.top.length})`), h("th", { class: "num" }, "value"))),
-            h("tbody", {}, st.top.map((t) => h("tr", {}, h("td", {}, t.key), num(t.value))))));
-      }
-      return h("div", { class: "state" }, h("h3", {}, st.name), h("div", { class: "err" }, st.error));
+      c.figures.replaceChildren(...stateFigures(st));
+      return c.card;
     });
-    document.getElementById("states").replaceChildren(
-      ...(blocks.length ? blocks : [h("p", { class: "empty" }, "No state is registered for this pipeline.")]));
+    const shown = Array.from(box.childNodes);
+    if (cards.length && cards.length === shown.length && cards.every((c, i) => shown[i] === c)) return;
+    box.replaceChildren(
+      ...(cards.length ? cards : [h("p", { class: "empty" }, "No state is registered for this pipeline.")]));
+  }
+
+  const shownValue = (v) => (v === null || v === undefined ? "—" : v);
+  const signed = (v) => (v === null || v === undefined ? "—" : v > 0 ? `+${v}` : String(v));  // state_reads.signed
+
+  // A key's history (GET …/states/<state>/history): newest first, bounded.
+  function historyView(d, pipeline) {
+    const parts = [h("p", { class: "reads-head" },
+      h("strong", {}, d.key_label), ` now ${shownValue(d.current)} · ${d.reach}`)];
+    if (!d.history.length) {
+      parts.push(h("p", { class: "empty" }, "No kept txid changed this key."));
+      return parts;
+    }
+    parts.push(h("table", { class: "grid small history" },
+      h("thead", {}, h("tr", {}, h("th", { class: "num" }, "txid"), h("th", { class: "num" }, "attempt"),
+        h("th", {}, "committed"), h("th", { class: "num" }, "before"), h("th", { class: "num" }, "after"),
+        h("th", { class: "num" }, "change"))),
+      h("tbody", {}, d.history.map((c) => h("tr", {},
+        num(h("a", { href: `${root}/pipelines/${q(pipeline)}/runs/${q(c.run_id)}` }, c.txid)),
+        num(shownValue(c.attempt)),
+        h("td", { title: c.committed_at || "" }, fmtTime(c.committed_at, d.now)),
+        num(shownValue(c.before)), num(shownValue(c.after)), num(signed(c.change)))))));
+    if (d.more) parts.push(h("p", { class: "hint" }, `the newest ${d.history.length} txids that changed it`));
+    return parts;
+  }
+
+  // A state as of a txid (GET …/states/<state>/as_of?txid=N): its value, or its largest values.
+  function asOfView(d) {
+    if (d.type === "global") {
+      return [h("p", { class: "reads-head" }, `as of txid ${d.txid}: `, h("strong", {}, shownValue(d.value)))];
+    }
+    return [h("p", { class: "reads-head" }, `as of txid ${d.txid}: ${d.keys} keys · sum ${d.sum}`),
+      h("table", { class: "grid small as-of" },
+        h("thead", {}, h("tr", {}, h("th", {}, `key (top ${d.top.length})`), h("th", { class: "num" }, "value"))),
+        h("tbody", {}, d.top.map((t) => h("tr", {}, h("td", {}, t.key), num(t.value)))))];
+  }
+
+  function setupStateReads() {
+    const box = document.getElementById("states");
+    if (!box || !box.addEventListener || !box.querySelectorAll) return;
+    for (const card of box.querySelectorAll(":scope > .state[data-state]")) {  // rendered by the server
+      const figures = card.querySelector(".state-figures");
+      if (figures) stateCards[card.dataset.state] = { card, figures, type: card.dataset.type };
+    }
+    box.addEventListener("submit", async (event) => {
+      const form = event.target.closest("form.state-read");
+      if (!form) return;
+      event.preventDefault();
+      const panel = form.closest(".state-reads");
+      const out = panel.querySelector(".reads-result");
+      const history = form.dataset.read === "history";
+      const params = new URLSearchParams();
+      if (history) {
+        for (const input of form.querySelectorAll("input[name=key]")) params.append("key", input.value);
+      } else {
+        params.set("txid", form.querySelector("input[name=txid]").value);
+      }
+      const pipeline = box.dataset.pipeline || "";
+      out.replaceChildren(h("p", { class: "hint" }, "reading …"));
+      try {
+        const response = await fetch(`${panel.dataset.url}/${history ? "history" : "as_of"}?${params}`, {
+          credentials: "same-origin", cache: "no-store", headers: { Accept: "application/json" },
+        });
+        let data = null;
+        try { data = await response.json(); } catch (e) { data = null; }
+        if (!response.ok) {  // 409: beyond retention (the typed error's message), 422: a bad key
+          const detail = data && data.detail ? data.detail : response.statusText;
+          out.replaceChildren(h("p", { class: "err refusal" }, detail));
+          return;
+        }
+        out.replaceChildren(...(history ? historyView(data, pipeline) : asOfView(data)));
+      } catch (e) {
+        out.replaceChildren(h("p", { class: "err refusal" }, `The read failed: ${e.message}`));
+      }
+    });
+  }
+
+  // What a txid changed in each state (same markup as the macro changes).
+  function renderChanges(x) {
+    const box = document.getElementById("changes");
+    if (!box || !x) return;
+    if (x.status !== "ok") {
+      box.replaceChildren(h("p", { class: "notice" }, x.message));
+      return;
+    }
+    const parts = [];
+    for (const st of x.states) {
+      const tag = st.type === "global" ? "global" : `map by ${(st.key_columns || []).join(", ")}`;
+      parts.push(h("h3", {}, st.name, st.type === "error" ? null : [" ", h("span", { class: "tag" }, `${st.kind} · ${tag}`)]));
+      if (st.type === "error") {
+        parts.push(h("div", { class: "err" }, st.error));
+      } else if (!st.changes.length) {
+        parts.push(h("p", { class: "empty" }, "This txid did not change it."));
+      } else {
+        parts.push(h("table", { class: "grid small changes", "data-state": st.name },
+          h("thead", {}, h("tr", {}, h("th", {}, "key"), h("th", { class: "num" }, "before"),
+            h("th", { class: "num" }, "after"), h("th", { class: "num" }, "change"))),
+          h("tbody", {}, st.changes.map((c) => h("tr", {}, h("td", {}, c.key), num(shownValue(c.before)),
+            num(shownValue(c.after)), num(signed(c.change)))))));
+        if (st.more) parts.push(h("p", { class: "hint" }, `the ${st.changes.length} largest changes: it changed more keys`));
+      }
+    }
+    box.replaceChildren(...(parts.length ? parts : [h("p", { class: "empty" }, "The pipeline has no state.")]));
   }
 
   function renderRun(data) {
@@ -269,6 +402,7 @@
       h("td", {}, audit(a.audit))));
     document.getElementById("attempts").replaceChildren(...(rows.length ? rows : [empty(11, "No attempt yet.")]));
     renderAudit(data.audit, data.now);
+    renderChanges(data.changes);
   }
 
   // A txid's audit panel: its newest audited attempt's outcomes and its quarantined rows.
@@ -481,6 +615,7 @@
   }
 
   setupRewind();
+  setupStateReads();
 
   if (api && renderers[page]) {
     refresh();
