@@ -7,13 +7,9 @@ figure is computed in plain Python from the batches, the rules applied by hand."
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from collections.abc import Iterator
 
 import pytest
-import uvicorn
 from sqlalchemy import create_engine
 
 from airflow_txn_provider import ExpectationsFailedError, RowCondition, RowCount
@@ -302,29 +298,6 @@ def test_a_rerun_txid_shows_its_newest_audited_attempt_until_the_new_one_is_judg
 
 
 # -- a real browser ---------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@pytest.fixture
-def served(client) -> Iterator[str]:
-    """The plugin's app (as mounted by Airflow's api-server) on 127.0.0.1: its base URL."""
-    server = uvicorn.Server(
-        uvicorn.Config(client.app, host="127.0.0.1", port=free_port(), log_level="warning")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{server.config.port}/transactions"
-    server.should_exit = True
-    thread.join(timeout=10)
 
 
 def refreshed(page, container: str) -> None:

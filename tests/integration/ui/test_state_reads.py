@@ -10,16 +10,12 @@ the answers the page shows.
 from __future__ import annotations
 
 import random
-import socket
-import threading
-import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-import uvicorn
 from sqlalchemy import create_engine
 
 from airflow_txn_provider.rules.sources import TransactionalSource
@@ -407,29 +403,6 @@ def test_the_pipeline_page_draws_the_forms_on_each_state_card(client):
 
 
 # -- a real browser ----------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-@pytest.fixture
-def served(client) -> Iterator[str]:
-    """The plugin's app (as mounted by Airflow's api-server) on 127.0.0.1: its base URL."""
-    server = uvicorn.Server(
-        uvicorn.Config(client.app, host="127.0.0.1", port=free_port(), log_level="warning")
-    )
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{server.config.port}/transactions"
-    server.should_exit = True
-    thread.join(timeout=10)
 
 
 def cells(locator) -> list[list[str]]:
