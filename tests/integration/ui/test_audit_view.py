@@ -26,7 +26,7 @@ from airflow_txn_provider.transactions.transaction_log import TransactionLog
 from airflow_txn_provider.ui import audit
 from tests.browser import chromium_page, screenshot, screenshot_on_failure
 from tests.conftest import new_database
-from tests.integration.ui.plugin_client import plugin_client
+from tests.integration.ui.plugin_client import ReadsAll, plugin_client
 
 P = "audited"
 STATE = "audited_words"
@@ -106,16 +106,6 @@ def audited(postgres) -> Iterator[TransactionLog]:
     assert txlog.transaction(P, 4).failed_by == 3
     yield txlog
     engine.dispose()
-
-
-class ReadsAll:
-    """Airflow's auth manager for a user who may read every DAG."""
-
-    def is_authorized_dag(self, *, method, user, access_entity=None, details=None):
-        return method == "GET"
-
-    def get_authorized_dag_ids(self, *, user, method="GET", session=None):
-        return set()
 
 
 @pytest.fixture

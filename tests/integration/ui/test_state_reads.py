@@ -26,7 +26,7 @@ from airflow_txn_provider.transactions.transaction_log import TransactionLog
 from airflow_txn_provider.ui import state_reads
 from tests.browser import chromium_page, screenshot, screenshot_on_failure
 from tests.conftest import new_database
-from tests.integration.ui.plugin_client import plugin_client
+from tests.integration.ui.plugin_client import ReadsAll, plugin_client
 
 pytestmark = pytest.mark.integration
 
@@ -140,16 +140,6 @@ def built(postgres) -> Iterator[Built]:
     assert truth.attempts[FAILED_FIRST] == 2
     yield Built(txlog, counts, totals, truth, floor)
     engine.dispose()
-
-
-class ReadsAll:
-    """Airflow's auth manager for a user who may read every DAG."""
-
-    def is_authorized_dag(self, *, method, user, access_entity=None, details=None):
-        return method == "GET"
-
-    def get_authorized_dag_ids(self, *, user, method="GET", session=None):
-        return set()
 
 
 class ReadsSome:
