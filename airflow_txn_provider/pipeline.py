@@ -31,7 +31,6 @@ from airflow_txn_provider.rules.config import (
 )
 from airflow_txn_provider.rules.expectations import (
     INPUT,
-    Action,
     Check,
     Expectation,
     check_declared,
@@ -203,7 +202,7 @@ class TxnPipeline:
     def _checked_expectations(self) -> tuple[Expectation, ...]:
         """The expectations, each on a state (audited over its staged rows in Postgres), the
         input batch or a lake sink (measured by the Spark job, :mod:`airflow_txn_provider.spark.
-        audit`: SQL expectations only, ``warn`` or ``fail``; all judged in the commit)."""
+        audit`: SQL expectations only); all judged in the commit."""
         found = check_declared(self.expectations)
         states, sinks = {s.name for s in self.states}, {s.name for s in self.sinks}
         for exp in found:
@@ -216,11 +215,11 @@ class TxnPipeline:
                 )
             if exp.on in states:
                 continue
-            if isinstance(exp, Check) or exp.action is Action.DROP:
-                what = "a Check" if isinstance(exp, Check) else "drop"
+            if isinstance(exp, Check):
                 raise ValueError(
-                    f"pipeline {self.name!r}: expectation {exp.name!r} on {where}: {what} is not "
-                    "supported there yet (the Spark job measures SQL expectations, warn or fail)"
+                    f"pipeline {self.name!r}: expectation {exp.name!r} on {where}: a Check is "
+                    "not supported there (the Spark job measures SQL expectations; a Check "
+                    "runs on a state's staged rows)"
                 )
             if exp.on == INPUT and len(self.jobs) != 1:
                 raise ValueError(

@@ -10,13 +10,19 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, select, text
 
-from airflow_txn_provider.log.models import ATTEMPTS, QUARANTINE, TRANSACTIONS
+from airflow_txn_provider.log.models import (
+    ATTEMPTS,
+    QUARANTINE,
+    QUARANTINE_STAGING,
+    TRANSACTIONS,
+)
 from airflow_txn_provider.rules.expectations import NOT_MEASURED
 from airflow_txn_provider.rules.vocabulary import TxStatus
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from sqlalchemy.engine import Connection
 
 
@@ -98,6 +104,70 @@ def quarantined_counts(conn: Connection, pipeline: str) -> dict[str, int]:
     return {str(o): int(n) for o, n in conn.execute(query)}
 
 
+def stage_quarantined(
+    conn: Connection, pipeline: str, txid: int, attempt: int, output: str, rows: pa.Table
+) -> int:
+    """Stage the rows a Spark job took out of ``output`` (``"input"`` or a lake sink) for
+    ``(txid, attempt)``'s drops: ``rows`` has ``expectations`` (the names of those each fails)
+    and ``row`` (JSON text). One statement; a run staging again replaces its own."""
+    conn.execute(
+        delete(QUARANTINE_STAGING).where(
+            QUARANTINE_STAGING.c.pipeline == pipeline,
+            QUARANTINE_STAGING.c.txid == txid,
+            QUARANTINE_STAGING.c.attempt == attempt,
+            QUARANTINE_STAGING.c.output == output,
+        )
+    )
+    if not rows.num_rows:
+        return 0
+    staged = conn.execute(
+        text(
+            "INSERT INTO txn_quarantine_staging (pipeline, output, txid, attempt, expectations, "
+            "row) SELECT :p, :o, :t, :a, e::text[], r::jsonb "
+            "FROM unnest(CAST(:e AS text[]), CAST(:r AS text[])) AS u(e, r)"
+        ),
+        {
+            "p": pipeline,
+            "o": output,
+            "t": txid,
+            "a": attempt,
+            "e": ["{" + ",".join(_quoted(n) for n in names) + "}" for names in _column(rows, 0)],
+            "r": _column(rows, 1),
+        },
+    )
+    return int(staged.rowcount)
+
+
+def _column(rows: pa.Table, i: int) -> list[Any]:
+    return list(rows.column(i).to_pylist())
+
+
+def _quoted(name: str) -> str:  # an element of a Postgres array literal
+    return '"' + name.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def publish_quarantined(
+    conn: Connection, pipeline: str, txid: int, attempt: int, outputs: Iterable[str]
+) -> dict[str, int]:
+    """``(txid, attempt)`` commits: its rows staged for ``outputs`` (those its verdict dropped
+    rows of) move to the quarantine, and whatever else its attempts staged goes. Returns how
+    many rows moved, per output."""
+    moved = conn.execute(
+        text(
+            "WITH gone AS (DELETE FROM txn_quarantine_staging WHERE pipeline = :p AND txid = :t "
+            "RETURNING output, attempt, expectations, row) "
+            "INSERT INTO txn_quarantine (pipeline, output, txid, attempt, expectations, row) "
+            "SELECT :p, output, :t, attempt, expectations, row FROM gone "
+            "WHERE attempt = :a AND output = ANY(:o) RETURNING output"
+        ),
+        {"p": pipeline, "t": txid, "a": attempt, "o": sorted(set(outputs))},
+    ).scalars()
+    counts: dict[str, int] = {}
+    for output in moved:
+        counts[output] = counts.get(output, 0) + 1
+    return counts
+
+
 def take_back_quarantined(conn: Connection, pipeline: str, from_txid: int) -> dict[str, int]:
     """A rewind to ``from_txid``: its txids and later ones are undone, and their quarantined rows
     with them (their replays quarantine again). Returns how many rows went, per output."""
@@ -106,6 +176,11 @@ def take_back_quarantined(conn: Connection, pipeline: str, from_txid: int) -> di
         .where(QUARANTINE.c.pipeline == pipeline, QUARANTINE.c.txid >= from_txid)
         .returning(QUARANTINE.c.output)
     ).scalars()
+    conn.execute(
+        delete(QUARANTINE_STAGING).where(
+            QUARANTINE_STAGING.c.pipeline == pipeline, QUARANTINE_STAGING.c.txid >= from_txid
+        )
+    )
     taken: dict[str, int] = {}
     for output in gone:
         taken[output] = taken.get(output, 0) + 1
@@ -145,8 +220,10 @@ __all__ = [
     "attempt_outcomes",
     "committed_counts",
     "committed_outcomes",
+    "publish_quarantined",
     "quarantined",
     "quarantined_counts",
     "quarantined_counts_of",
+    "stage_quarantined",
     "take_back_quarantined",
 ]

@@ -10,7 +10,8 @@
 * ``txn_output``: each output's completeness and retirement; ``txn_map_summary``: each map
   state's key count and value sum, kept by each commit.
 * ``txn_source_partition`` and ``txn_source_file``: what file sources' discovery found.
-* ``txn_quarantine``: rows a ``drop`` expectation took out of a txid's output.
+* ``txn_quarantine``: rows a ``drop`` expectation took out of a txid's output;
+  ``txn_quarantine_staging``: those a Spark job took out, until the attempt commits.
 """
 
 from __future__ import annotations
@@ -397,6 +398,26 @@ class QuarantineRow(Base):
     )
 
 
+class QuarantineStagingRow(Base):
+    """A row a Spark job took out of its input batch or a lake sink's rows for ``drop``
+    expectations, staged with the attempt's output: its commit moves it to ``txn_quarantine``."""
+
+    __tablename__ = "txn_quarantine_staging"
+
+    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    pipeline: Mapped[str] = mapped_column(String(250))
+    output: Mapped[str] = mapped_column(String(250))
+    txid: Mapped[int] = mapped_column(BigInteger)
+    attempt: Mapped[int] = mapped_column(Integer)
+    expectations: Mapped[list[str]] = mapped_column(ARRAY(Text))
+    row: Mapped[Any] = mapped_column(JSONB)
+
+    __table_args__ = (
+        ForeignKeyConstraint(["pipeline"], ["txn_pipeline.name"], ondelete="CASCADE"),
+        Index("ix_txn_quarantine_staging_txid", "pipeline", "txid", "attempt"),
+    )
+
+
 # The tables, for SQLAlchemy Core statements (the log and the states write with Core: explicit
 # locking and RETURNING, no unit of work between a rule's answer and the rows).
 PIPELINES = cast(Table, PipelineRow.__table__)
@@ -411,3 +432,4 @@ OUTPUTS = cast(Table, OutputRow.__table__)
 SOURCE_PARTITIONS = cast(Table, SourcePartitionRow.__table__)
 SOURCE_FILES = cast(Table, SourceFileRow.__table__)
 QUARANTINE = cast(Table, QuarantineRow.__table__)
+QUARANTINE_STAGING = cast(Table, QuarantineStagingRow.__table__)

@@ -10,6 +10,10 @@ one dict per expectation (:func:`measured_record`); the commit judges them with 
 (:mod:`airflow_txn_provider.transactions.audit`). A condition Spark cannot analyse (a column that
 does not exist, not a boolean) is recorded as such (``error``): the commit stops the txid naming
 it, whatever its action, as for a state's.
+
+A ``drop`` expectation's failing rows are taken out here (:class:`JobAudit`): the transform is
+given the input records that meet the input's, a lake sink's staged files hold only its rows
+that meet its; the rows taken out are staged with the job's output for the commit to quarantine.
 """
 
 from __future__ import annotations
@@ -19,10 +23,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
+from airflow_txn_provider.compat.spark import to_arrow
 from airflow_txn_provider.rules.expectations import (
     FAILING_ROWS,
     INPUT,
     SAMPLE_KEYS,
+    Action,
     Expectation,
     FailingShare,
     Measured,
@@ -33,6 +39,7 @@ from airflow_txn_provider.rules.expectations import (
 from airflow_txn_provider.rules.vocabulary import audit_output_key
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame
 
     from airflow_txn_provider.sinks.base import LakeSink
@@ -158,36 +165,104 @@ def _unanalysable(frame: DataFrame, failing: Mapping[str, Any]) -> dict[str, str
     return errors
 
 
-def measure_job(
-    expectations: Sequence[Expectation],
-    source: SparkSource,
-    records: DataFrame,
-    by_sink: Mapping[LakeSink, DataFrame],
-    check: Callable[[], None] = lambda: None,
-) -> dict[str, list[dict[str, Any]]]:
-    """The job's measurements, ``{audit_output_key(on): [record, …]}``: of the input batch as the
-    transform reads it (``records``) and of each lake sink's DataFrame."""
-    found: dict[str, list[dict[str, Any]]] = {}
-    on_input = [e for e in expectations if e.on == INPUT]
-    if on_input:
+DROPPED_EXPECTATIONS, DROPPED_ROW = "expectations", "row"
+"""The columns of a frame's dropped rows (:meth:`JobAudit.dropped_rows`): the names of the drop
+expectations each fails, and the row itself as JSON (NULL fields kept, as a state's are)."""
+
+
+def split_drops(frame: DataFrame, drops: Sequence[RowCondition]) -> tuple[DataFrame, DataFrame]:
+    """``frame`` split by ``drops``: the rows meeting every one (what commits), and the others
+    as (:data:`DROPPED_EXPECTATIONS`, :data:`DROPPED_ROW`) for the quarantine. The same
+    :data:`~airflow_txn_provider.rules.expectations.FAILING_ROWS` as the counts: the two add up."""
+    from functools import reduce
+
+    from pyspark.sql import functions as F
+
+    failing = [(d.name, F.expr(FAILING_ROWS.format(d.condition))) for d in drops]
+    any_fails = reduce(lambda a, b: a | b, (f for _, f in failing))
+    names = F.array(*[F.when(f, F.lit(name)) for name, f in failing])
+    row = F.to_json(F.struct(*[frame[c] for c in frame.columns]), {"ignoreNullFields": "false"})
+    dropped = frame.where(any_fails).select(
+        F.filter(names, lambda n: n.isNotNull()).alias(DROPPED_EXPECTATIONS),
+        row.alias(DROPPED_ROW),
+    )
+    return frame.where(~any_fails), dropped
+
+
+class JobAudit:
+    """A job's audit: it measures the input batch and each lake sink's rows as the job makes
+    them (:func:`measure_frame`) and takes out the rows failing ``drop`` expectations
+    (:func:`split_drops`), so that what the job transforms or writes is what commits.
+    ``check()`` before each Spark action."""
+
+    def __init__(
+        self, expectations: Sequence[Expectation], check: Callable[[], None] = lambda: None
+    ) -> None:
+        self.expectations, self.check = tuple(expectations), check
+        self.measured: dict[str, list[dict[str, Any]]] = {}
+        self._dropped: dict[str, DataFrame] = {}
+
+    def _audit(self, on: str, measured: DataFrame, kept: DataFrame, keys: Sequence[str]) -> Any:
+        mine = [e for e in self.expectations if e.on == on]
+        if not mine:
+            return kept
+        records = measure_frame(measured, mine, keys, self.check)
+        self.measured[audit_output_key(on)] = records
+        unanalysable = {r["expectation"] for r in records if "error" in r}  # the commit stops
+        drops = [
+            e
+            for e in mine
+            if isinstance(e, RowCondition)
+            and e.action is Action.DROP
+            and e.name not in unanalysable
+        ]
+        if not drops or unanalysable:
+            return kept
+        kept, self._dropped[on] = split_drops(kept, drops)
+        return kept
+
+    def input(self, source: SparkSource, batch: DataFrame, records: DataFrame) -> DataFrame:
+        """The input ``records`` the transform is given: those meeting the input's drops (the
+        expectations measured over ``batch``, the same records read apart)."""
         own = (getattr(source, "partition_column", None), getattr(source, "offset_column", None))
-        keys = sample_columns(records.columns, [*own, *INPUT_KEY_COLUMNS])
-        found[audit_output_key(INPUT)] = measure_frame(records, on_input, keys, check)
-    for sink, frame in by_sink.items():
-        on_sink = [e for e in expectations if e.on == sink.name]
-        if on_sink:
-            keys = sample_columns(frame.columns, sink.keys)
-            found[audit_output_key(sink.name)] = measure_frame(frame, on_sink, keys, check)
-    return found
+        keys = sample_columns(batch.columns, [*own, *INPUT_KEY_COLUMNS])
+        return self._audit(INPUT, batch, records, keys)
+
+    def sink(self, sink: LakeSink, frame: DataFrame) -> DataFrame:
+        """The rows written for ``sink``: ``frame``'s that meet its drops."""
+        return self._audit(sink.name, frame, frame, sample_columns(frame.columns, sink.keys))
+
+    def dropped_rows(self) -> dict[str, pa.Table]:
+        """Per ``on``, the rows taken out, collected (the job stages them with its output)."""
+        found = {}
+        for on, frame in self._dropped.items():
+            self.check()
+            found[on] = to_arrow(frame)
+        return found
+
+
+def input_kept(expectations: Sequence[Expectation], records: DataFrame) -> DataFrame:
+    """The input ``records`` meeting the input's drops, unmeasured: a fill's transform is given
+    what the txid's live one was (its rows were quarantined by its live commit)."""
+    drops = [
+        e
+        for e in expectations
+        if e.on == INPUT and isinstance(e, RowCondition) and e.action is Action.DROP
+    ]
+    return split_drops(records, drops)[0] if drops else records
 
 
 __all__ = [
+    "DROPPED_EXPECTATIONS",
+    "DROPPED_ROW",
+    "JobAudit",
     "for_job",
     "from_arg",
+    "input_kept",
     "measure_frame",
-    "measure_job",
     "measured_record",
     "render_key",
     "sample_columns",
+    "split_drops",
     "to_arg",
 ]

@@ -24,6 +24,7 @@ from airflow_txn_provider.sinks.base import LakeSink, StagedFiles
 from airflow_txn_provider.sinks.staging import stage_frame
 from airflow_txn_provider.sources.base import SparkSource
 from airflow_txn_provider.sources.catalog import with_log_catalog
+from airflow_txn_provider.spark.audit import input_kept
 from airflow_txn_provider.spark.job import BatchJob, Transform, results_by_output
 from airflow_txn_provider.state import MapState
 from airflow_txn_provider.transactions.fill import (
@@ -87,6 +88,7 @@ def fill_pipeline(
             states=states,
             sinks=filling,
             log_url=log_url,
+            expectations=expectations,
         )
 
     return fill_outputs(
@@ -114,11 +116,13 @@ def compute_chunk(
     states: Sequence[MapState],
     sinks: Sequence[LakeSink],
     log_url: str,
+    expectations: Sequence[Expectation] = (),
 ) -> ChunkResults:
     """Compute ``states`` and ``sinks`` (filling outputs) for every txid of ``chunk`` with the
     pipeline's jobs' ``transforms`` (each returns some outputs); ``all_states`` and ``all_sinks``
-    are the pipeline's, which the results are named after. Raises :class:`FillError` when no
-    transform returns one of them."""
+    are the pipeline's, which the results are named after; the input's ``drop`` ``expectations``
+    are applied as its live processing did. Raises :class:`FillError` when no transform returns
+    one of them."""
     import pyarrow.compute as pc
     from pyspark.sql import functions as F
 
@@ -130,9 +134,8 @@ def compute_chunk(
         by_state: dict[MapState, DataFrame] = {}
         by_sink: dict[LakeSink, DataFrame] = {}
         for transform in transforms:  # lazy: only the filling outputs' frames are evaluated
-            states_of, sinks_of = results_by_output(
-                transform(source.records(batch)), all_states, job
-            )
+            records = input_kept(expectations, source.records(batch))
+            states_of, sinks_of = results_by_output(transform(records), all_states, job)
             by_state.update(states_of)
             by_sink.update(sinks_of)
         for state in states:

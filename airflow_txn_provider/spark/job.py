@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.engine import make_url
 
 from airflow_txn_provider.compat.spark import to_arrow
+from airflow_txn_provider.log.expectations import stage_quarantined
 from airflow_txn_provider.log.rows import TxidRows
 from airflow_txn_provider.rules.exceptions import (
     IncompleteBatchError,
@@ -113,16 +114,9 @@ class BatchJob:
         return f"txn:{self.pipeline}:txid-{self.txid:06d}:attempt-{self.attempt}"
 
     def to_args(self) -> list[str]:
-        args = [
-            "--pipeline",
-            self.pipeline,
-            "--txid",
-            str(self.txid),
-            "--attempt",
-            str(self.attempt),
-            "--source",
-            json.dumps(self.source.to_spec(), sort_keys=True),
-        ]
+        source = json.dumps(self.source.to_spec(), sort_keys=True)
+        args = ["--pipeline", self.pipeline, "--txid", str(self.txid), "--attempt"]
+        args += [str(self.attempt), "--source", source]
         if self.sinks:
             args += ["--sinks", json.dumps([s.to_spec() for s in self.sinks], sort_keys=True)]
         if self.fit_window:
@@ -225,7 +219,7 @@ def process_batch(
     try:
         with spark_work_slot(txlog, job, spent):  # fitted window: one txid's Spark work a core
             computing = time.monotonic()
-            tables, staged, measured = _compute(spark, txlog, job, info.metadata, transform, check)
+            computed = _compute(spark, txlog, job, info.metadata, transform, check)
         check()
     except TxnError as err:
         report(err)
@@ -238,6 +232,7 @@ def process_batch(
         raise error from err
 
     spent["spark"] = time.monotonic() - computing
+    tables, staged, measured, dropped = computed
     counts: dict[str, int] = {}
     # Several jobs of one txid may stage into the same state: each replaces only its own rows.
     name = job_name(transform)
@@ -249,6 +244,8 @@ def process_batch(
                 conn, job.txid, job.attempt, table, job=name
             )
         output: dict[str, Any] = {**counts, **measured}  # measured: the audit's, for the commit
+        for on, rows in dropped.items():  # a drop's rows, for the commit to quarantine
+            stage_quarantined(conn, job.pipeline, job.txid, job.attempt, on, rows)
         # A duplicate run of an attempt whose output is recorded keeps the recorded files (a
         # transactional replay's rows are the same): its own are discarded below.
         rows = TxidRows(conn, job.pipeline, job.txid)
@@ -313,7 +310,9 @@ def _compute(
     metadata: Any,
     transform: Transform,
     check: Callable[[], None] = lambda: None,
-) -> tuple[dict[MapState, pa.Table], dict[LakeSink, StagedFiles], dict[str, Any]]:
+) -> tuple[
+    dict[MapState, pa.Table], dict[LakeSink, StagedFiles], dict[str, Any], dict[str, pa.Table]
+]:
     """Run the Spark side: read, check, transform, collect the states' partial results, and
     write the lake sinks' output from the executors. Takes no lock in Postgres. ``check()``
     before each Spark action (it raises once the run is stopped)."""
@@ -336,9 +335,10 @@ def _compute(
     observation, observed = _observe_counts(spark, job, batch, counts)
     if counts and observation is None:
         _refuse_mismatch(job, source.batch_mismatch(batch, metadata))
-    results = transform(source.records(observed))
+    audited = audit.JobAudit(job.expectations, check)  # drops: taken out before use
+    results = transform(audited.input(source, source.records(batch), source.records(observed)))
     by_state, by_sink = results_by_output(results, states, job)
-    measured = audit.measure_job(job.expectations, source, source.records(batch), by_sink, check)
+    by_sink = {sink: audited.sink(sink, frame) for sink, frame in by_sink.items()}
 
     tables = {}
     for state, frame in by_state.items():
@@ -361,7 +361,7 @@ def _compute(
             _refuse_mismatch(job, job.source.counts_mismatch(counts, metadata))
         else:  # the transform never read the batch it was given: count in a pass of their own
             _refuse_mismatch(job, job.source.batch_mismatch(batch, metadata))
-    return tables, staged, measured
+    return tables, staged, audited.measured, audited.dropped_rows()
 
 
 def _observe_counts(

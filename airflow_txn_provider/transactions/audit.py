@@ -10,8 +10,9 @@ failing ``drop`` expectations move to the quarantine and the txid commits what i
 States a commit derives are audited after they are derived, so :func:`audit_states` runs twice.
 
 Expectations on the input batch and on the lake sinks are measured by the Spark job
-(:mod:`airflow_txn_provider.spark.audit`), which records them with its output (``audit:<on>``);
-:func:`audit_measured` judges them first, by the same rules. One a job did not measure (a job of
+(:mod:`airflow_txn_provider.spark.audit`), which records them with its output (``audit:<on>``)
+and stages the rows its drops took out; :func:`audit_measured` judges them first, by the same
+rules, and moves those rows to the quarantine. One a job did not measure (a job of
 an older version) is ``failed`` if its action is ``fail`` (the txid stops: nothing unaudited is
 published past a ``fail``), else ``warned``, both with the message "not measured by the job"; one
 whose condition Spark could not analyse is ``failed`` whatever its action, as for a state's.
@@ -23,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from airflow_txn_provider.log.expectations import committed_counts
+from airflow_txn_provider.log.expectations import committed_counts, publish_quarantined
 from airflow_txn_provider.rules.exceptions import (
     ExpectationsFailedError,
     StagedOutputMismatchError,
@@ -162,6 +163,10 @@ def audit_measured(
     audit.outcomes += [by_name[e.name] for e in declared]
     if any(o.taken is Taken.FAILED for o in by_name.values()):
         _stop(pipeline, txid, attempt, Verdict(tuple(audit.outcomes)), audit)
+    if any(e.action is Action.DROP for e in declared):  # the job took their rows out: publish
+        outputs = {o.on for o in by_name.values() if o.taken is Taken.DROPPED}
+        for output_name, n in publish_quarantined(conn, pipeline, txid, attempt, outputs).items():
+            audit.dropped[output_name] = audit.dropped.get(output_name, 0) + n
 
 
 def _stop(pipeline: str, txid: int, attempt: int, verdict: Verdict, audit: Audit) -> None:

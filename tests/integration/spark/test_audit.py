@@ -9,8 +9,10 @@ from collections import Counter
 
 import pytest
 from pyspark.sql import functions as F
+from sqlalchemy import text
 
 from airflow_txn_provider import ExpectationsFailedError, FailingShare, RowCondition, RowCount
+from airflow_txn_provider.log.expectations import quarantined
 from airflow_txn_provider.rules.vocabulary import TxStatus
 from airflow_txn_provider.sinks import DeltaSink, IcebergSink
 from airflow_txn_provider.sources.parquet import PartitionedParquetSource
@@ -222,3 +224,72 @@ def test_a_condition_spark_cannot_analyse_stops_the_txid_naming_it_whatever_its_
     assert found["bad"]["taken"] == "failed" and "no_such_column" in found["bad"]["message"]
     assert (found["good"]["rows_checked"], found["good"]["taken"]) == (5, "passed")
     assert txlog.last_committed(p) == 0
+
+
+def _drop_data():
+    """Lines of which some hold a ``zzz`` word (the input's drop) and words of two letters
+    (the sink's drop): both drops are exercised in every txid."""
+    lines = random_lines(64, 40)
+    return {"0": [f"{line} zzz" if i % 4 == 0 else f"{line} ab" for i, line in enumerate(lines)]}
+
+
+@pytest.mark.parametrize("kind", ["delta", "iceberg"])
+def test_drops_on_the_input_and_a_lake_sink_commit_and_quarantine_the_batch_exactly(
+    txlog, db_url, spark, tmp_path, kind
+):
+    p = f"audit_drop_{kind}"
+    data = _drop_data()
+    source = PartitionedParquetSource(str(parquet_dataset(tmp_path / "ds", data)), 10)
+    if kind == "delta":
+        sink = DeltaSink("words", table_uri=str(tmp_path / "lake" / "words"))
+    else:
+        sink = IcebergSink("words", table="lake.drop_words", warehouse=str(tmp_path / "wh"))
+    txlog.ensure_pipeline(p, source_kind="transactional", max_pending=4, sinks=[sink])
+    no_zzz = RowCondition(condition="line NOT LIKE '%zzz%'", action="drop", name="no zzz")
+    long_words = RowCondition(on="words", condition="length(word) > 2", action="drop", name="long")
+    rules = [no_zzz, long_words, RowCount(on="words", min=1, action="fail")]
+    words = _word_count("words")
+
+    def truth(metadata):  # plain Python: the same rules on the batch's lines
+        lines = lines_in_ranges(data, metadata)
+        kept = [line for line in lines if "zzz" not in line]
+        written = word_counts(kept)
+        return lines, kept, {w: n for w, n in written.items() if len(w) > 2}, written
+
+    committed: Counter[tuple[str, int]] = Counter()
+    for txid in (1, 2, 3):
+        e = txlog.begin_next(p, source)
+        if txid == 2:  # an attempt that stages its drops, then fails: none of its rows stay
+            _process(spark, txlog, p, e, source, words, rules, [sink])
+            txlog.fail(p, e.txid, e.attempt, error="failed by the test")
+            e = txlog.begin(p, e.txid, source)
+        _process(spark, txlog, p, e, source, words, rules, [sink])
+        assert commit_registered(txlog, p, e.txid, e.attempt, [sink], rules).applied
+        lines, kept, published, written = truth(e.metadata)
+        committed.update(published.items())
+        with txlog.engine.connect() as conn:
+            held = quarantined(conn, p, txid=e.txid, limit=10**6)
+        assert {r.attempt for r in held} == {e.attempt}
+        dropped_lines = [r.row["line"] for r in held if r.output == "input"]
+        assert all(r.expectations == ("no zzz",) for r in held if r.output == "input")
+        assert Counter(kept) + Counter(dropped_lines) == Counter(lines)  # = the batch, exactly
+        dropped_words = {r.row["word"]: r.row["delta"] for r in held if r.output == "words"}
+        assert all(r.expectations == ("long",) for r in held if r.output == "words")
+        assert len(dropped_words) == sum(1 for r in held if r.output == "words")
+        assert {**published, **dropped_words} == written and not published.keys() & dropped_words
+        found = _outcomes(txlog, p, e.txid)
+        assert (found["no zzz"]["taken"], found["no zzz"]["rows_failed"]) == (
+            "dropped",
+            len(lines) - len(kept),
+        )
+        assert (found["long"]["rows_checked"], found["long"]["rows_failed"]) == (
+            len(written),
+            len(dropped_words),
+        )
+        assert _table(sink, db_url, p) == committed  # the table holds only what met the rules
+    with txlog.engine.connect() as conn:  # nothing left staged: the failed attempt's went too
+        assert conn.execute(text("SELECT count(*) FROM txn_quarantine_staging")).scalar() == 0
+
+    txlog.rewind(p, 3, by="test")  # takes txid 3's quarantined rows back with it
+    with txlog.engine.connect() as conn:
+        assert {r.txid for r in quarantined(conn, p, limit=10**6)} == {1, 2}
