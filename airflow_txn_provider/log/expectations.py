@@ -147,20 +147,26 @@ def _quoted(name: str) -> str:  # an element of a Postgres array literal
 
 
 def publish_quarantined(
-    conn: Connection, pipeline: str, txid: int, attempt: int, outputs: Iterable[str]
+    conn: Connection,
+    pipeline: str,
+    txid: int,
+    attempt: int,
+    judged: Iterable[str],
+    dropped: Iterable[str],
 ) -> dict[str, int]:
-    """``(txid, attempt)`` commits: its rows staged for ``outputs`` (those its verdict dropped
-    rows of) move to the quarantine, and whatever else its attempts staged goes. Returns how
-    many rows moved, per output."""
+    """``(txid, attempt)`` commits, its ``judged`` outputs audited: their rows staged for the
+    ``dropped`` ones (those its verdict dropped rows of) move to the quarantine, the rest of
+    theirs go, and so do the txid's other attempts' (a filling output's stay for its fill).
+    Returns how many rows moved, per output."""
     moved = conn.execute(
         text(
             "WITH gone AS (DELETE FROM txn_quarantine_staging WHERE pipeline = :p AND txid = :t "
-            "RETURNING output, attempt, expectations, row) "
+            "AND (attempt <> :a OR output = ANY(:j)) RETURNING output, attempt, expectations, row) "
             "INSERT INTO txn_quarantine (pipeline, output, txid, attempt, expectations, row) "
             "SELECT :p, output, :t, attempt, expectations, row FROM gone "
-            "WHERE attempt = :a AND output = ANY(:o) RETURNING output"
+            "WHERE attempt = :a AND output = ANY(:d) RETURNING output"
         ),
-        {"p": pipeline, "t": txid, "a": attempt, "o": sorted(set(outputs))},
+        {"p": pipeline, "t": txid, "a": attempt, "j": sorted(judged), "d": sorted(dropped)},
     ).scalars()
     counts: dict[str, int] = {}
     for output in moved:

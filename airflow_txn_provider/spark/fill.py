@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from functools import reduce
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from airflow_txn_provider.compat.spark import to_arrow
 from airflow_txn_provider.rules.exceptions import FillError
@@ -24,7 +24,7 @@ from airflow_txn_provider.sinks.base import LakeSink, StagedFiles
 from airflow_txn_provider.sinks.staging import stage_frame
 from airflow_txn_provider.sources.base import SparkSource
 from airflow_txn_provider.sources.catalog import with_log_catalog
-from airflow_txn_provider.spark.audit import input_kept
+from airflow_txn_provider.spark.audit import JobAudit, input_kept
 from airflow_txn_provider.spark.job import BatchJob, Transform, results_by_output
 from airflow_txn_provider.state import MapState
 from airflow_txn_provider.transactions.fill import (
@@ -121,13 +121,16 @@ def compute_chunk(
     """Compute ``states`` and ``sinks`` (filling outputs) for every txid of ``chunk`` with the
     pipeline's jobs' ``transforms`` (each returns some outputs); ``all_states`` and ``all_sinks``
     are the pipeline's, which the results are named after; the input's ``drop`` ``expectations``
-    are applied as its live processing did. Raises :class:`FillError` when no transform returns
+    are applied as its live processing did, the filling sinks' measured (their drops taken out)
+    for the fill to judge. Raises :class:`FillError` when no transform returns
     one of them."""
     import pyarrow.compute as pc
     from pyspark.sql import functions as F
 
     frames: dict[MapState, list[DataFrame]] = {state: [] for state in states}
     staged: dict[int, dict[LakeSink, StagedFiles]] = {}
+    measured: dict[int, dict[str, Any]] = {}
+    dropped: dict[int, dict[str, pa.Table]] = {}
     for one in chunk:
         job = BatchJob(pipeline, one.txid, one.attempt, source, sinks=tuple(all_sinks))
         batch = source.read_batch(spark, one.metadata)
@@ -145,18 +148,20 @@ def compute_chunk(
             frames[state].append(
                 by_state[state].select(*keys).withColumn(FILL_TXID, F.lit(one.txid).cast("long"))
             )
+        audited = JobAudit([e for e in expectations if e.on in {s.name for s in sinks}])
         for sink in sinks:
             if sink not in by_sink:
                 raise _not_computed(pipeline, one, sink.name)
             staged.setdefault(one.txid, {})[sink] = stage_frame(
                 spark,
-                by_sink[sink],
+                audited.sink(sink, by_sink[sink]),  # measured, its drops taken out
                 sink,
                 pipeline=pipeline,
                 txid=one.txid,
                 attempt=one.attempt,
                 log_url=log_url,
             )
+        measured[one.txid], dropped[one.txid] = audited.measured, audited.dropped_rows()
     tables: dict[int, dict[MapState, pa.Table]] = {one.txid: {} for one in chunk}
     for state, parts in frames.items():
         if not parts:
@@ -165,7 +170,7 @@ def compute_chunk(
         for one in chunk:
             rows = collected.filter(pc.equal(collected[FILL_TXID], one.txid))
             tables[one.txid][state] = rows.drop_columns([FILL_TXID])
-    return ChunkResults(tables, staged)
+    return ChunkResults(tables, staged, measured, dropped)
 
 
 def _not_computed(pipeline: str, one: Committed, output: str) -> FillError:

@@ -163,9 +163,11 @@ def audit_measured(
     audit.outcomes += [by_name[e.name] for e in declared]
     if any(o.taken is Taken.FAILED for o in by_name.values()):
         _stop(pipeline, txid, attempt, Verdict(tuple(audit.outcomes)), audit)
-    if any(e.action is Action.DROP for e in declared):  # the job took their rows out: publish
-        outputs = {o.on for o in by_name.values() if o.taken is Taken.DROPPED}
-        for output_name, n in publish_quarantined(conn, pipeline, txid, attempt, outputs).items():
+    if any(e.action is Action.DROP for e in expectations):  # a job may have staged drops
+        dropped = {o.on for o in by_name.values() if o.taken is Taken.DROPPED}
+        audited_on = {e.on for e in declared}
+        moved = publish_quarantined(conn, pipeline, txid, attempt, audited_on, dropped)
+        for output_name, n in moved.items():
             audit.dropped[output_name] = audit.dropped.get(output_name, 0) + n
 
 

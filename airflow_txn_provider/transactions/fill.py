@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import select
 
+from airflow_txn_provider.log.expectations import stage_quarantined
 from airflow_txn_provider.log.fill_progress import (
     advance,
     filling_outputs,
@@ -45,7 +46,7 @@ from airflow_txn_provider.rules.vocabulary import TxStatus
 from airflow_txn_provider.sinks.base import StagedFiles
 from airflow_txn_provider.state import load_states
 from airflow_txn_provider.transactions.apply import Outputs, SinkWrite, apply_txid, clean_up
-from airflow_txn_provider.transactions.audit import Audit, audit_states
+from airflow_txn_provider.transactions.audit import Audit, audit_measured, audit_states
 from airflow_txn_provider.transactions.rewind import read_rewound_through
 
 if TYPE_CHECKING:
@@ -76,10 +77,13 @@ class Committed:
 
 @dataclass
 class ChunkResults:
-    """A chunk's results: per txid, each filling state's rows and each filling sink's files."""
+    """A chunk's results: per txid, each filling state's rows and each filling sink's files,
+    and what the sinks' expectations measured and dropped (as a live job records and stages)."""
 
     states: Mapping[int, Mapping[MapState, pa.Table]]
     sinks: Mapping[int, Mapping[LakeSink, StagedFiles]]
+    measured: Mapping[int, Mapping[str, Any]] = field(default_factory=dict)
+    dropped: Mapping[int, Mapping[str, pa.Table]] = field(default_factory=dict)
 
 
 ComputeChunk = Callable[
@@ -284,7 +288,11 @@ class _Filler:
         committed = _committed_through(conn, self.pipeline) if outputs.sinks else 0
         for txid in step.txids:
             attempt, output = attempts[txid]
+            measured: Mapping[str, Any] = output  # a live job measured its sinks' rows
             if computed is not None:
+                measured = computed.measured.get(txid, {})
+                for on, table in computed.dropped.get(txid, {}).items():
+                    stage_quarantined(conn, self.pipeline, txid, attempt, on, table)
                 rows: dict[str, int | None] = {}
                 for state in outputs.states:
                     table = computed.states[txid][state]
@@ -301,6 +309,11 @@ class _Filler:
                 }
             staged = FILL_ATTEMPT if computed is not None else attempt
             audit = Audit()
+            sinks = [s.name for s in outputs.sinks]
+            on_sinks = [e for e in self.expectations if e.on in sinks]
+            audit_measured(
+                conn, self.pipeline, sinks, on_sinks, measured, txid, attempt, audit=audit
+            )
             audit_states(
                 conn,
                 outputs.states,

@@ -15,6 +15,8 @@ bookkeeping columns included, and the Delta table as of every txid.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from pyspark.sql import functions as F
 from sqlalchemy import text
@@ -482,3 +484,82 @@ def test_a_fill_audits_each_txid_as_its_live_commit_would(txlog, spark, source, 
             txlog, "fs", spark=spark, source=source, transforms=[v3("fs")], expectations=strict
         )
     assert table_rows(txlog, stopped[1]) == []
+
+
+def test_a_fill_audits_a_lake_sink_and_gives_its_transform_the_input_its_live_one_got(
+    txlog, db_url, spark, source, tmp_path
+):
+    """A Delta table added with ``start="history"`` and a drop on it, in a pipeline that drops
+    input lines: the fill gives each txid's transform the lines its live commit kept, writes the
+    words that meet the table's rule and quarantines the others, as commits that had the table
+    from txid 1 did; warned and dropped outcomes recorded alike."""
+    from airflow_txn_provider import RowCondition
+    from airflow_txn_provider.log.expectations import quarantined
+    from airflow_txn_provider.spark.audit import for_job
+
+    def rules(p):
+        return [
+            RowCondition(condition="length(line) % 5 <> 0", action="drop", name="fifths"),
+            RowCondition(on=f"{p}_words", condition="length(word) > 3", action="drop", name="long"),
+            RowCondition(on=f"{p}_words", condition="word <> 'the'", name="no the"),
+        ]
+
+    def v4(p):  # the counts and the words
+        both = v2(p)
+        return lambda batch: {
+            k: v for k, v in both(batch).items() if k in (f"{p}_counts", f"{p}_words")
+        }
+
+    def run(p, added, txids=4):
+        states, sinks = outputs(p, tmp_path / "lake")
+        live = [] if added else sinks
+        declare(txlog, p, states[:1], live)
+        exp = [e for e in rules(p) if e.on == "input" or not added]
+        for _ in range(txids):
+            e = begin(txlog, p, source)
+            job = BatchJob(p, e.txid, e.attempt, source, sinks=tuple(live))
+            job = replace(job, expectations=for_job(exp, live))
+            process_batch(spark, txlog, job, v1(p) if added else v4(p))
+            assert commit_registered(txlog, p, e.txid, e.attempt, live, exp).applied
+        return states, sinks
+
+    states, sinks = run("fl", added=True)
+    declare(txlog, "fl", states[:1], sinks, start={"fl_words": "history"})
+    report = fill_pipeline(
+        txlog,
+        "fl",
+        spark=spark,
+        source=source,
+        transforms=[v4("fl")],
+        sinks=sinks,
+        expectations=rules("fl"),
+    )
+    assert report.joined_after == {"fl_words": 4}
+    truth_states, truth_sinks = run("gl", added=False)
+    assert table_rows(txlog, states[0]) == table_rows(txlog, truth_states[0])
+    for txid in range(1, 5):
+        mine, theirs = (
+            lake_rows(sinks[0], "fl", txid, db_url),
+            lake_rows(truth_sinks[0], "gl", txid, db_url),
+        )
+        assert mine == theirs and mine, txid
+    with txlog.engine.connect() as conn:
+        found = {
+            p: sorted(
+                (q.txid, q.output.replace(p, ""), q.expectations, tuple(q.row.items()))
+                for q in quarantined(conn, p, limit=10**6)
+            )
+            for p in ("fl", "gl")
+        }
+    assert found["fl"] == found["gl"]
+    assert {(t, o) for t, o, *_ in found["fl"]} == {
+        (t, o) for t in range(1, 5) for o in ("input", "_words")
+    }
+    for txid in range(1, 5):
+        got = {
+            o["expectation"]: {**o, "on": 0} for o in txlog.attempts("fl", txid)[-1].expectations
+        }
+        want = {
+            o["expectation"]: {**o, "on": 0} for o in txlog.attempts("gl", txid)[-1].expectations
+        }
+        assert got == want and got["long"]["taken"] == "dropped", txid
