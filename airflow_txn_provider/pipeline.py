@@ -215,11 +215,11 @@ class TxnPipeline:
                 )
             if exp.on in states:
                 continue
-            if isinstance(exp, Check):
+            if isinstance(exp, Check) and exp.on == INPUT:
                 raise ValueError(
                     f"pipeline {self.name!r}: expectation {exp.name!r} on {where}: a Check is "
-                    "not supported there (the Spark job measures SQL expectations; a Check "
-                    "runs on a state's staged rows)"
+                    "not supported there (the Spark job measures SQL expectations; a Check is "
+                    "given a state's or a lake sink's staged rows in the commit)"
                 )
             if exp.on == INPUT and len(self.jobs) != 1:
                 raise ValueError(

@@ -207,6 +207,14 @@ class Check(Expectation):
     def judge(self, measured: Measured, history: Sequence[int]) -> tuple[bool | None, str]:
         return measured.passed, measured.message or f"{self.name} answered {measured.passed}"
 
+    def measure(self, rows: Sequence[Any]) -> Measured:
+        """``fn(rows)``'s answer; a check that raises has failed, its error the message."""
+        try:
+            ok, message = self.fn(rows)
+        except Exception as err:  # the check's own bug: a failed check, saying why
+            return Measured(self.name, len(rows), 0, passed=False, message=f"raised {err!r}")
+        return Measured(self.name, len(rows), 0, passed=bool(ok), message=str(message))
+
 
 def check_declared(expectations: Iterable[Expectation]) -> tuple[Expectation, ...]:
     """A pipeline's expectations, checked as a set: each an :class:`Expectation`, names unique."""

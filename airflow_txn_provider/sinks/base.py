@@ -10,9 +10,8 @@
 3. **Clean up** (:meth:`LakeSink.cleanup`, after the log's commit): delete the txid's other
    directories (failed attempts, duplicate runs, merged-away files).
 
-docs/lake.md has the picture; the schema check is :mod:`~airflow_txn_provider.sinks.schema`, the
-rewind rule :mod:`~airflow_txn_provider.sinks.rewind`. Nothing here imports Spark, and a table
-library (``deltalake``, ``pyiceberg``) is imported only when a table is opened.
+docs/lake.md has the picture. Nothing here imports Spark; a table library (``deltalake``,
+``pyiceberg``) is imported only when a table is opened.
 """
 
 from __future__ import annotations
@@ -90,6 +89,16 @@ class StagedFiles:
         fs, paths = _filesystem(self.directory)[0], [_filesystem(p)[1] for p in self.paths()]
         return all(info.type.name == "File" for info in fs.get_file_info(paths))
 
+    def read(self) -> pa.Table:
+        """The staged rows, as one Arrow table (a ``Check`` on the sink is given them)."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if not self.files:  # no rows: the schema's columns
+            return (self.arrow_schema() or pa.schema([])).empty_table()
+        fs = _filesystem(self.directory)[0]
+        return pq.read_table([_filesystem(p)[1] for p in self.paths()], filesystem=fs)
+
     def discard(self) -> None:
         """Delete the directory (best effort: a leftover is garbage, never data)."""
         try:
@@ -161,8 +170,6 @@ class LakeSink(abc.ABC):
             raise ValueError(f"sink {self.name!r}: keys apply to merge mode only")
         if self.txid_column is not None:
             check_name(self.txid_column, COLUMN, what=f"sink {self.name!r}: txid_column")
-
-    # -- names -------------------------------------------------------------------------------
 
     @property
     def output_key(self) -> str:

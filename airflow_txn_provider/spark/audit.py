@@ -29,6 +29,7 @@ from airflow_txn_provider.rules.expectations import (
     INPUT,
     SAMPLE_KEYS,
     Action,
+    Check,
     Expectation,
     FailingShare,
     Measured,
@@ -54,9 +55,10 @@ FIRST_COLUMNS = 3
 def for_job(
     expectations: Iterable[Expectation], sinks: Iterable[LakeSink]
 ) -> tuple[Expectation, ...]:
-    """The expectations a job measures: those on the input batch or on one of its lake sinks."""
+    """The expectations a job measures: the SQL ones on the input batch or on one of its lake
+    sinks (a :class:`Check` on a sink is given its staged rows by the commit)."""
     measured_on = {INPUT, *(s.name for s in sinks)}
-    return tuple(e for e in expectations if e.on in measured_on)
+    return tuple(e for e in expectations if e.on in measured_on and not isinstance(e, Check))
 
 
 def to_arg(expectations: Sequence[Expectation]) -> list[str]:

@@ -33,6 +33,7 @@ from airflow_txn_provider.rules.expectations import (
     INPUT,
     NOT_MEASURED,
     Action,
+    Check,
     Expectation,
     Measured,
     Outcome,
@@ -44,7 +45,8 @@ from airflow_txn_provider.rules.expectations import (
     outcome_record,
     poison_note,
 )
-from airflow_txn_provider.rules.vocabulary import audit_output_key
+from airflow_txn_provider.rules.vocabulary import LAKE_OUTPUT_PREFIX, audit_output_key
+from airflow_txn_provider.sinks.base import StagedFiles
 from airflow_txn_provider.state.audit import Uncheckable, measure, quarantine
 from airflow_txn_provider.utils import metrics
 
@@ -145,8 +147,16 @@ def audit_measured(
     declared = [e for e in expectations if e.on in on]
     if not declared:
         return
-    judged, measured, direct = [], [], {}
+    judged: list[Expectation] = []
+    measured: list[Measured] = []
+    direct: dict[str, Outcome] = {}
     for exp in declared:
+        if isinstance(exp, Check):  # Python: given the sink's staged rows here
+            files = output.get(f"{LAKE_OUTPUT_PREFIX}{exp.on}")
+            rows = StagedFiles.from_json(files).read().to_pylist() if files else []
+            judged.append(exp)
+            measured.append(exp.measure(rows))
+            continue
         records = output.get(audit_output_key(exp.on)) or ()
         found = next((r for r in records if r.get("expectation") == exp.name), None)
         if found is None or "error" in found:

@@ -290,7 +290,11 @@ class _Filler:
             attempt, output = attempts[txid]
             measured: Mapping[str, Any] = output  # a live job measured its sinks' rows
             if computed is not None:
-                measured = computed.measured.get(txid, {})
+                files_of = computed.sinks.get(txid, {})  # a Check on a sink reads its files
+                measured = {
+                    **computed.measured.get(txid, {}),
+                    **{s.output_key: f.to_json() for s, f in files_of.items()},
+                }
                 for on, table in computed.dropped.get(txid, {}).items():
                     stage_quarantined(conn, self.pipeline, txid, attempt, on, table)
                 rows: dict[str, int | None] = {}

@@ -11,7 +11,13 @@ import pytest
 from pyspark.sql import functions as F
 from sqlalchemy import text
 
-from airflow_txn_provider import ExpectationsFailedError, FailingShare, RowCondition, RowCount
+from airflow_txn_provider import (
+    Check,
+    ExpectationsFailedError,
+    FailingShare,
+    RowCondition,
+    RowCount,
+)
 from airflow_txn_provider.log.expectations import quarantined
 from airflow_txn_provider.rules.vocabulary import TxStatus
 from airflow_txn_provider.sinks import DeltaSink, IcebergSink
@@ -247,7 +253,14 @@ def test_drops_on_the_input_and_a_lake_sink_commit_and_quarantine_the_batch_exac
     txlog.ensure_pipeline(p, source_kind="transactional", max_pending=4, sinks=[sink])
     no_zzz = RowCondition(condition="line NOT LIKE '%zzz%'", action="drop", name="no zzz")
     long_words = RowCondition(on="words", condition="length(word) > 2", action="drop", name="long")
-    rules = [no_zzz, long_words, RowCount(on="words", min=1, action="fail")]
+    given = []  # what a Check on the sink is given: the rows staged for it, drops taken out
+
+    def all_long(rows):
+        given.append(rows)
+        return all(len(r["word"]) > 2 for r in rows), f"{len(rows)} rows"
+
+    check = Check(on="words", fn=all_long, action="fail")
+    rules = [no_zzz, long_words, RowCount(on="words", min=1, action="fail"), check]
     words = _word_count("words")
 
     def truth(metadata):  # plain Python: the same rules on the batch's lines
@@ -287,6 +300,8 @@ def test_drops_on_the_input_and_a_lake_sink_commit_and_quarantine_the_batch_exac
             len(dropped_words),
         )
         assert _table(sink, db_url, p) == committed  # the table holds only what met the rules
+        assert Counter((r["word"], r["delta"]) for r in given[-1]) == Counter(published.items())
+        assert found[check.name]["taken"] == "passed"
     with txlog.engine.connect() as conn:  # nothing left staged: the failed attempt's went too
         assert conn.execute(text("SELECT count(*) FROM txn_quarantine_staging")).scalar() == 0
 

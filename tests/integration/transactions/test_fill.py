@@ -493,7 +493,7 @@ def test_a_fill_audits_a_lake_sink_and_gives_its_transform_the_input_its_live_on
     input lines: the fill gives each txid's transform the lines its live commit kept, writes the
     words that meet the table's rule and quarantines the others, as commits that had the table
     from txid 1 did; warned and dropped outcomes recorded alike."""
-    from airflow_txn_provider import RowCondition
+    from airflow_txn_provider import Check, RowCondition
     from airflow_txn_provider.log.expectations import quarantined
     from airflow_txn_provider.spark.audit import for_job
 
@@ -502,6 +502,7 @@ def test_a_fill_audits_a_lake_sink_and_gives_its_transform_the_input_its_live_on
             RowCondition(condition="length(line) % 5 <> 0", action="drop", name="fifths"),
             RowCondition(on=f"{p}_words", condition="length(word) > 3", action="drop", name="long"),
             RowCondition(on=f"{p}_words", condition="word <> 'the'", name="no the"),
+            Check(on=f"{p}_words", fn=lambda rows: (len(rows) < 40, f"{len(rows)}"), name="few"),
         ]
 
     def v4(p):  # the counts and the words
@@ -563,3 +564,6 @@ def test_a_fill_audits_a_lake_sink_and_gives_its_transform_the_input_its_live_on
             o["expectation"]: {**o, "on": 0} for o in txlog.attempts("gl", txid)[-1].expectations
         }
         assert got == want and got["long"]["taken"] == "dropped", txid
+        assert got["few"]["rows_checked"] == len(lake_rows(sinks[0], "fl", txid, db_url)) - len(
+            lake_rows(sinks[0], "fl", txid - 1, db_url) if txid > 1 else []
+        )
