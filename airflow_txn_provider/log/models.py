@@ -374,12 +374,9 @@ class SourceFileRow(Base):
     __table_args__ = (Index("ix_txn_source_file_last", "source", "partition", "last_offset"),)
 
 
-class QuarantineRow(Base):
-    """A row a ``drop`` expectation took out of a txid's output, with the expectations it failed
-    (:mod:`airflow_txn_provider.transactions.audit`): kept until a person deletes it, or a rewind
-    takes its txid back."""
-
-    __tablename__ = "txn_quarantine"
+class _Quarantined:
+    """A row a ``drop`` expectation took out of a txid's output, stamped with the attempt and the
+    expectations it failed (the row as JSON)."""
 
     id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
     pipeline: Mapped[str] = mapped_column(String(250))
@@ -388,6 +385,14 @@ class QuarantineRow(Base):
     attempt: Mapped[int] = mapped_column(Integer)
     expectations: Mapped[list[str]] = mapped_column(ARRAY(Text))
     row: Mapped[Any] = mapped_column(JSONB)
+
+
+class QuarantineRow(_Quarantined, Base):
+    """Quarantined (:mod:`airflow_txn_provider.transactions.audit`): kept until a person deletes
+    it, or a rewind takes its txid back."""
+
+    __tablename__ = "txn_quarantine"
+
     quarantined_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), server_default=func.now()
     )
@@ -398,19 +403,11 @@ class QuarantineRow(Base):
     )
 
 
-class QuarantineStagingRow(Base):
-    """A row a Spark job took out of its input batch or a lake sink's rows for ``drop``
-    expectations, staged with the attempt's output: its commit moves it to ``txn_quarantine``."""
+class QuarantineStagingRow(_Quarantined, Base):
+    """Taken out by a Spark job (of its input batch or a lake sink's rows), staged with the
+    attempt's output: the attempt's commit moves it to ``txn_quarantine``."""
 
     __tablename__ = "txn_quarantine_staging"
-
-    id: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
-    pipeline: Mapped[str] = mapped_column(String(250))
-    output: Mapped[str] = mapped_column(String(250))
-    txid: Mapped[int] = mapped_column(BigInteger)
-    attempt: Mapped[int] = mapped_column(Integer)
-    expectations: Mapped[list[str]] = mapped_column(ARRAY(Text))
-    row: Mapped[Any] = mapped_column(JSONB)
 
     __table_args__ = (
         ForeignKeyConstraint(["pipeline"], ["txn_pipeline.name"], ondelete="CASCADE"),

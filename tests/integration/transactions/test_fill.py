@@ -81,6 +81,12 @@ def v2(p: str):
     return transform
 
 
+def v2_only(p: str, *outputs: str):
+    """``v2`` returning only ``p``'s ``outputs`` (by their names without the ``p_`` prefix)."""
+    both, keep = v2(p), {f"{p}_{name}" for name in outputs}
+    return lambda batch: {k: v for k, v in both(batch).items() if k in keep}
+
+
 def begin(txlog, p, source):
     e = txlog.begin_next(p, source)
     assert e is not None and e.emitted, e
@@ -435,10 +441,7 @@ def test_a_fill_audits_each_txid_as_its_live_commit_would(txlog, spark, source, 
         ]
 
     def v3(p):  # the counts and the lengths
-        both = v2(p)
-        return lambda batch: {
-            k: v for k, v in both(batch).items() if k in (f"{p}_counts", f"{p}_lengths")
-        }
+        return v2_only(p, "counts", "lengths")
 
     def run(p, added, txids=5):
         states, _ = outputs(p, tmp_path / "lake")
@@ -506,10 +509,7 @@ def test_a_fill_audits_a_lake_sink_and_gives_its_transform_the_input_its_live_on
         ]
 
     def v4(p):  # the counts and the words
-        both = v2(p)
-        return lambda batch: {
-            k: v for k, v in both(batch).items() if k in (f"{p}_counts", f"{p}_words")
-        }
+        return v2_only(p, "counts", "words")
 
     def run(p, added, txids=4):
         states, sinks = outputs(p, tmp_path / "lake")
