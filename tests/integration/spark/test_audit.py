@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 from pyspark.sql import functions as F
-from sqlalchemy import text
+from sqlalchemy import create_engine, text
 
 from airflow_txn_provider import (
     Check,
@@ -26,7 +26,9 @@ from airflow_txn_provider.spark.audit import for_job
 from airflow_txn_provider.spark.job import BatchJob, process_batch
 from airflow_txn_provider.state import MapState
 from airflow_txn_provider.transactions.commit import commit_registered
+from airflow_txn_provider.transactions.transaction_log import TransactionLog
 from tests.spark_data import lines_in_ranges, parquet_dataset, random_lines, word_counts
+from txn_testing.postgres import EmbeddedPostgres
 
 pytestmark = pytest.mark.integration
 
@@ -308,3 +310,46 @@ def test_drops_on_the_input_and_a_lake_sink_commit_and_quarantine_the_batch_exac
     txlog.rewind(p, 3, by="test")  # takes txid 3's quarantined rows back with it
     with txlog.engine.connect() as conn:
         assert {r.txid for r in quarantined(conn, p, limit=10**6)} == {1, 2}
+
+
+def test_a_backend_killed_while_a_lake_sinks_drops_are_judged_heals_with_nothing_lost_or_doubled(
+    spark, tmp_path
+):
+    with EmbeddedPostgres(durable=True) as pg:  # a backend kill resets the whole server
+        txlog = TransactionLog(create_engine(pg.url, pool_pre_ping=True))
+        p = "audit_drop_crash"
+        data = _drop_data()
+        source = PartitionedParquetSource(str(parquet_dataset(tmp_path / "ds", data)), 10)
+        sink = DeltaSink("words", table_uri=str(tmp_path / "lake" / "words"))
+        txlog.ensure_pipeline(p, source_kind="transactional", max_pending=4, sinks=[sink])
+        kills = []
+
+        def crash_once(rows):  # in the commit's transaction, before the drops are published
+            if not kills:
+                kills.append(pg.kill_backend())
+            return True, "ok"
+
+        rules = [
+            RowCondition(condition="line NOT LIKE '%zzz%'", action="drop", name="no zzz"),
+            RowCondition(on="words", condition="length(word) > 2", action="drop", name="long"),
+            Check(on="words", fn=crash_once, name="crash once"),
+        ]
+        e = txlog.begin_next(p, source)
+        _process(spark, txlog, p, e, source, _word_count("words"), rules, [sink])
+        # the staged drops are logged: the commit, retried on a new connection, audits again
+        assert commit_registered(txlog, p, e.txid, e.attempt, [sink], rules).applied
+        assert kills and txlog.transaction(p, e.txid).status is TxStatus.COMMITTED
+        lines = lines_in_ranges(data, e.metadata)
+        written = word_counts(line for line in lines if "zzz" not in line)
+        with txlog.engine.connect() as conn:
+            held = quarantined(conn, p, limit=10**6)
+            staged = conn.execute(text("SELECT count(*) FROM txn_quarantine_staging")).scalar()
+        assert staged == 0 and {r.attempt for r in held} == {e.attempt}
+        assert Counter(r.row["line"] for r in held if r.output == "input") == Counter(
+            line for line in lines if "zzz" in line
+        )
+        short = {r.row["word"]: r.row["delta"] for r in held if r.output == "words"}
+        assert short == {w: n for w, n in written.items() if len(w) <= 2} and short
+        published = {w: n for w, n in written.items() if len(w) > 2}
+        assert _table(sink, pg.url, p) == Counter(published.items())
+        txlog.engine.dispose()
