@@ -22,6 +22,8 @@
 #               live commit latency during the fill (issue 44)
 # make bench-pipelines: N pipelines on one Airflow: paused (Airflow's floor) vs idle vs a trickle
 #               (CPU-s per second by process group), latency, a burst; N = 20, then N = 100
+# make bench-asof: a 1M-key state read as of 10 and 100 txids back vs its current read, a key's
+#               history over 1 000 txids (issue 61; BENCH_ARGS: e.g. --quick)
 # make chaos : the seeded chaos suite (faults caused for real; both tiers print their tables)
 # make chaos-lake: both chaos tiers on lake-sink pipelines (a Delta table, then an Iceberg table)
 # make test-matrix: the supported versions' corners (Python x Airflow x PySpark), an environment
@@ -39,7 +41,7 @@ UV_VERSION := 0.13.9
 UV     := $(VENV)/bin/uv
 PYTEST_ARGS ?=
 
-.PHONY: demo demo-stop demo-core install system-deps test test-suite test-scenarios test-all screenshots test-unit test-integration lint chaos chaos-fast chaos-rewind chaos-fill chaos-airflow chaos-lake bench-core bench-undo bench-stage bench-spark bench-airflow bench-peer bench-read bench-preload bench-begin bench-retention bench-audit bench-lake bench-sessions bench-fill bench-pipelines test-stack stack-deps test-matrix clean
+.PHONY: demo demo-stop demo-core install system-deps test test-suite test-scenarios test-all screenshots test-unit test-integration lint chaos chaos-fast chaos-rewind chaos-fill chaos-airflow chaos-lake bench-core bench-undo bench-stage bench-spark bench-airflow bench-peer bench-read bench-preload bench-begin bench-retention bench-audit bench-lake bench-sessions bench-fill bench-pipelines bench-asof test-stack stack-deps test-matrix clean
 
 install: $(STAMP)
 
@@ -219,6 +221,11 @@ bench-pipelines: install
 	$(PY) benchmarks/bench_pipelines.py --pipelines 20 --max-pending 4; \
 	a=$$?; $(PY) benchmarks/bench_pipelines.py --pipelines 100 --max-pending 2; \
 	b=$$?; test $$a -eq 0 -a $$b -eq 0
+
+# issue 61: reads as of 10 and 100 txids back within 3x the current read, a key's history over
+# 1 000 txids under 50 ms; exits non-zero when a read is wrong or a goal is missed
+bench-asof: install
+	$(PY) benchmarks/bench_asof.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis var

@@ -7,7 +7,11 @@ before the *first* commit after N that touched it (a key that did not exist then
 after N). So N can be read exactly while every commit after it kept its undo record: from
 ``rewind_floor - 1`` (:func:`as_of_floor`, the state a rewind to ``floor`` would restore) to the
 last committed txid; anything else is :class:`~airflow_txn_provider.rules.exceptions.
-StateTxidNotReadableError`, naming how far back it can go.
+StateTxidNotReadableError`, naming how far back it can go. A state whose rows keep the txid
+that last touched them (transactional, opaque; a record keeps it as ``old_txid``) finds that row
+without sorting: the current rows of txid <= N, and in each record after N the keys whose row
+before was of a txid <= N; its key's history walks back through those txids (``make
+bench-asof``: docs/benchmarks.md).
 
 Every read is ONE statement (its bounds, from ``txn_pipeline``, in the same snapshot as the
 rows), so it is consistent while commits go on. Nothing here runs in the commit: the apply
@@ -46,6 +50,8 @@ DEFAULT_LIMIT = 100
 EXISTED = '"txn:existed"'
 BEFORE = '"txn:before"'
 """The undo record's ``existed`` and ``old_value``, unnested (no key column can be named so)."""
+WAS = '"txn:was"'
+"""The undo record's ``old_txid`` (the txid that touched the key before), unnested."""
 BOUNDS = (
     'SELECT p.last_committed_txid AS "txn:last", p.pruned_through_txid AS "txn:pruned", '
     'p.undo_from_txid AS "txn:undo_from" FROM txn_pipeline p WHERE p.name = :pipeline'
@@ -117,10 +123,30 @@ def _key_filter(t: BackingTable, alias: str) -> str:
     return f" AND ({cols}) IN (SELECT * FROM unnest({arrays}))"
 
 
+def _as_of_by_txid(t: BackingTable, txid: str, keys: bool) -> str:
+    """:func:`as_of_select` of a state whose rows keep the txid that last touched them (the
+    transactional and opaque kinds; an undo record keeps it as ``old_txid``): a key no commit
+    after ``txid`` touched has its row's txid ``<= txid``; of the records after ``txid`` that
+    touched a key, the first is the one whose row before was last touched ``<= txid`` (or that
+    made the key). No sort, no join: two scans."""
+    current, past = (_key_filter(t, "s"), _key_filter(t, "k")) if keys else ("", "")
+    arrays = ", ".join([*(f"u.{k}" for k in t.quoted_keys), "u.existed", "u.old_value"])
+    names = ", ".join([*t.quoted_keys, EXISTED, BEFORE, WAS])
+    return f"""
+        SELECT {", ".join(f"s.{k}" for k in t.quoted_keys)}, s.value FROM {t.qtable} s
+        WHERE s.txid <= {txid}{current}
+        UNION ALL
+        SELECT {", ".join(f"k.{k}" for k in t.quoted_keys)}, k.{BEFORE}
+        FROM {t.qundo} u CROSS JOIN LATERAL unnest({arrays}, u.old_txid) AS k({names})
+        WHERE u.txid > {txid} AND k.{EXISTED} AND k.{WAS} <= {txid}{past}"""
+
+
 def as_of_select(t: BackingTable, txid: str, *, keys: bool = False) -> str:
     """The state's rows ``(keys…, value)`` as they stood after the txid ``txid`` (SQL), whole or
     (``keys``) those bound as ``:key0…``: the current rows no later commit touched, and the rows
     before the first later commit that touched a key, where it existed."""
+    if "txid" in t.row_columns:
+        return _as_of_by_txid(t, txid, keys)
     cols = ", ".join(f"k.{k}" for k in t.quoted_keys)
     filtered = _key_filter(t, "k") if keys else ""
     return f"""
@@ -219,11 +245,22 @@ def read_as_of(
     filtered = keys is not None and (bool(t.keys) or not keys)
     if keys is not None and filtered:
         params.update(_key_params(t, keys))
-    sql = _with_bounds(as_of_select(t, "CAST(:n AS bigint)", keys=filtered))
-    rows = conn.execute(text(sql), params).all()
-    check_readable(pipeline, t.name, txid, rows[0][:3] if rows else None, what=f"as of {txid}")
+    # the bounds in a row of their own (its key null: a stored key never is), not on each row
     width = len(t.quoted_keys)
-    return {tuple(r[3 : 3 + width]): r[3 + width] for r in rows if r[3] is not None}
+    nulls = ", ".join(["NULL"] * (width + 1))
+    rows = as_of_select(t, "CAST(:n AS bigint)", keys=filtered)
+    sql = f"""
+        SELECT b.*, {nulls} FROM ({BOUNDS}) b
+        UNION ALL SELECT NULL, NULL, NULL, r.* FROM ({rows}) r"""
+    found: dict[tuple[Any, ...], Any] = {}
+    bounds = None
+    for r in conn.execute(text(sql), params):
+        if r[3] is None:
+            bounds = r[:3]
+        else:
+            found[tuple(r[3 : 3 + width])] = r[3 + width]
+    check_readable(pipeline, t.name, txid, bounds, what=f"as of {txid}")
+    return found
 
 
 @dataclass(frozen=True)
@@ -238,13 +275,35 @@ class KeyChange:
     after: Any
 
 
+def _walk(t: BackingTable, at: list[str], current: str) -> str:
+    """A key's hits, walked from its row's txid back through each record's ``old_txid`` (the
+    transactional and opaque kinds): only the records that touched the key are read."""
+    first, types = t.quoted_keys[0], t.key_types()
+    pos = f"array_position(u.{first}, CAST(:k0 AS {types[0]}))"
+    if at:  # the first column's value may be in the record more than once
+        pos = f"""(SELECT p.i FROM unnest(array_positions(u.{first}, CAST(:k0 AS {types[0]})))
+                   AS p(i) WHERE {" AND ".join(at)} LIMIT 1)"""
+    step = "u.txid, u.existed[r.i], u.old_value[r.i], u.old_txid[r.i]"
+    return f"""RECURSIVE walk (txid, existed, before, was, n) AS (
+            SELECT {step}, 1 FROM {t.qtable} s JOIN {t.qundo} u ON u.txid = s.txid
+            CROSS JOIN LATERAL (SELECT {pos} AS i OFFSET 0) r WHERE {current}
+            UNION ALL
+            SELECT {step}, w.n + 1 FROM walk w JOIN {t.qundo} u ON u.txid = w.was
+            CROSS JOIN LATERAL (SELECT {pos} AS i OFFSET 0) r WHERE w.existed AND w.n <= :limit
+        ), hits AS (
+            SELECT w.txid, CASE WHEN w.existed THEN w.before END AS before FROM walk w
+        )"""
+
+
 def key_history(
     conn: Connection, t: BackingTable, pipeline: str, key: Sequence[Any], limit: int
 ) -> list[KeyChange]:
     """Each txid whose commit touched ``key``, newest first, at most ``limit``: those after the
     txid the state can be read as of first (:func:`as_of_floor`; what each changed can be read
-    too), in one statement. A key's place in a record is found by ``array_positions`` on the
-    first key column (no unnesting), the other columns and the row before read there."""
+    too), in one statement. A state whose rows keep their txid walks back from the key's row
+    through each record's ``old_txid`` (:func:`_walk`); another finds the key in every record.
+    A key's place in a record is found on the first key column (no unnesting), the other
+    columns and the row before read there."""
     types = t.key_types()
     if len(key) != len(types):
         raise ValueError(f"state {t.name!r}: a key has {len(types)} column(s), got {key!r}")
@@ -253,13 +312,18 @@ def key_history(
     current = " AND ".join(
         f"s.{k} = CAST(:k{j} AS {types[j]})" for j, k in enumerate(t.quoted_keys)
     )
-    sql = f"""
-        WITH hits AS (
+    hits = (
+        _walk(t, at, current)
+        if "txid" in t.row_columns
+        else f"""hits AS (
             SELECT u.txid, CASE WHEN u.existed[p.i] THEN u.old_value[p.i] END AS before
             FROM {t.qundo} u
             CROSS JOIN LATERAL unnest(array_positions(u.{first}, CAST(:k0 AS {types[0]}))) AS p(i)
             {"WHERE " + " AND ".join(at) if at else ""}
-        ), ordered AS (
+        )"""
+    )
+    sql = f"""
+        WITH {hits}, ordered AS (
             SELECT h.txid, h.before,
                    CASE WHEN row_number() OVER w = 1
                         THEN (SELECT s.value FROM {t.qtable} s WHERE {current})

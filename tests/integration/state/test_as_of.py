@@ -476,3 +476,56 @@ def test_keys_of_several_columns_read_as_of_with_their_history_and_changes(txlog
         (("b", d2), None, 7),
         (("a", d1), 5, 0),
     ]
+
+
+def test_both_read_paths_agree_a_hot_key_walked_back_through_every_txid(txlog):
+    """A transactional and an opaque state (rows keep their txid: two scans, a history walked
+    back through ``old_txid``) and a non-transactional one (no txid: the first later record of
+    each key, sorted) fed the same batches read the same past: a hot key changed by every txid,
+    others by some; a limit cuts the walk at the newest."""
+    name = "ao_paths"
+    txlog.register_pipeline(name, source_kind="opaque", max_pending=1)
+    kinds = ("transactional", "opaque", "non_transactional")
+    states = [MapState(name, f"{name}_{k[:2]}", k, keys={"word": "text"}) for k in kinds]
+    for state in states:
+        state.create(txlog.engine)
+    rng = random.Random(SEED)
+    folded: list[dict[tuple, int]] = [{}]
+    for txid in range(1, 31):
+        rows = [("hot", rng.randint(-3, 9))] + [
+            (w, rng.randint(-3, 9)) for w in rng.sample(WORDS, rng.randint(0, 4))
+        ]
+        e = txlog.begin(name, txid, Ranges())
+        txlog.stage_output(
+            name,
+            txid,
+            e.attempt,
+            lambda c, e=e, t=txid, r=rows: {
+                s.output_key: s.stage(c, t, e.attempt, r) for s in states
+            },
+        )
+        assert commit_registered(txlog, name, txid, e.attempt).applied
+        now = dict(folded[-1])
+        for word, delta in rows:
+            now[(word,)] = now.get((word,), 0) + delta
+        folded.append(now)
+    with txlog.engine.connect() as conn:
+        for n, expected in enumerate(folded):
+            for state in states:
+                assert state.as_of(conn, n) == expected, (state.kind, n)
+                assert state.as_of(conn, n, keys=[("hot",), ("w1",)]) == {
+                    k: v for k, v in expected.items() if k in {("hot",), ("w1",)}
+                }
+        for key in [("hot",), *((w,) for w in WORDS)]:
+            got = [
+                [(c.txid, c.before, c.after) for c in s.history(conn, key, limit=100)]
+                for s in states
+            ]
+            assert got[0] == got[1] == got[2], key
+            if key == ("hot",):
+                assert got[0] == [
+                    (t, folded[t - 1].get(key), folded[t][key]) for t in range(30, 0, -1)
+                ]
+            assert [c.txid for c in states[0].history(conn, key, limit=5)] == [
+                t for t, _, _ in got[0][:5]
+            ]

@@ -72,12 +72,27 @@ def test_every_state_kind_has_the_reads_of_the_past():
 
 
 def test_the_sql_reads_the_first_later_undo_record_of_a_key_and_the_function_checks_first():
-    state = MapState("p.x-1", "words", "transactional", keys={"word": "text", "day": "date"})
+    state = MapState("p.x-1", "words", "non_transactional", keys={"word": "text", "day": "date"})
     sql = as_of_select(state.backing, "$1")
     assert 'DISTINCT ON (k."word", k."day")' in sql and 'ORDER BY k."word", k."day", u.txid' in sql
     assert "u.txid > $1" in sql and "NOT EXISTS" in sql and "UNION ALL" in sql
     filtered = as_of_select(state.backing, ":n", keys=True)
     assert filtered.count("CAST(:key0 AS text[]), CAST(:key1 AS date[])") == 2
+    state = MapState("p.x-1", "words", "transactional", keys={"word": "text", "day": "date"})
     body = _function_body(state.backing, "p.x-1")
     assert body.index("RAISE EXCEPTION 'state words") < body.index("RETURN QUERY")
     assert "p.name = 'p.x-1'" in body and "ERRCODE = '22023'" in body
+
+
+@pytest.mark.parametrize("kind", ["transactional", "opaque"])
+def test_a_state_keeping_its_txids_reads_the_past_in_two_scans_without_a_sort(kind):
+    """A row's txid is the last commit that touched it; a record's ``old_txid`` the one before:
+    a key untouched after N is its row (txid <= N), a touched one is in the one record after N
+    whose row before was last touched <= N. A key's history walks those txids back."""
+    state = MapState("p", "words", kind, keys={"word": "text", "day": "date"})
+    sql = as_of_select(state.backing, "$1")
+    assert "DISTINCT ON" not in sql and "NOT EXISTS" not in sql and "ORDER BY" not in sql
+    assert "WHERE s.txid <= $1" in sql and "u.old_txid" in sql
+    assert 'u.txid > $1 AND k."txn:existed" AND k."txn:was" <= $1' in sql
+    filtered = as_of_select(state.backing, ":n", keys=True)
+    assert filtered.count("CAST(:key0 AS text[]), CAST(:key1 AS date[])") == 2
