@@ -220,8 +220,10 @@ class JobAudit:
         ]
         if not drops or unanalysable:
             return kept
-        kept, self._dropped[on] = split_drops(kept, drops)
-        return kept
+        # the rows taken out are collected from what was measured, not from the input's
+        # ``kept``: that carries the batch's observation, the transform's pass to complete
+        self._dropped[on] = split_drops(measured, drops)[1]
+        return split_drops(kept, drops)[0]
 
     def input(self, source: SparkSource, batch: DataFrame, records: DataFrame) -> DataFrame:
         """The input ``records`` the transform is given: those meeting the input's drops (the

@@ -19,6 +19,7 @@ from airflow_txn_provider import (
     RowCount,
 )
 from airflow_txn_provider.log.expectations import quarantined
+from airflow_txn_provider.operators.spark_runner import SparkConnectRunner
 from airflow_txn_provider.rules.vocabulary import TxStatus
 from airflow_txn_provider.sinks import DeltaSink, IcebergSink
 from airflow_txn_provider.sources.parquet import PartitionedParquetSource
@@ -339,17 +340,47 @@ def test_a_backend_killed_while_a_lake_sinks_drops_are_judged_heals_with_nothing
         # the staged drops are logged: the commit, retried on a new connection, audits again
         assert commit_registered(txlog, p, e.txid, e.attempt, [sink], rules).applied
         assert kills and txlog.transaction(p, e.txid).status is TxStatus.COMMITTED
-        lines = lines_in_ranges(data, e.metadata)
-        written = word_counts(line for line in lines if "zzz" not in line)
-        with txlog.engine.connect() as conn:
-            held = quarantined(conn, p, limit=10**6)
-            staged = conn.execute(text("SELECT count(*) FROM txn_quarantine_staging")).scalar()
-        assert staged == 0 and {r.attempt for r in held} == {e.attempt}
-        assert Counter(r.row["line"] for r in held if r.output == "input") == Counter(
-            line for line in lines if "zzz" in line
-        )
-        short = {r.row["word"]: r.row["delta"] for r in held if r.output == "words"}
-        assert short == {w: n for w, n in written.items() if len(w) <= 2} and short
-        published = {w: n for w, n in written.items() if len(w) > 2}
-        assert _table(sink, pg.url, p) == Counter(published.items())
+        _dropped_exactly(txlog, p, e, data, sink, pg.url)
         txlog.engine.dispose()
+
+
+def _dropped_exactly(txlog, p, e, data, sink, db_url):
+    """``e``'s batch of ``_drop_data`` committed: its ``zzz`` lines and its words of two letters
+    quarantined, once, by its attempt; the table holds the other words; nothing left staged."""
+    lines = lines_in_ranges(data, e.metadata)
+    written = word_counts(line for line in lines if "zzz" not in line)
+    with txlog.engine.connect() as conn:
+        held = quarantined(conn, p, limit=10**6)
+        staged = conn.execute(text("SELECT count(*) FROM txn_quarantine_staging")).scalar()
+    assert staged == 0 and {r.attempt for r in held} == {e.attempt}
+    assert Counter(r.row["line"] for r in held if r.output == "input") == Counter(
+        line for line in lines if "zzz" in line
+    )
+    short = {r.row["word"]: r.row["delta"] for r in held if r.output == "words"}
+    assert short == {w: n for w, n in written.items() if len(w) <= 2} and short
+    published = {w: n for w, n in written.items() if len(w) > 2}
+    assert _table(sink, db_url, p) == Counter(published.items())
+
+
+def test_drops_on_spark_connect_leave_the_batch_counted_in_one_pass(
+    txlog, db_url, tmp_path, connect_server, monkeypatch
+):
+    p = "audit_drop_connect"
+    data = _drop_data()
+    source = PartitionedParquetSource(str(parquet_dataset(tmp_path / "ds", data)), 10)
+    # the transform's pass completes the batch's observed counts; the drops read apart
+    monkeypatch.setattr(
+        type(source), "batch_mismatch", lambda *a: pytest.fail("a second pass over the batch")
+    )
+    sink = DeltaSink("words", table_uri=str(tmp_path / "lake" / "words"))
+    txlog.ensure_pipeline(p, source_kind="transactional", max_pending=4, sinks=[sink])
+    rules = [
+        RowCondition(condition="line NOT LIKE '%zzz%'", action="drop", name="no zzz"),
+        RowCondition(on="words", condition="length(word) > 2", action="drop", name="long"),
+    ]
+    runner = SparkConnectRunner(_word_count("words"), url=connect_server.url)
+    e = txlog.begin_next(p, source)
+    job = BatchJob(p, e.txid, e.attempt, source, sinks=(sink,), expectations=for_job(rules, [sink]))
+    runner.run(job, txlog)
+    assert commit_registered(txlog, p, e.txid, e.attempt, [sink], rules).applied
+    _dropped_exactly(txlog, p, e, data, sink, db_url)
