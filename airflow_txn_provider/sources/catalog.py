@@ -1,8 +1,5 @@
-"""What a file source's discovery found, kept where every host sees it: the log's Postgres.
-
-Per partition, its folders' stamps at their last listing; per file, its size, mtime and offsets.
-Every entry is checked against a ``stat`` before it is trusted, so a stale write is harmless.
-"""
+"""What a file source's discovery found, kept where every host sees it: the log's Postgres. Every
+entry is checked against a ``stat`` before it is trusted, so a stale write is harmless."""
 
 from __future__ import annotations
 
@@ -19,10 +16,8 @@ if TYPE_CHECKING:
 MARGIN_NS = 2_000_000_000
 """A listing less than this after its folder's last change is never trusted (same time tick)."""
 
-Folder = tuple[int, int, int]
-"""A folder's ``(inode, mtime_ns, listed_at_ns)`` at its last listing."""
-FileFacts = tuple[int, int, int, int]
-"""A file's ``(size, mtime_ns, first_offset, last_offset)``; offsets ``-1`` if it has none."""
+Folder = tuple[int, int, int]  # a folder's (inode, mtime_ns, listed_at_ns) at its last listing
+FileFacts = tuple[int, int, int, int]  # a file's (size, mtime_ns, first, last offset); -1: none
 
 
 def trusted(known: Folder | None, inode: int, mtime_ns: int) -> TypeGuard[Folder]:
@@ -72,42 +67,38 @@ class MemoryCatalog(FileCatalog):
     """A catalog in this process's memory: for a source used without a transaction log."""
 
     def __init__(self) -> None:
-        self._parts: dict[tuple[str, str], tuple[dict[str, Folder], dict[str, FileFacts]]] = {}
-
-    def _files(self, source: str, partition: str) -> dict[str, FileFacts]:
-        return self._parts.get((source, partition), ({}, {}))[1]
+        self._known: dict[tuple[str, str], Partition] = {}
+        self._files: dict[tuple[str, str], dict[str, FileFacts]] = {}
 
     def partitions(self, source: str) -> dict[str, Partition]:
-        found = {}
-        for (s, p), (folders, files) in self._parts.items():
-            if s == source:
-                top = max((f[3] for f in files.values()), default=-1)
-                newest = {n: f[:2] for n, f in files.items() if f[3] == top >= 0}
-                found[p] = Partition(dict(folders), top + 1, newest)
-        return found
+        return {p: copy.deepcopy(part) for (s, p), part in self._known.items() if s == source}
 
     def names(self, source: str, partition: str, folder: str = "") -> set[str]:
-        return {n for n in self._files(source, partition) if n.startswith(folder)}
+        return {n for n in self._files.get((source, partition), {}) if n.startswith(folder)}
 
     def meeting(self, source: str, partition: str, start: int, end: int) -> dict[str, Any]:
-        files = self._files(source, partition)
+        files = self._files.get((source, partition), {})
         return {n: (f[2], f[3]) for n, f in files.items() if f[3] >= start and f[2] < end}
 
     def record(self, source: str, looks: Mapping[str, Look]) -> dict[str, Partition]:
         for p, look in looks.items():
-            kept = {n: f for n, f in self._files(source, p).items() if n not in look.dropped}
-            self._parts[(source, p)] = (dict(look.folders), kept | look.added)
-        return {p: part for p, part in self.partitions(source).items() if p in looks}
+            old = self._files.get((source, p), {})
+            files = {n: f for n, f in old.items() if n not in look.dropped} | look.added
+            top = max((f[3] for f in files.values()), default=-1)
+            newest = {n: f[:2] for n, f in files.items() if f[3] == top >= 0}
+            self._known[source, p] = Partition(dict(look.folders), top + 1, newest)
+            self._files[source, p] = files
+        return {p: copy.deepcopy(self._known[source, p]) for p in looks}
 
     def forget(self, source: str, partitions: Iterable[str]) -> None:
         for p in partitions:
-            self._parts.pop((source, p), None)
+            self._known.pop((source, p), None)
+            self._files.pop((source, p), None)
 
 
 class PostgresCatalog(FileCatalog):
-    """The catalog in the log's Postgres (``txn_source_partition``, ``txn_source_file``), shared
-    by every host. Plain SQL on the driver's cursor: in a begin's new process, building
-    SQLAlchemy statements and rows costs more than the round trips."""
+    """The catalog in the log's Postgres (``txn_source_partition``, ``txn_source_file``). Plain
+    SQL on the driver's cursor: in a begin's new process, SQLAlchemy costs more than round trips."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -143,6 +134,8 @@ class PostgresCatalog(FileCatalog):
         gone = [(p, n) for p, look in ordered for n in sorted(look.dropped - set(look.added))]
         added = [(p, n, *f) for p, look in ordered for n, f in sorted(look.added.items())]
         folders = [(p, json.dumps(look.folders)) for p, look in ordered]
+        params = _columns(gone, "gp", "gn") | _columns(folders, "fp", "f") | {"s": source}
+        params |= _columns(added, "p", "n", "size", "mtime", "first", "last")
         lock = zlib.crc32(source.encode("utf-8", "surrogatepass")) - 2**31
         with self.engine.begin() as conn:
             cursor = conn.connection.cursor()
@@ -152,9 +145,8 @@ class PostgresCatalog(FileCatalog):
                 "SET LOCAL synchronous_commit TO OFF;"
                 f" SELECT pg_advisory_xact_lock({_LOCK_CLASS}, {lock})"
             )
-            columns = _columns(gone, "gp", "gn") | _columns(added, *_FILE_COLUMNS)
-            cursor.execute(_RECORD_FILES, {"s": source, **columns})
-            cursor.execute(_RECORD_PARTITIONS, {"s": source, **_columns(folders, "p", "f")})
+            cursor.execute(_RECORD_FILES, params)
+            cursor.execute(_RECORD_PARTITIONS, params)
             return dict(_partition(*row) for row in cursor.fetchall())
 
     def forget(self, source: str, partitions: Iterable[str]) -> None:
@@ -176,7 +168,6 @@ def _partition(name: str, folders: Any, end: int, newest: Any) -> tuple[str, Par
     return name, Partition(folders, end, newest)
 
 
-_FILE_COLUMNS = ("p", "n", "size", "mtime", "first", "last")
 _RECORD_FILES = (
     "WITH gone AS (DELETE FROM txn_source_file f USING unnest(%(gp)s::text[], %(gn)s::text[])"
     " AS g(partition, name) WHERE f.source = %(s)s AND f.partition = g.partition"
@@ -188,10 +179,12 @@ _RECORD_FILES = (
     " mtime_ns = excluded.mtime_ns, first_offset = excluded.first_offset,"
     " last_offset = excluded.last_offset"
 )
+# Each partition with its files' highest offset and the files holding it, looked up by itself
+# (OFFSET 0: not a join, which the planner may order wrongly for a new dataset).
 _RECORD_PARTITIONS = (
     "INSERT INTO txn_source_partition (source, partition, folders, end_offset, newest)"
     " SELECT %(s)s, l.partition, l.folders, coalesce(n.top + 1, 0), coalesce(n.files, '{}')"
-    " FROM unnest(%(p)s::text[], %(f)s::jsonb[]) AS l(partition, folders) CROSS JOIN LATERAL ("
+    " FROM unnest(%(fp)s::text[], %(f)s::jsonb[]) AS l(partition, folders) CROSS JOIN LATERAL ("
     " SELECT max(last_offset) AS top, jsonb_object_agg(name, jsonb_build_array(size, mtime_ns))"
     " AS files FROM (SELECT * FROM txn_source_file WHERE source = %(s)s"
     " AND partition = l.partition AND last_offset >= 0 AND last_offset = ("
@@ -201,8 +194,6 @@ _RECORD_PARTITIONS = (
     " end_offset = excluded.end_offset, newest = excluded.newest"
     " RETURNING partition, folders, end_offset, newest"
 )
-"""Each partition with its files' highest offset and the files holding it, looked up by itself
-(``OFFSET 0``: not a join, which the planner may order wrongly for a new dataset)."""
 _FORGET = (
     "WITH f AS (DELETE FROM txn_source_file WHERE source = %(s)s"
     " AND partition = ANY(%(ps)s::text[])) DELETE FROM txn_source_partition"

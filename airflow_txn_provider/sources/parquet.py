@@ -1,8 +1,5 @@
-"""The partitioned Parquet source: a dataset with an increasing offset column (transactional).
-
-A begin finds new offsets in new files' footers (``parquet_discovery.py``); a job reads its
-batch's files only, with offset pushdown.
-"""
+"""The partitioned Parquet source (transactional): a begin finds new offsets in new files'
+footers (``parquet_discovery.py``); a job reads its batch's files only, with offset pushdown."""
 
 from __future__ import annotations
 
@@ -28,21 +25,17 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
 
-PREFETCH_REUSE_S = 60.0
-"""The step under the lock reuses the begin's prefetch at most this old."""
-FOOTER_PROOF_FILES = 64
-"""A batch of at most this many files is proven whole by its footers' row counts, not counted."""
+PREFETCH_REUSE_S = 60.0  # the step under the lock reuses the begin's prefetch at most this old
+FOOTER_PROOF_FILES = 64  # a batch of at most this many files may be proven whole by its footers
 Ranges = Mapping[str, tuple[int, int]]  # partition value -> a batch's [start, end)
 
 
 @dataclasses.dataclass(frozen=True)
 class PartitionedParquetSource(UsesCatalog, TransactionalSource, SparkSource):
-    """A Parquet dataset ``<path>/<partition_column>=<p>/*.parquet`` with an increasing offset.
-
-    Each partition's rows carry consecutive offsets; files are appended and never rewritten once
-    complete (``docs/sources.md``). A txid's metadata is ``{p: [start, end)}``, at most
-    ``max_per_partition`` offsets each; a batch reading other than ``end - start`` records of
-    ``p`` fails. The partition value is the directory's, a string (``p=01`` is ``"01"``).
+    """A Parquet dataset ``<path>/<partition_column>=<p>/*.parquet`` whose partitions' rows carry
+    consecutive offsets, in files never rewritten once complete (``docs/sources.md``). A txid's
+    metadata is ``{p: [start, end)}`` (``p`` the directory's value as a string), at most
+    ``max_per_partition`` offsets each; a batch reading other than ``end - start`` records fails.
 
     :param path: dataset root (local path or any URI Spark reads; footers are read locally).
     :param max_per_partition: batch size cap per partition.
@@ -50,11 +43,10 @@ class PartitionedParquetSource(UsesCatalog, TransactionalSource, SparkSource):
     :param offset_column: name of the offset column.
     :param required_columns: columns that must not be null; a null is a malformed record.
     :param index_dir: ignored; accepted so that earlier DAG files and stored specs load.
-    :param file_name_template: when files are named by their first offset, the name of the one
-        starting at ``{offset}`` of ``{partition}`` (``"part-{offset:010d}.parquet"``): a begin
-        looks up the next names instead of listing a changed folder.
-    :param schema: the files' columns as Spark DDL, without the partition column: a batch is
-        then read without a footer read first. ``None``: a footer's schema.
+    :param file_name_template: the name of the file starting at ``{offset}`` of ``{partition}``
+        (``"part-{offset:010d}.parquet"``): a begin looks up the next names instead of listing.
+    :param schema: the files' columns as Spark DDL, without the partition column: no footer is
+        read before a batch. ``None``: a footer's schema.
     """
 
     path: str
@@ -103,8 +95,8 @@ class PartitionedParquetSource(UsesCatalog, TransactionalSource, SparkSource):
         return {p: part.end for p, part in discover(self, self.partitions(), complete=True).items()}
 
     def prefetch(self) -> None:
-        """The begin's look, outside the lock: :meth:`initialize_transaction` (on the same object)
-        reuses its answer while no folder it looked at has changed."""
+        """The begin's look outside the lock, reused by :meth:`initialize_transaction` (same
+        object) while no folder it looked at has changed."""
         self.__dict__.pop("_prefetched", None)
         stamps = {self.path: _stamp(self.path)}
         roots = self.partitions()
@@ -128,7 +120,9 @@ class PartitionedParquetSource(UsesCatalog, TransactionalSource, SparkSource):
         return path_dataset(self.path)
 
     def _ranges(self, metadata: Metadata) -> dict[str, tuple[int, int]]:
-        return {str(p): (int(r[0]), int(r[1])) for p, r in dict(metadata).items() if r[1] > r[0]}
+        """The partitions with records, in order: ``p -> (start, end)``."""
+        ranges = {str(p): (int(r[0]), int(r[1])) for p, r in dict(metadata).items() if r[1] > r[0]}
+        return dict(sorted(ranges.items()))
 
     def read_batch(self, spark: SparkSession, metadata: Metadata) -> DataFrame:
         from pyspark.sql import functions as F
@@ -138,11 +132,9 @@ class PartitionedParquetSource(UsesCatalog, TransactionalSource, SparkSource):
             raise ValueError(f"metadata {metadata!r} names no records")
         base = self.path.rstrip("/")
         files, inside = self._batch_files(base, ranges)
-        # Files wholly inside their ranges: their footers may prove the batch whole (batch_counts).
-        proven = inside and _rows_match(files, ranges)
+        proven = inside and _rows_match(files, ranges)  # then no counts (batch_counts)
         object.__setattr__(self, "_proven", ranges if proven else None)
-        # One scan (a scan per partition took 1.4x as long: make bench-read) where Spark reads
-        # each directory's value back exactly; else a scan per partition.
+        # One scan where Spark reads each directory's value back exactly (faster: make bench-read)
         scan = read_with_partition_column(spark, base, self.partition_column, files, self.schema)
         if scan is None:
             return self._read_by_partition(spark, files, ranges)
@@ -184,13 +176,12 @@ class PartitionedParquetSource(UsesCatalog, TransactionalSource, SparkSource):
         looked at here or none does), and whether each lies wholly inside its range."""
         folders = {p: f"{base}/{self.partition_column}={p}" for p in sorted(ranges)}
         key = self.catalog_key()
-        try:
-            # As a begin looks: a file landed since with this batch's offsets is read and counted.
-            discover(self, folders)
-            found = {p: self.catalog.meeting(key, p, *ranges[p]) for p in folders}
-            if not all(os.path.exists(f"{folders[p]}/{n}") for p in found for n in found[p]):
-                discover(self, folders, by_name=False)  # files gone: a listing, not a look-up
+        try:  # as a begin looks: a file landed since with this batch's offsets is read, counted
+            for by_name in (True, False):  # files gone: a listing, not a look-up
+                discover(self, folders, by_name=by_name)
                 found = {p: self.catalog.meeting(key, p, *ranges[p]) for p in folders}
+                if all(os.path.exists(f"{folders[p]}/{n}") for p in found for n in found[p]):
+                    break
         except OSError:
             return {p: [folder] for p, folder in folders.items()}, False
         files = {
@@ -213,18 +204,15 @@ class PartitionedParquetSource(UsesCatalog, TransactionalSource, SparkSource):
         from pyspark.sql import functions as F
 
         part = F.col(self.partition_column)
-        partitions = sorted(self._ranges(metadata))
-        return {f"n_{i}": F.count_if(part == p) for i, p in enumerate(partitions)}
+        return {f"n_{i}": F.count_if(part == p) for i, p in enumerate(self._ranges(metadata))}
 
     def counts_mismatch(self, counts: Mapping[str, Any], metadata: Metadata) -> str | None:
         """Offsets are consecutive: ``[start, end)`` is ``end - start`` records, no fewer (files
         gone) nor more (offsets written twice)."""
-        ranges = self._ranges(metadata)
-        found = {p: int(counts.get(f"n_{i}") or 0) for i, p in enumerate(sorted(ranges))}
         problems = [
-            f"partition {p!r} offsets [{a}, {b}): {found[p]} records read, {b - a} expected"
-            for p, (a, b) in sorted(ranges.items())
-            if found[p] != b - a
+            f"partition {p!r} offsets [{a}, {b}): {n} records read, {b - a} expected"
+            for i, (p, (a, b)) in enumerate(self._ranges(metadata).items())
+            if (n := int(counts.get(f"n_{i}") or 0)) != b - a
         ]
         return "; ".join(problems) or None
 
@@ -258,8 +246,7 @@ def _unchanged(at: float, stamps: Mapping[str, tuple[int, int]]) -> bool:
 
 
 def _rows_match(files: Files, ranges: Ranges) -> bool:
-    """Whether each partition's files hold exactly ``end - start`` rows by their footers (not
-    when there are too many files to read footers of, or one cannot be read)."""
+    """Whether each partition's files hold exactly ``end - start`` rows by their few footers."""
     import pyarrow.parquet as pq
 
     try:

@@ -1,7 +1,6 @@
 """How a Parquet dataset's new files are found (docs/sources.md): a folder is listed only if it
-changed since some begin listed it, and then only the names the catalog does not know are read;
-files named by their first offset are looked up by name from the partition's end instead.
-"""
+changed since some begin listed it, and only new names are read; files named by their first offset
+are looked up by name from the partition's end instead."""
 
 from __future__ import annotations
 
@@ -93,8 +92,8 @@ class _PartitionLook:
     known: Partition
 
     def look(self) -> Look:
-        """What changed since ``known`` (if nothing: its folders as known). The files holding the
-        newest offsets, gone or rewritten, are read again: a partition gone back is reported."""
+        """What changed since ``known``; the files holding its newest offsets are read again if
+        gone or rewritten, so a partition gone back is reported."""
         changed = set()
         for name, stamp in self.known.newest.items():
             st = _stat(os.path.join(self.root, name))
@@ -106,8 +105,7 @@ class _PartitionLook:
 
     def _by_name(self) -> Look:
         """The files named for the offsets from the partition's end, looked up one by one; the
-        folder listed when due, or when it changed and no file has the next name (files
-        deleted, a stray file, or a gap: an :class:`OffsetGapError`)."""
+        folder listed when due, or when it changed and no file has the next name."""
         assert self.template is not None
         known = self.known
         st, old = _stat(self.root), known.folders.get("", (0, 0, 0))  # (0, 0, 0): never listed
@@ -161,8 +159,7 @@ class _PartitionLook:
         return look
 
     def _listing(self, reread: set[str]) -> Look:
-        """The partition's folders listed where changed since a trusted listing: only the names
-        the catalog does not know (and ``reread``) are looked at."""
+        """The folders changed since a trusted listing, listed: only new names (and ``reread``)."""
         look, known = Look({}, {}, set(reread)), self.known
         flat = known.folders.keys() <= {""}  # every known name right in the partition's folder
         pending = [""]
@@ -218,9 +215,8 @@ def discover(
     by_name: bool = True,
     complete: bool = False,
 ) -> dict[str, Partition]:
-    """Each partition (value -> folder) of ``source`` brought up to date in its catalog.
-    ``by_name``: look up files by the source's ``file_name_template``; ``complete``: these are
-    all the partitions (the others are forgotten)."""
+    """Each partition (value -> folder) brought up to date in ``source``'s catalog. ``by_name``:
+    by its ``file_name_template``; ``complete``: these are all (the others are forgotten)."""
     catalog, key = source.catalog, source.catalog_key()
     template = source.file_name_template if by_name else None
     known = catalog.partitions(key)

@@ -1,9 +1,5 @@
-"""One Spark scan of a Parquet batch's files, each row with its directory's partition value.
-
-The value must be the directory's name as a string, as the metadata names it, so the scan is
-given the column as a string (Spark would infer ``p=01`` as ``1``). Names Spark would decode (a
-``%`` escape, Hive's null partition, an empty value, a ``k=v`` folder below) are not read this way.
-"""
+"""One Spark scan of a Parquet batch's files, each row with its directory's name as its partition
+value: a string, as the metadata names it (Spark would infer ``p=01`` as ``1``)."""
 
 from __future__ import annotations
 
@@ -20,9 +16,9 @@ Files = Mapping[str, list[str]]  # partition value -> a batch's files (or its fo
 def read_with_partition_column(
     spark: SparkSession, base: str, partition_column: str, files: Files, schema: str | None = None
 ) -> DataFrame | None:
-    """One scan of ``files`` under ``base`` with the column ``partition_column`` holding each
-    row's value; ``None`` when Spark would not read a value back exactly. ``schema``: the files'
-    columns as Spark DDL (no footer read first); ``None``: read from a footer."""
+    """One scan of ``files`` under ``base``, ``partition_column`` holding each row's value;
+    ``None`` when Spark would not read a value back exactly. ``schema``: the files' columns as
+    Spark DDL (no footer read first); ``None``: read from a footer."""
     paths = [path for paths_of in files.values() for path in paths_of]
     exact = all(_reads_back(base, partition_column, v, f) for v, fs in files.items() for f in fs)
     if not paths or not exact:
@@ -41,7 +37,8 @@ def read_with_partition_column(
 
 def _reads_back(base: str, partition_column: str, value: str, path: str) -> bool:
     """Whether Spark's partition discovery of ``path`` (``basePath`` ``base``) yields exactly
-    ``partition_column`` = ``value``, and no other partition column."""
+    ``partition_column`` = ``value`` and no other column: not for a name Spark would decode (a
+    ``%`` escape, Hive's null partition, an empty value) nor a ``k=v`` folder below."""
     if not value or value == "__HIVE_DEFAULT_PARTITION__" or "%" in value or "/" in value:
         return False
     folder = f"{base}/{partition_column}={value}/"
