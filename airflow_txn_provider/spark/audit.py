@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict
+from functools import reduce
 from typing import TYPE_CHECKING, Any
 
 from airflow_txn_provider.compat.spark import to_arrow
@@ -176,8 +177,6 @@ def split_drops(frame: DataFrame, drops: Sequence[RowCondition]) -> tuple[DataFr
     """``frame`` split by ``drops``: the rows meeting every one (what commits), and the others
     as (:data:`DROPPED_EXPECTATIONS`, :data:`DROPPED_ROW`) for the quarantine. The same
     :data:`~airflow_txn_provider.rules.expectations.FAILING_ROWS` as the counts: the two add up."""
-    from functools import reduce
-
     from pyspark.sql import functions as F
 
     failing = [(d.name, F.expr(FAILING_ROWS.format(d.condition))) for d in drops]
@@ -204,21 +203,16 @@ class JobAudit:
         self.measured: dict[str, list[dict[str, Any]]] = {}
         self._dropped: dict[str, DataFrame] = {}
 
-    def _audit(self, on: str, measured: DataFrame, kept: DataFrame, keys: Sequence[str]) -> Any:
+    def _audit(
+        self, on: str, measured: DataFrame, kept: DataFrame, keys: Sequence[str]
+    ) -> DataFrame:
         mine = [e for e in self.expectations if e.on == on]
         if not mine:
             return kept
         records = measure_frame(measured, mine, keys, self.check)
         self.measured[audit_output_key(on)] = records
-        unanalysable = {r["expectation"] for r in records if "error" in r}  # the commit stops
-        drops = [
-            e
-            for e in mine
-            if isinstance(e, RowCondition)
-            and e.action is Action.DROP
-            and e.name not in unanalysable
-        ]
-        if not drops or unanalysable:
+        drops = _drops(mine, on)
+        if not drops or any("error" in r for r in records):  # unanalysable: the commit stops
             return kept
         # the rows taken out are collected from what was measured, not from the input's
         # ``kept``: that carries the batch's observation, the transform's pass to complete
@@ -248,12 +242,16 @@ class JobAudit:
 def input_kept(expectations: Sequence[Expectation], records: DataFrame) -> DataFrame:
     """The input ``records`` meeting the input's drops, unmeasured: a fill's transform is given
     what the txid's live one was (its rows were quarantined by its live commit)."""
-    drops = [
+    drops = _drops(expectations, INPUT)
+    return split_drops(records, drops)[0] if drops else records
+
+
+def _drops(expectations: Iterable[Expectation], on: str) -> list[RowCondition]:
+    return [
         e
         for e in expectations
-        if e.on == INPUT and isinstance(e, RowCondition) and e.action is Action.DROP
+        if e.on == on and isinstance(e, RowCondition) and e.action is Action.DROP
     ]
-    return split_drops(records, drops)[0] if drops else records
 
 
 __all__ = [
