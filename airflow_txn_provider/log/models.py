@@ -9,7 +9,8 @@
   which pipeline; ``txn_rewind`` and ``txn_alert``: one row per rewind, per alert sent.
 * ``txn_output``: each output's completeness and retirement; ``txn_map_summary``: each map
   state's key count and value sum, kept by each commit.
-* ``txn_source_partition`` and ``txn_source_file``: what file sources' discovery found.
+* ``txn_source_partition``, ``txn_source_file`` and ``txn_source_names``: what file sources'
+  discovery found.
 * ``txn_quarantine``: rows a ``drop`` expectation took out of a txid's output;
   ``txn_quarantine_staging``: those a Spark job took out, until the attempt commits.
 """
@@ -372,6 +373,18 @@ class SourceFileRow(Base):
     last_offset: Mapped[int] = mapped_column(BigInteger)
 
     __table_args__ = (Index("ix_txn_source_file_last", "source", "partition", "last_offset"),)
+
+
+class SourceNamesRow(Base):
+    """Some of a partition's file names (those of ``txn_source_file``), newline-separated: what a
+    listing compares a folder with, read as a few values where there is a row per file."""
+
+    __tablename__ = "txn_source_names"
+
+    source: Mapped[str] = mapped_column(Text, primary_key=True)
+    partition: Mapped[str] = mapped_column(Text, primary_key=True)
+    segment: Mapped[int] = mapped_column(BigInteger, Identity(), primary_key=True)
+    names: Mapped[str] = mapped_column(Text)
 
 
 class _Quarantined:

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 VERSION_TABLE = "txn_alembic_version"
-HEAD_REVISION = "0017"
+HEAD_REVISION = "0018"
 """The newest migration (``tests`` check it is Alembic's head): lets :func:`ensure` check the
 schema with one query, without importing Alembic, in every task process."""
 _at_head: weakref.WeakSet[Engine] = weakref.WeakSet()

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeGuard, TypeVar
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
+NAME_SEGMENTS = 32
+"""A partition's names kept in this many values are written as one (``_RECORD_NAMES``)."""
 MARGIN_NS = 2_000_000_000
 """A listing less than this after its folder's last change is never trusted (same time tick)."""
 
@@ -50,8 +52,8 @@ class FileCatalog(Protocol):
     def partitions(self, source: str) -> dict[str, Partition]:
         """Every partition known of ``source``."""
 
-    def names(self, source: str, partition: str, folder: str = "") -> set[str]:
-        """The names of a partition's files in ``folder`` (``""``, ``"sub/"``) or below it."""
+    def names(self, source: str, partition: str) -> list[str]:
+        """The names of a partition's files (relative to its folder: ``"sub/a.parquet"``)."""
 
     def meeting(self, source: str, partition: str, start: int, end: int) -> dict[str, Any]:
         """The files holding an offset in ``[start, end)``: name -> ``(first, last)``."""
@@ -73,8 +75,8 @@ class MemoryCatalog(FileCatalog):
     def partitions(self, source: str) -> dict[str, Partition]:
         return {p: copy.deepcopy(part) for (s, p), part in self._known.items() if s == source}
 
-    def names(self, source: str, partition: str, folder: str = "") -> set[str]:
-        return {n for n in self._files.get((source, partition), {}) if n.startswith(folder)}
+    def names(self, source: str, partition: str) -> list[str]:
+        return list(self._files.get((source, partition), {}))
 
     def meeting(self, source: str, partition: str, start: int, end: int) -> dict[str, Any]:
         files = self._files.get((source, partition), {})
@@ -97,7 +99,8 @@ class MemoryCatalog(FileCatalog):
 
 
 class PostgresCatalog(FileCatalog):
-    """The catalog in the log's Postgres (``txn_source_partition``, ``txn_source_file``). Plain
+    """The catalog in the log's Postgres (``txn_source_partition``, ``txn_source_file``,
+    ``txn_source_names``). Plain
     SQL on the driver's cursor: in a begin's new process, SQLAlchemy costs more than round trips."""
 
     def __init__(self, engine: Engine) -> None:
@@ -114,12 +117,13 @@ class PostgresCatalog(FileCatalog):
         )
         return dict(_partition(*row) for row in self._rows(sql, s=source))
 
-    def names(self, source: str, partition: str, folder: str = "") -> set[str]:
-        sql = (  # one array: one value to fetch
-            "SELECT coalesce(array_agg(name), '{}') FROM txn_source_file WHERE source = %(s)s"
-            " AND partition = %(p)s AND left(name, %(n)s) = %(f)s"
+    def names(self, source: str, partition: str) -> list[str]:
+        sql = (  # a few values, not a row per file
+            "SELECT string_agg(names, E'\\n') FROM txn_source_names WHERE source = %(s)s"
+            " AND partition = %(p)s"
         )
-        return set(self._rows(sql, s=source, p=partition, f=folder, n=len(folder))[0][0])
+        names = self._rows(sql, s=source, p=partition)[0][0]
+        return names.split("\n") if names else []
 
     def meeting(self, source: str, partition: str, start: int, end: int) -> dict[str, Any]:
         sql = (
@@ -146,7 +150,10 @@ class PostgresCatalog(FileCatalog):
                 f" SELECT pg_advisory_xact_lock({_LOCK_CLASS}, {lock})"
             )
             cursor.execute(_RECORD_FILES, params)
-            cursor.execute(_RECORD_PARTITIONS, params)
+            fresh, dropped = dict(cursor.fetchall()), set(params["gp"])  # names gained, lost
+            params |= {"new": [fresh.get(p) for p in params["fp"]]}
+            params |= {"gone": [p in dropped for p in params["fp"]]}
+            cursor.execute(_RECORD_PARTITIONS, params | {"most": NAME_SEGMENTS})
             return dict(_partition(*row) for row in cursor.fetchall())
 
     def forget(self, source: str, partitions: Iterable[str]) -> None:
@@ -168,23 +175,38 @@ def _partition(name: str, folders: Any, end: int, newest: Any) -> tuple[str, Par
     return name, Partition(folders, end, newest)
 
 
+# The files dropped and added; returned: the added names not known before (one snapshot: the
+# statement's own writes unseen), by partition.
 _RECORD_FILES = (
     "WITH gone AS (DELETE FROM txn_source_file f USING unnest(%(gp)s::text[], %(gn)s::text[])"
     " AS g(partition, name) WHERE f.source = %(s)s AND f.partition = g.partition"
-    " AND f.name = g.name) INSERT INTO txn_source_file"
-    " (source, partition, name, size, mtime_ns, first_offset, last_offset)"
-    " SELECT %(s)s, * FROM unnest(%(p)s::text[], %(n)s::text[], %(size)s::bigint[],"
-    " %(mtime)s::bigint[], %(first)s::bigint[], %(last)s::bigint[])"
+    " AND f.name = g.name), added AS (SELECT * FROM unnest(%(p)s::text[], %(n)s::text[],"
+    " %(size)s::bigint[], %(mtime)s::bigint[], %(first)s::bigint[], %(last)s::bigint[])"
+    " AS a(partition, name, size, mtime_ns, first_offset, last_offset)), put AS ("
+    " INSERT INTO txn_source_file SELECT %(s)s, * FROM added"
     " ON CONFLICT (source, partition, name) DO UPDATE SET size = excluded.size,"
     " mtime_ns = excluded.mtime_ns, first_offset = excluded.first_offset,"
-    " last_offset = excluded.last_offset"
+    " last_offset = excluded.last_offset) SELECT partition, string_agg(name, E'\\n') FROM added a"
+    " WHERE NOT EXISTS (SELECT FROM txn_source_file f WHERE f.source = %(s)s"
+    " AND f.partition = a.partition AND f.name = a.name) GROUP BY partition"
 )
 # Each partition with its files' highest offset and the files holding it, looked up by itself
-# (OFFSET 0: not a join, which the planner may order wrongly for a new dataset).
+# (OFFSET 0: not a join, which the planner may order wrongly for a new dataset). Its new names
+# as its next segment of names; all its names as one segment, from its files, instead when some
+# went or it has ``most`` segments: a listing reads a few values, a look writes what it found.
 _RECORD_PARTITIONS = (
-    "INSERT INTO txn_source_partition (source, partition, folders, end_offset, newest)"
+    "WITH l AS (SELECT * FROM unnest(%(fp)s::text[], %(f)s::jsonb[], %(new)s::text[],"
+    " %(gone)s::boolean[]) AS l(partition, folders, new, gone)), redo AS (SELECT partition"
+    " FROM l WHERE gone OR (SELECT count(*) FROM txn_source_names n WHERE n.source = %(s)s"
+    " AND n.partition = l.partition) >= %(most)s), cut AS (DELETE FROM txn_source_names n"
+    " USING redo WHERE n.source = %(s)s AND n.partition = redo.partition), put AS ("
+    " INSERT INTO txn_source_names (source, partition, names) SELECT * FROM (SELECT %(s)s,"
+    " l.partition, CASE WHEN l.partition IN (SELECT * FROM redo) THEN (SELECT string_agg("
+    " name, E'\\n') FROM txn_source_file WHERE source = %(s)s AND partition = l.partition)"
+    " ELSE l.new END AS names FROM l) AS n WHERE names IS NOT NULL)"
+    " INSERT INTO txn_source_partition (source, partition, folders, end_offset, newest)"
     " SELECT %(s)s, l.partition, l.folders, coalesce(n.top + 1, 0), coalesce(n.files, '{}')"
-    " FROM unnest(%(fp)s::text[], %(f)s::jsonb[]) AS l(partition, folders) CROSS JOIN LATERAL ("
+    " FROM l CROSS JOIN LATERAL ("
     " SELECT max(last_offset) AS top, jsonb_object_agg(name, jsonb_build_array(size, mtime_ns))"
     " AS files FROM (SELECT * FROM txn_source_file WHERE source = %(s)s"
     " AND partition = l.partition AND last_offset >= 0 AND last_offset = ("
@@ -196,7 +218,8 @@ _RECORD_PARTITIONS = (
 )
 _FORGET = (
     "WITH f AS (DELETE FROM txn_source_file WHERE source = %(s)s"
-    " AND partition = ANY(%(ps)s::text[])) DELETE FROM txn_source_partition"
+    " AND partition = ANY(%(ps)s::text[])), n AS (DELETE FROM txn_source_names"
+    " WHERE source = %(s)s AND partition = ANY(%(ps)s::text[])) DELETE FROM txn_source_partition"
     " WHERE source = %(s)s AND partition = ANY(%(ps)s::text[])"
 )
 

@@ -160,8 +160,7 @@ class _PartitionLook:
 
     def _listing(self, reread: set[str]) -> Look:
         """The folders changed since a trusted listing, listed: only new names (and ``reread``)."""
-        look, known = Look({}, {}, set(reread)), self.known
-        flat = known.folders.keys() <= {""}  # every known name right in the partition's folder
+        look, known, names = Look({}, {}, set(reread)), self.known, None
         pending = [""]
         while pending:
             rel_dir = pending.pop()
@@ -177,16 +176,20 @@ class _PartitionLook:
                 continue
             listed_at = time.time_ns()
             try:
-                present = set(os.listdir(path))
+                listed = os.listdir(path)
             except (FileNotFoundError, NotADirectoryError, PermissionError):
                 continue
-            here = self.catalog.names(self.key, self.partition, rel_dir)
-            if rel_dir or not flat:  # those right in it, relative to it
-                here = {n[len(rel_dir) :] for n in here if _folder_of(n) == rel_dir}
+            names = self.catalog.names(self.key, self.partition) if names is None else names
+            here = names  # those right in it, relative to it
+            if rel_dir or known.folders.keys() - {""}:
+                here = [n[len(rel_dir) :] for n in names if _folder_of(n) == rel_dir]
             if old is not None and old[0] != st.st_ino:  # replaced: every name looked at again
-                again = here
-            look.dropped |= {rel_dir + n for n in (here - present) | again}
-            for name in (present - here) | (again & present):
+                again = set(here)
+            new = set(listed)
+            new.difference_update(here)  # (no set of the known names built: faster)
+            gone = set() if len(listed) - len(new) == len(here) else set(here) - set(listed)
+            look.dropped |= {rel_dir + n for n in gone | again}
+            for name in new | (again - gone):
                 if name.startswith((".", "_")):
                     continue  # Spark's and Hadoop's hidden files (_SUCCESS, .crc, _temporary)
                 rel, full = rel_dir + name, os.path.join(path, name)
@@ -195,6 +198,9 @@ class _PartitionLook:
                 except UnicodeEncodeError:  # Postgres text cannot hold it; as bytes in the log
                     log.warning("%r: a name that is not UTF-8 is not read", os.fsencode(full))
                     continue
+                if "\n" in name:  # the catalog keeps names newline-separated
+                    log.warning("%r: a name with a newline is not read", full)
+                    continue
                 fst = _stat(full)
                 if fst is not None and stat.S_ISDIR(fst.st_mode):
                     pending.append(rel + "/")
@@ -202,8 +208,9 @@ class _PartitionLook:
                     offsets = file_offsets(full, self.column)
                     look.added[rel] = (fst.st_size, fst.st_mtime_ns, *offsets)
             look.folders[rel_dir] = (st.st_ino, st.st_mtime_ns, listed_at)
-        for gone in known.folders.keys() - look.folders.keys():  # folders gone: their files too
-            look.dropped |= self.catalog.names(self.key, self.partition, gone)
+        for gone_dir in known.folders.keys() - look.folders.keys():  # folders gone: their files
+            names = self.catalog.names(self.key, self.partition) if names is None else names
+            look.dropped |= {n for n in names if n.startswith(gone_dir)}
         look.dropped -= look.added.keys()
         return look
 

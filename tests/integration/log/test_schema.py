@@ -1,13 +1,16 @@
 """The migrations and the models agree (``log/schema.py`` applies the one, queries use the other):
-a database migrated to the head has exactly the models' tables, columns and indexes."""
+a database migrated to the head has exactly the models' tables, columns and indexes; a migration
+that moves data moves it exactly."""
 
 from __future__ import annotations
 
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, text
 
 from airflow_txn_provider.log.models import Base
+from airflow_txn_provider.log.schema import upgrade
+from tests.conftest import new_database
 
 
 def test_a_migrated_log_has_exactly_the_models_tables_columns_and_indexes(db_url):
@@ -21,6 +24,28 @@ def test_a_migrated_log_has_exactly_the_models_tables_columns_and_indexes(db_url
     finally:
         engine.dispose()
     assert [d for d in diff if not _known(d)] == [], diff
+
+
+def test_0018_gives_each_source_partition_the_names_of_its_files(postgres):
+    """A catalog written before 0018 (a row per file) gets each partition's names as one value."""
+    engine = create_engine(new_database(postgres, migrated=False))
+    files = {("s", "0"): ["a.parquet", "sub/b.parquet"], ("s", "1"): ["é"], ("t", "0"): ["c"]}
+    try:
+        upgrade(engine, "0017")
+        with engine.begin() as conn:
+            for (s, p), names in files.items():
+                for n in names:
+                    conn.execute(
+                        text("INSERT INTO txn_source_file VALUES (:s, :p, :n, 1, 1, 0, 0)"),
+                        {"s": s, "p": p, "n": n},
+                    )
+        upgrade(engine)
+        with engine.connect() as conn:
+            rows = conn.execute(text("SELECT source, partition, names FROM txn_source_names"))
+            got = {(s, p): sorted(names.split("\n")) for s, p, names in rows}
+    finally:
+        engine.dispose()
+    assert got == {key: sorted(names) for key, names in files.items()}
 
 
 KNOWN_NULLABLE = {

@@ -18,11 +18,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine
 
 from airflow_txn_provider.rules.sources import next_offset_ranges
 from airflow_txn_provider.sources.catalog import (
+    NAME_SEGMENTS,
     FileCatalog,
     MemoryCatalog,
     Partition,
@@ -56,6 +57,14 @@ def catalog(request: pytest.FixtureRequest) -> FileCatalog:
     if request.param == "memory":
         return MemoryCatalog()
     return PostgresCatalog(request.getfixturevalue("txlog").engine)
+
+
+def names_kept(engine: Engine, s: str, p: str) -> list[str]:
+    """A partition's kept names, duplicates kept: what a listing compares a folder with."""
+    sql = "SELECT names FROM txn_source_names WHERE source = :s AND partition = :p"
+    with engine.connect() as conn:
+        values = conn.execute(text(sql), {"s": s, "p": p}).scalars()
+        return sorted(name for value in values for name in value.split("\n"))
 
 
 # -- the contract, on each catalog ---------------------------------------------------------------
@@ -161,8 +170,10 @@ def test_postgres_and_memory_catalogs_answer_alike_over_random_histories(txlog, 
                 end = start + rng.randrange(1, 12)
                 want = (truth.names(s, p), truth.meeting(s, p, start, end))
                 for cat in catalogs:
-                    got = (cat.names(s, p), cat.meeting(s, p, start, end))
+                    got = (set(cat.names(s, p)), cat.meeting(s, p, start, end))
                     assert got == want, f"{where}: {type(cat).__name__} {s} {p} [{start}, {end})"
+                kept = names_kept(txlog.engine, s, p)  # each name once, as the files' rows
+                assert kept == sorted(truth.names(s, p)), f"{where}: names kept"
 
 
 def test_record_keeps_ends_newest_and_folders(catalog):
@@ -180,8 +191,7 @@ def test_record_keeps_ends_newest_and_folders(catalog):
     assert part == expected
     assert catalog.partitions(s) == {p: expected}
     assert catalog.partitions(SOURCES[1]) == {}
-    assert catalog.names(s, p) == set(added)
-    assert catalog.names(s, p, "sub/") == {"sub/b.parquet"} and catalog.names(s, p, "x/") == set()
+    assert set(catalog.names(s, p)) == set(added)
     assert catalog.meeting(s, p, 10, 12) == {"sub/b.parquet": (10, 19)}
     assert catalog.meeting(s, p, 9, 13) == {
         "a.parquet": (0, 9),
@@ -193,9 +203,29 @@ def test_record_keeps_ends_newest_and_folders(catalog):
     assert catalog.partitions(s)[p] == part
     part = record(catalog, s, p, folders, {"e.parquet": (1, 1, -1, -1)}, ["a.parquet"])
     assert part == Partition(folders, 0, {})
-    assert catalog.names(s, p) == {"e.parquet"}
+    assert set(catalog.names(s, p)) == {"e.parquet"}
     catalog.forget(s, [p, "never"])
-    assert catalog.partitions(s) == {} and catalog.names(s, p) == set()
+    assert catalog.partitions(s) == {} and set(catalog.names(s, p)) == set()
+
+
+def test_a_partitions_names_stay_in_a_few_values_each_name_once(txlog):
+    """A look per new file, some finding known files again, one dropping a file: the names a
+    listing reads stay at most ``NAME_SEGMENTS`` values, each name once."""
+    s, p, cat = SOURCES[0], "0", PostgresCatalog(txlog.engine)
+    known: set[str] = set()
+    for i in range(3 * NAME_SEGMENTS):
+        added = {f"{i:03d}.parquet": (1, NS, i, i)} | (
+            {"000.parquet": (2, NS, 0, 0)} if i % 5 else {}
+        )
+        dropped = ["001.parquet"] if i == 2 * NAME_SEGMENTS else []
+        record(cat, s, p, {}, added, dropped)
+        known = (known | set(added)) - set(dropped)
+        with txlog.engine.connect() as conn:
+            sql = "SELECT count(*) FROM txn_source_names WHERE source = :s AND partition = :p"
+            values = conn.execute(text(sql), {"s": s, "p": p}).scalar()
+        assert values <= NAME_SEGMENTS, f"look {i}: {values} values"
+        assert names_kept(txlog.engine, s, p) == sorted(known), f"look {i}"
+        assert set(cat.names(s, p)) == known, f"look {i}"
 
 
 def test_two_hosts_see_each_others_records(txlog, other_host):
@@ -214,11 +244,11 @@ def test_two_hosts_see_each_others_records(txlog, other_host):
         "0": Partition(folders, 15, {"y.parquet": (2, NS + 1)}),
         "1": Partition({}, 1, {"z.parquet": (3, NS + 2)}),
     }
-    assert a.names(s, "0") == {"x.parquet", "y.parquet"}
+    assert set(a.names(s, "0")) == {"x.parquet", "y.parquet"}
     record(a, s, "0", folders, {}, ["y.parquet"])
-    assert b.partitions(s)["0"].end == 10 and b.names(s, "0") == {"x.parquet"}
+    assert b.partitions(s)["0"].end == 10 and set(b.names(s, "0")) == {"x.parquet"}
     b.forget(s, ["0"])
-    assert set(a.partitions(s)) == {"1"} and a.names(s, "0") == set()
+    assert set(a.partitions(s)) == {"1"} and set(a.names(s, "0")) == set()
 
 
 def record_at_once(
@@ -268,8 +298,9 @@ def test_concurrent_looks_at_one_partition_neither_fail_nor_disagree(txlog, othe
         errors = record_at_once(s, p, folders, gone, list(zip(hosts, looks, strict=True)))
         assert errors == [], f"round {round_}: {errors!r}"
         known = (known - set(gone)) | set(looks[0]) | set(looks[1])
+        assert names_kept(txlog.engine, s, p) == sorted(known), f"round {round_}: no name twice"
         for cat in hosts:
-            assert cat.names(s, p) == known, f"round {round_}"
+            assert set(cat.names(s, p)) == known, f"round {round_}"
             files = cat.meeting(s, p, 0, 10**6)
             top = max(last for _, last in files.values())
             part = cat.partitions(s)[p]
@@ -314,8 +345,9 @@ def test_concurrent_looks_with_disjoint_or_crossing_files_are_exact(txlog, other
         for t in threads:
             t.join()
         assert errors == [], f"round {round_}: {errors!r}"
-        names = hosts[0].names(s, "1")
+        names = set(hosts[0].names(s, "1"))
         assert len(names) == 1 and names <= {"x.parquet", "y.parquet"}, f"round {round_}"
+        assert names_kept(txlog.engine, s, "1") == sorted(names), f"round {round_}"
 
 
 # -- the sources, bound to the log's catalog -----------------------------------------------------
