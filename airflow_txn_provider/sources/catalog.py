@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
 NAME_SEGMENTS = 32
-"""A partition's names kept in this many values are written as one (``_RECORD_NAMES``)."""
+"""A partition's names kept in this many values are written as one (``_RECORD_PARTITIONS``)."""
 MARGIN_NS = 2_000_000_000
 """A listing less than this after its folder's last change is never trusted (same time tick)."""
 
@@ -192,8 +192,8 @@ _RECORD_FILES = (
 )
 # Each partition with its files' highest offset and the files holding it, looked up by itself
 # (OFFSET 0: not a join, which the planner may order wrongly for a new dataset). Its new names
-# as its next segment of names; all its names as one segment, from its files, instead when some
-# went or it has ``most`` segments: a listing reads a few values, a look writes what it found.
+# as its next segment of names; at ``most`` segments, all of them and the new names as one (read
+# from its files when some went): a listing reads a few values, a look writes what it found.
 _RECORD_PARTITIONS = (
     "WITH l AS (SELECT * FROM unnest(%(fp)s::text[], %(f)s::jsonb[], %(new)s::text[],"
     " %(gone)s::boolean[]) AS l(partition, folders, new, gone)), redo AS (SELECT partition"
@@ -201,9 +201,11 @@ _RECORD_PARTITIONS = (
     " AND n.partition = l.partition) >= %(most)s), cut AS (DELETE FROM txn_source_names n"
     " USING redo WHERE n.source = %(s)s AND n.partition = redo.partition), put AS ("
     " INSERT INTO txn_source_names (source, partition, names) SELECT * FROM (SELECT %(s)s,"
-    " l.partition, CASE WHEN l.partition IN (SELECT * FROM redo) THEN (SELECT string_agg("
-    " name, E'\\n') FROM txn_source_file WHERE source = %(s)s AND partition = l.partition)"
-    " ELSE l.new END AS names FROM l) AS n WHERE names IS NOT NULL)"
+    " l.partition, CASE WHEN l.gone THEN (SELECT string_agg(name, E'\\n') FROM txn_source_file"
+    " WHERE source = %(s)s AND partition = l.partition) WHEN l.partition IN (SELECT * FROM redo)"
+    " THEN concat_ws(E'\\n', (SELECT string_agg(names, E'\\n') FROM txn_source_names"
+    " WHERE source = %(s)s AND partition = l.partition), l.new) ELSE l.new END AS names"
+    " FROM l) AS n WHERE names IS NOT NULL)"
     " INSERT INTO txn_source_partition (source, partition, folders, end_offset, newest)"
     " SELECT %(s)s, l.partition, l.folders, coalesce(n.top + 1, 0), coalesce(n.files, '{}')"
     " FROM l CROSS JOIN LATERAL ("
