@@ -5,6 +5,7 @@ back with its txids. Every function runs in the caller's database transaction.""
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -168,10 +169,7 @@ def publish_quarantined(
         ),
         {"p": pipeline, "t": txid, "a": attempt, "j": sorted(judged), "d": sorted(dropped)},
     ).scalars()
-    counts: dict[str, int] = {}
-    for output in moved:
-        counts[output] = counts.get(output, 0) + 1
-    return counts
+    return dict(Counter(moved))
 
 
 def take_back_quarantined(conn: Connection, pipeline: str, from_txid: int) -> dict[str, int]:
@@ -187,10 +185,7 @@ def take_back_quarantined(conn: Connection, pipeline: str, from_txid: int) -> di
             QUARANTINE_STAGING.c.pipeline == pipeline, QUARANTINE_STAGING.c.txid >= from_txid
         )
     )
-    taken: dict[str, int] = {}
-    for output in gone:
-        taken[output] = taken.get(output, 0) + 1
-    return taken
+    return dict(Counter(gone))
 
 
 def attempt_outcomes(

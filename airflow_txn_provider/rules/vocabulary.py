@@ -93,6 +93,11 @@ AUDIT_OUTPUT_PREFIX = "audit:"
 list of measurements (``rules.expectations.Measured`` as dicts), judged by the commit."""
 
 
+def lake_output_key(sink: str) -> str:
+    """The key of what the lake sink ``sink`` staged in a txid's recorded output."""
+    return f"{LAKE_OUTPUT_PREFIX}{sink}"
+
+
 def audit_output_key(on: str) -> str:
     """The key of the job's measurements of ``on`` (the input batch or a lake sink) in a txid's
     recorded output."""

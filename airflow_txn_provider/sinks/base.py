@@ -31,7 +31,7 @@ from airflow_txn_provider.rules.exceptions import (
 )
 from airflow_txn_provider.rules.names import COLUMN, PIPELINE, check_name
 from airflow_txn_provider.rules.specs import from_spec, to_spec
-from airflow_txn_provider.rules.vocabulary import LAKE_OUTPUT_PREFIX, SinkAction
+from airflow_txn_provider.rules.vocabulary import LAKE_OUTPUT_PREFIX, SinkAction, lake_output_key
 from airflow_txn_provider.sinks.schema import check_schema
 from airflow_txn_provider.utils.lineage import path_dataset
 
@@ -174,7 +174,7 @@ class LakeSink(abc.ABC):
     @property
     def output_key(self) -> str:
         """Key of this sink's :class:`StagedFiles` in a txid's recorded output."""
-        return f"{OUTPUT_PREFIX}{self.name}"
+        return lake_output_key(self.name)
 
     @property
     @abc.abstractmethod

@@ -45,7 +45,7 @@ from airflow_txn_provider.rules.expectations import (
     outcome_record,
     poison_note,
 )
-from airflow_txn_provider.rules.vocabulary import LAKE_OUTPUT_PREFIX, audit_output_key
+from airflow_txn_provider.rules.vocabulary import audit_output_key, lake_output_key
 from airflow_txn_provider.sinks.base import StagedFiles
 from airflow_txn_provider.state.audit import Uncheckable, measure, quarantine
 from airflow_txn_provider.utils import metrics
@@ -152,7 +152,7 @@ def audit_measured(
     direct: dict[str, Outcome] = {}
     for exp in declared:
         if isinstance(exp, Check):  # Python: given the sink's staged rows here
-            files = output.get(f"{LAKE_OUTPUT_PREFIX}{exp.on}")
+            files = output.get(lake_output_key(exp.on))
             rows = StagedFiles.from_json(files).read().to_pylist() if files else []
             judged.append(exp)
             measured.append(exp.measure(rows))
