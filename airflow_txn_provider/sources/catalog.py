@@ -15,6 +15,9 @@ if TYPE_CHECKING:
 
 NAME_SEGMENTS = 32
 """A partition's names kept in this many values are written as one (``_RECORD_PARTITIONS``)."""
+ANALYZE_AFTER = 10_000
+"""A look adding this many files has the catalog's tables analysed at once (not a minute later by
+autovacuum): until then the planner takes the dataset for a few rows and scans all of them."""
 MARGIN_NS = 2_000_000_000
 """A listing less than this after its folder's last change is never trusted (same time tick)."""
 
@@ -154,7 +157,10 @@ class PostgresCatalog(FileCatalog):
             params |= {"new": [fresh.get(p) for p in params["fp"]]}
             params |= {"gone": [p in dropped for p in params["fp"]]}
             cursor.execute(_RECORD_PARTITIONS, params | {"most": NAME_SEGMENTS})
-            return dict(_partition(*row) for row in cursor.fetchall())
+            found = dict(_partition(*row) for row in cursor.fetchall())
+            if len(added) >= ANALYZE_AFTER:  # the next looks planned for these rows, not without
+                cursor.execute("ANALYZE txn_source_file, txn_source_names")
+            return found
 
     def forget(self, source: str, partitions: Iterable[str]) -> None:
         with self.engine.begin() as conn:
@@ -205,7 +211,7 @@ _RECORD_PARTITIONS = (
     " WHERE source = %(s)s AND partition = l.partition) WHEN l.partition IN (SELECT * FROM redo)"
     " THEN concat_ws(E'\\n', (SELECT string_agg(names, E'\\n') FROM txn_source_names"
     " WHERE source = %(s)s AND partition = l.partition), l.new) ELSE l.new END AS names"
-    " FROM l) AS n WHERE names IS NOT NULL)"
+    " FROM l OFFSET 0) AS n WHERE names IS NOT NULL)"
     " INSERT INTO txn_source_partition (source, partition, folders, end_offset, newest)"
     " SELECT %(s)s, l.partition, l.folders, coalesce(n.top + 1, 0), coalesce(n.files, '{}')"
     " FROM l CROSS JOIN LATERAL ("
