@@ -103,8 +103,8 @@ class MemoryCatalog(FileCatalog):
 
 class PostgresCatalog(FileCatalog):
     """The catalog in the log's Postgres (``txn_source_partition``, ``txn_source_file``,
-    ``txn_source_names``). Plain
-    SQL on the driver's cursor: in a begin's new process, SQLAlchemy costs more than round trips."""
+    ``txn_source_names``). Plain SQL on the driver's cursor: in a begin's new process, SQLAlchemy
+    costs more than round trips."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
