@@ -231,7 +231,8 @@ def test_a_partitions_names_stay_in_a_few_values_each_name_once(txlog):
 
 def test_a_large_look_has_the_catalogs_tables_analysed_at_once(txlog):
     """Without it the planner takes a new dataset for a few rows until autovacuum comes, and
-    plans the next looks as scans of all of them (``make bench-begin``: 76 ms, not 10)."""
+    plans the next looks as scans of all of them (``make bench-begin``: 76 ms, not 10).
+    ``last_analyze`` is set by an ANALYZE command only, never by autovacuum."""
     sql = text(
         "SELECT relname, last_analyze IS NOT NULL FROM pg_stat_user_tables"
         " WHERE relname IN ('txn_source_file', 'txn_source_names')"
