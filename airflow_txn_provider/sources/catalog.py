@@ -55,8 +55,8 @@ class FileCatalog(Protocol):
     def partitions(self, source: str) -> dict[str, Partition]:
         """Every partition known of ``source``."""
 
-    def names(self, source: str, partition: str) -> list[str]:
-        """The names of a partition's files (relative to its folder: ``"sub/a.parquet"``)."""
+    def names(self, source: str, partitions: Iterable[str]) -> dict[str, list[str]]:
+        """The names of each partition's files (relative to its folder: ``"sub/a.parquet"``)."""
 
     def meeting(self, source: str, partition: str, start: int, end: int) -> dict[str, Any]:
         """The files holding an offset in ``[start, end)``: name -> ``(first, last)``."""
@@ -78,8 +78,8 @@ class MemoryCatalog(FileCatalog):
     def partitions(self, source: str) -> dict[str, Partition]:
         return {p: copy.deepcopy(part) for (s, p), part in self._known.items() if s == source}
 
-    def names(self, source: str, partition: str) -> list[str]:
-        return list(self._files.get((source, partition), {}))
+    def names(self, source: str, partitions: Iterable[str]) -> dict[str, list[str]]:
+        return {p: list(self._files.get((source, p), {})) for p in partitions}
 
     def meeting(self, source: str, partition: str, start: int, end: int) -> dict[str, Any]:
         files = self._files.get((source, partition), {})
@@ -120,13 +120,15 @@ class PostgresCatalog(FileCatalog):
         )
         return dict(_partition(*row) for row in self._rows(sql, s=source))
 
-    def names(self, source: str, partition: str) -> list[str]:
-        sql = (  # a few values, not a row per file
-            "SELECT string_agg(names, E'\\n') FROM txn_source_names WHERE source = %(s)s"
-            " AND partition = %(p)s"
+    def names(self, source: str, partitions: Iterable[str]) -> dict[str, list[str]]:
+        sql = (  # a few values per partition, not a row per file; all in one round trip
+            "SELECT partition, names FROM txn_source_names WHERE source = %(s)s"
+            " AND partition = ANY(%(ps)s::text[])"
         )
-        names = self._rows(sql, s=source, p=partition)[0][0]
-        return names.split("\n") if names else []
+        segments: dict[str, list[str]] = {p: [] for p in partitions}
+        for partition, names in self._rows(sql, s=source, ps=list(segments)):
+            segments[partition].append(names)
+        return {p: "\n".join(texts).split("\n") if texts else [] for p, texts in segments.items()}
 
     def meeting(self, source: str, partition: str, start: int, end: int) -> dict[str, Any]:
         sql = (

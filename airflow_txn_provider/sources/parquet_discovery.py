@@ -90,6 +90,19 @@ class _PartitionLook:
     partition: str
     root: str
     known: Partition
+    st: os.stat_result | None  # the folder's, taken as the look began (before any listing)
+    names: list[str] | None = None  # the catalog's names of its files, when read already
+
+    def lists(self) -> bool:
+        """Whether its folder changed since a trusted listing: listed, its names compared."""
+        folder = self.known.folders.get("")
+        return self.st is not None and not trusted(folder, self.st.st_ino, self.st.st_mtime_ns)
+
+    def _known_names(self) -> list[str]:
+        if self.names is None:  # (a partition never listed has none)
+            names = self.catalog.names(self.key, [self.partition]) if self.known.folders else {}
+            self.names = names.get(self.partition, [])
+        return self.names
 
     def look(self) -> Look:
         """What changed since ``known``; the files holding its newest offsets are read again if
@@ -108,7 +121,7 @@ class _PartitionLook:
         folder listed when due, or when it changed and no file has the next name."""
         assert self.template is not None
         known = self.known
-        st, old = _stat(self.root), known.folders.get("", (0, 0, 0))  # (0, 0, 0): never listed
+        st, old = self.st, known.folders.get("", (0, 0, 0))  # (0, 0, 0): never listed
         if st is None or not stat.S_ISDIR(st.st_mode) or time.time_ns() - old[2] > RELIST_NAMED_NS:
             return self._listing(set())  # due: files deleted meanwhile leave the catalog
         same = old[:2] == (st.st_ino, st.st_mtime_ns)
@@ -160,12 +173,12 @@ class _PartitionLook:
 
     def _listing(self, reread: set[str]) -> Look:
         """The folders changed since a trusted listing, listed: only new names (and ``reread``)."""
-        look, known, names = Look({}, {}, set(reread)), self.known, None
+        look, known = Look({}, {}, set(reread)), self.known
         pending = [""]
         while pending:
             rel_dir = pending.pop()
             path = os.path.join(self.root, rel_dir) if rel_dir else self.root
-            st = _stat(path)
+            st = _stat(path) if rel_dir else self.st
             if st is None or not stat.S_ISDIR(st.st_mode):
                 continue
             old = known.folders.get(rel_dir)
@@ -179,7 +192,7 @@ class _PartitionLook:
                 listed = os.listdir(path)
             except (FileNotFoundError, NotADirectoryError, PermissionError):
                 continue
-            names = self.catalog.names(self.key, self.partition) if names is None else names
+            names = self._known_names()
             here = names  # those right in it, relative to it
             if rel_dir or known.folders.keys() - {""}:
                 here = [n[len(rel_dir) :] for n in names if _folder_of(n) == rel_dir]
@@ -209,8 +222,7 @@ class _PartitionLook:
                     look.added[rel] = (fst.st_size, fst.st_mtime_ns, *offsets)
             look.folders[rel_dir] = (st.st_ino, st.st_mtime_ns, listed_at)
         for gone_dir in known.folders.keys() - look.folders.keys():  # folders gone: their files
-            names = self.catalog.names(self.key, self.partition) if names is None else names
-            look.dropped |= {n for n in names if n.startswith(gone_dir)}
+            look.dropped |= {n for n in self._known_names() if n.startswith(gone_dir)}
         look.dropped -= look.added.keys()
         return look
 
@@ -229,9 +241,17 @@ def discover(
     known = catalog.partitions(key)
     found: dict[str, Partition] = {}
     looks: dict[str, Look] = {}
-    for p, root in partitions.items():
-        part = known.get(p, Partition())
-        seen = _PartitionLook(catalog, key, source.offset_column, template, p, str(root), part)
+    shared = (catalog, key, source.offset_column, template)
+    looking = {
+        p: _PartitionLook(*shared, p, str(r), known.get(p, Partition()), _stat(str(r)))
+        for p, r in partitions.items()
+    }
+    listed = [p for p, seen in looking.items() if p in known and seen.lists()]
+    if template is None and listed:  # their known names in one query
+        for p, names in catalog.names(key, listed).items():
+            looking[p].names = names
+    for p, seen in looking.items():
+        part = seen.known
         look = seen.look()
         if look.added or look.dropped or look.folders != part.folders:
             looks[p] = look

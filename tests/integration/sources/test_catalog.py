@@ -165,13 +165,18 @@ def test_postgres_and_memory_catalogs_answer_alike_over_random_histories(txlog, 
             for cat in catalogs:
                 got_parts = cat.partitions(other)
                 assert got_parts == expected_parts, f"{where}: {type(cat).__name__} {other}"
+            asked = rng.sample([*PARTITIONS, "never"], rng.randrange(1, 4))  # names, at once
+            expected_names = {p: truth.names(other, p) for p in asked}
+            for cat in catalogs:
+                got_names = {p: set(names) for p, names in cat.names(other, asked).items()}
+                assert got_names == expected_names, f"{where}: {type(cat).__name__} {other}"
         for p in PARTITIONS:  # of the source looked at
             if rng.random() < 0.5:
                 start = rng.randrange(40)
                 end = start + rng.randrange(1, 12)
                 want = (truth.names(s, p), truth.meeting(s, p, start, end))
                 for cat in catalogs:
-                    got = (set(cat.names(s, p)), cat.meeting(s, p, start, end))
+                    got = (set(cat.names(s, [p])[p]), cat.meeting(s, p, start, end))
                     assert got == want, f"{where}: {type(cat).__name__} {s} {p} [{start}, {end})"
                 kept = names_kept(txlog.engine, s, p)  # each name once, as the files' rows
                 assert kept == sorted(truth.names(s, p)), f"{where}: names kept"
@@ -192,7 +197,7 @@ def test_record_keeps_ends_newest_and_folders(catalog):
     assert part == expected
     assert catalog.partitions(s) == {p: expected}
     assert catalog.partitions(SOURCES[1]) == {}
-    assert set(catalog.names(s, p)) == set(added)
+    assert set(catalog.names(s, [p])[p]) == set(added)
     assert catalog.meeting(s, p, 10, 12) == {"sub/b.parquet": (10, 19)}
     assert catalog.meeting(s, p, 9, 13) == {
         "a.parquet": (0, 9),
@@ -204,9 +209,9 @@ def test_record_keeps_ends_newest_and_folders(catalog):
     assert catalog.partitions(s)[p] == part
     part = record(catalog, s, p, folders, {"e.parquet": (1, 1, -1, -1)}, ["a.parquet"])
     assert part == Partition(folders, 0, {})
-    assert set(catalog.names(s, p)) == {"e.parquet"}
+    assert set(catalog.names(s, [p])[p]) == {"e.parquet"}
     catalog.forget(s, [p, "never"])
-    assert catalog.partitions(s) == {} and set(catalog.names(s, p)) == set()
+    assert catalog.partitions(s) == {} and set(catalog.names(s, [p])[p]) == set()
 
 
 def test_a_partitions_names_stay_in_a_few_values_each_name_once(txlog):
@@ -226,7 +231,7 @@ def test_a_partitions_names_stay_in_a_few_values_each_name_once(txlog):
             values = conn.execute(text(sql), {"s": s, "p": p}).scalar()
         assert values <= NAME_SEGMENTS, f"look {i}: {values} values"
         assert names_kept(txlog.engine, s, p) == sorted(known), f"look {i}"
-        assert set(cat.names(s, p)) == known, f"look {i}"
+        assert set(cat.names(s, [p])[p]) == known, f"look {i}"
 
 
 def test_a_large_look_has_the_catalogs_tables_analysed_at_once(txlog):
@@ -265,11 +270,11 @@ def test_two_hosts_see_each_others_records(txlog, other_host):
         "0": Partition(folders, 15, {"y.parquet": (2, NS + 1)}),
         "1": Partition({}, 1, {"z.parquet": (3, NS + 2)}),
     }
-    assert set(a.names(s, "0")) == {"x.parquet", "y.parquet"}
+    assert set(a.names(s, ["0"])["0"]) == {"x.parquet", "y.parquet"}
     record(a, s, "0", folders, {}, ["y.parquet"])
-    assert b.partitions(s)["0"].end == 10 and set(b.names(s, "0")) == {"x.parquet"}
+    assert b.partitions(s)["0"].end == 10 and set(b.names(s, ["0"])["0"]) == {"x.parquet"}
     b.forget(s, ["0"])
-    assert set(a.partitions(s)) == {"1"} and set(a.names(s, "0")) == set()
+    assert set(a.partitions(s)) == {"1"} and set(a.names(s, ["0"])["0"]) == set()
 
 
 def record_at_once(
@@ -321,7 +326,7 @@ def test_concurrent_looks_at_one_partition_neither_fail_nor_disagree(txlog, othe
         known = (known - set(gone)) | set(looks[0]) | set(looks[1])
         assert names_kept(txlog.engine, s, p) == sorted(known), f"round {round_}: no name twice"
         for cat in hosts:
-            assert set(cat.names(s, p)) == known, f"round {round_}"
+            assert set(cat.names(s, [p])[p]) == known, f"round {round_}"
             files = cat.meeting(s, p, 0, 10**6)
             top = max(last for _, last in files.values())
             part = cat.partitions(s)[p]
@@ -366,7 +371,7 @@ def test_concurrent_looks_with_disjoint_or_crossing_files_are_exact(txlog, other
         for t in threads:
             t.join()
         assert errors == [], f"round {round_}: {errors!r}"
-        names = set(hosts[0].names(s, "1"))
+        names = set(hosts[0].names(s, ["1"])["1"])
         assert len(names) == 1 and names <= {"x.parquet", "y.parquet"}, f"round {round_}"
         assert names_kept(txlog.engine, s, "1") == sorted(names), f"round {round_}"
 

@@ -39,9 +39,9 @@ def test_record_gives_the_end_and_the_files_holding_it():
     expected = Partition(dict(FOLDERS), 20, {"sub/b.parquet": (200, 2), "sub/c.parquet": (300, 3)})
     assert part == expected
     assert cat.partitions(S) == {"0": expected}
-    assert set(cat.names(S, "0")) == set(added)
-    assert cat.partitions("another") == {} and set(cat.names("another", "0")) == set()
-    assert set(cat.names(S, "1")) == set()
+    assert set(cat.names(S, ["0"])["0"]) == set(added)
+    assert cat.partitions("another") == {} and set(cat.names("another", ["0"])["0"]) == set()
+    assert set(cat.names(S, ["1"])["1"]) == set()
 
 
 def test_end_is_one_past_the_highest_last_offset_not_the_last_file_added():
@@ -55,7 +55,7 @@ def test_a_partition_of_empty_files_or_none_ends_at_0():
     cat = MemoryCatalog()
     part = record(cat, S, "0", FOLDERS, {"empty.parquet": (10, 1, -1, -1)}, ())
     assert part == Partition(dict(FOLDERS), 0, {})
-    assert set(cat.names(S, "0")) == {"empty.parquet"}
+    assert set(cat.names(S, ["0"])["0"]) == {"empty.parquet"}
     assert record(cat, S, "1", FOLDERS, {}, ()) == Partition(dict(FOLDERS), 0, {})
     assert set(cat.partitions(S)) == {"0", "1"}
 
@@ -80,11 +80,11 @@ def test_dropped_files_change_the_end_and_newest():
     assert (part.end, part.newest) == (20, {"c": (3, 3)})
     part = record(cat, S, "0", {}, {}, ["c", "not-known"])
     assert (part.end, part.newest) == (10, {"a": (1, 1)})
-    assert set(cat.names(S, "0")) == {"a"}
+    assert set(cat.names(S, ["0"])["0"]) == {"a"}
     assert cat.meeting(S, "0", 0, 100) == {"a": (0, 9)}
     part = record(cat, S, "0", {}, {}, ["a"])
     assert (part.end, part.newest) == (0, {})
-    assert set(cat.names(S, "0")) == set()
+    assert set(cat.names(S, ["0"])["0"]) == set()
 
 
 def test_a_file_both_dropped_and_added_is_read_again():
@@ -92,7 +92,7 @@ def test_a_file_both_dropped_and_added_is_read_again():
     record(cat, S, "0", {}, {"a": (1, 1, 0, 9)}, ())
     part = record(cat, S, "0", {}, {"a": (5, 7, 0, 14)}, ["a"])
     assert (part.end, part.newest) == (15, {"a": (5, 7)})
-    assert set(cat.names(S, "0")) == {"a"}
+    assert set(cat.names(S, ["0"])["0"]) == {"a"}
 
 
 def test_folders_are_replaced_by_each_look():
@@ -111,8 +111,8 @@ def test_forget_drops_partitions_and_their_files_only():
     record(cat, "other", "0", FOLDERS, {"x": (1, 1, 0, 3)}, ())
     cat.forget(S, ["0", "2", "never-known"])
     assert set(cat.partitions(S)) == {"1"}
-    assert set(cat.names(S, "0")) == set() and cat.meeting(S, "0", 0, 100) == {}
-    assert set(cat.names(S, "1")) == {"1.parquet"}
+    assert set(cat.names(S, ["0"])["0"]) == set() and cat.meeting(S, "0", 0, 100) == {}
+    assert set(cat.names(S, ["1"])["1"]) == {"1.parquet"}
     assert cat.partitions("other")["0"].end == 4  # another source's partition "0" is kept
     cat.forget(S, [])
     assert set(cat.partitions(S)) == {"1"}
@@ -124,9 +124,9 @@ def test_what_the_catalog_returns_is_a_copy():
     part.folders.clear()
     part.newest.clear()
     cat.partitions(S)["0"].folders["x/"] = (1, 2, 3)
-    cat.names(S, "0").append("b")
+    cat.names(S, ["0"])["0"].append("b")
     assert cat.partitions(S)["0"] == Partition(dict(FOLDERS), 10, {"a": (1, 1)})
-    assert set(cat.names(S, "0")) == {"a"}
+    assert set(cat.names(S, ["0"])["0"]) == {"a"}
 
 
 def test_trusted_needs_the_same_stamp_listed_well_after_the_change():

@@ -143,7 +143,7 @@ def test_a_stale_catalog_entry_is_not_believed(tmp_path, monkeypatch):
     wrong = {"7.jsonl": (1, 1, 7, 7)}  # believed, the batch would be [3, 8)
 
     def answer_after(folder: tuple[int, int, int]) -> dict | None:
-        record(catalog, key, "p0", {"": folder}, wrong, set(catalog.names(key, "p0")))
+        record(catalog, key, "p0", {"": folder}, wrong, set(catalog.names(key, ["p0"])["p0"]))
         listed.clear()
         return fresh(source).initialize_transaction(2, {"p0": [0, 3]})
 
@@ -159,7 +159,7 @@ def test_a_stale_catalog_entry_is_not_believed(tmp_path, monkeypatch):
         assert listed == ["p0"], stale
         part = catalog.partitions(key)["p0"]
         assert part.end == 3 and set(part.newest) == {"2.jsonl"}, stale  # the entry rewritten
-        assert set(catalog.names(key, "p0")) == {"2.jsonl"}, stale
+        assert set(catalog.names(key, ["p0"])["p0"]) == {"2.jsonl"}, stale
         assert part.folders[""][:2] == (st.st_ino, st.st_mtime_ns), stale
         listed.clear()
         assert fresh(source).initialize_transaction(2, {"p0": [0, 3]}) is None

@@ -253,6 +253,32 @@ def test_unchanged_partition_folders_are_not_listed(tmp_path, footers_read, fs_c
     assert len(footers_read) == 62
 
 
+def test_a_begin_reads_the_known_names_of_the_folders_it_lists_in_one_query(tmp_path):
+    """Only the partitions whose folder changed since a trusted listing have their known names
+    read (they are compared with the listing), all of them in one query."""
+    root = tmp_path / "ds"
+
+    class Counting(MemoryCatalog):
+        asked: list[list[str]] = []
+
+        def names(self, source: str, partitions):
+            self.asked.append(sorted(partitions))
+            return super().names(source, partitions)
+
+    catalog = Counting()
+    source = PartitionedParquetSource(str(root), 100).with_catalog(catalog)
+    for p in ("0", "1", "2"):
+        write_parquet(root / f"p={p}" / "a.parquet", range(0, 10))
+        age(root / f"p={p}" / "a.parquet", 1)
+        age(root / f"p={p}", 2)
+    assert source.latest_offsets() == {"0": 10, "1": 10, "2": 10}
+    assert catalog.asked == []  # nothing known yet: nothing to compare with
+    for p in ("0", "2"):
+        write_parquet(root / f"p={p}" / "b.parquet", range(10, 15))
+    assert in_new_process(source, catalog).latest_offsets() == {"0": 15, "1": 10, "2": 15}
+    assert catalog.asked == [["0", "2"]]
+
+
 def test_a_source_without_a_log_keeps_what_it_found_in_its_own_memory(tmp_path, footers_read):
     root = tmp_path / "ds"
     write_parquet(root / "p=0" / "a.parquet", range(0, 10))
@@ -301,7 +327,7 @@ def test_a_changed_folder_is_listed_by_name_and_only_new_files_are_read(
     assert sorted(file_stats) == [str(root / "p=0" / f"{n}.parquet") for n in ("019", "020", "021")]
     # deleted files are dropped: the Spark side (a job, in a process of its own) does not
     # select them
-    assert set(catalog.names(source.catalog_key(), "0")) == {
+    assert set(catalog.names(source.catalog_key(), ["0"])["0"]) == {
         f"{i:03d}.parquet" for i in range(2, 22)
     }
     job = in_new_process(source, catalog)
@@ -554,11 +580,11 @@ def test_a_gone_partition_leaves_the_catalog(tmp_path, catalog):
         write_parquet(root / f"p={p}" / "f.parquet", range(0, 4))
     assert source.latest_offsets() == {"0": 4, "1": 4}
     assert set(catalog.partitions(key)) == {"0", "1"}
-    assert set(catalog.names(key, "1")) == {"f.parquet"}
+    assert set(catalog.names(key, ["1"])["1"]) == {"f.parquet"}
     shutil.rmtree(root / "p=1")
     assert in_new_process(source, catalog).latest_offsets() == {"0": 4}
     assert set(catalog.partitions(key)) == {"0"}
-    assert set(catalog.names(key, "1")) == set()
+    assert set(catalog.names(key, ["1"])["1"]) == set()
     assert catalog.meeting(key, "1", *EVERY_OFFSET) == {}
     # one reappearing starts afresh
     write_parquet(root / "p=1" / "g.parquet", range(0, 2))

@@ -128,7 +128,7 @@ def test_a_source_without_a_catalog_keeps_its_own(root):
     source = PartitionedParquetSource(str(root), 1000, file_name_template=TEMPLATE)
     assert isinstance(source.catalog, MemoryCatalog) and source.catalog is source.catalog
     assert source.latest_offsets() == {"0": 5}
-    assert set(source.catalog.names(source.catalog_key(), "0")) == names(0)
+    assert set(source.catalog.names(source.catalog_key(), ["0"])["0"]) == names(0)
     other = PartitionedParquetSource(str(root), 1000, file_name_template=TEMPLATE)
     assert other.catalog is not source.catalog
     assert other.catalog.partitions(other.catalog_key()) == {}
@@ -144,12 +144,12 @@ def test_a_gap_in_the_names_is_an_error_naming_the_partition_and_file(
     assert (err.value.partition, err.value.file) == ("0", str(after))
     key = fresh().catalog_key()
     assert catalog.partitions(key)["0"].end == 100  # not recorded past the gap
-    assert set(catalog.names(key, "0")) == names(*range(0, 100, 5))
+    assert set(catalog.names(key, ["0"])["0"]) == names(*range(0, 100, 5))
     with pytest.raises(OffsetGapError):  # the next begin says it again
         fresh().initialize_transaction(5, {"0": [95, 100]})
     land(root, "0", 100, 3, 31)  # the missing file lands
     assert fresh().latest_offsets() == {"0": 105}
-    assert set(catalog.names(key, "0")) == names(*range(0, 100, 5), 100, 103)
+    assert set(catalog.names(key, ["0"])["0"]) == names(*range(0, 100, 5), 100, 103)
 
 
 def test_a_gap_younger_than_the_margin_waits(history, fresh):
@@ -176,7 +176,7 @@ def test_a_file_still_being_written_is_not_trusted(history, fresh, catalog):
     writing = root / "p=0" / TEMPLATE.format(offset=100)
     writing.write_bytes(complete[: len(complete) // 2])  # no footer yet, just modified
     assert fresh().latest_offsets() == {"0": 100}  # not there yet: no error, looked at again
-    assert TEMPLATE.format(offset=100) not in set(catalog.names(fresh().catalog_key(), "0"))
+    assert TEMPLATE.format(offset=100) not in set(catalog.names(fresh().catalog_key(), ["0"])["0"])
     writing.write_bytes(complete)
     assert fresh().latest_offsets() == {"0": 104}
     # unreadable past the margin: not a file being written, an error
@@ -197,7 +197,7 @@ def test_deleted_files_leave_the_catalog(history, fresh, catalog, watched):
     assert fresh().latest_offsets() == {"0": 100}
     assert watched["listed"].count("p=0") == 1
     assert watched["footers"] == []  # the files known already are not read again
-    assert set(catalog.names(fresh().catalog_key(), "0")) == names(*range(25, 100, 5))
+    assert set(catalog.names(fresh().catalog_key(), ["0"])["0"]) == names(*range(25, 100, 5))
     assert fresh()._files_holding(str(root), "0", 0, 30) == [
         f"{root}/p=0/{TEMPLATE.format(offset=o)}" for o in (25,)
     ]
@@ -224,7 +224,7 @@ def test_files_deleted_while_new_ones_kept_landing_leave_at_the_hourly_listing(
     assert present == names(*range(100, 200, 5))
     watched["listed"].clear()
     deleted = names(*range(0, 100, 5))
-    assert set(catalog.names(key, "0")) == present | deleted  # not listed: still known
+    assert set(catalog.names(key, ["0"])["0"]) == present | deleted  # not listed: still known
     # the folder's last listing is now more than RELIST_NAMED_NS ago
     ino, mtime_ns, listed_at = catalog.partitions(key)["0"].folders[""]
     long_ago = listed_at - parquet_discovery.RELIST_NAMED_NS - 1
@@ -233,7 +233,7 @@ def test_files_deleted_while_new_ones_kept_landing_leave_at_the_hourly_listing(
     assert fresh().latest_offsets() == {"0": 200}
     assert watched["listed"].count("p=0") == 1
     assert watched["footers"] == []  # present files known already: no footer read again
-    assert set(catalog.names(key, "0")) == present
+    assert set(catalog.names(key, ["0"])["0"]) == present
     assert catalog.meeting(key, "0", 0, 100) == {}
     assert fresh()._files_holding(str(root), "0", 90, 110) == [
         f"{root}/p=0/{TEMPLATE.format(offset=o)}" for o in (100, 105)
@@ -243,7 +243,7 @@ def test_files_deleted_while_new_ones_kept_landing_leave_at_the_hourly_listing(
     (root / "p=0" / TEMPLATE.format(offset=100)).unlink()
     assert fresh().latest_offsets() == {"0": 205}
     assert watched["listed"].count("p=0") == 1
-    assert set(catalog.names(key, "0")) == present | names(200)
+    assert set(catalog.names(key, ["0"])["0"]) == present | names(200)
 
 
 def test_a_named_folder_is_relisted_when_due(history, fresh, catalog, watched, monkeypatch):
@@ -255,7 +255,7 @@ def test_a_named_folder_is_relisted_when_due(history, fresh, catalog, watched, m
     (root / "p=0" / TEMPLATE.format(offset=0)).unlink()
     assert fresh().latest_offsets() == {"0": 105}
     assert watched["listed"].count("p=0") == 1
-    assert set(catalog.names(fresh().catalog_key(), "0")) == names(*range(5, 105, 5))
+    assert set(catalog.names(fresh().catalog_key(), ["0"])["0"]) == names(*range(5, 105, 5))
 
 
 def test_a_file_landing_between_the_prefetch_and_the_lock_is_seen(history, fresh):
@@ -367,4 +367,4 @@ def test_a_name_the_catalog_cannot_keep_is_left_out_with_a_warning(tmp_path, cap
     with caplog.at_level("WARNING"):
         assert source.latest_offsets() == {"0": 2}
     assert says in caplog.text
-    assert set(source.catalog.names(source.catalog_key(), "0")) == {"a.parquet"}
+    assert set(source.catalog.names(source.catalog_key(), ["0"])["0"]) == {"a.parquet"}
