@@ -252,7 +252,8 @@ class UsesCatalog:
 
     def with_catalog(self: S, catalog: FileCatalog) -> S:
         bound = copy.copy(self)
-        bound.__dict__.pop("_prefetched", None)  # another catalog's answer: not reused
+        for answer in ("_prefetched", "_last_look"):  # another catalog's: not reused
+            bound.__dict__.pop(answer, None)
         object.__setattr__(bound, "_catalog", catalog)
         return bound
 

@@ -16,7 +16,7 @@ from urllib.parse import unquote
 
 from airflow_txn_provider.rules.sources import Metadata, TransactionalSource, next_offset_ranges
 from airflow_txn_provider.sources.base import LOCATION, RECORD, SparkSource, local_path
-from airflow_txn_provider.sources.catalog import UsesCatalog
+from airflow_txn_provider.sources.catalog import MARGIN_NS, UsesCatalog
 from airflow_txn_provider.sources.parquet_discovery import check_template, discover
 from airflow_txn_provider.sources.parquet_read import Files, read_with_partition_column
 from airflow_txn_provider.utils.lineage import path_dataset
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from pyspark.sql import Column, DataFrame, SparkSession
 
 
-PREFETCH_REUSE_S = 60.0  # the step under the lock reuses the begin's prefetch at most this old
+PREFETCH_REUSE_S = 60.0  # a look is reused (under the lock, by the next prefetch) at most this old
 FOOTER_PROOF_FILES = 64  # a batch of at most this many files may be proven whole by its footers
 Ranges = Mapping[str, tuple[int, int]]  # partition value -> a batch's [start, end)
 
@@ -96,20 +96,24 @@ class PartitionedParquetSource(UsesCatalog, TransactionalSource, SparkSource):
 
     def prefetch(self) -> None:
         """The begin's look outside the lock, reused by :meth:`initialize_transaction` (same
-        object) while no folder it looked at has changed."""
-        self.__dict__.pop("_prefetched", None)
-        stamps = {self.path: _stamp(self.path)}
-        roots = self.partitions()
-        found = discover(self, roots, complete=True)
-        for p, part in found.items():
-            stamps |= {os.path.join(roots[p], rel): f[:2] for rel, f in part.folders.items()}
-        latest = {p: part.end for p, part in found.items()}
-        object.__setattr__(self, "_prefetched", (time.monotonic(), stamps, latest))
+        object) while no folder it looked at has changed. The next prefetch reuses it too while
+        its folders had settled before it (a waker's idle polls ask nothing of the catalog)."""
+        last = self.__dict__.get("_last_look")
+        if last is None or not _unchanged(*last[:3], settled=True):
+            looked_at, stamps = time.time_ns(), {self.path: _stamp(self.path)}
+            roots = self.partitions()
+            found = discover(self, roots, complete=True)
+            for p, part in found.items():
+                stamps |= {os.path.join(roots[p], rel): f[:2] for rel, f in part.folders.items()}
+            latest = {p: part.end for p, part in found.items()}
+            last = (time.monotonic(), looked_at, stamps, latest)
+            object.__setattr__(self, "_last_look", last)
+        object.__setattr__(self, "_prefetched", last)
 
     def initialize_transaction(self, txid: int, prev_metadata: Metadata | None) -> Metadata | None:
         prefetched = self.__dict__.pop("_prefetched", None)  # used once
-        reused = prefetched is not None and _unchanged(*prefetched[:2])
-        latest = prefetched[2] if reused else self.latest_offsets()
+        reused = prefetched is not None and _unchanged(*prefetched[:3])
+        latest = prefetched[3] if reused else self.latest_offsets()
         return next_offset_ranges(
             prev_metadata, latest, max_per_partition=self.max_per_partition, txid=txid
         )
@@ -236,8 +240,14 @@ def _stamp(path: str) -> tuple[int, int]:
     return st.st_ino, st.st_mtime_ns
 
 
-def _unchanged(at: float, stamps: Mapping[str, tuple[int, int]]) -> bool:
-    """Whether a look made at ``at`` (monotonic) is recent and no folder it saw changed since."""
+def _unchanged(
+    at: float, looked_at: int, stamps: Mapping[str, tuple[int, int]], *, settled: bool = False
+) -> bool:
+    """Whether a look made at ``at`` (monotonic; ``looked_at`` ns of the clock) is recent and no
+    folder it saw changed since; ``settled``: nor in the ``MARGIN_NS`` before it, so that no
+    change can hide in the same timestamp tick as the one it saw."""
+    if settled and any(mtime_ns >= looked_at - MARGIN_NS for _, mtime_ns in stamps.values()):
+        return False
     try:
         recent = time.monotonic() - at <= PREFETCH_REUSE_S
         return recent and all(_stamp(path) == stamp for path, stamp in stamps.items())

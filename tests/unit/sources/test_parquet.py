@@ -25,7 +25,7 @@ import pytest
 
 from airflow_txn_provider.rules.exceptions import OffsetsWentBackError
 from airflow_txn_provider.rules.sources import next_offset_ranges
-from airflow_txn_provider.sources import parquet_discovery
+from airflow_txn_provider.sources import parquet, parquet_discovery
 from airflow_txn_provider.sources.catalog import MARGIN_NS, MemoryCatalog
 from airflow_txn_provider.sources.parquet import PartitionedParquetSource
 from tests.unit.sources.files_given import SEEDS, age, record
@@ -343,6 +343,50 @@ def test_a_changed_folder_is_listed_by_name_and_only_new_files_are_read(
     assert in_new_process(source, catalog).latest_offsets() == {"0": 207}
     assert footers_read == []
     assert fs_calls["list"] == [str(root), f"{root}/p=0"]
+
+
+def test_a_wakers_polls_reuse_a_settled_look_until_a_folder_changes(tmp_path, monkeypatch):
+    """A waker polls with one source object: a look whose folders had not changed for
+    ``MARGIN_NS`` before it stands for the next polls (no catalog read) while they stay so, for
+    at most ``PREFETCH_REUSE_S``; a changed folder, or one changed just before the look (a
+    change may hide in its timestamp tick), is looked at again."""
+    root = tmp_path / "ds"
+
+    class Counting(MemoryCatalog):
+        looks = 0
+
+        def partitions(self, source: str):
+            self.looks += 1
+            return super().partitions(source)
+
+    catalog = Counting()
+    waker = PartitionedParquetSource(str(root), 100).with_catalog(catalog)
+
+    def poll(txid: int, prev: dict) -> dict | None:
+        waker.prefetch()
+        return waker.initialize_transaction(txid, prev)
+
+    write_parquet(root / "p=0" / "a.parquet", range(0, 10))
+    age(root / "p=0" / "a.parquet", 1)
+    age(root / "p=0", 2)
+    age(root, 3)
+    assert poll(1, {"0": [0, 10]}) is None and catalog.looks == 1
+    for txid in range(2, 5):  # idle: the settled look stands
+        assert poll(txid, {"0": [0, 10]}) is None
+    assert catalog.looks == 1
+    write_parquet(root / "p=0" / "b.parquet", range(10, 15))  # the folder changed: looked at
+    assert poll(5, {"0": [0, 10]}) == {"0": [10, 15]} and catalog.looks == 2
+    assert poll(6, {"0": [10, 15]}) is None  # just changed: not settled, looked at again
+    assert catalog.looks == 3
+    age(root / "p=0", 4)  # settled (as 2 s later): one look more, then it stands
+    assert [poll(7, {"0": [10, 15]}), poll(8, {"0": [10, 15]})] == [None, None]
+    assert catalog.looks == 4
+    monkeypatch.setattr(parquet, "PREFETCH_REUSE_S", 0.0)  # older than it may be: looked at
+    waker.prefetch()
+    assert catalog.looks == 5
+    copy = waker.with_catalog(catalog)  # another object: its own look
+    copy.prefetch()
+    assert catalog.looks == 6
 
 
 def test_the_step_under_the_lock_reuses_the_prefetch(tmp_path, footers_read, fs_calls, catalog):
