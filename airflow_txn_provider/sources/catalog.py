@@ -252,7 +252,7 @@ class UsesCatalog:
 
     def with_catalog(self: S, catalog: FileCatalog) -> S:
         bound = copy.copy(self)
-        for answer in ("_prefetched", "_last_look"):  # another catalog's: not reused
+        for answer in ("_prefetched", "_last_look", "_catalog_answer"):  # another catalog's
             bound.__dict__.pop(answer, None)
         object.__setattr__(bound, "_catalog", catalog)
         return bound

@@ -14,7 +14,7 @@ import stat
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeGuard
 
 from airflow_txn_provider.rules.sources import Metadata, OpaqueSource, next_offset_ranges
 from airflow_txn_provider.sources.base import LOCATION, RECORD, SparkSource, local_path
@@ -116,9 +116,11 @@ class LandingDirectorySource(UsesCatalog, OpaqueSource, SparkSource):
         a gap in the numbering, a renumbered producer, an empty folder) is listed, as
         :meth:`latest_offsets` does, unless its folder is unchanged since an earlier listing
         (the index says what that listing found). Missing or unreadable folders are skipped."""
-        known: dict[str, Partition] | None = None  # asked only when a partition is listed
+        # The catalog's answer at the last call (a waker polls with one object): a folder still
+        # as a trusted listing in it found it is unchanged since, however old the answer.
+        known: dict[str, Partition] = self.__dict__.get("_catalog_answer", {})
         looks: dict[str, Look] = {}
-        latest = {}
+        asked, latest = False, {}
         for entry in sorted(os.scandir(self.path), key=lambda e: e.name):
             if entry.name.startswith((".", "_")) or not entry.is_dir():
                 continue
@@ -128,9 +130,11 @@ class LandingDirectorySource(UsesCatalog, OpaqueSource, SparkSource):
                 if found:
                     latest[entry.name] = start + found
                     continue
-                if known is None:
-                    known = self.catalog.partitions(self.catalog_key())
-                newest = self._newest(entry.name, known.get(entry.name), looks)
+                st = os.stat(entry.path)
+                if not asked and not _trusted(known.get(entry.name), st):
+                    known, asked = self.catalog.partitions(self.catalog_key()), True
+                    object.__setattr__(self, "_catalog_answer", known)
+                newest = self._newest(entry.name, st, known.get(entry.name), looks)
             except OSError as err:
                 log.warning("landing partition %s unavailable, skipped: %s", entry.path, err)
                 continue
@@ -158,12 +162,13 @@ class LandingDirectorySource(UsesCatalog, OpaqueSource, SparkSource):
             count += 1
         return count
 
-    def _newest(self, partition: str, known: Partition | None, looks: dict[str, Look]) -> int:
-        """The partition's highest file number (-1: none), from the catalog while its folder is
-        unchanged since a listing that began well after the folder's last change, else listed
-        (the listing added to ``looks``: its folder's stamps and newest file)."""
-        st = os.stat(os.path.join(self.path, partition))
-        if known is not None and trusted(known.folders.get(""), st.st_ino, st.st_mtime_ns):
+    def _newest(
+        self, partition: str, st: os.stat_result, known: Partition | None, looks: dict[str, Look]
+    ) -> int:
+        """The partition's highest file number (-1: none), from the catalog while its folder
+        (``st``) is unchanged since a listing that began well after the folder's last change,
+        else listed (the listing added to ``looks``: its folder's stamps and newest file)."""
+        if _trusted(known, st):
             return known.end - 1
         listed_at = time.time_ns()
         numbers = self.files(partition)
@@ -228,3 +233,8 @@ class LandingDirectorySource(UsesCatalog, OpaqueSource, SparkSource):
         except OSError:
             pass
         return path
+
+
+def _trusted(known: Partition | None, st: os.stat_result) -> TypeGuard[Partition]:
+    """Whether the folder now at ``st`` holds what ``known``'s listing of it found."""
+    return known is not None and trusted(known.folders.get(""), st.st_ino, st.st_mtime_ns)
