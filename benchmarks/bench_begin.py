@@ -23,8 +23,11 @@ each dataset:
 With ``--floor`` (and ``parquet`` among the kinds), after the largest ``parquet`` dataset: what
 the listing of its changed folders cannot do without, each part timed alone in this process
 (p50 of ``--repeat``): listing every partition's folder, reading every partition's known names
-from the catalog in the log's Postgres (what a host compares the listing against), and a stat of
-every file (what telling new files by their ctime, without the known names, would cost).
+from the catalog in the log's Postgres (what a host compares the listing against), a stat of
+every file (what telling new files by their ctime, without the known names, would cost), and the
+two round trips to the catalog any begin makes whatever its source's history: reading the
+dataset's partitions, and recording a look that found new files (here one per partition, under
+another dataset's key), both on this process's warm connection.
 
 Printed: p50 and p95 (nearest rank) begin seconds per history size, side by side, and the ratio
 of the largest history's p50 to the smallest's (the goal is flat: 1x), for begins that find new
@@ -257,7 +260,7 @@ def floor(cache: Path, files: int, args: argparse.Namespace, url: str) -> dict[s
     of ``files`` files whose catalog :func:`measure` filled."""
     from sqlalchemy import create_engine
 
-    from airflow_txn_provider.sources.catalog import PostgresCatalog
+    from airflow_txn_provider.sources.catalog import Look, PostgresCatalog
     from airflow_txn_provider.sources.parquet import PartitionedParquetSource
 
     root = dataset(cache, "parquet", files, args.partitions, args.seed)
@@ -280,11 +283,23 @@ def floor(cache: Path, files: int, args: argparse.Namespace, url: str) -> dict[s
             entry.stat().st_ctime_ns > 0 for folder in folders for entry in os.scandir(folder)
         )
 
+    def partitions() -> int:  # what every begin reads first, an idle poll's one query
+        return len(catalog.partitions(key))
+
+    recorded = iter(range(10**9))
+
+    def record() -> int:  # a look that found a file in every partition (another dataset's key)
+        n = next(recorded)
+        looks = {p: Look({"": (1, n, 0)}, {f"{n}.parquet": (1, n, n, n)}) for p in known}
+        return len(catalog.record(f"{key}:floor", looks))
+
     parts: dict[str, list[float]] = {}
-    for label, part in (
-        ("list every folder", listing),
-        ("read the known names from the catalog", names),
-        ("stat every file", stats),
+    for label, part, least in (
+        ("list every folder", listing, files),
+        ("read the known names from the catalog", names, files),
+        ("stat every file", stats, files),
+        ("read the dataset's partitions from the catalog", partitions, len(known)),
+        ("record a look that found a file in each partition", record, len(known)),
     ):
         counted, parts[label] = part(), []  # once untimed: the page cache and the pool warm
         for _ in range(args.repeat):
@@ -292,8 +307,8 @@ def floor(cache: Path, files: int, args: argparse.Namespace, url: str) -> dict[s
             if part() != counted:
                 raise AssertionError(f"{label}: the count changed")
             parts[label].append(time.perf_counter() - started)
-        if counted < files:
-            raise AssertionError(f"{label}: {counted} names, fewer than {files}")
+        if counted < least:
+            raise AssertionError(f"{label}: {counted}, fewer than {least}")
     engine.dispose()
     return parts
 
