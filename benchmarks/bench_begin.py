@@ -18,7 +18,10 @@ each dataset:
   previous txid's metadata. Its result is checked against the batch expected;
 * then the idle poll ("no new data"): once the folders are more than 2 s old (the discovery
   catalog trusts only listings made well after a folder's last change), one untimed begin, then
-  ``--repeat`` timed begins in fresh processes with nothing new (each must return ``None``).
+  ``--repeat`` timed begins in fresh processes with nothing new (each must return ``None``);
+* and the idle poll as a waker makes it: one source object in this process, bound to the log's
+  catalog, polls ``--repeat`` times (prefetch, then the begin's step) after an untimed first
+  poll that looks.
 
 With ``--floor`` (and ``parquet`` among the kinds), after the largest ``parquet`` dataset: what
 the listing of its changed folders cannot do without, each part timed alone in this process
@@ -65,6 +68,8 @@ ROWS_PER_FILE = 5
 SEED = 11
 NAMED = "part-{offset:010d}.parquet"
 """The ``parquet-named`` kind's files: named by their first offset."""
+Result = tuple[float, list[float], list[float], list[float]]
+"""A dataset's first begin, then begins, idle polls in fresh processes, a waker's idle polls."""
 KINDS = {
     "parquet": "PartitionedParquetSource",
     "parquet-named": "PartitionedParquetSource, offset-named files",
@@ -187,9 +192,7 @@ def p95(values: list[float]) -> float:
     return ordered[max(math.ceil(0.95 * len(ordered)) - 1, 0)]
 
 
-def measure(
-    cache: Path, kind: str, files: int, args: argparse.Namespace, url: str
-) -> tuple[float, list[float], list[float]]:
+def measure(cache: Path, kind: str, files: int, args: argparse.Namespace, url: str) -> Result:
     """(first begin's seconds, steady begins' seconds, idle polls' seconds) for one dataset."""
     from airflow_txn_provider.sources.landing import LandingDirectorySource
     from airflow_txn_provider.sources.parquet import PartitionedParquetSource
@@ -251,8 +254,30 @@ def measure(
                 raise AssertionError(f"{kind} {files} idle: {result['metadata']}, not None")
             if txid > args.repeat + 2:  # the first lists the folders once more, untimed
                 idle.append(result["seconds"])
+    polls = waker_polls(spec, txid + 1, prev, args.repeat, url)
     reset(root, kind, files, args.partitions)
-    return first["seconds"], seconds, idle
+    return first["seconds"], seconds, idle, polls
+
+
+def waker_polls(spec: dict[str, Any], txid: int, prev: Any, repeat: int, url: str) -> list[float]:
+    """Seconds of ``repeat`` idle polls as a waker makes them, one source object polling (the
+    first poll, which looks, untimed)."""
+    from sqlalchemy import create_engine
+
+    from airflow_txn_provider.sources.base import source_from_spec
+    from airflow_txn_provider.sources.catalog import with_log_catalog
+
+    engine = create_engine(url, pool_pre_ping=True)
+    waker = with_log_catalog(source_from_spec(spec), engine)
+    polls: list[float] = []
+    for i in range(repeat + 1):
+        started = time.perf_counter()
+        waker.prefetch()
+        if waker.initialize_transaction(txid, prev) is not None:
+            raise AssertionError(f"waker poll {i}: data where there is none")
+        polls.append(time.perf_counter() - started)
+    engine.dispose()
+    return polls[1:]
 
 
 def floor(cache: Path, files: int, args: argparse.Namespace, url: str) -> dict[str, list[float]]:
@@ -342,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     args.cache.mkdir(parents=True, exist_ok=True)
-    results: dict[tuple[str, int], tuple[float, list[float], list[float]]] = {}
+    results: dict[tuple[str, int], Result] = {}
     with EmbeddedPostgres() as pg:  # the log's Postgres, where the catalog lives
         url = pg.url
         TransactionLog.from_url(url).engine.dispose()  # its schema at head
@@ -361,8 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _progress(kind: str, files: int, result: tuple[float, list[float], list[float]]) -> None:
-    first, values, idle = result
+def _progress(kind: str, files: int, result: Result) -> None:
+    first, values, idle, _ = result
     print(
         f"  {kind} {files} files: first {first * 1000:.1f} ms, "
         f"p50 {statistics.median(values) * 1000:.1f} ms, "
@@ -374,20 +399,23 @@ def _progress(kind: str, files: int, result: tuple[float, list[float], list[floa
 def _table(
     kinds: list[str],
     sizes: list[int],
-    results: dict[tuple[str, int], tuple[float, list[float], list[float]]],
+    results: dict[tuple[str, int], Result],
 ) -> None:
     header = " | ".join(f"{n} files p50 / p95" for n in sizes)
     print(
-        f"\n| begin, ms (fresh process) | {header} | first begin at {sizes[-1]} | "
+        f"\n| begin, ms (fresh process; a waker's polls in one) | {header} | "
+        f"first begin at {sizes[-1]} | "
         f"p50 {sizes[-1]}/{sizes[0]} |"
     )
     print("|---|" + "---|" * (len(sizes) + 2))
-    for column, suffix in ((1, ""), (2, " (no new data)")):
+    for column, suffix in ((1, ""), (2, " (no new data)"), (3, " (no new data, a waker's polls)")):
         for kind in kinds:
             cells = []
             for files in sizes:
                 values = results[kind, files][column]
-                cells.append(f"{statistics.median(values) * 1000:.1f} / {p95(values) * 1000:.1f}")
+                digits = 2 if column == 3 else 1  # a waker's poll: a few stat calls
+                p50, high = statistics.median(values) * 1000, p95(values) * 1000
+                cells.append(f"{p50:.{digits}f} / {high:.{digits}f}")
             small = statistics.median(results[kind, sizes[0]][column])
             large = statistics.median(results[kind, sizes[-1]][column])
             first = f"{results[kind, sizes[-1]][0] * 1000:.1f}" if column == 1 else "-"
