@@ -1,5 +1,5 @@
 """What the file sources' tests share: seeds, files aged into the past, a random landing
-history, and one look at a partition stored in a catalog."""
+history, one look at a partition stored in a catalog, and a catalog counting what it is asked."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import json
 import os
 import random
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from airflow_txn_provider.sources.catalog import FileCatalog, Look, Partition
+from airflow_txn_provider.sources.catalog import FileCatalog, Look, MemoryCatalog, Partition
 
 SEEDS = [1, 2, 3, 4, 5, 6, 7, 8]
 OLD = time.time_ns() - 3600 * 10**9  # an hour ago: old enough for a listing to be trusted
@@ -74,3 +75,21 @@ class LandingHistory:
                 for _ in range(rng.randrange(1, self.most + 1)):
                     land(root, p, self.next.get(p, 0), self.tick)
                     self.next[p] = self.next.get(p, 0) + 1
+
+
+class CountingCatalog(MemoryCatalog):
+    """A catalog in memory that counts its reads of the partitions and notes each names call's
+    partitions (sorted)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.partition_reads = 0
+        self.names_asked: list[list[str]] = []
+
+    def partitions(self, source: str) -> dict[str, Partition]:
+        self.partition_reads += 1
+        return super().partitions(source)
+
+    def names(self, source: str, partitions: Iterable[str]) -> dict[str, list[str]]:
+        self.names_asked.append(sorted(partitions))
+        return super().names(source, partitions)

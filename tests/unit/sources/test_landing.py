@@ -14,9 +14,15 @@ import pytest
 
 from airflow_txn_provider.rules.exceptions import OffsetsWentBackError
 from airflow_txn_provider.rules.sources import next_offset_ranges
-from airflow_txn_provider.sources.catalog import MemoryCatalog
 from airflow_txn_provider.sources.landing import LandingDirectorySource
-from tests.unit.sources.files_given import SEEDS, LandingHistory, age, land, record
+from tests.unit.sources.files_given import (
+    SEEDS,
+    CountingCatalog,
+    LandingHistory,
+    age,
+    land,
+    record,
+)
 
 
 def fresh(source: LandingDirectorySource) -> LandingDirectorySource:
@@ -176,20 +182,13 @@ def test_a_wakers_idle_polls_ask_the_catalog_only_when_a_folder_changed(tmp_path
         land(root, "p0", seq, seq)
         land(root, "p1", seq, seq)
 
-    class Counting(MemoryCatalog):
-        asked = 0
-
-        def partitions(self, source: str):
-            self.asked += 1
-            return super().partitions(source)
-
-    catalog = Counting()
+    catalog = CountingCatalog()
     waker = LandingDirectorySource(str(root)).with_catalog(catalog)
     prev = {"p0": [0, 3], "p1": [0, 3]}
     assert waker.initialize_transaction(2, prev) is None  # nothing known: asked, then listed
-    assert catalog.asked == 1
+    assert catalog.partition_reads == 1
     assert [waker.initialize_transaction(t, prev) for t in (3, 4, 5)] == [None, None, None]
-    assert catalog.asked == 2  # once more: the first answer predates the listings it made
+    assert catalog.partition_reads == 2  # once more: the first answer predates the listings it made
     os.utime(root / "p1", ns=(time.time_ns(), time.time_ns()))  # p1's folder changed
-    assert waker.initialize_transaction(6, prev) is None and catalog.asked == 3
-    assert fresh(waker).initialize_transaction(7, prev) is None and catalog.asked == 4
+    assert waker.initialize_transaction(6, prev) is None and catalog.partition_reads == 3
+    assert fresh(waker).initialize_transaction(7, prev) is None and catalog.partition_reads == 4

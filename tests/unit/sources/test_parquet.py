@@ -28,7 +28,7 @@ from airflow_txn_provider.rules.sources import next_offset_ranges
 from airflow_txn_provider.sources import parquet, parquet_discovery
 from airflow_txn_provider.sources.catalog import MARGIN_NS, MemoryCatalog
 from airflow_txn_provider.sources.parquet import PartitionedParquetSource
-from tests.unit.sources.files_given import SEEDS, age, record
+from tests.unit.sources.files_given import SEEDS, CountingCatalog, age, record
 
 EVERY_OFFSET = (-1, 2**62)
 """A range every file's offsets meet (a file with no offset is ``(-1, -1)``)."""
@@ -258,25 +258,18 @@ def test_a_begin_reads_the_known_names_of_the_folders_it_lists_in_one_query(tmp_
     read (they are compared with the listing), all of them in one query."""
     root = tmp_path / "ds"
 
-    class Counting(MemoryCatalog):
-        asked: list[list[str]] = []
-
-        def names(self, source: str, partitions):
-            self.asked.append(sorted(partitions))
-            return super().names(source, partitions)
-
-    catalog = Counting()
+    catalog = CountingCatalog()
     source = PartitionedParquetSource(str(root), 100).with_catalog(catalog)
     for p in ("0", "1", "2"):
         write_parquet(root / f"p={p}" / "a.parquet", range(0, 10))
         age(root / f"p={p}" / "a.parquet", 1)
         age(root / f"p={p}", 2)
     assert source.latest_offsets() == {"0": 10, "1": 10, "2": 10}
-    assert catalog.asked == []  # nothing known yet: nothing to compare with
+    assert catalog.names_asked == []  # nothing known yet: nothing to compare with
     for p in ("0", "2"):
         write_parquet(root / f"p={p}" / "b.parquet", range(10, 15))
     assert in_new_process(source, catalog).latest_offsets() == {"0": 15, "1": 10, "2": 15}
-    assert catalog.asked == [["0", "2"]]
+    assert catalog.names_asked == [["0", "2"]]
 
 
 def test_a_source_without_a_log_keeps_what_it_found_in_its_own_memory(tmp_path, footers_read):
@@ -352,14 +345,7 @@ def test_a_wakers_polls_reuse_a_settled_look_until_a_folder_changes(tmp_path, mo
     change may hide in its timestamp tick), is looked at again."""
     root = tmp_path / "ds"
 
-    class Counting(MemoryCatalog):
-        looks = 0
-
-        def partitions(self, source: str):
-            self.looks += 1
-            return super().partitions(source)
-
-    catalog = Counting()
+    catalog = CountingCatalog()
     waker = PartitionedParquetSource(str(root), 100).with_catalog(catalog)
 
     def poll(txid: int, prev: dict) -> dict | None:
@@ -370,23 +356,23 @@ def test_a_wakers_polls_reuse_a_settled_look_until_a_folder_changes(tmp_path, mo
     age(root / "p=0" / "a.parquet", 1)
     age(root / "p=0", 2)
     age(root, 3)
-    assert poll(1, {"0": [0, 10]}) is None and catalog.looks == 1
+    assert poll(1, {"0": [0, 10]}) is None and catalog.partition_reads == 1
     for txid in range(2, 5):  # idle: the settled look stands
         assert poll(txid, {"0": [0, 10]}) is None
-    assert catalog.looks == 1
+    assert catalog.partition_reads == 1
     write_parquet(root / "p=0" / "b.parquet", range(10, 15))  # the folder changed: looked at
-    assert poll(5, {"0": [0, 10]}) == {"0": [10, 15]} and catalog.looks == 2
+    assert poll(5, {"0": [0, 10]}) == {"0": [10, 15]} and catalog.partition_reads == 2
     assert poll(6, {"0": [10, 15]}) is None  # just changed: not settled, looked at again
-    assert catalog.looks == 3
+    assert catalog.partition_reads == 3
     age(root / "p=0", 4)  # settled (as 2 s later): one look more, then it stands
     assert [poll(7, {"0": [10, 15]}), poll(8, {"0": [10, 15]})] == [None, None]
-    assert catalog.looks == 4
+    assert catalog.partition_reads == 4
     monkeypatch.setattr(parquet, "PREFETCH_REUSE_S", 0.0)  # older than it may be: looked at
     waker.prefetch()
-    assert catalog.looks == 5
+    assert catalog.partition_reads == 5
     copy = waker.with_catalog(catalog)  # another object: its own look
     copy.prefetch()
-    assert catalog.looks == 6
+    assert catalog.partition_reads == 6
 
 
 def test_the_step_under_the_lock_reuses_the_prefetch(tmp_path, footers_read, fs_calls, catalog):
