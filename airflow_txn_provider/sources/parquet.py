@@ -11,7 +11,7 @@ import re
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import unquote
 
 from airflow_txn_provider.rules.sources import Metadata, TransactionalSource, next_offset_ranges
@@ -98,22 +98,28 @@ class PartitionedParquetSource(UsesCatalog, TransactionalSource, SparkSource):
         """The begin's look outside the lock, reused by :meth:`initialize_transaction` (same
         object) while no folder it looked at has changed. The next prefetch reuses it too while
         its folders had settled before it (a waker's idle polls ask nothing of the catalog)."""
-        last = self.__dict__.get("_last_look")
-        if last is None or not _unchanged(*last[:3], settled=True):
+        seen = self.__dict__.get("_last_look")
+        if seen is None or not seen.holds(settled=True):
             looked_at, stamps = time.time_ns(), {self.path: _stamp(self.path)}
             roots = self.partitions()
             found = discover(self, roots, complete=True)
             for p, part in found.items():
                 stamps |= {os.path.join(roots[p], rel): f[:2] for rel, f in part.folders.items()}
             latest = {p: part.end for p, part in found.items()}
-            last = (time.monotonic(), looked_at, stamps, latest)
-            object.__setattr__(self, "_last_look", last)
-        object.__setattr__(self, "_prefetched", last)
+            named, nexts = self.file_name_template, []
+            if named:
+                nexts = [
+                    os.path.join(roots[p], named.format(offset=e, partition=p))
+                    for p, e in latest.items()
+                ]
+            seen = _Seen(time.monotonic(), looked_at, stamps, latest, nexts)
+            object.__setattr__(self, "_last_look", seen)
+        object.__setattr__(self, "_prefetched", seen)
 
     def initialize_transaction(self, txid: int, prev_metadata: Metadata | None) -> Metadata | None:
         prefetched = self.__dict__.pop("_prefetched", None)  # used once
-        reused = prefetched is not None and _unchanged(*prefetched[:3])
-        latest = prefetched[3] if reused else self.latest_offsets()
+        reused = prefetched is not None and prefetched.holds()
+        latest = prefetched.latest if reused else self.latest_offsets()
         return next_offset_ranges(
             prev_metadata, latest, max_per_partition=self.max_per_partition, txid=txid
         )
@@ -240,19 +246,27 @@ def _stamp(path: str) -> tuple[int, int]:
     return st.st_ino, st.st_mtime_ns
 
 
-def _unchanged(
-    at: float, looked_at: int, stamps: Mapping[str, tuple[int, int]], *, settled: bool = False
-) -> bool:
-    """Whether a look made at ``at`` (monotonic; ``looked_at`` ns of the clock) is recent and no
-    folder it saw changed since; ``settled``: nor in the ``MARGIN_NS`` before it, so that no
-    change can hide in the same timestamp tick as the one it saw."""
-    if settled and any(mtime_ns >= looked_at - MARGIN_NS for _, mtime_ns in stamps.values()):
-        return False
-    try:
-        recent = time.monotonic() - at <= PREFETCH_REUSE_S
-        return recent and all(_stamp(path) == stamp for path, stamp in stamps.items())
-    except OSError:
-        return False
+class _Seen(NamedTuple):
+    """A look's answer (``latest``) and what tells whether it still holds."""
+
+    at: float  # time.monotonic() when it was made
+    looked_at: int  # ns of the clock when it was made
+    stamps: Mapping[str, tuple[int, int]]  # each folder it saw: (inode, mtime_ns)
+    latest: dict[str, int]
+    nexts: list[str]  # the files named for the partitions' next offsets (file_name_template)
+
+    def holds(self, *, settled: bool = False) -> bool:
+        """Whether it is recent and no folder it saw changed since; ``settled``: nor in the
+        ``MARGIN_NS`` before it (a change may hide in the same timestamp tick), and no file named
+        for a next offset is there (one still being written when it looked changes no folder)."""
+        young = any(mtime_ns >= self.looked_at - MARGIN_NS for _, mtime_ns in self.stamps.values())
+        if settled and (young or any(map(os.path.exists, self.nexts))):
+            return False
+        try:
+            recent = time.monotonic() - self.at <= PREFETCH_REUSE_S
+            return recent and all(_stamp(path) == stamp for path, stamp in self.stamps.items())
+        except OSError:
+            return False
 
 
 def _rows_match(files: Files, ranges: Ranges) -> bool:

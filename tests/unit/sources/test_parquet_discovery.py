@@ -187,6 +187,30 @@ def test_a_file_still_being_written_is_not_trusted(history, fresh, catalog):
         fresh().latest_offsets()
 
 
+def test_a_wakers_poll_looks_again_while_a_file_is_written_under_the_next_name(history, fresh):
+    """A waker polls with one object, whose settled look stands while its folders are
+    unchanged; a file written in place under the partition's next name changes no folder once
+    created, so while such a file is there each poll looks again, and finds it once complete."""
+    root = history
+    aged(root, 0)  # the dataset's folder settled too
+    waker = fresh()
+
+    def poll(txid: int) -> dict | None:
+        waker.prefetch()
+        return waker.initialize_transaction(txid, {"0": [95, 100]})
+
+    assert poll(1) is None
+    land(root, "0", 100, 4, 30)
+    complete = land(root, "0", 104, 4, 31).read_bytes()
+    writing = root / "p=0" / TEMPLATE.format(offset=104)
+    writing.write_bytes(complete[: len(complete) // 2])  # no footer yet, just modified
+    aged(root / "p=0", 31)
+    assert poll(2) == {"0": [100, 104]}  # the next file is being written: not there yet
+    writing.write_bytes(complete)
+    aged(root / "p=0", 31)  # the folder as the look saw it: only the file tells
+    assert poll(3) == {"0": [100, 108]}
+
+
 def test_deleted_files_leave_the_catalog(history, fresh, catalog, watched):
     """Retention deletes old files: the folder changed but no file has the next name, so it is
     listed once and the deleted files leave the catalog (the Spark side does not select them)."""
