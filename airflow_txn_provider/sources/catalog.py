@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import os
 import zlib
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol, TypeGuard, TypeVar
@@ -28,6 +29,11 @@ FileFacts = tuple[int, int, int, int]  # a file's (size, mtime_ns, first, last o
 def trusted(known: Folder | None, inode: int, mtime_ns: int) -> TypeGuard[Folder]:
     """Whether a folder now at ``(inode, mtime_ns)`` holds what its listing ``known`` found."""
     return known is not None and known[:2] == (inode, mtime_ns) and mtime_ns < known[2] - MARGIN_NS
+
+
+def listing_holds(known: Partition | None, st: os.stat_result) -> TypeGuard[Partition]:
+    """Whether a partition's folder, now at ``st``, holds what ``known``'s listing of it found."""
+    return known is not None and trusted(known.folders.get(""), st.st_ino, st.st_mtime_ns)
 
 
 @dataclasses.dataclass

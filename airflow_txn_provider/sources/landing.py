@@ -14,11 +14,11 @@ import stat
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeGuard
+from typing import TYPE_CHECKING
 
 from airflow_txn_provider.rules.sources import Metadata, OpaqueSource, next_offset_ranges
 from airflow_txn_provider.sources.base import LOCATION, RECORD, SparkSource, local_path
-from airflow_txn_provider.sources.catalog import Look, Partition, UsesCatalog, trusted
+from airflow_txn_provider.sources.catalog import Look, Partition, UsesCatalog, listing_holds
 from airflow_txn_provider.utils.lineage import path_dataset
 
 if TYPE_CHECKING:
@@ -131,7 +131,7 @@ class LandingDirectorySource(UsesCatalog, OpaqueSource, SparkSource):
                     latest[entry.name] = start + found
                     continue
                 st = os.stat(entry.path)
-                if not asked and not _trusted(known.get(entry.name), st):
+                if not asked and not listing_holds(known.get(entry.name), st):
                     known, asked = self.catalog.partitions(self.catalog_key()), True
                     object.__setattr__(self, "_catalog_answer", known)
                 newest = self._newest(entry.name, st, known.get(entry.name), looks)
@@ -168,7 +168,7 @@ class LandingDirectorySource(UsesCatalog, OpaqueSource, SparkSource):
         """The partition's highest file number (-1: none), from the catalog while its folder
         (``st``) is unchanged since a listing that began well after the folder's last change,
         else listed (the listing added to ``looks``: its folder's stamps and newest file)."""
-        if _trusted(known, st):
+        if listing_holds(known, st):
             return known.end - 1
         listed_at = time.time_ns()
         numbers = self.files(partition)
@@ -233,8 +233,3 @@ class LandingDirectorySource(UsesCatalog, OpaqueSource, SparkSource):
         except OSError:
             pass
         return path
-
-
-def _trusted(known: Partition | None, st: os.stat_result) -> TypeGuard[Partition]:
-    """Whether the folder now at ``st`` holds what ``known``'s listing of it found."""
-    return known is not None and trusted(known.folders.get(""), st.st_ino, st.st_mtime_ns)

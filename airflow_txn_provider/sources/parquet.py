@@ -259,8 +259,10 @@ class _Seen(NamedTuple):
         """Whether it is recent and no folder it saw changed since; ``settled``: nor in the
         ``MARGIN_NS`` before it (a change may hide in the same timestamp tick), and no file named
         for a next offset is there (one still being written when it looked changes no folder)."""
-        young = any(mtime_ns >= self.looked_at - MARGIN_NS for _, mtime_ns in self.stamps.values())
-        if settled and (young or any(map(os.path.exists, self.nexts))):
+        if settled and (
+            any(mtime_ns >= self.looked_at - MARGIN_NS for _, mtime_ns in self.stamps.values())
+            or any(map(os.path.exists, self.nexts))
+        ):
             return False
         try:
             recent = time.monotonic() - self.at <= PREFETCH_REUSE_S

@@ -15,7 +15,14 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from airflow_txn_provider.rules.exceptions import OffsetGapError
-from airflow_txn_provider.sources.catalog import MARGIN_NS, FileCatalog, Look, Partition, trusted
+from airflow_txn_provider.sources.catalog import (
+    MARGIN_NS,
+    FileCatalog,
+    Look,
+    Partition,
+    listing_holds,
+    trusted,
+)
 
 if TYPE_CHECKING:
     from airflow_txn_provider.sources.parquet import PartitionedParquetSource
@@ -95,8 +102,7 @@ class _PartitionLook:
 
     def lists(self) -> bool:
         """Whether its folder changed since a trusted listing: listed, its names compared."""
-        folder = self.known.folders.get("")
-        return self.st is not None and not trusted(folder, self.st.st_ino, self.st.st_mtime_ns)
+        return self.st is not None and not listing_holds(self.known, self.st)
 
     def _known_names(self) -> list[str]:
         if self.names is None:  # (a partition never listed has none)
