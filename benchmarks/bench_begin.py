@@ -30,7 +30,9 @@ from the catalog in the log's Postgres (what a host compares the listing against
 every file (what telling new files by their ctime, without the known names, would cost), and the
 two round trips to the catalog any begin makes whatever its source's history: reading the
 dataset's partitions, and recording a look that found new files (here one per partition, under
-another dataset's key), both on this process's warm connection.
+another dataset's key), both on this process's warm connection, then both again as a begin in
+a fresh process pays them (``--repeat`` processes, each with its connection open before the
+clock, as a task process has the log's; its server process has not read the catalog yet).
 
 Printed: p50 and p95 (nearest rank) begin seconds per history size, side by side, and the ratio
 of the largest history's p50 to the smallest's (the goal is flat: 1x), for begins that find new
@@ -92,6 +94,24 @@ source.prefetch()
 metadata = source.initialize_transaction(args["txid"], args["prev"])
 took = time.perf_counter() - started
 print(json.dumps({"seconds": took, "metadata": metadata}))
+"""
+FLOOR_CHILD = """
+import json, sys, time
+from sqlalchemy import create_engine, text
+from airflow_txn_provider.sources.catalog import Look, PostgresCatalog
+args = json.loads(sys.argv[1])
+engine = create_engine(args["url"], pool_pre_ping=True)
+with engine.connect() as conn:  # as a task process's begin has the log's connection open
+    conn.execute(text("SELECT 1"))
+catalog, n = PostgresCatalog(engine), args["n"]
+started = time.perf_counter()
+known = catalog.partitions(args["key"])
+read = time.perf_counter() - started
+looks = {p: Look({"": (1, n, 0)}, {f"{n}.parquet": (1, n, n, n)}) for p in known}
+started = time.perf_counter()
+recorded = catalog.record(args["key"] + ":floor-fresh", looks)
+took = time.perf_counter() - started
+print(json.dumps({"read": read, "record": took, "partitions": len(known), "put": len(recorded)}))
 """
 
 
@@ -335,7 +355,24 @@ def floor(cache: Path, files: int, args: argparse.Namespace, url: str) -> dict[s
         if counted < least:
             raise AssertionError(f"{label}: {counted}, fewer than {least}")
     engine.dispose()
+    fresh = [_fresh_round_trips(url, key, n) for n in range(args.repeat)]
+    for got in fresh:
+        if got["partitions"] != len(known) or got["put"] != len(known):
+            raise AssertionError(f"a fresh process's round trips: {got}, not {len(known)}")
+    parts["read the dataset's partitions, in a fresh process"] = [f["read"] for f in fresh]
+    parts["record a look as above, in a fresh process"] = [f["record"] for f in fresh]
     return parts
+
+
+def _fresh_round_trips(url: str, key: str, n: int) -> dict[str, Any]:
+    """A fresh process's first read of the dataset's partitions and record of a look, timed."""
+    child = json.dumps({"url": url, "key": key, "n": n})
+    out = subprocess.run(
+        [sys.executable, "-c", FLOOR_CHILD, child], capture_output=True, text=True, check=False
+    )
+    if out.returncode != 0:
+        raise RuntimeError(f"round trips failed:\n{out.stderr}")
+    return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,8 +4,11 @@ package's own modules, module docstring lines, modules with a test at the mirror
 scenario files left flat in ``tests/integration``.
 
     python scripts/house_figures.py 0aa0a3f HEAD
+    python scripts/house_figures.py --discovery-parts HEAD
 
-Reads the revisions through ``git`` (nothing is checked out); prints a Markdown table.
+Reads the revisions through ``git`` (nothing is checked out); prints a Markdown table. With
+``--discovery-parts``: the Parquet discovery's lines at one revision by what they do (each line
+counted once: blank lines and comments with the statement after them).
 """
 
 from __future__ import annotations
@@ -30,6 +33,77 @@ DISCOVERY = {
     "sources/parquet_read.py",
     "sources/catalog.py",
 }
+
+
+_PARTS = {
+    "the source's settings and checks": "PartitionedParquetSource __post_init__ partitions"
+    " catalog_key lineage_dataset",
+    "the begin (latest offsets, the next ranges)": "latest_offsets initialize_transaction",
+    "listing changed folders, reading new files' footers": "log _PartitionLook lists"
+    " _known_names look _listing _folder_of _stat discover file_offsets",
+    "offset-named files looked up by name (file_name_template)": "RELIST_NAMED_NS check_template"
+    " _by_name",
+    "a look reused (under the lock; a waker's idle polls)": "PREFETCH_REUSE_S prefetch _stamp"
+    " _Seen",
+    "a batch's files, found for its job": "_batch_files _files_holding",
+    "the batch's read in Spark (one scan, counts, footer proof, malformed records)": "Ranges Files"
+    " FOOTER_PROOF_FILES read_batch _located _read_by_partition _ranges records batch_counts"
+    " counts_mismatch malformed_records describe_location _rows_match read_with_partition_column"
+    " _reads_back",
+    "the catalog in the log's Postgres (its SQL)": "NAME_SEGMENTS ANALYZE_AFTER PostgresCatalog"
+    " _LOCK_CLASS _columns _partition _RECORD_FILES _RECORD_PARTITIONS _FORGET",
+    "the catalog's model, its in-memory copy, a source's binding": "MARGIN_NS Folder FileFacts"
+    " trusted listing_holds Partition Look FileCatalog MemoryCatalog S UsesCatalog"
+    " with_log_catalog",
+}
+PART_OF = {name: part for part, names in _PARTS.items() for name in names.split()}
+SPLIT = {"PartitionedParquetSource", "_PartitionLook"}  # classes whose methods are parts' own
+HEAD_PART = "module docstrings and imports"
+
+
+def _units(source: str) -> list[tuple[int, int, str]]:
+    """Each statement's first and last line and its part, in order (a class in ``SPLIT``: its
+    header, fields and docstring as one, each method as one)."""
+    units = []
+    for node in ast.parse(source).body:
+        if isinstance(node, ast.Import | ast.ImportFrom | ast.If) or (
+            isinstance(node, ast.Expr) and not units  # the module docstring
+        ):
+            units.append((node.lineno, node.end_lineno or node.lineno, HEAD_PART))
+            continue
+        if isinstance(node, ast.Expr) and units:  # an attribute docstring: its assignment's
+            units[-1] = (units[-1][0], node.end_lineno or node.lineno, units[-1][2])
+            continue
+        targets = getattr(node, "targets", None) or [getattr(node, "target", None)]
+        name = getattr(node, "name", None) or next(t.id for t in targets if t is not None)
+        if name not in PART_OF:
+            raise SystemExit(f"--discovery-parts: {name} has no part (add it to _PARTS)")
+        if name not in SPLIT:
+            units.append((_first_line(node), node.end_lineno or node.lineno, PART_OF[name]))
+            continue
+        methods = [f for f in node.body if isinstance(f, ast.FunctionDef)]
+        units.append((node.lineno, _first_line(methods[0]) - 1, PART_OF[name]))
+        units += [(_first_line(f), f.end_lineno or f.lineno, PART_OF[f.name]) for f in methods]
+    return units
+
+
+def _first_line(node: ast.stmt) -> int:
+    decorators = getattr(node, "decorator_list", [])
+    return decorators[0].lineno if decorators else node.lineno
+
+
+def discovery_parts(rev: str) -> dict[str, int]:
+    """The lines of the discovery's modules at ``rev``, by part."""
+    lines: dict[str, int] = dict.fromkeys([HEAD_PART, *_PARTS], 0)
+    for module, text in package_modules(rev).items():
+        if module not in DISCOVERY:
+            continue
+        counted = 0
+        for _, last, part in _units(text):  # a statement takes the lines before it (blank, #)
+            lines[part] += last - counted
+            counted = last
+        lines[HEAD_PART] += text.count("\n") - counted
+    return lines
 
 
 def git(*args: str) -> str:
@@ -119,7 +193,17 @@ def figures(rev: str) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("revs", nargs="+", help="git revisions, e.g. 0aa0a3f HEAD")
-    revs = parser.parse_args(argv).revs
+    parser.add_argument("--discovery-parts", action="store_true", help="by part, at one rev")
+    args = parser.parse_args(argv)
+    revs = args.revs
+    if args.discovery_parts:
+        parts = {rev: discovery_parts(rev) for rev in revs}
+        print("| Parquet discovery's lines, by part | " + " | ".join(revs) + " |")
+        print("|---|" + "---|" * len(revs))
+        for part in (*_PARTS, HEAD_PART, "in all"):
+            cells = [str(sum(p.values()) if part == "in all" else p[part]) for p in parts.values()]
+            print(f"| {part} | " + " | ".join(cells) + " |")
+        return 0
     table = {rev: figures(rev) for rev in revs}
     rows = list(next(iter(table.values())))
     print("| | " + " | ".join(revs) + " |")
