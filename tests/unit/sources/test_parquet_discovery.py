@@ -231,6 +231,23 @@ def test_deleted_files_leave_the_catalog(history, fresh, catalog, watched):
     assert "p=0" not in watched["listed"]
 
 
+def test_a_batchs_files_deleted_behind_a_next_name_are_not_handed_to_its_read(
+    history, fresh, watched
+):
+    """Retention deletes a replayed batch's files while the next file lands: a look-up by name
+    finds the new file and lists nothing, so the catalog still names the deleted ones. The batch's
+    read lists the folder rather than hand Spark files that are gone: it reads the folder, and the
+    count check names the records missing (not a crash on a missing path)."""
+    root = history
+    for first in (50, 55):
+        (root / "p=0" / TEMPLATE.format(offset=first)).unlink()
+    land(root, "0", 100, 5, None)  # just now: the folder's hourly listing is not due
+    assert fresh().latest_offsets() == {"0": 105}
+    assert "p=0" not in watched["listed"]
+    assert fresh()._files_holding(str(root), "0", 50, 60) == [f"{root}/p=0"]
+    assert watched["listed"].count("p=0") == 1
+
+
 def test_files_deleted_while_new_ones_kept_landing_leave_at_the_hourly_listing(
     history, fresh, catalog, watched
 ):
