@@ -379,7 +379,13 @@ def test_partition_values_come_from_their_directories_when_spark_reads_them_back
     expected = sorted(
         (p, offset, data[p][offset]) for p, (a, b) in metadata.items() for offset in range(a, b)
     )
-    batch = source.read_batch(any_session, metadata)
+    with pytest.MonkeyPatch.context() as one_scan:  # no scan per partition: one reads them back
+
+        def scan_per_partition(*_: object) -> None:
+            raise AssertionError("a scan per partition where one scan reads the values back")
+
+        one_scan.setattr(PartitionedParquetSource, "_read_by_partition", scan_per_partition)
+        batch = source.read_batch(any_session, metadata)
     assert sorted((r["p"], r["offset"], r["line"]) for r in batch.collect()) == expected
     counts = source.batch_counts(metadata)
     found = batch.agg(*[c.alias(n) for n, c in counts.items()]).collect()[0].asDict()
