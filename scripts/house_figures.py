@@ -193,7 +193,9 @@ def figures(rev: str) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("revs", nargs="+", help="git revisions, e.g. 0aa0a3f HEAD")
-    parser.add_argument("--discovery-parts", action="store_true", help="by part, at one rev")
+    parser.add_argument(
+        "--discovery-parts", action="store_true", help="the discovery's lines by part"
+    )
     args = parser.parse_args(argv)
     revs = args.revs
     if args.discovery_parts:
