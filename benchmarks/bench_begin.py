@@ -78,16 +78,21 @@ KINDS = {
     "landing": "LandingDirectorySource",
 }
 
-CHILD = """
+CONNECTED = """
 import json, sys, time
 import pyarrow.parquet  # a task process has its imports done: only the begin is timed
 from sqlalchemy import create_engine, text
 from airflow_txn_provider.sources.base import source_from_spec
-from airflow_txn_provider.sources.catalog import with_log_catalog
+from airflow_txn_provider.sources.catalog import Look, PostgresCatalog, with_log_catalog
 args = json.loads(sys.argv[1])
 engine = create_engine(args["url"], pool_pre_ping=True)
 with engine.connect() as conn:  # as a task process's begin has the log's connection open
     conn.execute(text("SELECT 1"))
+"""
+"""A fresh process's start, untimed: its imports done, the log's connection open."""
+CHILD = (
+    CONNECTED
+    + """
 source = with_log_catalog(source_from_spec(args["spec"]), engine)
 started = time.perf_counter()
 source.prefetch()
@@ -95,14 +100,10 @@ metadata = source.initialize_transaction(args["txid"], args["prev"])
 took = time.perf_counter() - started
 print(json.dumps({"seconds": took, "metadata": metadata}))
 """
-FLOOR_CHILD = """
-import json, sys, time
-from sqlalchemy import create_engine, text
-from airflow_txn_provider.sources.catalog import Look, PostgresCatalog
-args = json.loads(sys.argv[1])
-engine = create_engine(args["url"], pool_pre_ping=True)
-with engine.connect() as conn:  # as a task process's begin has the log's connection open
-    conn.execute(text("SELECT 1"))
+)
+FLOOR_CHILD = (
+    CONNECTED
+    + """
 catalog, n = PostgresCatalog(engine), args["n"]
 started = time.perf_counter()
 known = catalog.partitions(args["key"])
@@ -113,6 +114,7 @@ recorded = catalog.record(args["key"] + ":floor-fresh", looks)
 took = time.perf_counter() - started
 print(json.dumps({"read": read, "record": took, "partitions": len(known), "put": len(recorded)}))
 """
+)
 
 
 # -- datasets ---------------------------------------------------------------------------------
@@ -213,7 +215,7 @@ def p95(values: list[float]) -> float:
 
 
 def measure(cache: Path, kind: str, files: int, args: argparse.Namespace, url: str) -> Result:
-    """(first begin's seconds, steady begins' seconds, idle polls' seconds) for one dataset."""
+    """One dataset's :data:`Result`."""
     from airflow_txn_provider.sources.landing import LandingDirectorySource
     from airflow_txn_provider.sources.parquet import PartitionedParquetSource
 
